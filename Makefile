@@ -1,0 +1,40 @@
+# kvfs — see README.md. Every target installs what it needs (scripts/deps.sh) on Debian 12.
+
+GO ?= go
+BIN := bin
+GUEST := $(or $(KVFS_CACHE),/var/cache/kvfs)/guest
+
+.PHONY: all build deps test test-unit demo bench vet fmt-check clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+deps:
+	scripts/deps.sh
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+
+# The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
+# real guests under QEMU.
+test: deps fmt-check vet
+	$(GO) test -race -timeout 25m ./...
+
+# Fast feedback while developing: no guests.
+test-unit:
+	$(GO) test -short ./...
+
+demo: deps build
+	scripts/demo.sh
+
+bench: deps build
+	scripts/bench.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,9 @@
+module github.com/kvfs/kvfs
+
+go 1.26.8
+
+require (
+	github.com/containerd/log v0.2.0
+	github.com/sirupsen/logrus v1.10.2
+	golang.org/x/sys v0.50.0
+)

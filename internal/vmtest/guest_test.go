@@ -1,0 +1,220 @@
+package vmtest
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// guestChecks are the checks guestcheck.sh must report, in order. A check
+// that disappears from the script, or a new one not listed here, fails the
+// test.
+var guestChecks = []string{
+	"create", "write_read", "append", "rename", "unlink", "mkdir_rmdir",
+	"symlink", "hardlink", "chmod", "chown", "utimes", "truncate_shrink",
+	"truncate_grow", "fifo", "mmap", "fsync", "big_file", "readdir_2000",
+	"statfs", "remount",
+}
+
+// TestGuestConformance boots a Linux guest against the server under test
+// (serverBinary) and runs guestcheck.sh inside the mounted share.
+func TestGuestConformance(t *testing.T) {
+	start := time.Now()
+	g := Image(t)
+	server := serverBinary(t)
+
+	share := t.TempDir()
+	script, err := os.ReadFile("guestcheck.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(share, "guestcheck.sh"), script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto")
+
+	res, err := Boot(t.Context(), g, Options{Socket: socket, Run: "guestcheck.sh", Timeout: 5 * time.Minute})
+	if res != nil {
+		t.Logf("boot: %v under %s (%s), whole test %v",
+			res.Duration.Round(time.Millisecond), res.Accel, res.AccelReason, time.Since(start).Round(time.Millisecond))
+		defer func() {
+			if t.Failed() {
+				t.Logf("QEMU: %s\nQEMU stderr:\n%s\nguest console:\n%s", strings.Join(res.Args, " "), res.Stderr, res.Console)
+			}
+		}()
+	}
+	if err != nil {
+		t.Fatalf("boot: %v", err)
+	}
+
+	rep := parseGuestChecks(res.Console)
+	t.Logf("check times (s): %s", rep.timesLine())
+	for _, name := range guestChecks {
+		detail, ok := rep.results[name]
+		switch {
+		case !ok:
+			t.Errorf("check %s: not reported", name)
+		case detail != "":
+			t.Errorf("check %s failed: %s", name, detail)
+		}
+	}
+	for _, name := range rep.order {
+		if !slices.Contains(guestChecks, name) {
+			t.Errorf("check %s: reported but not in guestChecks", name)
+		}
+	}
+	if !rep.haveSummary {
+		t.Errorf("no CHECK-SUMMARY line")
+	} else if rep.passed != len(guestChecks) || rep.failed != 0 {
+		t.Errorf("CHECK-SUMMARY passed=%d failed=%d, want passed=%d failed=0", rep.passed, rep.failed, len(guestChecks))
+	}
+	if res.ExitStatus != 0 {
+		t.Errorf("guest exit status %d, want 0", res.ExitStatus)
+	}
+
+	// What the guest wrote must be on the host.
+	work := filepath.Join(share, "work")
+	if err := verifySHA256File(filepath.Join(work, "big.bin.sha256"), work); err != nil {
+		t.Errorf("64 MiB file: %v", err)
+	}
+	if entries, err := os.ReadDir(filepath.Join(work, "many")); err != nil {
+		t.Errorf("readdir: %v", err)
+	} else if len(entries) != 2000 {
+		t.Errorf("host sees %d entries in work/many, want 2000", len(entries))
+	}
+}
+
+// serverBinary returns the virtio-fs server under test: $KVFS_SERVER (for
+// example /usr/lib/qemu/virtiofsd), else ./cmd/kvfsd built into a temporary
+// directory.
+func serverBinary(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("KVFS_SERVER"); b != "" {
+		return b
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "kvfsd")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kvfsd")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building ./cmd/kvfsd (set KVFS_SERVER to test another server): %v\n%s", err, out)
+	}
+	return bin
+}
+
+// guestReport is what guestcheck.sh printed.
+type guestReport struct {
+	order          []string          // check names in the order reported
+	results        map[string]string // name → "" if ok, else the failure detail
+	times          map[string]string // name → seconds, as printed
+	haveSummary    bool
+	passed, failed int
+}
+
+// parseGuestChecks reads the CHECK, CHECK-TIME and CHECK-SUMMARY lines of a
+// console log. A check reported twice keeps its first failure.
+func parseGuestChecks(console string) guestReport {
+	rep := guestReport{results: map[string]string{}, times: map[string]string{}}
+	sc := bufio.NewScanner(strings.NewReader(console))
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(line, "CHECK ok "):
+			name := strings.TrimSpace(strings.TrimPrefix(line, "CHECK ok "))
+			rep.add(name, "")
+		case strings.HasPrefix(line, "CHECK FAIL "):
+			name, detail, _ := strings.Cut(strings.TrimPrefix(line, "CHECK FAIL "), ":")
+			detail = strings.TrimSpace(detail)
+			if detail == "" {
+				detail = "(no detail)"
+			}
+			rep.add(strings.TrimSpace(name), detail)
+		case strings.HasPrefix(line, "CHECK-TIME "):
+			if f := strings.Fields(line); len(f) == 3 {
+				rep.times[f[1]] = f[2]
+			}
+		case strings.HasPrefix(line, "CHECK-SUMMARY "):
+			rep.haveSummary = true
+			for _, kv := range strings.Fields(strings.TrimPrefix(line, "CHECK-SUMMARY ")) {
+				k, v, _ := strings.Cut(kv, "=")
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					n = -1
+				}
+				switch k {
+				case "passed":
+					rep.passed = n
+				case "failed":
+					rep.failed = n
+				}
+			}
+		}
+	}
+	return rep
+}
+
+func (r *guestReport) add(name, detail string) {
+	if prev, seen := r.results[name]; seen {
+		if prev == "" {
+			r.results[name] = detail
+		}
+		return
+	}
+	r.order = append(r.order, name)
+	r.results[name] = detail
+}
+
+func (r *guestReport) timesLine() string {
+	var b strings.Builder
+	for _, name := range r.order {
+		if b.Len() > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString(name + "=" + r.times[name])
+	}
+	return b.String()
+}
+
+// verifySHA256File checks the files listed in a sha256sum-format file
+// against their contents in dir.
+func verifySHA256File(sumFile, dir string) error {
+	b, err := os.ReadFile(sumFile)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for _, line := range lines {
+		want, name, ok := strings.Cut(line, "  ")
+		if !ok || len(want) != 64 {
+			return fmt.Errorf("%s: malformed line %q", sumFile, line)
+		}
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != want {
+			return fmt.Errorf("%s: host computes %s, guest wrote %s", name, got, want)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package vmtest
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Guest is a bootable guest: a kernel and an initramfs whose /init is
+// packaging/guest/init.
+type Guest struct {
+	Kernel string
+	Initrd string
+}
+
+// DefaultCacheDir is where Image keeps the guest unless $KVFS_CACHE says
+// otherwise. It outlives test runs so that the kernel is downloaded once.
+const DefaultCacheDir = "/var/cache/kvfs/guest"
+
+// imageMu serialises builds within one test binary; build.sh itself takes a
+// lock for builds from several test binaries at once.
+var imageMu sync.Mutex
+
+// Image returns the test guest, building it with packaging/guest/build.sh
+// when the cached build is missing or older than its inputs. A guest that
+// cannot be built fails the test with the build's output: these tests are
+// meant to run in CI, so they never skip.
+func Image(t testing.TB) Guest {
+	t.Helper()
+	imageMu.Lock()
+	defer imageMu.Unlock()
+
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatalf("vmtest: %v", err)
+	}
+	dir := cacheDir()
+	script := filepath.Join(root, "packaging", "guest", "build.sh")
+	start := time.Now()
+	out, err := exec.Command("bash", script, dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("vmtest: building the guest image failed (bash %s %s): %v\n%s", script, dir, err, out)
+	}
+	g := Guest{
+		Kernel: filepath.Join(dir, "vmlinuz"),
+		Initrd: filepath.Join(dir, "initramfs.gz"),
+	}
+	for _, f := range []string{g.Kernel, g.Initrd} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("vmtest: build.sh succeeded but %v\n%s", err, out)
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Logf("vmtest: guest image built in %v:\n%s", d.Round(time.Millisecond), out)
+	}
+	return g
+}
+
+// cacheDir is $KVFS_CACHE, else DefaultCacheDir when it can be created,
+// else a directory under the user's cache directory.
+func cacheDir() string {
+	if d := os.Getenv("KVFS_CACHE"); d != "" {
+		return d
+	}
+	if err := os.MkdirAll(DefaultCacheDir, 0o755); err == nil {
+		return DefaultCacheDir
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kvfs", "guest")
+	}
+	return filepath.Join(os.TempDir(), "kvfs-guest")
+}
+
+// RepoRoot returns the directory holding go.mod, found by walking up from
+// the working directory (a package directory under go test).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		_, err := os.Stat(filepath.Join(dir, "go.mod"))
+		if err == nil {
+			return dir, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,254 @@
+#!/bin/bash
+# Build the kvfs test guest: Debian 12's kernel and a small initramfs made of
+# static busybox, the virtio-fs modules, a static helper and packaging/guest/init.
+#
+#   packaging/guest/build.sh OUTDIR
+#
+# Writes OUTDIR/vmlinuz and OUTDIR/initramfs.gz. Does nothing when both are
+# newer than this script, init and tools/*.c, or were built from inputs with
+# the same contents (OUTDIR/inputs.sha256). Downloaded kernel packages are
+# kept in OUTDIR/debs. Missing host packages, QEMU included, are installed with
+# apt-get (as root); apt-get update runs only when an apt-get command needs it.
+# Concurrent runs on the same OUTDIR wait for each other.
+set -euo pipefail
+
+prog=build.sh
+die() {
+	echo "$prog: error: $*" >&2
+	exit 1
+}
+say() {
+	echo "$prog: $*"
+}
+
+[ $# -eq 1 ] || die "usage: $0 OUTDIR"
+
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$1" || die "cannot create output directory $1"
+out=$(cd "$1" && pwd)
+
+# The modules the guest loads, in this order; their dependencies are added
+# from modules.dep.
+modules="virtio_pci_legacy_dev virtio_pci_modern_dev virtio_ring virtio virtio_pci fuse virtiofs virtio_console"
+# Debian packages needed on the host: to build the guest, and to boot it
+# (qemu-system-x86, whose qemu-system-common also ships the C virtiofsd).
+host_packages="busybox-static cpio kmod gcc libc6-dev qemu-system-x86"
+
+inputs=("$here/build.sh" "$here/init" "$here"/tools/*.c)
+
+# inputs_hash identifies the contents of the inputs, so that a fresh checkout
+# (new modification times, same contents) does not force a rebuild.
+inputs_hash() {
+	(cd "$here" && sha256sum "${inputs[@]#"$here"/}") | sha256sum | cut -d' ' -f1
+}
+
+up_to_date() {
+	local f newer=1
+	[ -s "$out/vmlinuz" ] && [ -s "$out/initramfs.gz" ] || return 1
+	for f in "${inputs[@]}"; do
+		[ "$out/vmlinuz" -nt "$f" ] && [ "$out/initramfs.gz" -nt "$f" ] || newer=
+	done
+	[ -n "$newer" ] && return 0
+	if [ "$(cat "$out/inputs.sha256" 2>/dev/null)" = "$(inputs_hash)" ]; then
+		touch "$out/vmlinuz" "$out/initramfs.gz"
+		return 0
+	fi
+	return 1
+}
+
+if command -v flock >/dev/null; then
+	exec 9>"$out/.lock"
+	flock 9
+fi
+
+# --- host tools -------------------------------------------------------------
+
+apt_lists_present() {
+	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null
+}
+
+apt_updated=
+apt_update() {
+	[ -z "$apt_updated" ] || return 0
+	say "apt-get update"
+	apt-get update -q >&2 || die "apt-get update failed"
+	apt_updated=1
+}
+
+# apt_run ARGS... runs apt-get ARGS, refreshing the package lists first when
+# there are none and once more when the command fails.
+apt_run() {
+	apt_lists_present || apt_update
+	if ! DEBIAN_FRONTEND=noninteractive apt-get -q "$@" >&2; then
+		[ -z "$apt_updated" ] || return 1
+		apt_update
+		DEBIAN_FRONTEND=noninteractive apt-get -q "$@" >&2
+	fi
+}
+
+missing=()
+for p in $host_packages; do
+	if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then
+		missing+=("$p")
+	fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	[ "$(id -u)" = 0 ] || die "missing packages ${missing[*]}; run as root or install them"
+	say "installing ${missing[*]}"
+	apt_run install -y --no-install-recommends "${missing[@]}" ||
+		die "apt-get install ${missing[*]} failed"
+fi
+
+busybox=
+for b in /bin/busybox /usr/bin/busybox; do
+	if [ -x "$b" ]; then
+		busybox=$b
+		break
+	fi
+done
+[ -n "$busybox" ] || die "busybox-static is installed but no busybox binary was found"
+
+if up_to_date; then
+	say "up to date: $out"
+	exit 0
+fi
+
+# --- kernel packages --------------------------------------------------------
+
+debs=$out/debs
+mkdir -p "$debs"
+
+# download PKG[=VERSION] into $debs unless a matching .deb is already there.
+download() {
+	local name=${1%%=*} have
+	have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)
+	if [ -n "$have" ]; then
+		echo "$have"
+		return 0
+	fi
+	say "apt-get download $1" >&2
+	(cd "$debs" && apt_run -o APT::Sandbox::User=root download "$1") ||
+		die "apt-get download $1 failed"
+	have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)
+	[ -n "$have" ] || die "apt-get download $1 left no ${name}_*.deb in $debs"
+	echo "$have"
+}
+
+# versioned_dep META.deb prints linux-image-6.1.0-NN-amd64=VERSION from the
+# Depends of the linux-image-amd64 package.
+versioned_dep() {
+	dpkg-deb -f "$1" Depends | tr ',' '\n' |
+		sed -n 's/^ *\(linux-image-[0-9][^ ]*-amd64\) *(= *\([^)]*\)).*/\1=\2/p' | head -n 1
+}
+
+meta=$(download linux-image-amd64)
+dep=$(versioned_dep "$meta")
+[ -n "$dep" ] || die "cannot find the versioned kernel package in the Depends of $meta"
+if ! kdeb=$(download "$dep"); then
+	# The cached linux-image-amd64 may name a kernel the archive no longer
+	# has: fetch the current one and try once more.
+	say "retrying with a fresh linux-image-amd64"
+	rm -f "$debs"/linux-image-amd64_*.deb
+	meta=$(download linux-image-amd64)
+	dep=$(versioned_dep "$meta")
+	[ -n "$dep" ] || die "cannot find the versioned kernel package in the Depends of $meta"
+	kdeb=$(download "$dep")
+fi
+
+# --- unpack and pick modules ------------------------------------------------
+
+work=$out/work
+rm -rf "$work"
+mkdir -p "$work"
+say "unpacking $(basename "$kdeb")"
+dpkg-deb -x "$kdeb" "$work/kernel" || die "dpkg-deb -x $kdeb failed"
+
+kver=$(ls "$work/kernel/lib/modules")
+[ -n "$kver" ] && [ "$(echo "$kver" | wc -l)" = 1 ] ||
+	die "expected one kernel version in $kdeb, found: $kver"
+vmlinuz=$work/kernel/boot/vmlinuz-$kver
+[ -f "$vmlinuz" ] || die "$kdeb has no boot/vmlinuz-$kver"
+moddir=$work/kernel/lib/modules/$kver
+depmod -b "$work/kernel" "$kver" || die "depmod -b failed"
+
+# Print the wanted modules and their dependencies, dependencies first, as
+# paths relative to $moddir. Built-in modules are left out.
+order=$(awk -v want="$modules" '
+	function norm(p) {
+		sub(/.*\//, "", p); sub(/\.ko(\.[a-z]+)?$/, "", p); gsub(/-/, "_", p)
+		return p
+	}
+	function visit(m,    n, i, d) {
+		if (m in done || m in builtin) return
+		if (m in active) { print "dependency cycle at " m > "/dev/stderr"; bad = 1; return }
+		if (!(m in path)) { print "module " m " not found" > "/dev/stderr"; bad = 1; return }
+		active[m] = 1
+		n = split(deps[m], d, " ")
+		for (i = 1; i <= n; i++) visit(norm(d[i]))
+		delete active[m]
+		done[m] = 1
+		print path[m]
+	}
+	FILENAME ~ /modules\.builtin$/ { builtin[norm($0)] = 1; next }
+	{
+		p = $1; sub(/:$/, "", p)
+		m = norm(p); path[m] = p
+		$1 = ""; deps[m] = $0
+	}
+	END {
+		n = split(want, w, " ")
+		for (i = 1; i <= n; i++) visit(w[i])
+		exit bad
+	}' "$moddir/modules.builtin" "$moddir/modules.dep") ||
+	die "cannot resolve modules ($modules) from $moddir/modules.dep"
+
+# --- initramfs tree ---------------------------------------------------------
+
+root=$work/root
+mkdir -p "$root"/{bin,dev,etc/kvfs,mnt,proc,run,sys,tmp,usr} "$root/lib/modules/$kver"
+ln -s bin "$root/sbin"
+ln -s ../bin "$root/usr/bin"
+ln -s ../bin "$root/usr/sbin"
+chmod 1777 "$root/tmp"
+
+cp "$busybox" "$root/bin/busybox"
+for applet in $("$root/bin/busybox" --list); do
+	[ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
+done
+
+install -m 0755 "$here/init" "$root/init"
+
+for c in "$here"/tools/*.c; do
+	name=$(basename "$c" .c)
+	gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/$name" "$c" ||
+		die "cannot build $c (gcc -static)"
+done
+
+: >"$root/etc/kvfs/modules"
+for m in $order; do
+	dest=$root/lib/modules/$kver/${m%.xz}
+	mkdir -p "$(dirname "$dest")"
+	case $m in
+	*.ko) cp "$moddir/$m" "$dest" ;;
+	*.ko.xz) xz -dc "$moddir/$m" >"$dest" || die "cannot decompress $m (is xz-utils installed?)" ;;
+	*) die "unsupported module file $m" ;;
+	esac
+	echo "${m%.xz}" >>"$root/etc/kvfs/modules"
+done
+cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$moddir/modules.order" "$root/lib/modules/$kver/" 2>/dev/null || true
+depmod -b "$root" "$kver" || die "depmod -b on the initramfs tree failed"
+
+# The kernel opens /dev/console for init before /init can mount devtmpfs.
+mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
+
+say "packing initramfs ($(echo "$order" | wc -w) modules, kernel $kver)"
+(cd "$root" && find . -print0 | LC_ALL=C sort -z |
+	cpio --null --create --format=newc --owner=0:0 --quiet) |
+	gzip -9 >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+cp "$vmlinuz" "$out/vmlinuz.tmp"
+mv -f "$out/vmlinuz.tmp" "$out/vmlinuz"
+mv -f "$out/initramfs.gz.tmp" "$out/initramfs.gz"
+echo "$kver" >"$out/kernel-version"
+inputs_hash >"$out/inputs.sha256"
+rm -rf "$work"
+say "built $out/vmlinuz and $out/initramfs.gz"

@@ -1,0 +1,209 @@
+/*
+ * kvfs-mmap: a small static helper for the guest conformance suite
+ * (internal/vmtest/guestcheck.sh). Busybox has no way to drive mmap(2) or
+ * fsync(2) on a chosen file, so this does it.
+ *
+ *   kvfs-mmap mmap    FILE SIZE  create FILE, grow it to SIZE, fill it through a
+ *                                MAP_SHARED mapping, msync, unmap, then check the
+ *                                contents with read(2)
+ *   kvfs-mmap fsync   FILE SIZE  create FILE, fill it with write(2), fsync and
+ *                                fdatasync, then check the contents with read(2)
+ *   kvfs-mmap verify  FILE SIZE  check FILE with read(2)
+ *   kvfs-mmap mapread FILE SIZE  check FILE through a read-only shared mapping
+ *
+ * Every mode writes or expects the same position-dependent byte pattern, so a
+ * file written by one mode can be checked by another (for example after the
+ * guest dropped its page cache). Exit status 0 on success, 1 with a message on
+ * standard error otherwise.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *prog = "kvfs-mmap";
+
+static void die(const char *what, const char *file)
+{
+	fprintf(stderr, "%s: %s %s: %s\n", prog, what, file, strerror(errno));
+	exit(1);
+}
+
+static void fail(const char *file, const char *msg, uint64_t off)
+{
+	fprintf(stderr, "%s: %s: %s at offset %llu\n", prog, file, msg,
+		(unsigned long long)off);
+	exit(1);
+}
+
+/* pattern returns the byte expected at offset off. It changes within a page
+ * and between pages so that misplaced pages are detected. */
+static unsigned char pattern(uint64_t off)
+{
+	return (unsigned char)(off ^ (off >> 8) ^ (off >> 16) ^ 0x5a);
+}
+
+static void fill(unsigned char *buf, uint64_t off, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		buf[i] = pattern(off + i);
+}
+
+static void check_size(int fd, const char *file, uint64_t size)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) != 0)
+		die("fstat", file);
+	if ((uint64_t)st.st_size != size) {
+		fprintf(stderr, "%s: %s: size %lld, want %llu\n", prog, file,
+			(long long)st.st_size, (unsigned long long)size);
+		exit(1);
+	}
+}
+
+static void verify_read(const char *file, uint64_t size)
+{
+	static unsigned char buf[1 << 16];
+	uint64_t off = 0;
+	int fd = open(file, O_RDONLY);
+
+	if (fd < 0)
+		die("open", file);
+	check_size(fd, file, size);
+	for (;;) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			die("read", file);
+		}
+		if (n == 0)
+			break;
+		for (ssize_t i = 0; i < n; i++)
+			if (buf[i] != pattern(off + i))
+				fail(file, "read(2) returned a wrong byte", off + i);
+		off += n;
+	}
+	if (off != size)
+		fail(file, "read(2) ended early", off);
+	if (close(fd) != 0)
+		die("close", file);
+}
+
+static void verify_map(const char *file, uint64_t size)
+{
+	int fd = open(file, O_RDONLY);
+	unsigned char *p;
+
+	if (fd < 0)
+		die("open", file);
+	check_size(fd, file, size);
+	p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		die("mmap", file);
+	for (uint64_t i = 0; i < size; i++)
+		if (p[i] != pattern(i))
+			fail(file, "mapping holds a wrong byte", i);
+	if (munmap(p, size) != 0)
+		die("munmap", file);
+	if (close(fd) != 0)
+		die("close", file);
+}
+
+static void write_map(const char *file, uint64_t size)
+{
+	int fd = open(file, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	unsigned char *p;
+
+	if (fd < 0)
+		die("open", file);
+	if (ftruncate(fd, (off_t)size) != 0)
+		die("ftruncate", file);
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		die("mmap", file);
+	fill(p, 0, size);
+	if (msync(p, size, MS_SYNC) != 0)
+		die("msync", file);
+	if (munmap(p, size) != 0)
+		die("munmap", file);
+	if (close(fd) != 0)
+		die("close", file);
+}
+
+static void write_fsync(const char *file, uint64_t size)
+{
+	static unsigned char buf[1 << 16];
+	uint64_t off = 0;
+	int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+	if (fd < 0)
+		die("open", file);
+	while (off < size) {
+		size_t n = sizeof(buf);
+		ssize_t w;
+
+		if (size - off < n)
+			n = (size_t)(size - off);
+		fill(buf, off, n);
+		w = write(fd, buf, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			die("write", file);
+		}
+		off += (uint64_t)w;
+	}
+	if (fsync(fd) != 0)
+		die("fsync", file);
+	if (fdatasync(fd) != 0)
+		die("fdatasync", file);
+	if (close(fd) != 0)
+		die("close", file);
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: %s mmap|fsync|verify|mapread FILE SIZE\n", prog);
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode, *file;
+	char *end;
+	unsigned long long size;
+
+	if (argc != 4)
+		usage();
+	mode = argv[1];
+	file = argv[2];
+	errno = 0;
+	size = strtoull(argv[3], &end, 10);
+	if (errno != 0 || *end != '\0' || end == argv[3] || size == 0 ||
+	    size > (1ULL << 32))
+		usage();
+
+	if (strcmp(mode, "mmap") == 0) {
+		write_map(file, size);
+		verify_read(file, size);
+	} else if (strcmp(mode, "fsync") == 0) {
+		write_fsync(file, size);
+		verify_read(file, size);
+	} else if (strcmp(mode, "verify") == 0) {
+		verify_read(file, size);
+	} else if (strcmp(mode, "mapread") == 0) {
+		verify_map(file, size);
+	} else {
+		usage();
+	}
+	return 0;
+}

@@ -1,0 +1,462 @@
+// Package cmdline turns a virtiofsd-style command line into the configuration of a kvfs server
+// and sets up what the kvfsd process needs before serving: the vhost-user listening socket, its
+// pidfile lock, the file descriptor limit and logging.
+//
+// Both virtiofsd dialects are accepted, in any mix: the C one from QEMU (-o source=DIR,cache=auto,
+// --socket-path=PATH, ...) and the Rust one (--shared-dir DIR --cache auto, ...), so kvfsd can be
+// dropped in where Kata Containers, QEMU's documentation or a hand-written script starts
+// virtiofsd. An option kvfsd knows but does not implement is refused with an error wrapping
+// [ErrNotSupported]; it is never accepted and ignored, because a caller that asks for, say, remote
+// POSIX locks or a sandbox must not believe it got one.
+//
+// Nothing here keeps package-level flag state, prints, or exits: [Parse] returns an [Options] and
+// the command decides what to do with it.
+package cmdline
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/kvfs/kvfs/virtiofs"
+)
+
+// Capabilities is what kvfsd --print-capabilities prints: the vhost-user.json description of a
+// virtio-fs back-end, as the C virtiofsd prints it.
+const Capabilities = `{"type":"fs"}`
+
+// Log levels of Options.LogLevel: logrus level names, plus LogOff.
+const (
+	LogError = "error"
+	LogWarn  = "warn"
+	LogInfo  = "info"
+	LogDebug = "debug"
+	LogTrace = "trace"
+	// LogOff disables logging altogether (Rust virtiofsd's --log-level off).
+	LogOff = "off"
+)
+
+// Options is a parsed kvfsd command line.
+type Options struct {
+	// Server is the file server's configuration.
+	Server virtiofs.Config
+
+	// SocketPath is the vhost-user socket kvfsd creates and listens on (--socket-path).
+	SocketPath string
+	// FD is an inherited, already listening socket to serve on (--fd); -1 when not given.
+	// Exactly one of SocketPath and FD is set.
+	FD int
+	// SocketGroup is the group given access to the socket at SocketPath (--socket-group).
+	SocketGroup string
+
+	// Syslog sends the log to syslog instead of stderr.
+	Syslog bool
+	// LogLevel is one of LogError, LogWarn, LogInfo (the default), LogDebug, LogTrace, LogOff.
+	LogLevel string
+
+	// RlimitNofile is the RLIMIT_NOFILE asked for with --rlimit-nofile, valid when
+	// RlimitNofileSet; 0 leaves the limit alone. Without the option kvfsd raises the limit to
+	// min(1,000,000, fs.nr_open) if it is lower: see SetNofileLimit.
+	RlimitNofile    uint64
+	RlimitNofileSet bool
+
+	// Foreground is -f. kvfsd always runs in the foreground; the flag is kept for compatibility.
+	Foreground bool
+
+	// PrintCapabilities, Help and Version ask for Capabilities, Usage() or the version to be
+	// printed instead of serving. With any of them set, Parse does not require a socket or a
+	// shared directory.
+	PrintCapabilities bool
+	Help              bool
+	Version           bool
+}
+
+// ErrNotSupported is wrapped by the error for an option (or option value) that virtiofsd has
+// and kvfsd does not implement yet.
+var ErrNotSupported = errors.New("not supported yet")
+
+// ErrUnknownOption is wrapped by the error for an option neither kvfsd nor virtiofsd knows.
+var ErrUnknownOption = errors.New("unknown option")
+
+// OptionError is the error Parse returns for an option it cannot accept.
+type OptionError struct {
+	// Option is the option as written, without its value: "--cache", "-o posix_lock", "-x".
+	Option string
+	Err    error
+}
+
+func (e *OptionError) Error() string { return e.Option + ": " + e.Err.Error() }
+func (e *OptionError) Unwrap() error { return e.Err }
+
+// Parse parses the arguments that follow the program name. When an option is given more than
+// once, the last one wins (virtiofsd's --thread-pool-size included, which the Rust virtiofsd
+// refuses to see twice).
+func Parse(args []string) (*Options, error) {
+	o := &Options{FD: -1, LogLevel: LogInfo}
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		// next returns the argument after arg as the value of the option named name.
+		next := func(name string) (string, error) {
+			if i+1 >= len(args) || isOption(args[i+1]) {
+				return "", &OptionError{name, errors.New("missing value")}
+			}
+			i++
+			return args[i], nil
+		}
+		var err error
+		switch {
+		case arg == "-o":
+			var list string
+			if list, err = next("-o"); err == nil {
+				err = o.applySubOptions(list)
+			}
+		case strings.HasPrefix(arg, "-o"):
+			// -oLIST, the attached form fuse's option parser accepts.
+			err = o.applySubOptions(arg[len("-o"):])
+		case strings.HasPrefix(arg, "--") && len(arg) > 2:
+			err = o.applyLong(arg, next)
+		case isOption(arg):
+			err = o.applyShort(arg)
+		default:
+			err = fmt.Errorf("unexpected argument %q: kvfsd takes options only", arg)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// isOption says whether arg is an option rather than a value. "-" alone is a value.
+func isOption(arg string) bool { return len(arg) > 1 && arg[0] == '-' }
+
+// applyLong applies a --name or --name=value argument, taking the value from the next argument
+// when it is not attached.
+func (o *Options) applyLong(arg string, next func(string) (string, error)) error {
+	name, value, hasValue := strings.Cut(arg, "=")
+	opt, ok := longOptions[strings.TrimPrefix(name, "--")]
+	if !ok {
+		return &OptionError{name, ErrUnknownOption}
+	}
+	if opt.refused != "" {
+		return &OptionError{name, fmt.Errorf("%w: %s", ErrNotSupported, opt.refused)}
+	}
+	if opt.value == "" {
+		if hasValue {
+			return &OptionError{name, errors.New("takes no value")}
+		}
+		return opt.apply(o, "")
+	}
+	if !hasValue {
+		var err error
+		if value, err = next(name); err != nil {
+			return err
+		}
+	}
+	if value == "" {
+		return &OptionError{name, errors.New("empty value")}
+	}
+	if err := opt.apply(o, value); err != nil {
+		return &OptionError{name, err}
+	}
+	return nil
+}
+
+func (o *Options) applyShort(arg string) error {
+	switch arg {
+	case "-h":
+		o.Help = true
+	case "-V":
+		o.Version = true
+	case "-f":
+		o.Foreground = true
+	case "-d":
+		// Debug output; virtiofsd adds "implies -f", and kvfsd is always in the foreground.
+		o.LogLevel = LogDebug
+		o.Foreground = true
+	default:
+		return &OptionError{arg, ErrUnknownOption}
+	}
+	return nil
+}
+
+// applySubOptions applies the comma-separated list of a -o argument. A backslash makes the next
+// character literal, so "-o source=/a\,b" names the directory "/a,b".
+func (o *Options) applySubOptions(list string) error {
+	items, err := splitSubOptions(list)
+	if err != nil {
+		return &OptionError{"-o", err}
+	}
+	if len(items) == 0 {
+		return &OptionError{"-o", errors.New("missing value")}
+	}
+	for _, item := range items {
+		name, value, hasValue := strings.Cut(item, "=")
+		display := "-o " + name
+		opt, ok := subOptions[name]
+		switch {
+		case !ok:
+			return &OptionError{display, ErrUnknownOption}
+		case opt.refused != "":
+			return &OptionError{display, fmt.Errorf("%w: %s", ErrNotSupported, opt.refused)}
+		case opt.value == "" && hasValue:
+			return &OptionError{display, errors.New("takes no value")}
+		case opt.value != "" && !hasValue:
+			return &OptionError{display, fmt.Errorf("missing value (-o %s=%s)", name, opt.value)}
+		case opt.value != "" && value == "":
+			return &OptionError{display, errors.New("empty value")}
+		}
+		if err := opt.apply(o, value); err != nil {
+			return &OptionError{display, err}
+		}
+	}
+	return nil
+}
+
+// splitSubOptions splits a -o list at unescaped commas and removes the escapes. Empty items are
+// dropped.
+func splitSubOptions(list string) ([]string, error) {
+	var items []string
+	var cur strings.Builder
+	for i := 0; i < len(list); i++ {
+		switch c := list[i]; c {
+		case '\\':
+			if i+1 == len(list) {
+				return nil, errors.New("trailing backslash")
+			}
+			i++
+			cur.WriteByte(list[i])
+		case ',':
+			if cur.Len() > 0 {
+				items = append(items, cur.String())
+			}
+			cur.Reset()
+		default:
+			cur.WriteByte(c)
+		}
+	}
+	if cur.Len() > 0 {
+		items = append(items, cur.String())
+	}
+	return items, nil
+}
+
+// check validates the option combination.
+func (o *Options) check() error {
+	if o.Help || o.Version || o.PrintCapabilities {
+		return nil
+	}
+	switch {
+	case o.SocketPath != "" && o.FD >= 0:
+		return errors.New("--socket-path and --fd are mutually exclusive")
+	case o.SocketPath == "" && o.FD < 0:
+		return errors.New("no vhost-user socket: give --socket-path=PATH or --fd=FD")
+	case o.SocketGroup != "" && o.SocketPath == "":
+		return errors.New("--socket-group applies only to a socket kvfsd creates (--socket-path)")
+	case o.Server.SharedDir == "":
+		return errors.New("no shared directory: give --shared-dir=DIR or -o source=DIR")
+	}
+	return nil
+}
+
+// option describes one --name (or -o name) option.
+type option struct {
+	// value is the placeholder of the option's value in messages; "" for a switch.
+	value string
+	// apply records the option in o; value is "" for a switch.
+	apply func(o *Options, value string) error
+	// refused, when set, makes the option an error wrapping ErrNotSupported; it says why.
+	refused string
+}
+
+// Reasons for refusing options, shared by both dialects' spellings.
+const (
+	whyWriteback     = "kvfsd does not offer the guest a writeback cache"
+	whyXattrmap      = "kvfsd does not map extended attribute names; --xattr passes them through unchanged"
+	whyPosixACL      = "kvfsd does not implement POSIX ACLs"
+	whySecurityLabel = "kvfsd does not set security labels at file creation"
+	whyKillprivV2    = "kvfsd does not negotiate FUSE_HANDLE_KILLPRIV_V2"
+	whyDirectIO      = "kvfsd does not make O_DIRECT configurable"
+	whyReaddirplus   = "kvfsd does not make READDIRPLUS configurable"
+	whyModcaps       = "kvfsd does not change its capabilities; run it with the ones it should have"
+	whyIDMap         = "kvfsd does not map or translate user and group IDs"
+	whyMigration     = "kvfsd does not support live migration"
+)
+
+// longOptions are the --name options of both dialects.
+var longOptions = map[string]option{
+	"help":               {apply: setFlag(func(o *Options) { o.Help = true })},
+	"version":            {apply: setFlag(func(o *Options) { o.Version = true })},
+	"print-capabilities": {apply: setFlag(func(o *Options) { o.PrintCapabilities = true })},
+	"syslog":             {apply: setFlag(func(o *Options) { o.Syslog = true })},
+
+	"socket-path":        {value: "PATH", apply: setSocketPath},
+	"socket":             {value: "PATH", apply: setSocketPath}, // the Rust virtiofsd's deprecated name
+	"fd":                 {value: "FD", apply: setFD},
+	"socket-group":       {value: "GROUP", apply: func(o *Options, v string) error { o.SocketGroup = v; return nil }},
+	"shared-dir":         {value: "DIR", apply: setSharedDir},
+	"cache":              {value: "MODE", apply: setCache},
+	"thread-pool-size":   {value: "N", apply: setThreadPoolSize},
+	"log-level":          {value: "LEVEL", apply: setLogLevel},
+	"rlimit-nofile":      {value: "N", apply: setRlimitNofile},
+	"sandbox":            {value: "MODE", apply: setSandbox},
+	"seccomp":            {value: "ACTION", apply: setSeccomp},
+	"inode-file-handles": {value: "MODE", apply: setInodeFileHandles},
+
+	"xattr":                 {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
+	"announce-submounts":    {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
+	"no-announce-submounts": {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = false })},
+	"no-killpriv-v2":        {apply: setFlag(func(*Options) {})}, // what kvfsd does anyway
+
+	"daemonize":                {refused: "kvfsd always runs in the foreground; let the caller (systemd, the Kata runtime) supervise it"},
+	"writeback":                {refused: whyWriteback},
+	"xattrmap":                 {value: "RULES", refused: whyXattrmap},
+	"posix-acl":                {refused: whyPosixACL},
+	"security-label":           {refused: whySecurityLabel},
+	"killpriv-v2":              {refused: whyKillprivV2},
+	"allow-direct-io":          {refused: whyDirectIO},
+	"no-readdirplus":           {refused: whyReaddirplus},
+	"modcaps":                  {value: "CAPS", refused: whyModcaps},
+	"tag":                      {value: "TAG", refused: "kvfsd does not offer the device configuration space; set the tag on the front-end (QEMU: -device vhost-user-fs-pci,tag=TAG)"},
+	"readonly":                 {refused: "kvfsd does not export read-only yet; bind-mount the shared directory read-only instead"},
+	"allow-mmap":               {refused: "kvfsd does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP"},
+	"preserve-noatime":         {refused: "kvfsd does not pass the guest's O_NOATIME on"},
+	"uid-map":                  {value: "MAP", refused: whyIDMap},
+	"gid-map":                  {value: "MAP", refused: whyIDMap},
+	"translate-uid":            {value: "MAP", refused: whyIDMap},
+	"translate-gid":            {value: "MAP", refused: whyIDMap},
+	"migration-mode":           {value: "MODE", refused: whyMigration},
+	"migration-on-error":       {value: "MODE", refused: whyMigration},
+	"migration-verify-handles": {refused: whyMigration},
+	"migration-confirm-paths":  {refused: whyMigration},
+}
+
+// subOptions are the names accepted in -o lists: the C virtiofsd's, which the Rust one also
+// takes in part.
+var subOptions = map[string]option{
+	"source":             {value: "DIR", apply: setSharedDir},
+	"cache":              {value: "MODE", apply: setCache},
+	"log_level":          {value: "LEVEL", apply: setLogLevel},
+	"loglevel":           {value: "LEVEL", apply: setLogLevel}, // the Rust virtiofsd's -o spelling
+	"debug":              {apply: setFlag(func(o *Options) { o.LogLevel = LogDebug; o.Foreground = true })},
+	"sandbox":            {value: "MODE", apply: setSandbox},
+	"xattr":              {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
+	"no_xattr":           {apply: setFlag(func(o *Options) { o.Server.Xattr = false })},
+	"announce_submounts": {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
+
+	// The no_ forms say what kvfsd does anyway: POSIX locks and flocks stay local to the guest
+	// kernel, no writeback cache, no ACLs, no security labels, no KILLPRIV_V2.
+	"no_posix_lock":     {apply: setFlag(func(*Options) {})},
+	"no_flock":          {apply: setFlag(func(*Options) {})},
+	"no_writeback":      {apply: setFlag(func(*Options) {})},
+	"no_posix_acl":      {apply: setFlag(func(*Options) {})},
+	"no_security_label": {apply: setFlag(func(*Options) {})},
+	"no_killpriv_v2":    {apply: setFlag(func(*Options) {})},
+
+	"posix_lock":         {refused: "kvfsd has no remote POSIX locks; they stay local to the guest (-o no_posix_lock)"},
+	"flock":              {refused: "kvfsd has no remote flock locks; they stay local to the guest (-o no_flock)"},
+	"writeback":          {refused: whyWriteback},
+	"timeout":            {value: "SECONDS", refused: "the attribute and entry timeout follows the cache mode (never 0 s, auto 1 s, metadata and always 1 day)"},
+	"xattrmap":           {value: "RULES", refused: whyXattrmap},
+	"posix_acl":          {refused: whyPosixACL},
+	"security_label":     {refused: whySecurityLabel},
+	"killpriv_v2":        {refused: whyKillprivV2},
+	"allow_direct_io":    {refused: whyDirectIO},
+	"no_allow_direct_io": {refused: whyDirectIO},
+	"readdirplus":        {refused: whyReaddirplus},
+	"no_readdirplus":     {refused: whyReaddirplus},
+	"modcaps":            {value: "CAPS", refused: whyModcaps},
+	"allow_root":         {refused: "kvfsd has no allow_root setting"},
+	"max_idle_threads":   {value: "N", refused: "kvfsd has no idle thread limit"},
+}
+
+func setFlag(f func(o *Options)) func(*Options, string) error {
+	return func(o *Options, _ string) error { f(o); return nil }
+}
+
+func setSocketPath(o *Options, v string) error { o.SocketPath = v; return nil }
+func setSharedDir(o *Options, v string) error  { o.Server.SharedDir = v; return nil }
+
+func setFD(o *Options, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > math.MaxInt32 {
+		return fmt.Errorf("invalid file descriptor %q", v)
+	}
+	o.FD = n
+	return nil
+}
+
+func setCache(o *Options, v string) error {
+	m, err := virtiofs.ParseCacheMode(v)
+	if err != nil {
+		return err
+	}
+	o.Server.Cache = m
+	return nil
+}
+
+func setThreadPoolSize(o *Options, v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("invalid thread pool size %q: want a number ≥ 0", v)
+	}
+	o.Server.ThreadPoolSize = n
+	return nil
+}
+
+func setRlimitNofile(o *Options, v string) error {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return fmt.Errorf("invalid file descriptor limit %q: want a number ≥ 0", v)
+	}
+	o.RlimitNofile, o.RlimitNofileSet = n, true
+	return nil
+}
+
+// setLogLevel takes the level names of both dialects.
+func setLogLevel(o *Options, v string) error {
+	switch v {
+	case "err", LogError:
+		o.LogLevel = LogError
+	case LogWarn, LogInfo, LogDebug, LogTrace, LogOff:
+		o.LogLevel = v
+	default:
+		return fmt.Errorf("invalid log level %q: want error, warn, info, debug, trace or off", v)
+	}
+	return nil
+}
+
+func setSandbox(_ *Options, v string) error {
+	switch v {
+	case "none":
+		return nil
+	case "namespace", "chroot":
+		return fmt.Errorf("%q is %w: kvfsd does not sandbox itself; pass --sandbox none and confine it from outside", v, ErrNotSupported)
+	}
+	return fmt.Errorf("invalid sandbox mode %q: want namespace, chroot or none", v)
+}
+
+func setSeccomp(_ *Options, v string) error {
+	switch v {
+	case "none":
+		return nil
+	case "kill", "log", "trap":
+		return fmt.Errorf("%q is %w: kvfsd installs no seccomp filter; pass --seccomp none", v, ErrNotSupported)
+	}
+	return fmt.Errorf("invalid seccomp action %q: want none, kill, log or trap", v)
+}
+
+func setInodeFileHandles(_ *Options, v string) error {
+	switch v {
+	case "never":
+		return nil
+	case "prefer", "mandatory":
+		return fmt.Errorf("%q is %w: kvfsd does not refer to inodes by file handle; pass --inode-file-handles never", v, ErrNotSupported)
+	}
+	return fmt.Errorf("invalid inode file handle mode %q: want never, prefer or mandatory", v)
+}

@@ -1,0 +1,376 @@
+package cmdline
+
+import (
+	"errors"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kvfs/kvfs/virtiofs"
+)
+
+// defaults is what Parse returns for "--shared-dir=/s --socket-path=/sock".
+func defaults() Options {
+	return Options{
+		Server:     virtiofs.Config{SharedDir: "/s", Cache: virtiofs.CacheAuto},
+		SocketPath: "/sock",
+		FD:         -1,
+		LogLevel:   LogInfo,
+	}
+}
+
+// with returns the arguments a socket and a shared directory, then args.
+func with(args ...string) []string {
+	return append([]string{"--shared-dir=/s", "--socket-path=/sock"}, args...)
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want func(o *Options)
+	}{
+		// Command lines seen in the wild.
+		{
+			name: "Kata Go runtime with default extra args",
+			args: []string{"--syslog", "--cache=auto", "--shared-dir=/run/kata-containers/shared/sandboxes/abc/shared", "--fd=3", "--thread-pool-size=1", "--announce-submounts"},
+			want: func(o *Options) {
+				o.Syslog = true
+				o.Server = virtiofs.Config{SharedDir: "/run/kata-containers/shared/sandboxes/abc/shared", Cache: virtiofs.CacheAuto, ThreadPoolSize: 1, AnnounceSubmounts: true}
+				o.SocketPath, o.FD = "", 3
+			},
+		},
+		{
+			name: "Kata Go runtime unit test argv",
+			args: []string{"--syslog", "--cache=never", "--shared-dir=/run/kata-shared/foo", "--fd=123"},
+			want: func(o *Options) {
+				o.Syslog = true
+				o.Server = virtiofs.Config{SharedDir: "/run/kata-shared/foo", Cache: virtiofs.CacheNever}
+				o.SocketPath, o.FD = "", 123
+			},
+		},
+		{
+			name: "Kata runtime-rs",
+			args: []string{"--socket-path", "/run/kata/abc/root/virtiofsd.sock", "--shared-dir", "/run/kata-containers/shared/sandboxes/abc/ro", "--cache", "auto", "--thread-pool-size=1", "-o", "announce_submounts", "--xattr"},
+			want: func(o *Options) {
+				o.SocketPath = "/run/kata/abc/root/virtiofsd.sock"
+				o.Server = virtiofs.Config{SharedDir: "/run/kata-containers/shared/sandboxes/abc/ro", Cache: virtiofs.CacheAuto, ThreadPoolSize: 1, AnnounceSubmounts: true, Xattr: true}
+			},
+		},
+		{
+			name: "C virtiofsd man page example",
+			args: []string{"--socket-path=/tmp/vhostqemu", "-o", "source=/var/lib/fs/vm001", "-o", "cache=always"},
+			want: func(o *Options) {
+				o.SocketPath = "/tmp/vhostqemu"
+				o.Server = virtiofs.Config{SharedDir: "/var/lib/fs/vm001", Cache: virtiofs.CacheAlways}
+			},
+		},
+		{
+			name: "C virtiofsd with a comma list",
+			args: []string{"--socket-path=/sock", "-o", "source=/x,cache=auto,no_posix_lock"},
+			want: func(o *Options) { o.Server.SharedDir = "/x" },
+		},
+		{
+			name: "Rust virtiofsd README",
+			args: []string{"--log-level=debug", "--socket-path=/tmp/virtiofs", "--shared-dir=/tmp/shared_dir", "--cache=never", "--sandbox=none", "--seccomp=none"},
+			want: func(o *Options) {
+				o.LogLevel, o.SocketPath = LogDebug, "/tmp/virtiofs"
+				o.Server = virtiofs.Config{SharedDir: "/tmp/shared_dir", Cache: virtiofs.CacheNever}
+			},
+		},
+		{
+			name: "both dialects mixed",
+			args: []string{"-o", "source=/a,xattr", "--socket", "/sock", "-f", "--cache", "metadata", "-o", "log_level=warn", "--announce-submounts"},
+			want: func(o *Options) {
+				o.Server = virtiofs.Config{SharedDir: "/a", Cache: virtiofs.CacheMetadata, Xattr: true, AnnounceSubmounts: true}
+				o.Foreground, o.LogLevel = true, LogWarn
+			},
+		},
+
+		// Defaults and each option.
+		{name: "defaults", args: with(), want: func(*Options) {}},
+		{name: "shared dir, separate value", args: []string{"--shared-dir", "/d", "--socket-path", "/sock"}, want: func(o *Options) { o.Server.SharedDir = "/d" }},
+		{name: "-o source", args: []string{"-o", "source=/d", "--socket-path=/sock"}, want: func(o *Options) { o.Server.SharedDir = "/d" }},
+		{name: "-o attached", args: []string{"-osource=/d,cache=always", "--socket-path=/sock"}, want: func(o *Options) { o.Server.SharedDir = "/d"; o.Server.Cache = virtiofs.CacheAlways }},
+		{name: "-o escaped comma", args: []string{"-o", `source=/a\,b\\c,xattr`, "--socket-path=/sock"}, want: func(o *Options) { o.Server.SharedDir = `/a,b\c`; o.Server.Xattr = true }},
+		{name: "-o empty items", args: with("-o", ",xattr,,"), want: func(o *Options) { o.Server.Xattr = true }},
+		{name: "value that is a dash", args: []string{"--shared-dir", "-", "--socket-path=/sock"}, want: func(o *Options) { o.Server.SharedDir = "-" }},
+		{name: "--socket alias", args: []string{"--shared-dir=/s", "--socket=/other"}, want: func(o *Options) { o.SocketPath = "/other" }},
+		{name: "--fd", args: []string{"--shared-dir=/s", "--fd", "0"}, want: func(o *Options) { o.SocketPath, o.FD = "", 0 }},
+		{name: "--socket-group", args: with("--socket-group=kvm"), want: func(o *Options) { o.SocketGroup = "kvm" }},
+		{name: "--socket-group separate", args: with("--socket-group", "kvm"), want: func(o *Options) { o.SocketGroup = "kvm" }},
+		{name: "--cache never", args: with("--cache=never"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheNever }},
+		{name: "--cache none", args: with("--cache=none"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheNever }},
+		{name: "--cache metadata", args: with("--cache", "metadata"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheMetadata }},
+		{name: "--cache auto", args: with("--cache=always", "--cache=auto"), want: func(*Options) {}},
+		{name: "--cache always", args: with("--cache=always"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheAlways }},
+		{name: "-o cache=none", args: with("-o", "cache=none"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheNever }},
+		{name: "-o cache=never", args: with("-o", "cache=never"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheNever }},
+		{name: "-o cache=metadata", args: with("-o", "cache=metadata"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheMetadata }},
+		{name: "-o cache=auto", args: with("-o", "cache=auto"), want: func(*Options) {}},
+		{name: "-o cache=always", args: with("-o", "cache=always"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheAlways }},
+		{name: "--xattr", args: with("--xattr"), want: func(o *Options) { o.Server.Xattr = true }},
+		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
+		{name: "-o no_xattr", args: with("--xattr", "-o", "no_xattr"), want: func(*Options) {}},
+		{name: "-o no_posix_lock", args: with("-o", "no_posix_lock"), want: func(*Options) {}},
+		{name: "-o no_flock", args: with("-o", "no_flock"), want: func(*Options) {}},
+		{name: "-o no_writeback", args: with("-o", "no_writeback"), want: func(*Options) {}},
+		{name: "-o no_posix_acl", args: with("-o", "no_posix_acl"), want: func(*Options) {}},
+		{name: "-o no_security_label", args: with("-o", "no_security_label"), want: func(*Options) {}},
+		{name: "-o no_killpriv_v2", args: with("-o", "no_killpriv_v2"), want: func(*Options) {}},
+		{name: "--no-killpriv-v2", args: with("--no-killpriv-v2"), want: func(*Options) {}},
+		{name: "--announce-submounts", args: with("--announce-submounts"), want: func(o *Options) { o.Server.AnnounceSubmounts = true }},
+		{name: "-o announce_submounts", args: with("-o", "announce_submounts"), want: func(o *Options) { o.Server.AnnounceSubmounts = true }},
+		{name: "--no-announce-submounts", args: with("--announce-submounts", "--no-announce-submounts"), want: func(*Options) {}},
+		{name: "--thread-pool-size", args: with("--thread-pool-size=4"), want: func(o *Options) { o.Server.ThreadPoolSize = 4 }},
+		{name: "--thread-pool-size separate", args: with("--thread-pool-size", "0"), want: func(*Options) {}},
+		{name: "--log-level error", args: with("--log-level=error"), want: func(o *Options) { o.LogLevel = LogError }},
+		{name: "--log-level warn", args: with("--log-level", "warn"), want: func(o *Options) { o.LogLevel = LogWarn }},
+		{name: "--log-level info", args: with("--log-level=debug", "--log-level=info"), want: func(*Options) {}},
+		{name: "--log-level debug", args: with("--log-level=debug"), want: func(o *Options) { o.LogLevel = LogDebug }},
+		{name: "--log-level trace", args: with("--log-level=trace"), want: func(o *Options) { o.LogLevel = LogTrace }},
+		{name: "--log-level off", args: with("--log-level=off"), want: func(o *Options) { o.LogLevel = LogOff }},
+		{name: "-o log_level=err", args: with("-o", "log_level=err"), want: func(o *Options) { o.LogLevel = LogError }},
+		{name: "-o log_level=warn", args: with("-o", "log_level=warn"), want: func(o *Options) { o.LogLevel = LogWarn }},
+		{name: "-o log_level=debug", args: with("-o", "log_level=debug"), want: func(o *Options) { o.LogLevel = LogDebug }},
+		{name: "-o loglevel", args: with("-o", "loglevel=debug"), want: func(o *Options) { o.LogLevel = LogDebug }},
+		{name: "-o debug", args: with("-o", "debug"), want: func(o *Options) { o.LogLevel = LogDebug; o.Foreground = true }},
+		{name: "-d", args: with("-d"), want: func(o *Options) { o.LogLevel = LogDebug; o.Foreground = true }},
+		{name: "-d then log_level", args: with("-d", "-o", "log_level=info"), want: func(o *Options) { o.Foreground = true }},
+		{name: "-f", args: with("-f"), want: func(o *Options) { o.Foreground = true }},
+		{name: "--syslog", args: with("--syslog"), want: func(o *Options) { o.Syslog = true }},
+		{name: "--rlimit-nofile", args: with("--rlimit-nofile=4096"), want: func(o *Options) { o.RlimitNofile, o.RlimitNofileSet = 4096, true }},
+		{name: "--rlimit-nofile 0", args: with("--rlimit-nofile", "0"), want: func(o *Options) { o.RlimitNofileSet = true }},
+		{name: "--sandbox none", args: with("--sandbox", "none"), want: func(*Options) {}},
+		{name: "-o sandbox=none", args: with("-o", "sandbox=none"), want: func(*Options) {}},
+		{name: "--seccomp none", args: with("--seccomp=none"), want: func(*Options) {}},
+		{name: "--inode-file-handles never", args: with("--inode-file-handles=never"), want: func(*Options) {}},
+
+		// Last wins.
+		{name: "duplicate --thread-pool-size", args: with("--thread-pool-size=1", "--thread-pool-size=2"), want: func(o *Options) { o.Server.ThreadPoolSize = 2 }},
+		{name: "duplicate cache across dialects", args: with("--cache=never", "-o", "cache=always"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheAlways }},
+		{name: "duplicate shared dir across dialects", args: []string{"-o", "source=/a", "--shared-dir=/b", "--socket-path=/sock"}, want: func(o *Options) { o.Server.SharedDir = "/b" }},
+		{name: "duplicate socket path", args: with("--socket-path=/other"), want: func(o *Options) { o.SocketPath = "/other" }},
+
+		// Nothing else is needed to print something and exit.
+		{name: "--print-capabilities", args: []string{"--print-capabilities"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, PrintCapabilities: true} }},
+		{name: "--help", args: []string{"--help"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Help: true} }},
+		{name: "-h", args: []string{"-h"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Help: true} }},
+		{name: "--version", args: []string{"--version"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Version: true} }},
+		{name: "-V", args: []string{"-V"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Version: true} }},
+		{name: "--help with both sockets", args: []string{"--help", "--fd=3", "--socket-path=/s"}, want: func(o *Options) {
+			*o = Options{FD: 3, SocketPath: "/s", LogLevel: LogInfo, Help: true}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.args)
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", tt.args, err)
+			}
+			want := defaults()
+			tt.want(&want)
+			if !reflect.DeepEqual(*got, want) {
+				t.Errorf("Parse(%q)\n got %+v\nwant %+v", tt.args, *got, want)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		// want are substrings of the message; is, when set, must be in the error chain.
+		want []string
+		is   error
+	}{
+		// Unknown.
+		{name: "unknown long", args: with("--bogus"), want: []string{"--bogus: unknown option"}, is: ErrUnknownOption},
+		{name: "unknown long with value", args: with("--bogus=1"), want: []string{"--bogus: unknown option"}, is: ErrUnknownOption},
+		{name: "unknown short", args: with("-x"), want: []string{"-x: unknown option"}, is: ErrUnknownOption},
+		{name: "short options do not combine", args: with("-fd"), want: []string{"-fd: unknown option"}, is: ErrUnknownOption},
+		{name: "unknown -o", args: with("-o", "source=/x,bogus"), want: []string{"-o bogus: unknown option"}, is: ErrUnknownOption},
+		{name: "double dash", args: with("--"), want: []string{"--: unknown option"}, is: ErrUnknownOption},
+		{name: "positional", args: with("/mnt"), want: []string{`unexpected argument "/mnt"`}},
+
+		// Not supported yet: the options the task lists by name.
+		{name: "-o posix_lock", args: with("-o", "posix_lock"), want: []string{"-o posix_lock: not supported yet", "no_posix_lock"}, is: ErrNotSupported},
+		{name: "-o flock", args: with("-o", "no_posix_lock,flock"), want: []string{"-o flock: not supported yet", "no_flock"}, is: ErrNotSupported},
+		{name: "--sandbox namespace", args: with("--sandbox", "namespace"), want: []string{`--sandbox: "namespace" is not supported yet`, "--sandbox none"}, is: ErrNotSupported},
+		{name: "--sandbox chroot", args: with("--sandbox=chroot"), want: []string{`--sandbox: "chroot" is not supported yet`}, is: ErrNotSupported},
+		{name: "-o sandbox=chroot", args: with("-o", "sandbox=chroot"), want: []string{`-o sandbox: "chroot" is not supported yet`}, is: ErrNotSupported},
+		{name: "--seccomp kill", args: with("--seccomp=kill"), want: []string{`--seccomp: "kill" is not supported yet`}, is: ErrNotSupported},
+		{name: "--seccomp log", args: with("--seccomp", "log"), want: []string{`--seccomp: "log" is not supported yet`}, is: ErrNotSupported},
+		{name: "--seccomp trap", args: with("--seccomp=trap"), want: []string{`--seccomp: "trap" is not supported yet`}, is: ErrNotSupported},
+		{name: "--inode-file-handles prefer", args: with("--inode-file-handles=prefer"), want: []string{`--inode-file-handles: "prefer" is not supported yet`}, is: ErrNotSupported},
+		{name: "--inode-file-handles mandatory", args: with("--inode-file-handles", "mandatory"), want: []string{`--inode-file-handles: "mandatory" is not supported yet`}, is: ErrNotSupported},
+		{name: "-o writeback", args: with("-o", "writeback"), want: []string{"-o writeback: not supported yet"}, is: ErrNotSupported},
+		{name: "--writeback", args: with("--writeback"), want: []string{"--writeback: not supported yet"}, is: ErrNotSupported},
+		{name: "-o timeout", args: with("-o", "timeout=5"), want: []string{"-o timeout: not supported yet"}, is: ErrNotSupported},
+		{name: "-o xattrmap", args: with("-o", "xattrmap=:map::user.virtiofs.:"), want: []string{"-o xattrmap: not supported yet"}, is: ErrNotSupported},
+		{name: "--xattrmap", args: with("--xattrmap", ":map::user.virtiofs.:"), want: []string{"--xattrmap: not supported yet"}, is: ErrNotSupported},
+		{name: "-o posix_acl", args: with("-o", "posix_acl"), want: []string{"-o posix_acl: not supported yet"}, is: ErrNotSupported},
+		{name: "--posix-acl", args: with("--posix-acl"), want: []string{"--posix-acl: not supported yet"}, is: ErrNotSupported},
+		{name: "-o security_label", args: with("-o", "security_label"), want: []string{"-o security_label: not supported yet"}, is: ErrNotSupported},
+		{name: "--security-label", args: with("--security-label"), want: []string{"--security-label: not supported yet"}, is: ErrNotSupported},
+		{name: "-o killpriv_v2", args: with("-o", "killpriv_v2"), want: []string{"-o killpriv_v2: not supported yet"}, is: ErrNotSupported},
+		{name: "--killpriv-v2", args: with("--killpriv-v2"), want: []string{"--killpriv-v2: not supported yet"}, is: ErrNotSupported},
+		{name: "--daemonize", args: with("--daemonize"), want: []string{"--daemonize: not supported yet"}, is: ErrNotSupported},
+		{name: "--tag", args: with("--tag=myfs"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
+		{name: "--readonly", args: with("--readonly"), want: []string{"--readonly: not supported yet"}, is: ErrNotSupported},
+		{name: "--uid-map", args: with("--uid-map=:0:1000:1:"), want: []string{"--uid-map: not supported yet"}, is: ErrNotSupported},
+		{name: "--gid-map", args: with("--gid-map", ":0:1000:1:"), want: []string{"--gid-map: not supported yet"}, is: ErrNotSupported},
+		{name: "--translate-uid", args: with("--translate-uid=map:0:1000:1"), want: []string{"--translate-uid: not supported yet"}, is: ErrNotSupported},
+		{name: "--translate-gid", args: with("--translate-gid=map:0:1000:1"), want: []string{"--translate-gid: not supported yet"}, is: ErrNotSupported},
+		{name: "--migration-mode", args: with("--migration-mode=find-paths"), want: []string{"--migration-mode: not supported yet"}, is: ErrNotSupported},
+		{name: "--migration-on-error", args: with("--migration-on-error", "abort"), want: []string{"--migration-on-error: not supported yet"}, is: ErrNotSupported},
+		{name: "--migration-verify-handles", args: with("--migration-verify-handles"), want: []string{"--migration-verify-handles: not supported yet"}, is: ErrNotSupported},
+		{name: "--migration-confirm-paths", args: with("--migration-confirm-paths"), want: []string{"--migration-confirm-paths: not supported yet"}, is: ErrNotSupported},
+		{name: "refused even without its value", args: with("--tag"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
+
+		// Invalid values.
+		{name: "--cache bogus", args: with("--cache=bogus"), want: []string{"--cache: invalid cache mode"}},
+		{name: "-o cache bogus", args: with("-o", "cache=bogus"), want: []string{"-o cache: invalid cache mode"}},
+		{name: "--sandbox bogus", args: with("--sandbox=bogus"), want: []string{"--sandbox: invalid sandbox mode"}},
+		{name: "--seccomp bogus", args: with("--seccomp=bogus"), want: []string{"--seccomp: invalid seccomp action"}},
+		{name: "--inode-file-handles bogus", args: with("--inode-file-handles=bogus"), want: []string{"--inode-file-handles: invalid"}},
+		{name: "--log-level bogus", args: with("--log-level=verbose"), want: []string{`--log-level: invalid log level "verbose"`}},
+		{name: "-o log_level bogus", args: with("-o", "log_level=verbose"), want: []string{`-o log_level: invalid log level`}},
+
+		// Missing and empty values, values where none is taken.
+		{name: "--shared-dir at the end", args: []string{"--socket-path=/sock", "--shared-dir"}, want: []string{"--shared-dir: missing value"}},
+		{name: "--socket-path before an option", args: []string{"--shared-dir=/s", "--socket-path", "--fd=3"}, want: []string{"--socket-path: missing value"}},
+		{name: "--fd at the end", args: []string{"--shared-dir=/s", "--fd"}, want: []string{"--fd: missing value"}},
+		{name: "--cache at the end", args: with("--cache"), want: []string{"--cache: missing value"}},
+		{name: "-o at the end", args: with("-o"), want: []string{"-o: missing value"}},
+		{name: "-o before an option", args: with("-o", "--xattr"), want: []string{"-o: missing value"}},
+		{name: "-o only commas", args: with("-o", ",,"), want: []string{"-o: missing value"}},
+		{name: "-o trailing backslash", args: with("-o", `source=/a\`), want: []string{"-o: trailing backslash"}},
+		{name: "-o source without value", args: with("-o", "source"), want: []string{"-o source: missing value"}},
+		{name: "-o source empty", args: []string{"--socket-path=/sock", "-o", "source="}, want: []string{"-o source: empty value"}},
+		{name: "--shared-dir empty", args: []string{"--socket-path=/sock", "--shared-dir="}, want: []string{"--shared-dir: empty value"}},
+		{name: "--socket-path empty", args: []string{"--shared-dir=/s", "--socket-path="}, want: []string{"--socket-path: empty value"}},
+		{name: "--xattr with value", args: with("--xattr=true"), want: []string{"--xattr: takes no value"}},
+		{name: "--syslog with value", args: with("--syslog=1"), want: []string{"--syslog: takes no value"}},
+		{name: "-o xattr with value", args: with("-o", "xattr=1"), want: []string{"-o xattr: takes no value"}},
+
+		// Bad numbers.
+		{name: "--fd not a number", args: []string{"--shared-dir=/s", "--fd=three"}, want: []string{`--fd: invalid file descriptor "three"`}},
+		{name: "--fd negative", args: []string{"--shared-dir=/s", "--fd=-1"}, want: []string{`--fd: invalid file descriptor "-1"`}},
+		{name: "--fd negative separate", args: []string{"--shared-dir=/s", "--fd", "-1"}, want: []string{"--fd: missing value"}},
+		{name: "--fd too big", args: []string{"--shared-dir=/s", "--fd=4294967296"}, want: []string{"--fd: invalid file descriptor"}},
+		{name: "--thread-pool-size negative", args: with("--thread-pool-size=-1"), want: []string{`--thread-pool-size: invalid thread pool size "-1"`}},
+		{name: "--thread-pool-size not a number", args: with("--thread-pool-size=many"), want: []string{`--thread-pool-size: invalid thread pool size "many"`}},
+		{name: "--thread-pool-size hex", args: with("--thread-pool-size=0x4"), want: []string{"--thread-pool-size: invalid"}},
+		{name: "--rlimit-nofile negative", args: with("--rlimit-nofile=-5"), want: []string{`--rlimit-nofile: invalid file descriptor limit "-5"`}},
+		{name: "--rlimit-nofile suffix", args: with("--rlimit-nofile=1k"), want: []string{`--rlimit-nofile: invalid file descriptor limit "1k"`}},
+		{name: "--rlimit-nofile overflow", args: with("--rlimit-nofile=18446744073709551616"), want: []string{"--rlimit-nofile: invalid"}},
+
+		// Combinations.
+		{name: "both --socket-path and --fd", args: with("--fd=3"), want: []string{"--socket-path and --fd are mutually exclusive"}},
+		{name: "no socket", args: []string{"--shared-dir=/s"}, want: []string{"no vhost-user socket", "--socket-path", "--fd"}},
+		{name: "no shared dir", args: []string{"--socket-path=/sock"}, want: []string{"no shared directory", "--shared-dir", "-o source"}},
+		{name: "nothing at all", args: nil, want: []string{"no vhost-user socket"}},
+		{name: "socket group with --fd", args: []string{"--shared-dir=/s", "--fd=3", "--socket-group=kvm"}, want: []string{"--socket-group applies only"}},
+		{name: "--print-capabilities still rejects unknown options", args: []string{"--print-capabilities", "--bogus"}, is: ErrUnknownOption},
+		{name: "--help still rejects unsupported options", args: []string{"--help", "-o", "posix_lock"}, is: ErrNotSupported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.args)
+			if err == nil {
+				t.Fatalf("Parse(%q) = %+v, want an error", tt.args, *got)
+			}
+			if got != nil {
+				t.Errorf("Parse(%q) returned options with its error", tt.args)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Parse(%q) error %q does not contain %q", tt.args, err, w)
+				}
+			}
+			if tt.is != nil && !errors.Is(err, tt.is) {
+				t.Errorf("Parse(%q) error %q is not %v", tt.args, err, tt.is)
+			}
+		})
+	}
+}
+
+// TestRefusedOptions checks every option the tables refuse, in every spelling, so that none can
+// slip through as accepted: the error names the option, wraps ErrNotSupported and says why.
+func TestRefusedOptions(t *testing.T) {
+	check := func(t *testing.T, display string, args []string) {
+		t.Helper()
+		_, err := Parse(args)
+		if !errors.Is(err, ErrNotSupported) {
+			t.Fatalf("Parse(%q) error = %v, want ErrNotSupported", args, err)
+		}
+		var oe *OptionError
+		if !errors.As(err, &oe) || oe.Option != display {
+			t.Errorf("Parse(%q) error %q does not name %s", args, err, display)
+		}
+		if msg := err.Error(); len(msg) < len(display)+len(": not supported yet: ")+10 {
+			t.Errorf("Parse(%q) error %q gives no reason", args, err)
+		}
+	}
+	for _, name := range sortedKeys(longOptions) {
+		opt := longOptions[name]
+		if opt.refused == "" {
+			continue
+		}
+		if opt.value == "" {
+			check(t, "--"+name, with("--"+name))
+		} else {
+			check(t, "--"+name, with("--"+name+"=x"))
+			check(t, "--"+name, with("--"+name, "x"))
+		}
+	}
+	for _, name := range sortedKeys(subOptions) {
+		opt := subOptions[name]
+		if opt.refused == "" {
+			continue
+		}
+		arg := name
+		if opt.value != "" {
+			arg += "=1"
+		}
+		check(t, "-o "+name, with("-o", arg))
+		check(t, "-o "+name, with("-o", "xattr,"+arg+",no_xattr"))
+	}
+}
+
+// TestUsageMentionsEveryOption keeps Usage in step with the option tables.
+func TestUsageMentionsEveryOption(t *testing.T) {
+	u := Usage()
+	for name := range longOptions {
+		if !strings.Contains(u, "--"+name) {
+			t.Errorf("Usage does not mention --%s", name)
+		}
+	}
+	for name := range subOptions {
+		if !strings.Contains(u, name) {
+			t.Errorf("Usage does not mention -o %s", name)
+		}
+	}
+	for _, s := range []string{"-h", "-V", "-f", "-d", "last one wins", "does not sandbox itself"} {
+		if !strings.Contains(u, s) {
+			t.Errorf("Usage does not mention %q", s)
+		}
+	}
+	for i, line := range strings.Split(u, "\n") {
+		if len([]rune(line)) > 80 {
+			t.Errorf("Usage line %d is longer than 80 columns: %q", i+1, line)
+		}
+	}
+}
+
+func sortedKeys(m map[string]option) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

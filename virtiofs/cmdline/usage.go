@@ -1,0 +1,79 @@
+package cmdline
+
+// Usage returns the text kvfsd --help prints.
+func Usage() string { return usage }
+
+const usage = `Usage: kvfsd [OPTIONS]
+
+kvfsd serves a host directory to a virtual machine as a virtio-fs device, over a
+vhost-user socket. It takes the command lines of both the C virtiofsd (QEMU) and
+the Rust virtiofsd, in any mix: write --opt=VALUE or --opt VALUE, and give -o a
+comma-separated list (a backslash makes the next character literal, as in
+-o source=/a\,b). When an option is given more than once the last one wins; this
+includes --thread-pool-size, which the Rust virtiofsd refuses to see twice.
+
+Shared directory and socket (one of --socket-path and --fd is required):
+  --shared-dir=DIR, -o source=DIR
+                        host directory to share (required)
+  --socket-path=PATH    create the vhost-user socket at PATH (mode 0600) and
+                        lock PATH.pid; a stale socket at PATH is replaced,
+                        anything else there is an error. --socket is an alias.
+  --socket-group=GROUP  make the socket at --socket-path 0660 and owned by GROUP
+  --fd=FD               serve on the inherited listening Unix socket FD
+                        (the Kata runtime passes --fd=3)
+
+File system:
+  --cache=MODE, -o cache=MODE
+                        never (alias none), metadata, auto or always
+                        (default auto)
+  --xattr, -o xattr     enable extended attributes (default off; -o no_xattr)
+  --announce-submounts, -o announce_submounts
+                        report mount points inside the shared directory to the
+                        guest as submounts (default off)
+  --no-announce-submounts
+                        do not (the default)
+  --thread-pool-size=N  worker goroutines, shared by all queues; 0 (the
+                        default) handles requests on each queue's goroutine
+
+Process:
+  --log-level=LEVEL, -o log_level=LEVEL (or -o loglevel=LEVEL)
+                        error (or err), warn, info, debug, trace or off
+                        (default info)
+  -d, -o debug          same as --log-level=debug
+  --syslog              log to syslog, tagged kvfsd, instead of stderr
+  --rlimit-nofile=N     set RLIMIT_NOFILE to N; 0 leaves it unchanged (default:
+                        raise it to min(1000000, fs.nr_open) if lower)
+  --print-capabilities  print the vhost-user back-end description and exit
+  -V, --version         print the version and exit
+  -h, --help            print this help and exit
+
+Accepted, and what kvfsd does anyway:
+  -f                    run in the foreground (kvfsd always does)
+  -o no_posix_lock, -o no_flock
+                        POSIX and flock locks stay local to the guest kernel
+  -o no_writeback, -o no_posix_acl, -o no_security_label, -o no_killpriv_v2,
+  --no-killpriv-v2
+  --sandbox=none, -o sandbox=none
+                        kvfsd does not sandbox itself yet: it enters no
+                        namespace and does not chroot or pivot_root; confine
+                        it from outside
+  --seccomp=none        kvfsd installs no seccomp filter yet
+  --inode-file-handles=never
+
+Not supported yet (refused with an error, never ignored):
+  -o posix_lock, -o flock, --sandbox=namespace|chroot,
+  -o sandbox=namespace|chroot, --seccomp=kill|log|trap,
+  --inode-file-handles=prefer|mandatory,
+  -o writeback, --writeback, -o timeout=, -o xattrmap=, --xattrmap,
+  -o posix_acl, --posix-acl, -o security_label, --security-label,
+  -o killpriv_v2, --killpriv-v2, -o allow_direct_io, -o no_allow_direct_io,
+  --allow-direct-io, -o readdirplus, -o no_readdirplus, --no-readdirplus,
+  -o modcaps=, --modcaps, -o allow_root,
+  -o max_idle_threads=, --daemonize, --tag, --readonly, --allow-mmap,
+  --preserve-noatime, --uid-map, --gid-map, --translate-uid, --translate-gid,
+  --migration-mode, --migration-on-error, --migration-verify-handles,
+  --migration-confirm-paths
+
+kvfsd exits with status 0 when the front-end disconnects, and on SIGTERM or
+SIGINT after closing the connection.
+`

@@ -1,0 +1,156 @@
+package virtiofs
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"github.com/kvfs/kvfs/virtiofs/vhostuser"
+	"github.com/kvfs/kvfs/virtiofs/virtq"
+)
+
+// maxRequestQueues bounds num-request-queues; vrings that are never started cost nothing.
+const maxRequestQueues = 16
+
+// device is the virtio-fs device: vring 0 is the high-priority queue (FORGET), vrings 1.. the
+// request queues. Both kinds carry FUSE requests, so both are served the same way: every
+// descriptor chain is one request handed to the FUSE server, and its reply is written straight
+// into the chain's writable buffers.
+//
+// With a thread pool, a vring's goroutine pops every available chain and hands them to the
+// shared workers; it waits for all of them before returning, because guest memory is only
+// guaranteed stable while HandleQueue runs. Completions come back in any order.
+type device struct {
+	fuse   *fuse.Server
+	queues [1 + maxRequestQueues]queueState
+	jobs   chan job // nil without a thread pool
+}
+
+// queueState is a vring's share of the device. Inline, only the vring's goroutine touches it;
+// with a pool, mu guards completing and notifying.
+type queueState struct {
+	mu     sync.Mutex
+	chain  virtq.Chain    // inline mode
+	chains []*virtq.Chain // pool mode: free chains, touched by the vring goroutine only
+}
+
+type job struct {
+	vr    *vhostuser.Vring
+	qs    *queueState
+	chain *virtq.Chain
+	wg    *sync.WaitGroup
+	err   *error
+}
+
+func newDevice(f *fuse.Server, workers int) *device {
+	d := &device{fuse: f}
+	if workers > 0 {
+		d.jobs = make(chan job)
+		for range workers {
+			go d.worker()
+		}
+	}
+	return d
+}
+
+// close stops the workers; no HandleQueue may be running.
+func (d *device) close() {
+	if d.jobs != nil {
+		close(d.jobs)
+	}
+}
+
+func (d *device) NumQueues() int   { return 1 + maxRequestQueues }
+func (d *device) Features() uint64 { return 0 }
+
+// Reset is called when the driver resets or the front-end goes away. The FUSE session is not
+// torn down here: a rebooted guest sends a new INIT, which does that.
+func (d *device) Reset() {}
+
+// HandleQueue serves every request available on the vring, signalling the guest as soon as it
+// asked to be told of a completion. The loop re-checks the ring after re-enabling kicks, so a
+// request published in between is not missed.
+func (d *device) HandleQueue(idx int, vr *vhostuser.Vring) error {
+	q := vr.Queue()
+	qs := &d.queues[idx]
+	for {
+		q.DisableNotify()
+		var err error
+		if d.jobs == nil {
+			err = d.serveInline(idx, vr, qs)
+		} else {
+			err = d.servePooled(idx, vr, qs)
+		}
+		if err != nil {
+			return err
+		}
+		if !q.EnableNotify() {
+			return nil
+		}
+	}
+}
+
+func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState) error {
+	q, c := vr.Queue(), &qs.chain
+	for {
+		ok, err := q.Next(c)
+		if err != nil {
+			return fmt.Errorf("virtio-fs queue %d: %w", idx, err)
+		}
+		if !ok {
+			return nil
+		}
+		q.Complete(c.Head, uint32(d.fuse.Handle(c.In, c.Out)))
+		if err := vr.Notify(); err != nil {
+			return err
+		}
+	}
+}
+
+func (d *device) servePooled(idx int, vr *vhostuser.Vring, qs *queueState) error {
+	q := vr.Queue()
+	var wg sync.WaitGroup
+	var notifyErr error
+	var popErr error
+	var used []*virtq.Chain
+	for {
+		c := qs.get()
+		ok, err := q.Next(c)
+		if err != nil || !ok {
+			qs.chains = append(qs.chains, c)
+			popErr = err
+			break
+		}
+		used = append(used, c)
+		wg.Add(1)
+		d.jobs <- job{vr: vr, qs: qs, chain: c, wg: &wg, err: &notifyErr}
+	}
+	wg.Wait()
+	qs.chains = append(qs.chains, used...)
+	if popErr != nil {
+		return fmt.Errorf("virtio-fs queue %d: %w", idx, popErr)
+	}
+	return notifyErr
+}
+
+func (qs *queueState) get() *virtq.Chain {
+	if n := len(qs.chains); n > 0 {
+		c := qs.chains[n-1]
+		qs.chains = qs.chains[:n-1]
+		return c
+	}
+	return new(virtq.Chain)
+}
+
+func (d *device) worker() {
+	for j := range d.jobs {
+		n := d.fuse.Handle(j.chain.In, j.chain.Out)
+		j.qs.mu.Lock()
+		j.vr.Queue().Complete(j.chain.Head, uint32(n))
+		if err := j.vr.Notify(); err != nil && *j.err == nil {
+			*j.err = err
+		}
+		j.qs.mu.Unlock()
+		j.wg.Done()
+	}
+}

@@ -1,0 +1,733 @@
+// Package frontend is an in-repo vhost-user front-end for virtio-fs: it plays QEMU 7.2 (the
+// vhost-user messages of vhost-user-fs-pci, in QEMU's order) and the Linux virtio-fs guest driver
+// (rings in shared guest memory, kicks, completions). Tests use it to drive a back-end — ours
+// in-process or a reference daemon such as the C virtiofsd — without a VM.
+//
+// Guest memory is one memfd mapped shared into this process, split into Options.Regions regions
+// that are contiguous in guest-physical space and in the memfd. As in QEMU, the user addresses
+// sent to the back-end are this process's own addresses of the mapping. The first pages of region
+// 0 hold the rings (one virtq.Driver per queue); the rest is handed out by Alloc.
+//
+// Concurrency: Submit, SubmitAsync, Wait, Alloc, Free and Kick may be used from any goroutine.
+// Start, Stop and Close are serialised with each other. One goroutine per queue reads that queue's
+// call eventfd and hands completions to their waiters.
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/virtiofs/guestmem"
+	"github.com/kvfs/kvfs/virtiofs/vhostuser"
+	"github.com/kvfs/kvfs/virtiofs/virtq"
+)
+
+var (
+	// ErrStopped is returned for requests submitted to, or in flight on, stopped queues.
+	ErrStopped = errors.New("frontend: queues are stopped")
+	// ErrClosed is returned once the Frontend is closed.
+	ErrClosed = errors.New("frontend: closed")
+)
+
+// Options describe the emulated device and guest. Zero fields take the defaults.
+type Options struct {
+	MemSize       uint64 // guest RAM; default 64 MiB
+	QueueSize     uint16 // per queue; default 1024 (QEMU's maximum; Kata's setting)
+	RequestQueues int    // request queues besides hiprio; default 1
+	NoEventIdx    bool   // do not negotiate VIRTIO_RING_F_EVENT_IDX (negotiated by default)
+	NoIndirect    bool   // do not negotiate or use indirect descriptors (used by default)
+	Regions       int    // split guest RAM into this many memory regions; default 1
+}
+
+const pageSize = 4096
+
+func (o *Options) setDefaults() error {
+	if o.MemSize == 0 {
+		o.MemSize = 64 << 20
+	}
+	if o.QueueSize == 0 {
+		o.QueueSize = 1024
+	}
+	if o.RequestQueues == 0 {
+		o.RequestQueues = 1
+	}
+	if o.Regions == 0 {
+		o.Regions = 1
+	}
+	switch {
+	case o.QueueSize&(o.QueueSize-1) != 0 || o.QueueSize > virtq.MaxSize:
+		return fmt.Errorf("frontend: queue size %d is not a power of two up to %d", o.QueueSize, virtq.MaxSize)
+	case o.RequestQueues < 0 || 1+o.RequestQueues > int(vhostuser.VringIndexMask)+1:
+		return fmt.Errorf("frontend: %d request queues", o.RequestQueues)
+	case o.Regions < 0 || o.Regions > vhostuser.MaxMemTableRegions:
+		return fmt.Errorf("frontend: %d regions, want 1..%d", o.Regions, vhostuser.MaxMemTableRegions)
+	case o.MemSize%(uint64(o.Regions)*pageSize) != 0:
+		return fmt.Errorf("frontend: memory size %d is not a multiple of %d regions of whole pages", o.MemSize, o.Regions)
+	}
+	return nil
+}
+
+// Frontend is a connected, started (or stopped) virtio-fs device as QEMU and the guest see it.
+type Frontend struct {
+	opts   Options
+	client *vhostuser.Client
+
+	memfd   int
+	mapping []byte
+	mem     *guestmem.Memory
+	regions []vhostuser.MemoryRegion
+	alloc   *allocator
+
+	// Set during Dial, read-only afterwards.
+	offered     uint64 // GET_FEATURES
+	protocol    uint64 // acked protocol features
+	queueNum    uint64 // GET_QUEUE_NUM (0 if MQ was not negotiated)
+	maxMemSlots uint64 // GET_MAX_MEM_SLOTS (0 if CONFIGURE_MEM_SLOTS was not negotiated)
+	backendReq  *vhostuser.Conn
+
+	queues []*queue
+
+	ctlMu    sync.Mutex // serialises Start, Stop and Close
+	features uint64     // guarded by ctlMu: acked with the last SET_FEATURES
+	running  bool       // guarded by ctlMu
+	memSent  bool       // guarded by ctlMu: with CONFIGURE_MEM_SLOTS, the back-end has our regions
+
+	closed atomic.Bool
+	wg     sync.WaitGroup
+}
+
+// queue is one virtqueue, driver side.
+type queue struct {
+	idx    int
+	base   uint64 // guest-physical address of the ring block
+	kick   int    // eventfd we write to notify the back-end
+	masked int    // QEMU's "masked" call notifier, sent at realize
+	errFD  int
+	call   *os.File // the call eventfd (QEMU's guest notifier), read by the completion goroutine
+
+	mu       sync.Mutex
+	drv      *virtq.Driver       // guarded by mu; replaced at each start
+	indirect bool                // guarded by mu: use indirect tables (negotiated at start)
+	pending  map[uint16]*Pending // guarded by mu
+	stopped  bool                // guarded by mu
+}
+
+// Dial connects to a vhost-user-fs back-end listening at socketPath and performs QEMU 7.2's
+// realize and start sequences (reference §1.11). ctx bounds the handshake only.
+func Dial(ctx context.Context, socketPath string, opts Options) (_ *Frontend, err error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", socketPath)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	f := &Frontend{opts: opts, memfd: -1, client: vhostuser.NewClient(nc.(*net.UnixConn))}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	if err := f.setupMemory(); err != nil {
+		return nil, err
+	}
+	if err := f.setupQueues(); err != nil {
+		return nil, err
+	}
+	for _, q := range f.queues {
+		f.wg.Add(1)
+		go f.reapLoop(q)
+	}
+	if err := f.withDeadline(ctx, f.realize); err != nil {
+		return nil, fmt.Errorf("frontend: realize: %w", err)
+	}
+	f.ctlMu.Lock()
+	defer f.ctlMu.Unlock()
+	if err := f.withDeadline(ctx, f.start); err != nil {
+		return nil, fmt.Errorf("frontend: start: %w", err)
+	}
+	return f, nil
+}
+
+// withDeadline runs fn with the connection's deadline taken from ctx.
+func (f *Frontend) withDeadline(ctx context.Context, fn func() error) error {
+	uc := f.client.Conn().UnixConn()
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		uc.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	err := fn()
+	if !stop() && ctx.Err() != nil {
+		<-fired
+	}
+	uc.SetDeadline(time.Time{})
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	// The socket deadline may fire just before ctx's own timer.
+	if dl, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) && !time.Now().Before(dl) {
+		return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
+	}
+	return err
+}
+
+func (f *Frontend) setupMemory() error {
+	fd, err := unix.MemfdCreate("kvfs-frontend-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("frontend: memfd: %w", err)
+	}
+	f.memfd = fd
+	if err := unix.Ftruncate(fd, int64(f.opts.MemSize)); err != nil {
+		return fmt.Errorf("frontend: sizing guest memory: %w", err)
+	}
+	m, err := unix.Mmap(fd, 0, int(f.opts.MemSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("frontend: mapping guest memory: %w", err)
+	}
+	f.mapping = m
+	per := f.opts.MemSize / uint64(f.opts.Regions)
+	rs := make([]*guestmem.Region, f.opts.Regions)
+	f.regions = make([]vhostuser.MemoryRegion, f.opts.Regions)
+	for i := range rs {
+		off := uint64(i) * per
+		uaddr := uint64(uintptr(unsafe.Pointer(&m[off])))
+		f.regions[i] = vhostuser.MemoryRegion{GuestPhysAddr: off, Size: per, UserAddr: uaddr, MmapOffset: off}
+		rs[i] = guestmem.FromBytes(off, uaddr, m[off:off+per])
+	}
+	f.mem, err = guestmem.New(rs...)
+	return err
+}
+
+func (f *Frontend) setupQueues() error {
+	ringBytes := (virtq.DriverLayoutSize(f.opts.QueueSize) + pageSize - 1) &^ (pageSize - 1)
+	n := 1 + f.opts.RequestQueues
+	if uint64(n)*ringBytes > f.regions[0].Size {
+		return fmt.Errorf("frontend: %d rings of %d bytes do not fit the first region (%d bytes)",
+			n, ringBytes, f.regions[0].Size)
+	}
+	f.alloc = newAllocator(uint64(n)*ringBytes, f.opts.MemSize)
+	newEventfd := func() (int, error) {
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			return -1, fmt.Errorf("frontend: eventfd: %w", err)
+		}
+		return fd, nil
+	}
+	for i := 0; i < n; i++ {
+		q := &queue{idx: i, base: uint64(i) * ringBytes, kick: -1, masked: -1, errFD: -1, stopped: true}
+		f.queues = append(f.queues, q)
+		var err error
+		if q.kick, err = newEventfd(); err != nil {
+			return err
+		}
+		if q.masked, err = newEventfd(); err != nil {
+			return err
+		}
+		if q.errFD, err = newEventfd(); err != nil {
+			return err
+		}
+		callFD, err := newEventfd()
+		if err != nil {
+			return err
+		}
+		q.call = os.NewFile(uintptr(callFD), fmt.Sprintf("call%d", i)) // non-blocking: netpoller
+	}
+	return nil
+}
+
+// realize is QEMU 7.2's vhost_user_backend_init + vhost_dev_init for vhost-user-fs.
+func (f *Frontend) realize() error {
+	c := f.client
+	var err error
+	if f.offered, err = c.GetFeatures(); err != nil {
+		return err
+	}
+	if f.offered&vhostuser.FeatureProtocolFeatures != 0 {
+		pf, err := c.GetProtocolFeatures()
+		if err != nil {
+			return err
+		}
+		// QEMU keeps bits < 17 and drops CONFIG for vhost-user-fs (no config ops).
+		f.protocol = pf & vhostuser.QEMU72ProtocolMask &^ vhostuser.ProtocolConfig
+		if err := c.SetProtocolFeatures(f.protocol); err != nil {
+			return err
+		}
+	}
+	if f.protocol&vhostuser.ProtocolMQ != 0 {
+		// QEMU does not check the answer for vhost-user-fs.
+		if f.queueNum, err = c.GetQueueNum(); err != nil {
+			return err
+		}
+	}
+	if f.protocol&vhostuser.ProtocolConfigureMemSlots != 0 {
+		if f.maxMemSlots, err = c.GetMaxMemSlots(); err != nil {
+			return err
+		}
+		if f.maxMemSlots < uint64(len(f.regions)) {
+			return fmt.Errorf("back-end supports %d memory slots, %d needed", f.maxMemSlots, len(f.regions))
+		}
+	}
+	if f.protocol&vhostuser.ProtocolBackendReq != 0 {
+		if err := f.setupBackendChannel(); err != nil {
+			return err
+		}
+	}
+	if err := c.SetOwner(); err != nil {
+		return err
+	}
+	if _, err := c.GetFeatures(); err != nil {
+		return err
+	}
+	for _, q := range f.queues {
+		if err := c.SetVringCall(uint8(q.idx), q.masked); err != nil {
+			return err
+		}
+		if err := c.SetVringErr(uint8(q.idx), q.errFD); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupBackendChannel sends the back-end its end of a socketpair and serves ours: QEMU 7.2
+// understands only IOTLB, CONFIG_CHANGE and HOST_NOTIFIER requests there, none of which a
+// vhost-user-fs device without vIOMMU uses, so every request is answered with failure.
+func (f *Frontend) setupBackendChannel() error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = f.client.SetBackendReqFD(fds[1])
+	unix.Close(fds[1])
+	file := os.NewFile(uintptr(fds[0]), "backend-req")
+	nc, ferr := net.FileConn(file)
+	file.Close()
+	if err != nil {
+		if ferr == nil {
+			nc.Close()
+		}
+		return err
+	}
+	if ferr != nil {
+		return ferr
+	}
+	f.backendReq = vhostuser.NewConn(nc.(*net.UnixConn))
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			m, err := f.backendReq.ReadMessage()
+			if err != nil {
+				return
+			}
+			m.Close()
+			if m.NeedReply() {
+				f.backendReq.WriteReply(m.Request, vhostuser.U64(1))
+			}
+		}
+	}()
+	return nil
+}
+
+// userAddr translates a guest-physical address into the user address the back-end knows.
+func (f *Frontend) userAddr(gpa uint64) uint64 {
+	for _, r := range f.regions {
+		if gpa >= r.GuestPhysAddr && gpa-r.GuestPhysAddr < r.Size {
+			return r.UserAddr + (gpa - r.GuestPhysAddr)
+		}
+	}
+	return 0
+}
+
+// start is QEMU 7.2's vuf_start → vhost_dev_start with a freshly initialised guest driver (new
+// rings, avail index 0). Called with ctlMu held.
+func (f *Frontend) start() error {
+	c := f.client
+	if f.offered&vhostuser.FeatureVersion1 == 0 {
+		return errors.New("back-end does not offer VIRTIO_F_VERSION_1 (vhost-user-fs-pci is modern-only)")
+	}
+	// What a Linux guest acks of what QEMU passes through, plus PROTOCOL_FEATURES (QEMU adds
+	// its backend_features).
+	want := vhostuser.FeatureVersion1
+	if !f.opts.NoIndirect {
+		want |= vhostuser.FeatureIndirectDesc
+	}
+	if !f.opts.NoEventIdx {
+		want |= vhostuser.FeatureEventIdx
+	}
+	f.features = f.offered & (want | vhostuser.FeatureProtocolFeatures)
+	if err := c.SetFeatures(f.features); err != nil {
+		return err
+	}
+
+	if f.protocol&vhostuser.ProtocolConfigureMemSlots != 0 {
+		// QEMU diffs against its shadow table: the regions go once, later starts send nothing.
+		if !f.memSent {
+			for _, r := range f.regions {
+				if err := c.AddMemReg(r, f.memfd); err != nil {
+					return err
+				}
+			}
+			f.memSent = true
+		}
+	} else {
+		fds := make([]int, len(f.regions))
+		for i := range fds {
+			fds[i] = f.memfd
+		}
+		if err := c.SetMemTable(f.regions, fds); err != nil {
+			return err
+		}
+	}
+
+	eventIdx := f.features&vhostuser.FeatureEventIdx != 0
+	for _, q := range f.queues {
+		drv, err := virtq.NewDriver(f.mem, q.base, f.opts.QueueSize, eventIdx)
+		if err != nil {
+			return err
+		}
+		q.mu.Lock()
+		q.drv, q.pending, q.stopped = drv, map[uint16]*Pending{}, false
+		q.indirect = f.features&vhostuser.FeatureIndirectDesc != 0
+		q.mu.Unlock()
+		idx := uint32(q.idx)
+		if err := c.SetVringNum(idx, uint32(f.opts.QueueSize)); err != nil {
+			return err
+		}
+		if err := c.SetVringBase(idx, 0); err != nil {
+			return err
+		}
+		if err := c.SetVringAddr(vhostuser.VringAddr{
+			Index: idx,
+			Desc:  f.userAddr(drv.DescAddr()),
+			Used:  f.userAddr(drv.UsedAddr()),
+			Avail: f.userAddr(drv.AvailAddr()),
+		}); err != nil {
+			return err
+		}
+		if err := c.SetVringKick(uint8(q.idx), q.kick); err != nil {
+			return err
+		}
+	}
+	if f.features&vhostuser.FeatureProtocolFeatures != 0 {
+		for _, q := range f.queues {
+			if err := c.SetVringEnable(uint32(q.idx), true); err != nil {
+				return err
+			}
+		}
+	}
+	for _, q := range f.queues { // vhost_virtqueue_mask(false): the guest notifier
+		if err := c.SetVringCall(uint8(q.idx), int(q.call.Fd())); err != nil {
+			return err
+		}
+	}
+	f.running = true
+	return nil
+}
+
+// Stop performs QEMU's stop sequence (SET_VRING_ENABLE(0) for every queue if PROTOCOL_FEATURES
+// was negotiated, then GET_VRING_BASE for every queue). The connection stays up; requests still
+// in flight fail with ErrStopped. Start brings the device back as after a guest reboot.
+func (f *Frontend) Stop(ctx context.Context) error {
+	f.ctlMu.Lock()
+	defer f.ctlMu.Unlock()
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	if !f.running {
+		return nil
+	}
+	f.running = false
+	for _, q := range f.queues {
+		q.mu.Lock()
+		q.stopped = true
+		q.mu.Unlock()
+	}
+	err := f.withDeadline(ctx, func() error {
+		if f.features&vhostuser.FeatureProtocolFeatures != 0 {
+			for _, q := range f.queues {
+				if err := f.client.SetVringEnable(uint32(q.idx), false); err != nil {
+					return err
+				}
+			}
+		}
+		for _, q := range f.queues {
+			if _, err := f.client.GetVringBase(uint32(q.idx)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, q := range f.queues {
+		q.failPending(ErrStopped)
+	}
+	if err != nil {
+		return fmt.Errorf("frontend: stop: %w", err)
+	}
+	return nil
+}
+
+// Start runs QEMU's start sequence again with fresh rings, as when a rebooted guest's driver
+// sets DRIVER_OK.
+func (f *Frontend) Start(ctx context.Context) error {
+	f.ctlMu.Lock()
+	defer f.ctlMu.Unlock()
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	if f.running {
+		return errors.New("frontend: already started")
+	}
+	if err := f.withDeadline(ctx, f.start); err != nil {
+		return fmt.Errorf("frontend: start: %w", err)
+	}
+	return nil
+}
+
+// Close disconnects from the back-end (which should then return from its Serve), fails requests
+// in flight with ErrClosed and releases guest memory.
+func (f *Frontend) Close() error {
+	if !f.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// Closing the socket first also unblocks a Start or Stop waiting for the back-end.
+	err := f.client.Close()
+	f.ctlMu.Lock()
+	defer f.ctlMu.Unlock()
+	f.running = false
+	if f.backendReq != nil {
+		f.backendReq.Close()
+	}
+	for _, q := range f.queues {
+		if q.call != nil {
+			q.call.Close() // ends the completion goroutine's read
+		}
+	}
+	f.wg.Wait()
+	for _, q := range f.queues {
+		q.failPending(ErrClosed)
+		for _, fd := range []int{q.kick, q.masked, q.errFD} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}
+	if f.mapping != nil {
+		unix.Munmap(f.mapping)
+		f.mapping = nil
+	}
+	if f.memfd >= 0 {
+		unix.Close(f.memfd)
+		f.memfd = -1
+	}
+	return err
+}
+
+// Client returns the vhost-user client, for sending raw or out-of-sequence messages.
+func (f *Frontend) Client() *vhostuser.Client { return f.client }
+
+// Memory returns guest memory as the driver sees it.
+func (f *Frontend) Memory() *guestmem.Memory { return f.mem }
+
+// Features returns the virtio features acked with the last SET_FEATURES.
+func (f *Frontend) Features() uint64 {
+	f.ctlMu.Lock()
+	defer f.ctlMu.Unlock()
+	return f.features
+}
+
+// ProtocolFeatures returns the protocol features acked with SET_PROTOCOL_FEATURES.
+func (f *Frontend) ProtocolFeatures() uint64 { return f.protocol }
+
+// NumQueues returns the number of queues (hiprio + request queues).
+func (f *Frontend) NumQueues() int { return len(f.queues) }
+
+// Alloc returns n bytes of guest memory outside the rings (64-byte aligned, possibly spanning
+// regions) as its guest-physical address and this process's view of it. It returns a nil slice
+// when guest memory is exhausted.
+func (f *Frontend) Alloc(n uint64) (gpa uint64, buf []byte) {
+	gpa, ok := f.alloc.alloc(n)
+	if !ok {
+		return 0, nil
+	}
+	return gpa, f.mapping[gpa : gpa+n : gpa+n]
+}
+
+// Free returns a block obtained from Alloc.
+func (f *Frontend) Free(gpa uint64) {
+	f.alloc.release(gpa)
+}
+
+// Driver returns the driver side of queue q for raw (hostile) use. It is not synchronised with
+// Submit or with the completion goroutine, which pops used entries whenever the call eventfd
+// fires; the returned Driver is replaced by every Start.
+func (f *Frontend) Driver(q int) *virtq.Driver {
+	qu := f.queues[q]
+	qu.mu.Lock()
+	defer qu.mu.Unlock()
+	return qu.drv
+}
+
+// Kick notifies the back-end that queue q has new buffers.
+func (f *Frontend) Kick(q int) error {
+	if q < 0 || q >= len(f.queues) {
+		return fmt.Errorf("frontend: no queue %d", q)
+	}
+	var b [8]byte
+	b[0] = 1
+	_, err := unix.Write(f.queues[q].kick, b[:])
+	if err == unix.EAGAIN { // counter saturated: a kick is pending anyway
+		err = nil
+	}
+	return err
+}
+
+// Pending is a request in flight.
+type Pending struct {
+	f       *Frontend
+	head    uint16
+	table   uint64 // guest-physical address of its indirect table, 0 if none
+	done    chan struct{}
+	written uint32 // valid once done is closed
+	err     error  // valid once done is closed
+}
+
+// SubmitAsync places a chain of readable then writable buffers on queue q (0 = hiprio,
+// 1.. = request queues) and kicks the back-end if it wants a kick. With indirect descriptors
+// negotiated, a chain of more than one buffer goes through an indirect table, as Linux does.
+func (f *Frontend) SubmitAsync(q int, readable, writable []virtq.Buf) (*Pending, error) {
+	if f.closed.Load() {
+		return nil, ErrClosed
+	}
+	if q < 0 || q >= len(f.queues) {
+		return nil, fmt.Errorf("frontend: no queue %d", q)
+	}
+	qu := f.queues[q]
+	p := &Pending{f: f, done: make(chan struct{})}
+	qu.mu.Lock()
+	if qu.stopped {
+		qu.mu.Unlock()
+		return nil, ErrStopped
+	}
+	var ind *virtq.Buf
+	if n := len(readable) + len(writable); n > 1 && qu.indirect {
+		gpa, buf := f.Alloc(16 * uint64(n))
+		if buf == nil {
+			qu.mu.Unlock()
+			return nil, errors.New("frontend: guest memory exhausted (indirect table)")
+		}
+		p.table = gpa
+		ind = &virtq.Buf{Addr: gpa, Len: uint32(len(buf))}
+	}
+	head, err := qu.drv.Add(readable, writable, ind)
+	if err != nil {
+		qu.mu.Unlock()
+		if p.table != 0 {
+			f.Free(p.table)
+		}
+		return nil, fmt.Errorf("frontend: queue %d: %w", q, err)
+	}
+	p.head = head
+	qu.pending[head] = p
+	kick := qu.drv.NeedsKick()
+	qu.mu.Unlock()
+	if kick {
+		if err := f.Kick(q); err != nil {
+			return p, fmt.Errorf("frontend: kick: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// Wait waits for the request to be used by the device and returns the bytes it wrote. If ctx ends
+// first the request stays in flight and Wait may be called again.
+func (p *Pending) Wait(ctx context.Context) (uint32, error) {
+	select {
+	case <-p.done:
+		return p.written, p.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// Head returns the descriptor head of the request.
+func (p *Pending) Head() uint16 { return p.head }
+
+// Submit is SubmitAsync followed by Wait.
+func (f *Frontend) Submit(ctx context.Context, q int, readable, writable []virtq.Buf) (uint32, error) {
+	p, err := f.SubmitAsync(q, readable, writable)
+	if err != nil {
+		return 0, err
+	}
+	return p.Wait(ctx)
+}
+
+// finish completes p. Called with the queue's mu held.
+func (p *Pending) finish(written uint32, err error) {
+	if p.table != 0 {
+		p.f.Free(p.table)
+	}
+	p.written, p.err = written, err
+	close(p.done)
+}
+
+// reapLoop waits on the queue's call eventfd and completes used chains.
+func (f *Frontend) reapLoop(q *queue) {
+	defer f.wg.Done()
+	var b [8]byte
+	for {
+		if _, err := q.call.Read(b[:]); err != nil {
+			return // closed
+		}
+		q.reap()
+	}
+}
+
+func (q *queue) reap() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.drv == nil {
+		return
+	}
+	for {
+		for {
+			head, written, ok := q.drv.PopUsed()
+			if !ok {
+				break
+			}
+			if p := q.pending[head]; p != nil { // unknown heads come from raw use or a bad device
+				delete(q.pending, head)
+				p.finish(written, nil)
+			}
+		}
+		if !q.drv.EnableInterrupts() {
+			return
+		}
+	}
+}
+
+func (q *queue) failPending(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for head, p := range q.pending {
+		delete(q.pending, head)
+		p.finish(0, err)
+	}
+}

@@ -1,0 +1,640 @@
+package fuse
+
+import (
+	"bytes"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// handler serves one opcode: it decodes r.args, calls the file system and leaves the reply body
+// in r.body (or r.direct).
+type handler func(s *Server, r *request) Errno
+
+// handlers is the dispatch table; opcodes without an entry answer ENOSYS. Locks (GETLK, SETLK,
+// SETLKW) are absent on purpose: POSIX locks stay guest-local unless the guest was offered
+// InitPosixLocks, which this server never does.
+var handlers = [opcodeLimit]handler{
+	OpInit:          doInit,
+	OpDestroy:       doDestroy,
+	OpLookup:        doLookup,
+	OpForget:        doForget,
+	OpBatchForget:   doBatchForget,
+	OpGetattr:       doGetattr,
+	OpSetattr:       doSetattr,
+	OpReadlink:      doReadlink,
+	OpSymlink:       doSymlink,
+	OpMknod:         doMknod,
+	OpMkdir:         doMkdir,
+	OpUnlink:        doUnlink,
+	OpRmdir:         doRmdir,
+	OpRename:        doRename,
+	OpRename2:       doRename2,
+	OpLink:          doLink,
+	OpOpen:          doOpen,
+	OpRead:          doRead,
+	OpWrite:         doWrite,
+	OpStatfs:        doStatfs,
+	OpRelease:       doRelease,
+	OpFsync:         doFsync,
+	OpFlush:         doFlush,
+	OpOpendir:       doOpendir,
+	OpReaddir:       doReaddir,
+	OpReaddirplus:   doReaddir,
+	OpReleasedir:    doReleasedir,
+	OpFsyncdir:      doFsyncdir,
+	OpCreate:        doCreate,
+	OpFallocate:     doFallocate,
+	OpLseek:         doLseek,
+	OpCopyFileRange: doCopyFileRange,
+	OpSyncfs:        doSyncfs,
+	OpAccess:        doAccess,
+	OpTmpfile:       doTmpfile,
+	OpSetxattr:      doSetxattr,
+	OpGetxattr:      doGetxattr,
+	OpListxattr:     doListxattr,
+	OpRemovexattr:   doRemovexattr,
+	OpInterrupt:     doInterrupt,
+}
+
+// arg copies the next fixed-size argument out of r.args.
+func arg[T any](r *request, v *T) bool {
+	b := AsBytes(v)
+	if len(r.args) < len(b) {
+		return false
+	}
+	copy(b, r.args)
+	r.args = r.args[len(b):]
+	return true
+}
+
+// cstring takes the next NUL-terminated string of at most max bytes from r.args.
+func (r *request) cstring(max int) (string, bool) {
+	i := bytes.IndexByte(r.args, 0)
+	if i <= 0 || i > max {
+		return "", false
+	}
+	s := string(r.args[:i])
+	r.args = r.args[i+1:]
+	return s, true
+}
+
+// name takes the next file name: a NUL-terminated component without '/'.
+func (r *request) name() (string, bool) {
+	s, ok := r.cstring(maxNameLen)
+	if !ok || strings.IndexByte(s, '/') >= 0 {
+		return "", false
+	}
+	return s, true
+}
+
+// setBody makes v the reply body.
+func setBody[T any](r *request, v *T) {
+	r.body = append(r.bodyBuf[:0], AsBytes(v)...)
+	r.bodyBuf = r.body
+}
+
+// outSpace is how many body bytes the writable buffers can take.
+func (r *request) outSpace() int { return max(r.outCap-outHeaderSize, 0) }
+
+func doInit(s *Server, r *request) Errno {
+	var in InitIn
+	b := AsBytes(&in)
+	if len(r.args) < initInCompatSize {
+		return unix.EINVAL
+	}
+	copy(b, r.args) // 16 bytes from older guests, 64 from 7.36+
+	out := InitOut{Major: KernelVersion, Minor: KernelMinorVersion}
+	if in.Major < KernelVersion {
+		return unix.EPROTO
+	}
+	if in.Major > KernelVersion {
+		// The guest retries with our major; answer only the version.
+		setBody(r, &out)
+		r.body = r.body[:8]
+		return OK
+	}
+	if in.Minor < MinKernelMinorVersion {
+		return unix.EPROTO
+	}
+	kernel := uint64(in.Flags)
+	if in.Flags&InitInitExt != 0 && len(r.args) >= int(unsafe.Sizeof(in)) {
+		kernel |= uint64(in.Flags2) << 32
+	}
+	granted := kernel & s.flags
+
+	s.initMu.Lock()
+	defer s.initMu.Unlock()
+	if s.inited.Load() {
+		// A second INIT comes from a rebooted guest: forget the old session.
+		s.fs.Destroy()
+	}
+	s.fs.Init(granted)
+	s.granted.Store(granted)
+	s.inited.Store(true)
+
+	out.MaxReadahead = in.MaxReadahead
+	out.Flags = uint32(granted)
+	out.Flags2 = uint32(granted >> 32)
+	out.MaxBackground = 1<<16 - 1
+	out.CongestionThreshold = (1<<16 - 1) * 3 / 4
+	out.MaxWrite = MaxWrite
+	out.TimeGran = 1
+	out.MaxPages = MaxPages
+	setBody(r, &out)
+	return OK
+}
+
+func doDestroy(s *Server, r *request) Errno {
+	s.initMu.Lock()
+	defer s.initMu.Unlock()
+	if s.inited.Load() {
+		s.fs.Destroy()
+		s.inited.Store(false)
+		s.granted.Store(0)
+	}
+	return OK
+}
+
+func doLookup(s *Server, r *request) Errno {
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	var out EntryOut
+	if e := s.fs.Lookup(&r.Context, r.NodeID, name, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doForget(s *Server, r *request) Errno {
+	r.noReply = true
+	var in ForgetIn
+	if arg(r, &in) {
+		s.fs.Forget(r.NodeID, in.Nlookup)
+	}
+	return OK
+}
+
+func doBatchForget(s *Server, r *request) Errno {
+	r.noReply = true
+	var in BatchForgetIn
+	if !arg(r, &in) {
+		return OK
+	}
+	// The count is the guest's word; the entries actually present bound the loop.
+	for i := uint32(0); i < in.Count; i++ {
+		var one ForgetOne
+		if !arg(r, &one) {
+			break
+		}
+		s.fs.Forget(one.NodeID, one.Nlookup)
+	}
+	return OK
+}
+
+func doGetattr(s *Server, r *request) Errno {
+	var in GetattrIn
+	arg(r, &in) // absent before 7.9; zero means no handle
+	var out AttrOut
+	if e := s.fs.GetAttr(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doSetattr(s *Server, r *request) Errno {
+	var in SetattrIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	var out AttrOut
+	if e := s.fs.SetAttr(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doReadlink(s *Server, r *request) Errno {
+	target, e := s.fs.Readlink(&r.Context, r.NodeID, r.bodyBuf[:0])
+	if e != OK {
+		return e
+	}
+	r.body = target
+	r.bodyBuf = target[:0]
+	return OK
+}
+
+// entry answers a creating operation.
+func entry(r *request, out *EntryOut, e Errno) Errno {
+	if e != OK {
+		return e
+	}
+	setBody(r, out)
+	return OK
+}
+
+func doSymlink(s *Server, r *request) Errno {
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	target, ok := r.cstring(maxSymlinkLen)
+	if !ok {
+		return unix.EINVAL
+	}
+	var out EntryOut
+	return entry(r, &out, s.fs.Symlink(&r.Context, r.NodeID, name, target, &out))
+}
+
+func doMknod(s *Server, r *request) Errno {
+	var in MknodIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	var out EntryOut
+	return entry(r, &out, s.fs.Mknod(&r.Context, r.NodeID, name, &in, &out))
+}
+
+func doMkdir(s *Server, r *request) Errno {
+	var in MkdirIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	var out EntryOut
+	return entry(r, &out, s.fs.Mkdir(&r.Context, r.NodeID, name, &in, &out))
+}
+
+func doUnlink(s *Server, r *request) Errno {
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	return s.fs.Unlink(&r.Context, r.NodeID, name)
+}
+
+func doRmdir(s *Server, r *request) Errno {
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	return s.fs.Rmdir(&r.Context, r.NodeID, name)
+}
+
+func doRename(s *Server, r *request) Errno {
+	var in RenameIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return rename(s, r, in.Newdir, 0)
+}
+
+func doRename2(s *Server, r *request) Errno {
+	var in Rename2In
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return rename(s, r, in.Newdir, in.Flags)
+}
+
+func rename(s *Server, r *request, newDir uint64, flags uint32) Errno {
+	oldName, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	newName, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	return s.fs.Rename(&r.Context, r.NodeID, oldName, newDir, newName, flags)
+}
+
+func doLink(s *Server, r *request) Errno {
+	var in LinkIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	var out EntryOut
+	return entry(r, &out, s.fs.Link(&r.Context, in.Oldnodeid, r.NodeID, name, &out))
+}
+
+func doOpen(s *Server, r *request) Errno {
+	var in OpenIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	var out OpenOut
+	if e := s.fs.Open(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doOpendir(s *Server, r *request) Errno {
+	var in OpenIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	var out OpenOut
+	if e := s.fs.OpenDir(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doCreate(s *Server, r *request) Errno {
+	var in CreateIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	name, ok := r.name()
+	if !ok {
+		return unix.EINVAL
+	}
+	return create(r, func(e *EntryOut, o *OpenOut) Errno {
+		return s.fs.Create(&r.Context, r.NodeID, name, &in, e, o)
+	})
+}
+
+func doTmpfile(s *Server, r *request) Errno {
+	var in CreateIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return create(r, func(e *EntryOut, o *OpenOut) Errno {
+		return s.fs.Tmpfile(&r.Context, r.NodeID, &in, e, o)
+	})
+}
+
+// create answers CREATE and TMPFILE: an entry followed by an open handle.
+func create(r *request, op func(*EntryOut, *OpenOut) Errno) Errno {
+	var out struct {
+		Entry EntryOut
+		Open  OpenOut
+	}
+	if e := op(&out.Entry, &out.Open); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doRead(s *Server, r *request) Errno {
+	var in ReadIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	size := min(int(in.Size), MaxWrite, r.outSpace())
+	in.Size = uint32(size)
+	dst := subIovecs(r.iovBuf[:0], r.out, outHeaderSize, size)
+	r.iovBuf = dst
+	n, e := s.fs.Read(&r.Context, r.NodeID, &in, dst)
+	if e != OK {
+		return e
+	}
+	if n < 0 || n > size {
+		return unix.EIO
+	}
+	r.direct = n
+	s.stats.bytesRead.Add(uint64(n))
+	return OK
+}
+
+func doWrite(s *Server, r *request) Errno {
+	var in WriteIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	n, e := s.fs.Write(&r.Context, r.NodeID, &in, r.payload)
+	if e != OK {
+		return e
+	}
+	if n < 0 || n > int(in.Size) {
+		return unix.EIO
+	}
+	s.stats.bytesWritten.Add(uint64(n))
+	out := WriteOut{Size: uint32(n)}
+	setBody(r, &out)
+	return OK
+}
+
+func doStatfs(s *Server, r *request) Errno {
+	var out StatfsOut
+	if e := s.fs.StatFs(&r.Context, r.NodeID, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doRelease(s *Server, r *request) Errno {
+	var in ReleaseIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.Release(&r.Context, r.NodeID, &in)
+}
+
+func doReleasedir(s *Server, r *request) Errno {
+	var in ReleaseIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.ReleaseDir(&r.Context, r.NodeID, &in)
+}
+
+func doFsync(s *Server, r *request) Errno {
+	var in FsyncIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.Fsync(&r.Context, r.NodeID, &in)
+}
+
+func doFsyncdir(s *Server, r *request) Errno {
+	var in FsyncIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.FsyncDir(&r.Context, r.NodeID, &in)
+}
+
+func doFlush(s *Server, r *request) Errno {
+	var in FlushIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.Flush(&r.Context, r.NodeID, &in)
+}
+
+func doReaddir(s *Server, r *request) Errno {
+	var in ReadIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	size := min(int(in.Size), maxReaddirSize, r.outSpace())
+	if cap(r.bodyBuf) < size {
+		r.bodyBuf = make([]byte, 0, size)
+	}
+	dl := newDirList(r.bodyBuf, size, r.Opcode == OpReaddirplus)
+	if e := s.fs.ReadDir(&r.Context, r.NodeID, &in, dl.Plus(), dl); e != OK {
+		return e
+	}
+	r.body = dl.bytes()
+	r.bodyBuf = r.body[:0]
+	return OK
+}
+
+func doFallocate(s *Server, r *request) Errno {
+	var in FallocateIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.Fallocate(&r.Context, r.NodeID, &in)
+}
+
+func doLseek(s *Server, r *request) Errno {
+	var in LseekIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	var out LseekOut
+	if e := s.fs.Lseek(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doCopyFileRange(s *Server, r *request) Errno {
+	var in CopyFileRangeIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	var out WriteOut
+	if e := s.fs.CopyFileRange(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+func doSyncfs(s *Server, r *request) Errno {
+	return s.fs.SyncFs(&r.Context, r.NodeID)
+}
+
+func doAccess(s *Server, r *request) Errno {
+	var in AccessIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return s.fs.Access(&r.Context, r.NodeID, in.Mask)
+}
+
+func doSetxattr(s *Server, r *request) Errno {
+	var in SetxattrIn
+	b := AsBytes(&in)
+	size := setxattrInCompatSize
+	if s.Flags()&InitSetxattrExt != 0 {
+		size = len(b)
+	}
+	if len(r.args) < size {
+		return unix.EINVAL
+	}
+	copy(b[:size], r.args)
+	r.args = r.args[size:]
+	name, ok := r.cstring(maxNameLen)
+	if !ok {
+		return unix.EINVAL
+	}
+	if in.Size > maxXattrSize || int(in.Size) != len(r.args) {
+		return unix.EINVAL
+	}
+	return s.fs.SetXattr(&r.Context, r.NodeID, name, r.args, in.Flags)
+}
+
+func doGetxattr(s *Server, r *request) Errno {
+	var in GetxattrIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	name, ok := r.cstring(maxNameLen)
+	if !ok {
+		return unix.EINVAL
+	}
+	return xattrReply(r, in.Size, func(dst []byte) (int, Errno) {
+		return s.fs.GetXattr(&r.Context, r.NodeID, name, dst)
+	})
+}
+
+func doListxattr(s *Server, r *request) Errno {
+	var in GetxattrIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	return xattrReply(r, in.Size, func(dst []byte) (int, Errno) {
+		return s.fs.ListXattr(&r.Context, r.NodeID, dst)
+	})
+}
+
+// xattrReply answers GETXATTR and LISTXATTR: the size alone when the guest asked with size 0,
+// the value otherwise.
+func xattrReply(r *request, size uint32, op func([]byte) (int, Errno)) Errno {
+	if size == 0 {
+		n, e := op(nil)
+		if e != OK {
+			return e
+		}
+		out := GetxattrOut{Size: uint32(n)}
+		setBody(r, &out)
+		return OK
+	}
+	size = min(size, maxXattrSize, uint32(r.outSpace()))
+	if cap(r.bodyBuf) < int(size) {
+		r.bodyBuf = make([]byte, 0, size)
+	}
+	dst := r.bodyBuf[:size]
+	n, e := op(dst)
+	if e != OK {
+		return e
+	}
+	if n < 0 || n > len(dst) {
+		return unix.EIO
+	}
+	r.body = dst[:n]
+	return OK
+}
+
+func doRemovexattr(s *Server, r *request) Errno {
+	name, ok := r.cstring(maxNameLen)
+	if !ok {
+		return unix.EINVAL
+	}
+	return s.fs.RemoveXattr(&r.Context, r.NodeID, name)
+}
+
+// doInterrupt ignores INTERRUPT: requests are not cancellable once started, and the reply of
+// the interrupted request answers it. Linux's virtio-fs driver does not send it.
+func doInterrupt(s *Server, r *request) Errno {
+	r.noReply = true
+	return OK
+}

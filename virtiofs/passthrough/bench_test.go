@@ -1,0 +1,152 @@
+package passthrough
+
+import (
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// makeFiles creates n empty files f0 ... f<n-1> in the share.
+func makeFiles(tb testing.TB, e *env, n int) []string {
+	tb.Helper()
+	dirfd, err := unix.Open(e.share, unix.O_PATH|unix.O_DIRECTORY, 0)
+	must(tb, err)
+	defer unix.Close(dirfd)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "f" + strconv.Itoa(i)
+		must(tb, unix.Mknodat(dirfd, names[i], unix.S_IFREG|0o644, 0))
+	}
+	return names
+}
+
+// raiseFdLimit makes room for n descriptors (each cached inode holds one), or as many as the
+// hard limit allows; it returns the soft limit now in force.
+func raiseFdLimit(tb testing.TB, n uint64) uint64 {
+	tb.Helper()
+	var lim syscall.Rlimit
+	must(tb, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+	if lim.Cur >= n {
+		return lim.Cur
+	}
+	old := lim
+	lim.Cur = n
+	if lim.Max < n {
+		lim.Max = n
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			lim.Cur, lim.Max = old.Max, old.Max // no CAP_SYS_RESOURCE: up to the hard limit
+		}
+	}
+	must(tb, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
+	tb.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) })
+	return lim.Cur
+}
+
+// TestMemoryPerInode reports the Go heap each cached inode costs (the host descriptor it holds
+// is kernel memory, not counted): through LOOKUP of up to 100k distinct files (as many as
+// RLIMIT_NOFILE allows), and in the inode table alone for 100k nodes.
+func TestMemoryPerInode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates up to 100k files")
+	}
+	const want = 100_000
+	t.Run("lookups", func(t *testing.T) {
+		n := int(min(raiseFdLimit(t, want+1000), want+1000)) - 1000
+		if n < 10_000 {
+			t.Skipf("RLIMIT_NOFILE allows only %d nodes", n)
+		}
+		e := newEnv(t, Options{})
+		names := makeFiles(t, e, n)
+
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		var out fuse.EntryOut
+		for _, name := range names {
+			if errno := e.fs.Lookup(rootCtx, 1, name, &out); errno != 0 {
+				t.Fatalf("Lookup %s: %v", name, errno)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if s := e.fs.Stats(); s.CachedInodes != n+1 || s.Fds != n+2 {
+			t.Fatalf("stats %+v", s)
+		}
+		perInode := float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
+		t.Logf("%d lookups of distinct files: %.0f bytes of Go heap per cached inode (inode struct %d bytes)",
+			n, perInode, inodeSize)
+		if perInode > 200 {
+			t.Errorf("%.0f bytes per cached inode, want < 200", perInode)
+		}
+		e.fs.Destroy()
+		if s := e.fs.Stats(); s.CachedInodes != 1 || s.Fds != 2 {
+			t.Errorf("stats after Destroy %+v", s)
+		}
+	})
+	t.Run("table", func(t *testing.T) {
+		var fds atomic.Int64
+		var tab nodeTable
+		tab.init(&inode{key: nodeKey{ino: 1}}, &fds)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := 0; i < want; i++ {
+			tab.insert(nodeKey{dev: 2049, ino: uint64(1000 + i), mnt: 27}, -1, unix.S_IFREG)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perInode := float64(after.HeapAlloc-before.HeapAlloc) / want
+		t.Logf("%d nodes in the table: %.0f bytes of Go heap each", want, perInode)
+		if perInode > 200 {
+			t.Errorf("%.0f bytes per cached inode, want < 200", perInode)
+		}
+		runtime.KeepAlive(&tab)
+	})
+}
+
+// BenchmarkLookupGetAttr measures a LOOKUP followed by a GETATTR of a file, with the node
+// cached already ("warm": the usual case of a guest revalidating) or created and dropped on
+// each lookup ("cold": LOOKUP, GETATTR, FORGET).
+func BenchmarkLookupGetAttr(b *testing.B) {
+	const n = 1000
+	raiseFdLimit(b, n+1000)
+	e := newEnv(b, Options{AttrTimeout: 1e9, EntryTimeout: 1e9})
+	names := makeFiles(b, e, n)
+	for _, mode := range []string{"warm", "cold"} {
+		b.Run(mode, func(b *testing.B) {
+			if mode == "warm" {
+				for _, name := range names {
+					e.lookup(b, 1, name)
+				}
+			}
+			var entry fuse.EntryOut
+			var attr fuse.AttrOut
+			in := &fuse.GetattrIn{}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if errno := e.fs.Lookup(rootCtx, 1, names[i%n], &entry); errno != 0 {
+					b.Fatal(errno)
+				}
+				if errno := e.fs.GetAttr(rootCtx, entry.NodeID, in, &attr); errno != 0 {
+					b.Fatal(errno)
+				}
+				e.fs.Forget(entry.NodeID, 1)
+				i++
+			}
+			b.StopTimer()
+			if mode == "warm" {
+				e.fs.Destroy()
+			}
+			if s := e.fs.Stats(); s.CachedInodes != 1 {
+				b.Fatal(fmt.Sprintf("stats %+v", s))
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+// Package passthrough serves a host directory to a guest as a FUSE file system: it implements
+// fuse.FileSystem on top of O_PATH file descriptors, the job virtiofsd's passthrough does.
+//
+// # Threat model
+//
+// The guest is hostile. Every node id, file handle, name, flag, offset and size it sends is
+// checked before use, and nothing it sends may reach outside the shared directory or open a host
+// device:
+//
+//   - Node ids and file handles are our own numbers, looked up in tables; an id we never handed
+//     out, or one already forgotten or released, answers EBADF. A handle is also checked against
+//     the node id of the request (and against its kind: file or directory).
+//   - Every node holds an O_PATH|O_NOFOLLOW descriptor and every operation is an *at() call
+//     relative to one, with AT_SYMLINK_NOFOLLOW or AT_EMPTY_PATH. Host paths are never built from
+//     guest names, and symbolic links are never followed on the host: a symlink node is reached
+//     but never resolved, so a link to "/etc" or "../.." in the share is inert.
+//   - Names "." and ".." are refused with EINVAL by every operation taking a name, LOOKUP
+//     included: the Linux guest resolves them itself and only sends them for NFS export, which
+//     this server does not offer. So ".." can never climb above the root, or above any node.
+//   - Re-opening a node for I/O goes through /proc/self/fd/N (a directory descriptor opened once
+//     in New and checked to be procfs), which follows the magic link to exactly the inode we hold.
+//     O_NOFOLLOW does not apply there, so the node's file type, fixed for an inode's life, is
+//     checked first: only regular files are opened by OPEN and CREATE, only directories by
+//     OPENDIR. A FIFO, socket or device node in the share is never opened on the host: the guest
+//     kernel serves special files itself (init_special_inode) and never sends OPEN for them, so
+//     such a request comes from a broken or hostile guest and answers ENXIO ("no such device or
+//     address": nothing behind it on this side). OPEN of a symlink answers ELOOP, as
+//     open(O_NOFOLLOW) would, and of a directory EISDIR.
+//   - CREATE never opens an existing entry by name: it creates with O_CREAT|O_EXCL, and when the
+//     guest did not ask for O_EXCL and the name exists, it takes an O_PATH descriptor first and
+//     opens that through /proc only if it is a regular file (with the caller's credentials).
+//   - Creating operations (CREATE, MKNOD, MKDIR, SYMLINK, TMPFILE) run with the caller's
+//     fsuid/fsgid on a locked OS thread, so files get the guest caller's owner and the host kernel
+//     checks permissions as that user. The process keeps running as its own user everywhere else:
+//     the guest mounts virtio-fs with default_permissions and checks permissions itself.
+//   - LINK of a directory is refused (EPERM); renames and links only ever name nodes we hold,
+//     which are all inside the share; RENAME2 flags other than NOREPLACE, EXCHANGE and WHITEOUT
+//     answer EINVAL.
+//   - Host errnos are passed through (the guest is Linux too); anything else becomes EIO.
+//
+// Out of scope: host processes changing the shared tree concurrently (a directory moved out of
+// the share by the host while we hold it is followed, as in virtiofsd), and resource exhaustion
+// by a guest that looks up very many files (each node holds one host fd: raise RLIMIT_NOFILE).
+//
+// # Node ids and lifetimes
+//
+// Node 1 is the root; other ids are allocated by the inode table and never reused while the FS
+// lives, so generation numbers are always 0. A node is keyed by (st_dev, st_ino, mount id), so
+// hard links and repeated lookups share one node; while we hold its fd the inode cannot be freed,
+// so its number cannot be reused by another file. Each node counts the guest's lookups
+// (LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK, TMPFILE and each READDIRPLUS entry but "." and
+// ".."); FORGET subtracts (never below zero) and at zero the node leaves the table.
+//
+// A descriptor is closed only when nothing uses it any more: nodes and handles carry a pin count
+// (one pin for being in the table, one per request using the descriptor), and the last unpin
+// closes it. So a FORGET or RELEASE racing a request cannot make that request use a descriptor
+// number the kernel has already reused for something else.
+//
+// # Locks
+//
+// Lock order, outermost first:
+//
+//  1. dirStream.mu, per directory handle: serialises READDIR on one handle; held across
+//     getdents and the READDIRPLUS lookups.
+//  2. shard.mu (inode table shards) and handleShard.mu (handle table shards): leaves. No shard
+//     lock is held while another is taken or while a syscall runs.
+//
+// Everything else is immutable after creation or atomic.
+//
+// # Decisions
+//
+//   - ACCESS answers ENOSYS, like the C virtiofsd: the guest mounts with default_permissions and
+//     checks access itself; after ENOSYS it never asks again.
+//   - Special files: see above (ENXIO on OPEN, ELOOP for symlinks). MKNOD of device nodes is passed
+//     to the host with the caller's credentials (a non-root caller gets EPERM from the host).
+//   - Unknown, forgotten or destroyed node ids and handles answer EBADF (never a panic);
+//     FORGET of an unknown node is ignored.
+//   - SETATTR on a symlink: mode answers EOPNOTSUPP (as Linux does for lchmod); owner and times
+//     apply to the link itself (fchownat/utimensat with AT_EMPTY_PATH|AT_SYMLINK_NOFOLLOW; a
+//     kernel whose utimensat does not take AT_EMPTY_PATH answers EINVAL); size answers EINVAL.
+//     Size is only changed on regular files. FATTR_CTIME and FATTR_LOCKOWNER are ignored.
+//   - Set-id bits: the guest's FATTR_KILL_SUIDGID, FUSE_WRITE_KILL_SUIDGID and
+//     FUSE_OPEN_KILL_SUIDGID (sent once it negotiated HANDLE_KILLPRIV_V2) are honoured with an
+//     explicit chmod, since the host kernel does not clear the bits for us (we hold CAP_FSETID).
+//   - Extended attributes go through the path "/proc/self/fd/N" with the following variants
+//     (getxattr, not lgetxattr): that follows the magic link to the inode itself, a symlink's own
+//     inode included, never the link's target; the l-variants would act on the /proc link.
+//     With Options.Xattr off the four xattr operations answer ENOSYS. With it on, a guest root
+//     can set trusted.* and security.* attributes (security.capability included) on shared
+//     files, as with virtiofsd -o xattr.
+//   - O_DIRECT is dropped from open flags (guest buffers need not be aligned for the host); with
+//     a writeback cache O_WRONLY becomes O_RDWR and O_APPEND is dropped, since the guest then
+//     reads and writes at offsets of its choosing.
+//   - New sets the process umask to 0, as virtiofsd does: the guest's umask is applied to every
+//     create request (we do not negotiate DONT_MASK), and the host's must not apply again.
+package passthrough

@@ -1,0 +1,185 @@
+package passthrough
+
+import (
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// nodeKey identifies a host inode: a file reached by two names (hard links, a second lookup)
+// has one key and so one node.
+type nodeKey struct {
+	dev, ino, mnt uint64
+}
+
+// modeSubmount, in inode.mode next to the S_IFMT bits, marks a directory on another mount than
+// its parent.
+const modeSubmount = 1 << 31
+
+// inode is one node of the table. It is kept small: there is one per file the guest caches.
+type inode struct {
+	key  nodeKey
+	refs uint64       // guest lookup count; guarded by the shard's mu
+	fd   int32        // O_PATH|O_NOFOLLOW; immutable; closed by the last unpin
+	mode uint32       // S_IFMT bits | modeSubmount; immutable
+	pins atomic.Int32 // 1 while in the table, +1 per request using fd
+}
+
+func (n *inode) typ() uint32     { return n.mode & unix.S_IFMT }
+func (n *inode) isDir() bool     { return n.typ() == unix.S_IFDIR }
+func (n *inode) isSymlink() bool { return n.typ() == unix.S_IFLNK }
+func (n *inode) isRegular() bool { return n.typ() == unix.S_IFREG }
+
+const (
+	shardBits = 4
+	numShards = 1 << shardBits
+	shardMask = numShards - 1
+)
+
+// shard is one part of the inode table. Node ids carry their shard in the low bits, and a key
+// always hashes to the shard of its node, so both lookups stay within one shard.
+type shard struct {
+	mu    sync.RWMutex
+	byID  map[uint64]*inode  // guarded by mu
+	byKey map[nodeKey]uint64 // node id by key; guarded by mu
+	seq   uint64             // last id sequence number handed out; guarded by mu
+	_     [16]byte           // keep shards on separate cache lines
+}
+
+// nodeTable maps node ids to inodes. The root (id 1) lives outside the shards and is never
+// counted or dropped.
+type nodeTable struct {
+	root   *inode
+	shards [numShards]shard
+	count  atomic.Int64 // nodes in the shards
+	fds    *atomic.Int64
+}
+
+func (t *nodeTable) init(root *inode, fds *atomic.Int64) {
+	t.root = root
+	t.fds = fds
+	for i := range t.shards {
+		t.shards[i].byID = make(map[uint64]*inode)
+		t.shards[i].byKey = make(map[nodeKey]uint64)
+	}
+}
+
+func shardOf(k nodeKey) uint64 {
+	h := k.ino*0x9e3779b97f4a7c15 ^ k.dev*0xc2b2ae3d27d4eb4f ^ k.mnt
+	h ^= h >> 29
+	return h & shardMask
+}
+
+// get returns the node with the given id, pinned; the caller unpins it with put.
+func (t *nodeTable) get(id uint64) (*inode, bool) {
+	if id == rootID {
+		n := t.root
+		n.pins.Add(1)
+		return n, true
+	}
+	s := &t.shards[id&shardMask]
+	s.mu.RLock()
+	n := s.byID[id]
+	if n != nil {
+		n.pins.Add(1) // at least 1 (the table's) while we hold the lock
+	}
+	s.mu.RUnlock()
+	return n, n != nil
+}
+
+// put unpins n, closing its fd if it was the last pin.
+func (t *nodeTable) put(n *inode) {
+	if n.pins.Add(-1) == 0 {
+		unix.Close(int(n.fd))
+		t.fds.Add(-1)
+	}
+}
+
+// insert adds one lookup reference to the node with key k, creating it with fd and mode when it
+// does not exist. It reports whether fd was taken; if not, the caller closes it. The node
+// returned is not pinned: only its immutable fields other than fd may be read.
+func (t *nodeTable) insert(k nodeKey, fd int, mode uint32) (id uint64, n *inode, took bool) {
+	if k == t.root.key {
+		// The root reached again (a bind mount of it inside itself): it is not counted.
+		return rootID, t.root, false
+	}
+	si := shardOf(k)
+	s := &t.shards[si]
+	s.mu.Lock()
+	if id, ok := s.byKey[k]; ok {
+		n = s.byID[id]
+		n.refs++
+		s.mu.Unlock()
+		return id, n, false
+	}
+	s.seq++
+	id = s.seq<<shardBits | si
+	n = &inode{key: k, refs: 1, fd: int32(fd), mode: mode}
+	n.pins.Store(1)
+	s.byID[id] = n
+	s.byKey[k] = id
+	s.mu.Unlock()
+	t.count.Add(1)
+	t.fds.Add(1)
+	return id, n, true
+}
+
+// forget drops nlookup references to node id; at zero the node leaves the table. Unknown ids
+// and the root are ignored, and the count never goes below zero.
+func (t *nodeTable) forget(id, nlookup uint64) {
+	if id == rootID || nlookup == 0 {
+		return
+	}
+	s := &t.shards[id&shardMask]
+	s.mu.Lock()
+	n := s.byID[id]
+	if n == nil {
+		s.mu.Unlock()
+		return
+	}
+	if nlookup < n.refs {
+		n.refs -= nlookup
+		s.mu.Unlock()
+		return
+	}
+	n.refs = 0
+	delete(s.byID, id)
+	delete(s.byKey, n.key)
+	s.mu.Unlock()
+	t.count.Add(-1)
+	t.put(n)
+}
+
+// dropAll removes every node but the root.
+func (t *nodeTable) dropAll() {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		old := s.byID
+		s.byID = make(map[uint64]*inode)
+		s.byKey = make(map[nodeKey]uint64)
+		s.mu.Unlock()
+		for _, n := range old {
+			t.count.Add(-1)
+			t.put(n)
+		}
+	}
+}
+
+// refs reports the lookup count of node id (0 if unknown); for tests.
+func (t *nodeTable) refs(id uint64) uint64 {
+	if id == rootID {
+		return 0
+	}
+	s := &t.shards[id&shardMask]
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if n := s.byID[id]; n != nil {
+		return n.refs
+	}
+	return 0
+}
+
+const inodeSize = unsafe.Sizeof(inode{})

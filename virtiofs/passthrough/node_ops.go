@@ -1,0 +1,406 @@
+package passthrough
+
+import (
+	"math"
+	"strconv"
+	"unsafe"
+
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Lookup finds name in directory parent and takes a lookup reference on it.
+func (fs *FS) Lookup(ctx *fuse.Context, parent uint64, name string, out *fuse.EntryOut) fuse.Errno {
+	if e := checkName(name); e != fuse.OK {
+		return e
+	}
+	p, e := fs.node(parent)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(p)
+	_, e = fs.lookupAt(p, int(p.fd), name, out)
+	return e
+}
+
+// Forget drops nlookup references to node id; unknown ids and the root are ignored.
+func (fs *FS) Forget(nodeID, nlookup uint64) { fs.nodes.forget(nodeID, nlookup) }
+
+// GetAttr answers the attributes of node id. A handle given with GetattrFh must be one of the
+// node's.
+func (fs *FS) GetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.GetattrIn, out *fuse.AttrOut) fuse.Errno {
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(n)
+	if in != nil && in.Flags&fuse.GetattrFh != 0 {
+		if e := fs.checkHandle(in.Fh, nodeID); e != fuse.OK {
+			return e
+		}
+	}
+	return fs.attrOf(n, out)
+}
+
+// checkHandle reports EBADF unless fh is an open handle (file or directory) of node.
+func (fs *FS) checkHandle(fh, node uint64) fuse.Errno {
+	h, ok := fs.handles.get(fh, node, false)
+	if !ok {
+		if h, ok = fs.handles.get(fh, node, true); !ok {
+			return unix.EBADF
+		}
+	}
+	fs.handles.put(h)
+	return fuse.OK
+}
+
+func (fs *FS) attrOf(n *inode, out *fuse.AttrOut) fuse.Errno {
+	var st unix.Statx_t
+	if err := statxFd(int(n.fd), &st); err != nil {
+		return errno(err)
+	}
+	fs.fillAttrOut(out, n.mode, &st)
+	return fuse.OK
+}
+
+// SetAttr changes, in this order, mode, owner, size and times, then answers the new attributes.
+// A failing step stops there.
+func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out *fuse.AttrOut) fuse.Errno {
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(n)
+
+	var h *handle
+	if in.Valid&fuse.FattrFh != 0 {
+		h, e = fs.handle(in.Fh, nodeID, false)
+		if e != fuse.OK {
+			return e
+		}
+		defer fs.handles.put(h)
+	}
+
+	if in.Valid&fuse.FattrMode != 0 {
+		if n.isSymlink() {
+			return unix.EOPNOTSUPP // Linux cannot chmod a symlink
+		}
+		var name procName
+		if err := fchmodat(fs.procfd, name.of(n.fd), in.Mode&07777); err != nil {
+			return errno(err)
+		}
+	}
+
+	if in.Valid&(fuse.FattrUID|fuse.FattrGID) != 0 {
+		uid, gid := -1, -1
+		if in.Valid&fuse.FattrUID != 0 {
+			uid = int(in.UID)
+		}
+		if in.Valid&fuse.FattrGID != 0 {
+			gid = int(in.GID)
+		}
+		if err := unix.Fchownat(int(n.fd), "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return errno(err)
+		}
+	}
+
+	if in.Valid&fuse.FattrSize != 0 {
+		if e := fs.truncate(n, h, in.Size); e != fuse.OK {
+			return e
+		}
+		if in.Valid&(fuse.FattrKillSuidgid|fuse.FattrMode) == fuse.FattrKillSuidgid {
+			var name procName
+			if err := killSuidgid(int(n.fd), func(mode uint32) error {
+				return fchmodat(fs.procfd, name.of(n.fd), mode)
+			}); err != nil {
+				return errno(err)
+			}
+		}
+	}
+
+	if in.Valid&(fuse.FattrAtime|fuse.FattrMtime) != 0 {
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
+		if in.Valid&fuse.FattrAtime != 0 {
+			ts[0] = timespec(in.Atime, in.Atimensec, in.Valid&fuse.FattrAtimeNow != 0)
+		}
+		if in.Valid&fuse.FattrMtime != 0 {
+			ts[1] = timespec(in.Mtime, in.Mtimensec, in.Valid&fuse.FattrMtimeNow != 0)
+		}
+		var err error
+		if n.isSymlink() {
+			// The link itself: utimensat accepts AT_EMPTY_PATH on an O_PATH fd (Linux 5.8+).
+			err = unix.UtimesNanoAt(int(n.fd), "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+		} else {
+			err = unix.UtimesNanoAt(fs.procfd, strconv.Itoa(int(n.fd)), ts, 0)
+		}
+		if err != nil {
+			return errno(err)
+		}
+	}
+	return fs.attrOf(n, out)
+}
+
+func timespec(sec uint64, nsec uint32, now bool) unix.Timespec {
+	if now {
+		return unix.Timespec{Nsec: unix.UTIME_NOW}
+	}
+	return unix.Timespec{Sec: int64(sec), Nsec: int64(nsec)}
+}
+
+// fchmodat is fchmodat(2) on a NUL-terminated name, following the last component (here a
+// /proc/self/fd magic link, which leads to the inode itself).
+func fchmodat(dirfd int, name *byte, mode uint32) error {
+	_, _, e := unix.Syscall(unix.SYS_FCHMODAT, uintptr(dirfd), uintptr(unsafe.Pointer(name)), uintptr(mode))
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// killSuidgid clears the set-user-ID bit of regular file fd, and its set-group-ID bit if it is
+// group-executable, with chmod, as the kernel does when a user without CAP_FSETID writes or
+// truncates. The guest asks for it (FATTR_KILL_SUIDGID, FUSE_WRITE_KILL_SUIDGID,
+// FUSE_OPEN_KILL_SUIDGID) when it negotiated HANDLE_KILLPRIV_V2 and so leaves that to us: we
+// run with CAP_FSETID, so the host kernel would not do it.
+func killSuidgid(fd int, chmod func(mode uint32) error) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	mode := st.Mode & 0o7777
+	kill := mode & unix.S_ISUID
+	if mode&(unix.S_ISGID|unix.S_IXGRP) == unix.S_ISGID|unix.S_IXGRP {
+		kill |= unix.S_ISGID
+	}
+	if kill == 0 || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	return chmod(mode &^ kill)
+}
+
+// truncate sets the size of regular file n, through h when the guest gave a handle.
+func (fs *FS) truncate(n *inode, h *handle, size uint64) fuse.Errno {
+	switch {
+	case n.isDir():
+		return unix.EISDIR
+	case !n.isRegular():
+		return unix.EINVAL
+	case size > math.MaxInt64:
+		return unix.EFBIG
+	}
+	if h != nil {
+		return errno(unix.Ftruncate(int(h.fd), int64(size)))
+	}
+	fd, err := fs.openProc(n.fd, unix.O_WRONLY|unix.O_NONBLOCK)
+	if err != nil {
+		return errno(err)
+	}
+	defer unix.Close(fd)
+	return errno(unix.Ftruncate(fd, int64(size)))
+}
+
+// Readlink appends the target of symlink node id to buf.
+func (fs *FS) Readlink(ctx *fuse.Context, nodeID uint64, buf []byte) ([]byte, fuse.Errno) {
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return buf, e
+	}
+	defer fs.nodes.put(n)
+	if !n.isSymlink() {
+		return buf, unix.EINVAL
+	}
+	const room = unix.PathMax // a target is at most PATH_MAX-1 bytes
+	if cap(buf)-len(buf) < room {
+		nb := make([]byte, len(buf), len(buf)+room)
+		copy(nb, buf)
+		buf = nb
+	}
+	k, err := unix.Readlinkat(int(n.fd), "", buf[len(buf):len(buf)+room])
+	if err != nil {
+		return buf, errno(err)
+	}
+	return buf[:len(buf)+k], fuse.OK
+}
+
+// create runs op (a creating *at() call in directory p) with the caller's credentials, then
+// looks the new entry up.
+func (fs *FS) create(ctx *fuse.Context, parent uint64, name string, out *fuse.EntryOut,
+	op func(dirfd int) error) fuse.Errno {
+	if e := checkName(name); e != fuse.OK {
+		return e
+	}
+	p, e := fs.node(parent)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(p)
+	switched, e := fs.asCaller(ctx)
+	if e != fuse.OK {
+		return e
+	}
+	err := op(int(p.fd))
+	if switched {
+		fs.restoreCreds()
+	}
+	if err != nil {
+		return errno(err)
+	}
+	_, e = fs.lookupAt(p, int(p.fd), name, out)
+	return e
+}
+
+// Symlink creates name -> target in parent. The target is stored, never followed.
+func (fs *FS) Symlink(ctx *fuse.Context, parent uint64, name, target string, out *fuse.EntryOut) fuse.Errno {
+	return fs.create(ctx, parent, name, out, func(dirfd int) error {
+		return unix.Symlinkat(target, dirfd, name)
+	})
+}
+
+// Mknod creates a file, FIFO, socket or device node; the guest's umask applies.
+func (fs *FS) Mknod(ctx *fuse.Context, parent uint64, name string, in *fuse.MknodIn, out *fuse.EntryOut) fuse.Errno {
+	mode := in.Mode&unix.S_IFMT | in.Mode&07777&^in.Umask
+	return fs.create(ctx, parent, name, out, func(dirfd int) error {
+		return unix.Mknodat(dirfd, name, mode, int(in.Rdev))
+	})
+}
+
+// Mkdir creates a directory; the guest's umask applies.
+func (fs *FS) Mkdir(ctx *fuse.Context, parent uint64, name string, in *fuse.MkdirIn, out *fuse.EntryOut) fuse.Errno {
+	mode := in.Mode & 07777 &^ in.Umask
+	return fs.create(ctx, parent, name, out, func(dirfd int) error {
+		return unix.Mkdirat(dirfd, name, mode)
+	})
+}
+
+// Unlink removes a non-directory entry.
+func (fs *FS) Unlink(ctx *fuse.Context, parent uint64, name string) fuse.Errno {
+	return fs.remove(parent, name, 0)
+}
+
+// Rmdir removes an empty directory.
+func (fs *FS) Rmdir(ctx *fuse.Context, parent uint64, name string) fuse.Errno {
+	return fs.remove(parent, name, unix.AT_REMOVEDIR)
+}
+
+func (fs *FS) remove(parent uint64, name string, flags int) fuse.Errno {
+	if e := checkName(name); e != fuse.OK {
+		return e
+	}
+	p, e := fs.node(parent)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(p)
+	return errno(unix.Unlinkat(int(p.fd), name, flags))
+}
+
+const renameFlags = unix.RENAME_NOREPLACE | unix.RENAME_EXCHANGE | unix.RENAME_WHITEOUT
+
+// Rename moves parent/name to newParent/newName with renameat2; the host kernel checks the
+// flag combinations.
+func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent uint64, newName string, flags uint32) fuse.Errno {
+	if flags&^renameFlags != 0 {
+		return unix.EINVAL
+	}
+	if e := checkName(name); e != fuse.OK {
+		return e
+	}
+	if e := checkName(newName); e != fuse.OK {
+		return e
+	}
+	p, e := fs.node(parent)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(p)
+	np, e := fs.node(newParent)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(np)
+	return errno(unix.Renameat2(int(p.fd), name, int(np.fd), newName, uint(flags)))
+}
+
+// Link makes newParent/newName another name of node id, which must not be a directory. The
+// link keeps the file's owner, so it runs with our own credentials.
+func (fs *FS) Link(ctx *fuse.Context, nodeID, newParent uint64, newName string, out *fuse.EntryOut) fuse.Errno {
+	if e := checkName(newName); e != fuse.OK {
+		return e
+	}
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(n)
+	if n.isDir() {
+		return unix.EPERM
+	}
+	p, e := fs.node(newParent)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(p)
+	// linkat with AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH; following the /proc magic link
+	// reaches the inode itself (a symlink's own inode, a file without a name from TMPFILE).
+	err := unix.Linkat(fs.procfd, strconv.Itoa(int(n.fd)), int(p.fd), newName, unix.AT_SYMLINK_FOLLOW)
+	if err != nil {
+		return errno(err)
+	}
+	_, e = fs.lookupAt(p, int(p.fd), newName, out)
+	return e
+}
+
+// StatFs answers statfs of the file system holding node id.
+func (fs *FS) StatFs(ctx *fuse.Context, nodeID uint64, out *fuse.StatfsOut) fuse.Errno {
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(n)
+	var s unix.Statfs_t
+	if err := unix.Fstatfs(int(n.fd), &s); err != nil {
+		return errno(err)
+	}
+	*out = fuse.StatfsOut{
+		Blocks:  s.Blocks,
+		Bfree:   s.Bfree,
+		Bavail:  s.Bavail,
+		Files:   s.Files,
+		Ffree:   s.Ffree,
+		Bsize:   uint32(s.Bsize),
+		Namelen: uint32(s.Namelen),
+		Frsize:  uint32(s.Frsize),
+	}
+	return fuse.OK
+}
+
+// SyncFs syncs the file system holding node id, a directory or regular file (the guest sends
+// the root of its superblock).
+func (fs *FS) SyncFs(ctx *fuse.Context, nodeID uint64) fuse.Errno {
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(n)
+	var flags int
+	switch {
+	case n.isDir():
+		flags = unix.O_RDONLY | unix.O_DIRECTORY
+	case n.isRegular():
+		flags = unix.O_RDONLY | unix.O_NONBLOCK
+	default:
+		return unix.EINVAL
+	}
+	fd, err := fs.openProc(n.fd, flags) // syncfs refuses O_PATH descriptors
+	if err != nil {
+		return errno(err)
+	}
+	defer unix.Close(fd)
+	return errno(unix.Syncfs(fd))
+}
+
+// Access answers ENOSYS: the guest mounts virtio-fs with default_permissions and checks
+// permissions itself; after ENOSYS it does not ask again.
+func (fs *FS) Access(ctx *fuse.Context, nodeID uint64, mask uint32) fuse.Errno {
+	return unix.ENOSYS
+}

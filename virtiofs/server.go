@@ -1,0 +1,166 @@
+// Package virtiofs is kvfsd as a library: a vhost-user-fs back-end that serves a host directory
+// to a guest over virtio-fs. A Server runs in whatever process owns it — kvfsd, or the per-pod
+// sandbox — on a listener that process created.
+//
+// The data path, from the socket to the syscall and back:
+//
+//	vhostuser.Backend   messages from the front-end (QEMU): features, memory table, vrings
+//	  → device          one goroutine per started vring; each descriptor chain is a request
+//	  → fuse.Server     decodes the request out of guest memory and dispatches it
+//	  → passthrough.FS  *at() syscalls on O_PATH fds under the shared directory
+//	  ← fuse.Server     writes the reply straight into the chain's writable guest buffers
+//	  ← virtq.Queue     used ring update, then the call eventfd if the guest wants it
+//
+// The guest is treated as hostile at every layer; each package documents what it checks.
+package virtiofs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/containerd/log"
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
+	"github.com/kvfs/kvfs/virtiofs/vhostuser"
+)
+
+// Server serves one shared directory to one front-end connection at a time.
+type Server struct {
+	cfg     Config
+	fs      *passthrough.FS
+	fuse    *fuse.Server
+	dev     *device
+	backend *vhostuser.Backend
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc // of the running Serve; guarded by mu
+	serving chan struct{}      // closed when the running Serve returns; guarded by mu
+	closed  bool               // guarded by mu
+}
+
+// NewServer opens the shared directory and returns a server for it.
+func NewServer(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	fs, err := passthrough.New(cfg.SharedDir, passthroughOptions(&cfg))
+	if err != nil {
+		return nil, fmt.Errorf("shared directory %s: %w", cfg.SharedDir, err)
+	}
+	s := &Server{cfg: cfg, fs: fs}
+	s.fuse = fuse.NewServer(fs, fuse.Options{InitFlags: initFlags(&cfg), Logger: log.L})
+	s.dev = newDevice(s.fuse, cfg.ThreadPoolSize)
+	s.backend = vhostuser.NewBackend(s.dev)
+	return s, nil
+}
+
+// passthroughOptions maps the cache mode onto what the guest is told to cache.
+func passthroughOptions(cfg *Config) passthrough.Options {
+	o := passthrough.Options{
+		EntryTimeout:      cfg.Cache.Timeout(),
+		AttrTimeout:       cfg.Cache.Timeout(),
+		Xattr:             cfg.Xattr,
+		AnnounceSubmounts: cfg.AnnounceSubmounts,
+	}
+	switch cfg.Cache {
+	case CacheNever:
+		o.DirectIO = true
+	case CacheMetadata:
+		o.DirectIO, o.CacheDir = true, true
+	case CacheAlways:
+		o.KeepCache, o.CacheDir = true, true
+	}
+	return o
+}
+
+// initFlags are the INIT flags offered beyond the FUSE server's base set.
+func initFlags(cfg *Config) uint64 {
+	var f uint64
+	if cfg.Cache != CacheNever {
+		f |= fuse.InitDoReaddirplus | fuse.InitReaddirplusAuto
+	}
+	if cfg.AnnounceSubmounts {
+		f |= fuse.InitSubmounts
+	}
+	return f
+}
+
+// Serve accepts one front-end connection on l, closes l (like virtiofsd, which serves a single
+// VM), and serves the connection until the front-end disconnects, when it returns nil, or ctx
+// is cancelled or Close is called.
+func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return net.ErrClosed
+	}
+	if s.cancel != nil {
+		s.mu.Unlock()
+		return errors.New("server is already serving")
+	}
+	s.cancel, s.serving = cancel, make(chan struct{})
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		close(s.serving)
+		s.cancel, s.serving = nil, nil
+		s.mu.Unlock()
+	}()
+
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	conn, err := l.AcceptUnix()
+	l.Close()
+	if !stop() || ctx.Err() != nil {
+		if conn != nil {
+			conn.Close()
+		}
+		return ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("accepting the vhost-user front-end: %w", err)
+	}
+	log.G(ctx).Info("vhost-user front-end connected")
+	err = s.backend.Serve(ctx, conn)
+	if err == nil {
+		log.G(ctx).Info("vhost-user front-end disconnected")
+	}
+	return err
+}
+
+// Stats are a server's counters.
+type Stats struct {
+	// FUSE counts requests per opcode, errors, latencies and bytes moved.
+	FUSE fuse.Stats
+	// FS counts cached inodes and open files.
+	FS passthrough.Stats
+}
+
+// Stats returns a snapshot of the server's counters.
+func (s *Server) Stats() Stats {
+	return Stats{FUSE: s.fuse.Stats(), FS: s.fs.Stats()}
+}
+
+// Close stops a running Serve, waits for it to return, and releases the shared directory.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	serving := s.serving
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.mu.Unlock()
+	if serving != nil {
+		<-serving
+	}
+	s.dev.close()
+	return s.fs.Close()
+}

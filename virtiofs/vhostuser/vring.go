@@ -1,0 +1,227 @@
+package vhostuser
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/virtiofs/virtq"
+)
+
+// Vring is one virtqueue as the Backend runs it: the device-side queue over guest memory plus the
+// call eventfd that notifies the driver. The Backend passes it to Device.HandleQueue; its methods
+// may be used only from there (they rely on the memory read lock HandleQueue runs under).
+type Vring struct {
+	idx int
+	s   *session
+
+	// Configuration, owned by the message loop.
+	num        uint16
+	addr       VringAddr
+	base       uint16 // next available index while stopped
+	configured uint8
+	kickFD     int  // -1: none
+	polled     bool // kick set with NOFD: poll the ring
+
+	// Run state, owned by the message loop; the ring goroutine reads only the atomics.
+	running  bool
+	wakeFD   int // eventfd waking the ring goroutine (stop, enable, broken)
+	done     chan struct{}
+	stopping atomic.Bool
+	enabled  atomic.Bool
+	broken   atomic.Bool
+
+	q *virtq.Queue // guarded by s.memMu; non-nil while running
+
+	fdMu   sync.Mutex
+	callFD int // guarded by fdMu; -1: none
+	errFD  int // guarded by fdMu; -1: none
+}
+
+// Index returns the vring index.
+func (v *Vring) Index() int { return v.idx }
+
+// Queue returns the device side of the split ring.
+func (v *Vring) Queue() *virtq.Queue { return v.q }
+
+// Notify signals the call eventfd if the queue says the driver wants an interrupt for what was
+// completed since the last notification (and a call fd is set).
+func (v *Vring) Notify() error {
+	if v.q == nil || !v.q.NeedsNotify() {
+		return nil
+	}
+	v.fdMu.Lock()
+	defer v.fdMu.Unlock()
+	if v.callFD < 0 {
+		return nil
+	}
+	if err := signal(v.callFD); err != nil {
+		return fmt.Errorf("vring %d: signalling call fd: %w", v.idx, err)
+	}
+	return nil
+}
+
+// signal adds 1 to an eventfd. EAGAIN means the counter is saturated: it is signalled already.
+func signal(fd int) error {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], 1)
+	_, err := unix.Write(fd, b[:])
+	if err == unix.EAGAIN {
+		return nil
+	}
+	return err
+}
+
+// drain consumes an eventfd's counter (or up to 8 bytes of whatever the front-end passed). It
+// reports false at end of file: a kick fd that is readable forever (a regular file, a pipe
+// without writers) would otherwise make the ring goroutine spin.
+func drain(fd int) bool {
+	var b [8]byte
+	n, err := unix.Read(fd, b[:])
+	return n > 0 || err != nil
+}
+
+func (v *Vring) setEnabled(on bool) {
+	v.enabled.Store(on)
+	if on && v.running {
+		v.wake() // kicks that arrived while disabled were dropped
+	}
+}
+
+// wake pokes the ring goroutine. Message loop only, while running.
+func (v *Vring) wake() {
+	if err := signal(v.wakeFD); err != nil {
+		log.G(v.s.ctx).WithError(err).WithField("vring", v.idx).Error("vhost-user: waking vring")
+	}
+}
+
+func (v *Vring) setKickFD(fd int) {
+	if v.kickFD >= 0 {
+		unix.Close(v.kickFD)
+	}
+	v.kickFD = fd
+}
+
+func (v *Vring) swapCall(fd int) {
+	v.fdMu.Lock()
+	old := v.callFD
+	v.callFD = fd
+	v.fdMu.Unlock()
+	if old >= 0 {
+		unix.Close(old)
+	}
+}
+
+func (v *Vring) swapErr(fd int) {
+	v.fdMu.Lock()
+	old := v.errFD
+	v.errFD = fd
+	v.fdMu.Unlock()
+	if old >= 0 {
+		unix.Close(old)
+	}
+}
+
+func (v *Vring) signalErr() {
+	v.fdMu.Lock()
+	defer v.fdMu.Unlock()
+	if v.errFD >= 0 {
+		signal(v.errFD)
+	}
+}
+
+// closeFDs closes the kick, call and error fds. The ring must be stopped.
+func (v *Vring) closeFDs() {
+	v.setKickFD(-1)
+	v.polled = false
+	v.swapCall(-1)
+	v.swapErr(-1)
+}
+
+// run is the ring goroutine. It waits with poll(2) on the kick eventfd and the ring's own wake
+// eventfd (one goroutine, no fd closed under it: the message loop closes the fds only after done
+// is closed), and calls the device under the memory read lock. A ring whose kick was set with
+// NOFD has no kick fd and is polled every interval instead.
+func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interval time.Duration) {
+	defer close(v.done)
+	l := log.G(ctx).WithField("vring", v.idx)
+	fds := []unix.PollFd{{Fd: int32(wakeFD), Events: unix.POLLIN}}
+	if kickFD >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(kickFD), Events: unix.POLLIN})
+	}
+	timeout := -1
+	if polled {
+		timeout = max(1, int(interval/time.Millisecond))
+	}
+	fail := func(err error) {
+		l.WithError(err).Error("vhost-user: vring broken, no longer served")
+		v.broken.Store(true)
+		v.signalErr()
+	}
+
+	work := true // buffers may be available already when the ring starts
+	for !v.stopping.Load() {
+		if v.broken.Load() { // remapping failed
+			fail(errors.New("rings not mapped by the new memory table"))
+			return
+		}
+		if work && v.enabled.Load() {
+			if err := v.process(); err != nil {
+				fail(err)
+				return
+			}
+		}
+		work = polled
+		n, err := unix.Poll(fds, timeout)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			fail(fmt.Errorf("poll: %w", err))
+			return
+		}
+		if n == 0 { // polled ring: interval elapsed
+			work = true
+			continue
+		}
+		if fds[0].Revents != 0 {
+			drain(wakeFD)
+			work = true
+		}
+		if len(fds) > 1 && fds[1].Revents != 0 {
+			if fds[1].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+				fail(fmt.Errorf("kick fd unusable (revents %#x)", fds[1].Revents))
+				return
+			}
+			if !drain(kickFD) {
+				fail(errors.New("kick fd at end of file"))
+				return
+			}
+			work = true
+		}
+	}
+}
+
+// process runs the device on the ring under the memory read lock. A panic in the device breaks
+// the ring rather than the process.
+func (v *Vring) process() (err error) {
+	v.s.memMu.RLock()
+	defer v.s.memMu.RUnlock()
+	if v.q == nil || v.broken.Load() {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("device panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return v.s.dev.HandleQueue(v.idx, v)
+}
