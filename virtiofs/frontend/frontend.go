@@ -530,8 +530,8 @@ func (f *Frontend) Close() error {
 		}
 	}
 	if f.mapping != nil {
+		// The slice header stays: Alloc may read it concurrently and refuses after Close.
 		unix.Munmap(f.mapping)
-		f.mapping = nil
 	}
 	if f.memfd >= 0 {
 		unix.Close(f.memfd)
@@ -543,7 +543,7 @@ func (f *Frontend) Close() error {
 // Client returns the vhost-user client, for sending raw or out-of-sequence messages.
 func (f *Frontend) Client() *vhostuser.Client { return f.client }
 
-// Memory returns guest memory as the driver sees it.
+// Memory returns guest memory as the driver sees it (unusable after Close).
 func (f *Frontend) Memory() *guestmem.Memory { return f.mem }
 
 // Features returns the virtio features acked with the last SET_FEATURES.
@@ -561,8 +561,12 @@ func (f *Frontend) NumQueues() int { return len(f.queues) }
 
 // Alloc returns n bytes of guest memory outside the rings (64-byte aligned, possibly spanning
 // regions) as its guest-physical address and this process's view of it. It returns a nil slice
-// when guest memory is exhausted.
+// when guest memory is exhausted or the Frontend is closed. Buffers must not be touched after
+// Close, which unmaps guest memory.
 func (f *Frontend) Alloc(n uint64) (gpa uint64, buf []byte) {
+	if f.closed.Load() {
+		return 0, nil
+	}
 	gpa, ok := f.alloc.alloc(n)
 	if !ok {
 		return 0, nil

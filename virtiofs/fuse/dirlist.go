@@ -15,8 +15,8 @@ type DirList struct {
 	plus bool
 }
 
-// newDirList starts a listing of at most max bytes in buf's storage.
-func newDirList(buf []byte, max int, plus bool) *DirList {
+// NewDirList starts a listing of at most max bytes, reusing buf's storage.
+func NewDirList(buf []byte, max int, plus bool) *DirList {
 	return &DirList{buf: buf[:0], max: max, plus: plus}
 }
 

@@ -70,7 +70,8 @@ type FileSystem interface {
 	OpenDir(ctx *Context, nodeID uint64, in *OpenIn, out *OpenOut) Errno
 	// ReadDir fills out with entries starting after cookie in.Offset. With plus, each entry
 	// but "." and ".." carries an EntryOut and takes a lookup reference, exactly for the
-	// entries that fit.
+	// entries that fit. It must not fail once it has added an entry: an error reply drops the
+	// listing, and with it the references the guest would never learn it holds.
 	ReadDir(ctx *Context, nodeID uint64, in *ReadIn, plus bool, out *DirList) Errno
 	ReleaseDir(ctx *Context, nodeID uint64, in *ReleaseIn) Errno
 	FsyncDir(ctx *Context, nodeID uint64, in *FsyncIn) Errno

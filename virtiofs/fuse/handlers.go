@@ -495,7 +495,7 @@ func doReaddir(s *Server, r *request) Errno {
 	if cap(r.bodyBuf) < size {
 		r.bodyBuf = make([]byte, 0, size)
 	}
-	dl := newDirList(r.bodyBuf, size, r.Opcode == OpReaddirplus)
+	dl := NewDirList(r.bodyBuf, size, r.Opcode == OpReaddirplus)
 	if e := s.fs.ReadDir(&r.Context, r.NodeID, &in, dl.Plus(), dl); e != OK {
 		return e
 	}

@@ -788,6 +788,41 @@ func TestConcurrent(t *testing.T) {
 	if s := e.fs.Stats(); s.CachedInodes != 1 || s.OpenFiles != 0 || s.Fds != 2 {
 		t.Errorf("stats after balanced lookups and forgets: %+v", s)
 	}
+
+	// The same with a Destroy (guest reboot) in the middle: requests on dropped ids fail
+	// cleanly, and in the end every descriptor is accounted for.
+	stop := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var ent fuse.EntryOut
+				if e.fs.Lookup(rootCtx, 1, string(rune('a'+(w+i)%files)), &ent) != 0 {
+					continue
+				}
+				var open fuse.OpenOut
+				if e.fs.Open(rootCtx, ent.NodeID, &fuse.OpenIn{}, &open) == 0 {
+					e.fs.Read(rootCtx, ent.NodeID, &fuse.ReadIn{Fh: open.Fh, Size: 4}, [][]byte{make([]byte, 4)})
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20; i++ {
+		time.Sleep(time.Millisecond)
+		e.fs.Destroy()
+	}
+	close(stop)
+	wg.Wait()
+	e.fs.Destroy()
+	if s := e.fs.Stats(); s.CachedInodes != 1 || s.OpenFiles != 0 || s.Fds != 2 {
+		t.Errorf("stats after Destroy: %+v", s)
+	}
 }
 
 // TestPinnedFdOutlivesForget checks that a FORGET does not close a descriptor a request is
