@@ -7,3 +7,5 @@ require (
 	github.com/sirupsen/logrus v1.10.2
 	golang.org/x/sys v0.50.0
 )
+
+require golang.org/x/sync v0.25.0

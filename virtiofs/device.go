@@ -27,7 +27,8 @@ type device struct {
 }
 
 // queueState is a vring's share of the device. Inline, only the vring's goroutine touches it;
-// with a pool, mu guards completing and notifying.
+// with a pool, mu serialises every use of the queue (popping, completing, notifying), since the
+// vring goroutine and the workers share it.
 type queueState struct {
 	mu     sync.Mutex
 	chain  virtq.Chain    // inline mode
@@ -115,7 +116,9 @@ func (d *device) servePooled(idx int, vr *vhostuser.Vring, qs *queueState) error
 	var used []*virtq.Chain
 	for {
 		c := qs.get()
+		qs.mu.Lock() // workers complete on the same queue concurrently
 		ok, err := q.Next(c)
+		qs.mu.Unlock()
 		if err != nil || !ok {
 			qs.chains = append(qs.chains, c)
 			popErr = err

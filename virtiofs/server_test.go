@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +16,8 @@ import (
 	"github.com/kvfs/kvfs/virtiofs/conformance"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 )
 
 // startServer serves dir with kvfsd in-process on a fresh socket and returns the socket path
@@ -224,5 +227,54 @@ func waitSocket(t *testing.T, path string) {
 			t.Fatalf("socket %s: %v", path, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestConcurrentRequests keeps many requests in flight on the request queue, inline and with a
+// worker pool, and checks every file's content on the host.
+func TestConcurrentRequests(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("kvfsd's passthrough needs root")
+	}
+	for _, pool := range []int{0, 1, 4} {
+		t.Run(fmt.Sprintf("pool=%d", pool), func(t *testing.T) {
+			dir := shareDir(t)
+			sock, _, _ := startServer(t, virtiofs.Config{SharedDir: dir, ThreadPoolSize: pool})
+			fe, c := dial(t, sock)
+			defer fe.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var g errgroup.Group
+			for w := range 16 {
+				g.Go(func() error {
+					for i := range 20 {
+						name := fmt.Sprintf("w%d-%d", w, i)
+						out, err := c.Create(ctx, 1, name, unix.O_RDWR|unix.O_CREAT, unix.S_IFREG|0o644)
+						if err != nil {
+							return fmt.Errorf("create %s: %w", name, err)
+						}
+						data := bytes.Repeat([]byte(name), 500)
+						if _, err := c.Write(ctx, out.Entry.NodeID, out.Open.Fh, 0, data, 0); err != nil {
+							return fmt.Errorf("write %s: %w", name, err)
+						}
+						got, err := c.Read(ctx, out.Entry.NodeID, out.Open.Fh, 0, uint32(len(data)))
+						if err != nil || !bytes.Equal(got, data) {
+							return fmt.Errorf("read %s: %d bytes, %v", name, len(got), err)
+						}
+						if err := c.Release(ctx, out.Entry.NodeID, out.Open.Fh); err != nil {
+							return err
+						}
+						host, err := os.ReadFile(filepath.Join(dir, name))
+						if err != nil || !bytes.Equal(host, data) {
+							return fmt.Errorf("host %s: %d bytes, %v", name, len(host), err)
+						}
+					}
+					return nil
+				})
+			}
+			if err := g.Wait(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -1,10 +1,14 @@
 package vmtest
 
 import (
+	"context"
+	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 var testGuest = Guest{Kernel: "/g/vmlinuz", Initrd: "/g/initramfs.gz"}
@@ -183,5 +187,106 @@ func TestGuestChecksMatchScript(t *testing.T) {
 	}
 	if !slices.Equal(names, guestChecks) {
 		t.Errorf("guestcheck.sh runs %q,\nguestChecks lists %q", names, guestChecks)
+	}
+}
+
+// fakeQEMU writes a shell script standing in for QEMU and returns its path.
+func fakeQEMU(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "qemu")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestBootFakeQEMU(t *testing.T) {
+	argsFile := filepath.Join(t.TempDir(), "args")
+	tests := []struct {
+		name       string
+		body       string
+		timeout    time.Duration
+		wantErr    string // empty: no error
+		wantStatus int
+	}{
+		{
+			name:       "clean exit",
+			body:       `printf '%s\n' "$@" >` + argsFile + `; printf 'KVFS: hi\r\nKVFS-EXIT 3\r\n'`,
+			wantStatus: 3,
+		},
+		{
+			name:       "no exit line",
+			body:       `echo 'Kernel panic - not syncing'`,
+			wantErr:    "without printing KVFS-EXIT",
+			wantStatus: -1,
+		},
+		{
+			name:       "qemu fails",
+			body:       `echo 'qemu: cannot open socket' >&2; exit 1`,
+			wantErr:    "cannot open socket",
+			wantStatus: -1,
+		},
+		{
+			name:       "timeout",
+			body:       `echo KVFS: booted; exec sleep 60`,
+			timeout:    300 * time.Millisecond,
+			wantErr:    "still running after 300ms",
+			wantStatus: -1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var console strings.Builder
+			o := Options{QEMU: fakeQEMU(t, tt.body), Accel: AccelTCG, Socket: "/s", Timeout: tt.timeout, Console: &console}
+			start := time.Now()
+			res, err := Boot(t.Context(), testGuest, o)
+			if time.Since(start) > 10*time.Second {
+				t.Errorf("Boot took %v", time.Since(start))
+			}
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Boot: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("Boot error = %v, want one containing %q", err, tt.wantErr)
+			}
+			if res == nil {
+				t.Fatal("no Result")
+			}
+			if res.ExitStatus != tt.wantStatus {
+				t.Errorf("ExitStatus = %d, want %d", res.ExitStatus, tt.wantStatus)
+			}
+			if strings.Contains(res.Console, "\r") {
+				t.Errorf("Console keeps carriage returns: %q", res.Console)
+			}
+			if got := strings.ReplaceAll(console.String(), "\r", ""); got != res.Console {
+				t.Errorf("streamed console %q differs from Result.Console %q", got, res.Console)
+			}
+			if res.Accel != AccelTCG {
+				t.Errorf("Accel = %q", res.Accel)
+			}
+		})
+	}
+
+	// The fake of the first case recorded its arguments.
+	b, err := os.ReadFile(argsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := Options{Socket: "/s"}.QEMUArgs(testGuest, AccelTCG)
+	if got := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n"); !slices.Equal(got, want) {
+		t.Errorf("QEMU got args %q, want %q", got, want)
+	}
+}
+
+func TestBootCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	o := Options{QEMU: fakeQEMU(t, "exec sleep 60"), Accel: AccelTCG}
+	res, err := Boot(ctx, testGuest, o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Boot error = %v, want context.Canceled", err)
+	}
+	if res == nil || res.Duration > 10*time.Second {
+		t.Errorf("Result = %+v", res)
 	}
 }

@@ -164,8 +164,9 @@ say "unpacking $(basename "$kdeb")"
 dpkg-deb -x "$kdeb" "$work/kernel" || die "dpkg-deb -x $kdeb failed"
 
 kver=$(ls "$work/kernel/lib/modules")
-[ -n "$kver" ] && [ "$(echo "$kver" | wc -l)" = 1 ] ||
+if [ -z "$kver" ] || [ "$(echo "$kver" | wc -l)" != 1 ]; then
 	die "expected one kernel version in $kdeb, found: $kver"
+fi
 vmlinuz=$work/kernel/boot/vmlinuz-$kver
 [ -f "$vmlinuz" ] || die "$kdeb has no boot/vmlinuz-$kver"
 moddir=$work/kernel/lib/modules/$kver
