@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"os"
 	"os/exec"
@@ -22,7 +23,7 @@ import (
 var guestChecks = []string{
 	"create", "write_read", "append", "rename", "unlink", "mkdir_rmdir",
 	"symlink", "hardlink", "chmod", "chown", "utimes", "truncate_shrink",
-	"truncate_grow", "fifo", "mmap", "fsync", "big_file", "readdir_2000",
+	"truncate_grow", "fifo", "mmap", "fsync", "xattr", "big_file", "readdir_2000",
 	"statfs", "remount",
 }
 
@@ -41,7 +42,7 @@ func TestGuestConformance(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(share, "guestcheck.sh"), script, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto")
+	socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto", "-o", "xattr")
 
 	res, err := Boot(t.Context(), g, Options{Socket: socket, Run: "guestcheck.sh", Timeout: 5 * time.Minute})
 	if res != nil {
@@ -86,6 +87,10 @@ func TestGuestConformance(t *testing.T) {
 	work := filepath.Join(share, "work")
 	if err := verifySHA256File(filepath.Join(work, "big.bin.sha256"), work); err != nil {
 		t.Errorf("64 MiB file: %v", err)
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Getxattr(filepath.Join(work, "xattr.txt"), "user.kvfs", buf); err != nil || string(buf[:n]) != "hello-xattr" {
+		t.Errorf("host sees user.kvfs=%q on work/xattr.txt (%v), want hello-xattr", buf[:max(n, 0)], err)
 	}
 	if entries, err := os.ReadDir(filepath.Join(work, "many")); err != nil {
 		t.Errorf("readdir: %v", err)

@@ -218,6 +218,11 @@ t_fsync() {
 	sync fs.bin || fail "sync FILE failed"
 }
 
+t_xattr() {
+	echo x >xattr.txt
+	kvfs-mmap xattr xattr.txt || fail "kvfs-mmap xattr failed"
+}
+
 t_big_file() {
 	dd if=/dev/urandom of=big.bin bs=1M count=64 2>dd.err || fail "dd failed: $(cat dd.err)"
 	want size "$(stat -c %s big.bin)" 67108864
@@ -288,6 +293,7 @@ check truncate_grow t_truncate_grow
 check fifo t_fifo
 check mmap t_mmap
 check fsync t_fsync
+check xattr t_xattr
 check big_file t_big_file
 check readdir_2000 t_readdir_2000
 check statfs t_statfs

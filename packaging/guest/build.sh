@@ -17,8 +17,9 @@ die() {
 	echo "$prog: error: $*" >&2
 	exit 1
 }
+# say reports progress on stderr: stdout of some functions is captured.
 say() {
-	echo "$prog: $*"
+	echo "$prog: $*" >&2
 }
 
 [ $# -eq 1 ] || die "usage: $0 OUTDIR"
@@ -126,7 +127,7 @@ download() {
 		echo "$have"
 		return 0
 	fi
-	say "apt-get download $1" >&2
+	say "apt-get download $1"
 	(cd "$debs" && apt_run -o APT::Sandbox::User=root download "$1") ||
 		die "apt-get download $1 failed"
 	have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)

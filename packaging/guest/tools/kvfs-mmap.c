@@ -10,6 +10,9 @@
  *                                fdatasync, then check the contents with read(2)
  *   kvfs-mmap verify  FILE SIZE  check FILE with read(2)
  *   kvfs-mmap mapread FILE SIZE  check FILE through a read-only shared mapping
+ *   kvfs-mmap xattr   FILE       set user.kvfs=hello-xattr on FILE and read it
+ *                                back, list it, set and remove user.gone, and
+ *                                check that it is gone (busybox has no setfattr)
  *
  * Every mode writes or expects the same position-dependent byte pattern, so a
  * file written by one mode can be checked by another (for example after the
@@ -25,6 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 static const char *prog = "kvfs-mmap";
@@ -172,8 +176,44 @@ static void write_fsync(const char *file, uint64_t size)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: %s mmap|fsync|verify|mapread FILE SIZE\n", prog);
+	fprintf(stderr, "usage: %s mmap|fsync|verify|mapread FILE SIZE\n"
+			"       %s xattr FILE\n", prog, prog);
 	exit(2);
+}
+
+static void check_xattrs(const char *file)
+{
+	static const char want[] = "hello-xattr";
+	char buf[256];
+	ssize_t n;
+	int found = 0;
+
+	if (setxattr(file, "user.kvfs", want, sizeof(want) - 1, 0) != 0)
+		die("setxattr user.kvfs", file);
+	n = getxattr(file, "user.kvfs", buf, sizeof(buf));
+	if (n < 0)
+		die("getxattr user.kvfs", file);
+	if ((size_t)n != sizeof(want) - 1 || memcmp(buf, want, n) != 0) {
+		fprintf(stderr, "%s: %s: user.kvfs reads back %.*s\n", prog, file, (int)n, buf);
+		exit(1);
+	}
+	if (setxattr(file, "user.gone", "x", 1, XATTR_CREATE) != 0)
+		die("setxattr user.gone", file);
+	n = listxattr(file, buf, sizeof(buf));
+	if (n < 0)
+		die("listxattr", file);
+	for (char *p = buf; p < buf + n; p += strlen(p) + 1)
+		found += strcmp(p, "user.kvfs") == 0 || strcmp(p, "user.gone") == 0;
+	if (found != 2) {
+		fprintf(stderr, "%s: %s: listxattr found %d of our 2 names\n", prog, file, found);
+		exit(1);
+	}
+	if (removexattr(file, "user.gone") != 0)
+		die("removexattr user.gone", file);
+	if (getxattr(file, "user.gone", buf, sizeof(buf)) >= 0 || errno != ENODATA) {
+		fprintf(stderr, "%s: %s: user.gone still readable after removexattr\n", prog, file);
+		exit(1);
+	}
 }
 
 int main(int argc, char **argv)
@@ -182,6 +222,10 @@ int main(int argc, char **argv)
 	char *end;
 	unsigned long long size;
 
+	if (argc == 3 && strcmp(argv[1], "xattr") == 0) {
+		check_xattrs(argv[2]);
+		return 0;
+	}
 	if (argc != 4)
 		usage();
 	mode = argv[1];
