@@ -28,13 +28,38 @@ var guestChecks = []string{
 }
 
 // TestGuestConformance boots a Linux guest against the server under test
-// (serverBinary) and runs guestcheck.sh inside the mounted share.
+// (serverBinary) and runs guestcheck.sh inside the mounted share: with kvfsd's
+// defaults, and with the command line Kata passes (an inherited listening fd,
+// a thread pool of 1, submounts announced; --xattr as Kata adds it for guest
+// SELinux). A server given in $KVFS_SERVER runs with the C virtiofsd's options.
 func TestGuestConformance(t *testing.T) {
-	start := time.Now()
 	g := Image(t)
 	server := serverBinary(t)
+	type variant struct {
+		name  string
+		start func(t *testing.T, share string) string
+	}
+	variants := []variant{{"defaults", func(t *testing.T, share string) string {
+		socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto", "-o", "xattr")
+		return socket
+	}}}
+	if os.Getenv("KVFS_SERVER") == "" {
+		variants = append(variants, variant{"kata-argv", func(t *testing.T, share string) string {
+			socket, _ := StartServerWithListener(t, server, "--syslog", "--cache=auto", "--shared-dir="+share,
+				"--fd=3", "--thread-pool-size=1", "--announce-submounts", "--xattr")
+			return socket
+		}})
+	}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			share := t.TempDir()
+			runGuestChecks(t, g, share, v.start(t, share))
+		})
+	}
+}
 
-	share := t.TempDir()
+func runGuestChecks(t *testing.T, g Guest, share, socket string) {
+	start := time.Now()
 	script, err := os.ReadFile("guestcheck.sh")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +67,6 @@ func TestGuestConformance(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(share, "guestcheck.sh"), script, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto", "-o", "xattr")
 
 	res, err := Boot(t.Context(), g, Options{Socket: socket, Run: "guestcheck.sh", Timeout: 5 * time.Minute})
 	if res != nil {

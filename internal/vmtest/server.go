@@ -2,6 +2,7 @@ package vmtest
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,19 +29,52 @@ const serverStartTimeout = 15 * time.Second
 // disconnects, so start one server per boot.
 func StartServer(t testing.TB, binary string, args ...string) (socket string, stop func()) {
 	t.Helper()
-	// Not t.TempDir: a socket path must fit in sun_path (108 bytes), and
-	// test names can be long.
+	dir, socket := socketDir(t)
+	return socket, start(t, binary, append([]string{"--socket-path=" + socket}, args...), dir, socket, nil)
+}
+
+// StartServerWithListener starts a server the way Kata does: it creates the listening socket
+// itself and passes it as fd 3, so args must say --fd=3. It returns like StartServer.
+func StartServerWithListener(t testing.TB, binary string, args ...string) (socket string, stop func()) {
+	t.Helper()
+	dir, socket := socketDir(t)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("vmtest: %v", err)
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	l.Close()
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("vmtest: %v", err)
+	}
+	defer f.Close() // the child has its own copy once started
+	return socket, start(t, binary, args, dir, socket, f)
+}
+
+// socketDir makes a directory for a socket. Not t.TempDir: a socket path must fit in sun_path
+// (108 bytes), and test names can be long.
+func socketDir(t testing.TB) (dir, socket string) {
 	dir, err := os.MkdirTemp("", "kvfs-vhost-")
 	if err != nil {
 		t.Fatalf("vmtest: %v", err)
 	}
-	socket = filepath.Join(dir, "vhost-user-fs.sock")
+	return dir, filepath.Join(dir, "vhost-user-fs.sock")
+}
 
+// start runs the server with listener (if any) as fd 3 and waits for its socket.
+func start(t testing.TB, binary string, args []string, dir, socket string, listener *os.File) (stop func()) {
+	t.Helper()
 	var out lockedBuffer
-	cmd := exec.Command(binary, append([]string{"--socket-path=" + socket}, args...)...)
+	cmd := exec.Command(binary, args...)
 	cmd.Stdout = &out
 	cmd.Stderr = &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if listener != nil {
+		cmd.ExtraFiles = []*os.File{listener}
+	}
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("vmtest: starting server: %v", err)
@@ -74,7 +108,7 @@ func StartServer(t testing.TB, binary string, args ...string) (socket string, st
 	deadline := time.Now().Add(serverStartTimeout)
 	for {
 		if fi, err := os.Stat(socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			return socket, stop
+			return stop
 		}
 		select {
 		case <-exited:
