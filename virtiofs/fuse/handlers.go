@@ -22,7 +22,7 @@ var handlers = [opcodeLimit]handler{
 	OpForget:        doForget,
 	OpBatchForget:   doBatchForget,
 	OpGetattr:       doGetattr,
-	OpSetattr:       doSetattr,
+	OpSetattr:       inOut(FileSystem.SetAttr),
 	OpReadlink:      doReadlink,
 	OpSymlink:       doSymlink,
 	OpMknod:         doMknod,
@@ -32,22 +32,22 @@ var handlers = [opcodeLimit]handler{
 	OpRename:        doRename,
 	OpRename2:       doRename2,
 	OpLink:          doLink,
-	OpOpen:          doOpen,
+	OpOpen:          inOut(FileSystem.Open),
 	OpRead:          doRead,
 	OpWrite:         doWrite,
-	OpStatfs:        doStatfs,
-	OpRelease:       doRelease,
-	OpFsync:         doFsync,
-	OpFlush:         doFlush,
-	OpOpendir:       doOpendir,
+	OpStatfs:        outOnly(FileSystem.StatFs),
+	OpRelease:       inOnly(FileSystem.Release),
+	OpFsync:         inOnly(FileSystem.Fsync),
+	OpFlush:         inOnly(FileSystem.Flush),
+	OpOpendir:       inOut(FileSystem.OpenDir),
 	OpReaddir:       doReaddir,
 	OpReaddirplus:   doReaddir,
-	OpReleasedir:    doReleasedir,
-	OpFsyncdir:      doFsyncdir,
+	OpReleasedir:    inOnly(FileSystem.ReleaseDir),
+	OpFsyncdir:      inOnly(FileSystem.FsyncDir),
 	OpCreate:        doCreate,
-	OpFallocate:     doFallocate,
-	OpLseek:         doLseek,
-	OpCopyFileRange: doCopyFileRange,
+	OpFallocate:     inOnly(FileSystem.Fallocate),
+	OpLseek:         inOut(FileSystem.Lseek),
+	OpCopyFileRange: inOut(FileSystem.CopyFileRange),
 	OpSyncfs:        doSyncfs,
 	OpAccess:        doAccess,
 	OpTmpfile:       doTmpfile,
@@ -56,6 +56,46 @@ var handlers = [opcodeLimit]handler{
 	OpListxattr:     doListxattr,
 	OpRemovexattr:   doRemovexattr,
 	OpInterrupt:     doInterrupt,
+}
+
+// inOnly is the handler of an operation that takes one argument struct and answers with the
+// header alone.
+func inOnly[In any](op func(FileSystem, *Context, uint64, *In) Errno) handler {
+	return func(s *Server, r *request) Errno {
+		var in In
+		if !arg(r, &in) {
+			return unix.EINVAL
+		}
+		return op(s.fs, &r.Context, r.NodeID, &in)
+	}
+}
+
+// inOut is the handler of an operation that takes one argument struct and answers with one.
+func inOut[In, Out any](op func(FileSystem, *Context, uint64, *In, *Out) Errno) handler {
+	return func(s *Server, r *request) Errno {
+		var in In
+		if !arg(r, &in) {
+			return unix.EINVAL
+		}
+		var out Out
+		if e := op(s.fs, &r.Context, r.NodeID, &in, &out); e != OK {
+			return e
+		}
+		setBody(r, &out)
+		return OK
+	}
+}
+
+// outOnly is the handler of an operation without arguments that answers with one struct.
+func outOnly[Out any](op func(FileSystem, *Context, uint64, *Out) Errno) handler {
+	return func(s *Server, r *request) Errno {
+		var out Out
+		if e := op(s.fs, &r.Context, r.NodeID, &out); e != OK {
+			return e
+		}
+		setBody(r, &out)
+		return OK
+	}
 }
 
 // arg copies the next fixed-size argument out of r.args.
@@ -207,19 +247,6 @@ func doGetattr(s *Server, r *request) Errno {
 	return OK
 }
 
-func doSetattr(s *Server, r *request) Errno {
-	var in SetattrIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	var out AttrOut
-	if e := s.fs.SetAttr(&r.Context, r.NodeID, &in, &out); e != OK {
-		return e
-	}
-	setBody(r, &out)
-	return OK
-}
-
 func doReadlink(s *Server, r *request) Errno {
 	target, e := s.fs.Readlink(&r.Context, r.NodeID, r.bodyBuf[:0])
 	if e != OK {
@@ -335,32 +362,6 @@ func doLink(s *Server, r *request) Errno {
 	return entry(r, &out, s.fs.Link(&r.Context, in.Oldnodeid, r.NodeID, name, &out))
 }
 
-func doOpen(s *Server, r *request) Errno {
-	var in OpenIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	var out OpenOut
-	if e := s.fs.Open(&r.Context, r.NodeID, &in, &out); e != OK {
-		return e
-	}
-	setBody(r, &out)
-	return OK
-}
-
-func doOpendir(s *Server, r *request) Errno {
-	var in OpenIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	var out OpenOut
-	if e := s.fs.OpenDir(&r.Context, r.NodeID, &in, &out); e != OK {
-		return e
-	}
-	setBody(r, &out)
-	return OK
-}
-
 func doCreate(s *Server, r *request) Errno {
 	var in CreateIn
 	if !arg(r, &in) {
@@ -437,55 +438,6 @@ func doWrite(s *Server, r *request) Errno {
 	return OK
 }
 
-func doStatfs(s *Server, r *request) Errno {
-	var out StatfsOut
-	if e := s.fs.StatFs(&r.Context, r.NodeID, &out); e != OK {
-		return e
-	}
-	setBody(r, &out)
-	return OK
-}
-
-func doRelease(s *Server, r *request) Errno {
-	var in ReleaseIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	return s.fs.Release(&r.Context, r.NodeID, &in)
-}
-
-func doReleasedir(s *Server, r *request) Errno {
-	var in ReleaseIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	return s.fs.ReleaseDir(&r.Context, r.NodeID, &in)
-}
-
-func doFsync(s *Server, r *request) Errno {
-	var in FsyncIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	return s.fs.Fsync(&r.Context, r.NodeID, &in)
-}
-
-func doFsyncdir(s *Server, r *request) Errno {
-	var in FsyncIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	return s.fs.FsyncDir(&r.Context, r.NodeID, &in)
-}
-
-func doFlush(s *Server, r *request) Errno {
-	var in FlushIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	return s.fs.Flush(&r.Context, r.NodeID, &in)
-}
-
 func doReaddir(s *Server, r *request) Errno {
 	var in ReadIn
 	if !arg(r, &in) {
@@ -501,40 +453,6 @@ func doReaddir(s *Server, r *request) Errno {
 	}
 	r.body = dl.bytes()
 	r.bodyBuf = r.body[:0]
-	return OK
-}
-
-func doFallocate(s *Server, r *request) Errno {
-	var in FallocateIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	return s.fs.Fallocate(&r.Context, r.NodeID, &in)
-}
-
-func doLseek(s *Server, r *request) Errno {
-	var in LseekIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	var out LseekOut
-	if e := s.fs.Lseek(&r.Context, r.NodeID, &in, &out); e != OK {
-		return e
-	}
-	setBody(r, &out)
-	return OK
-}
-
-func doCopyFileRange(s *Server, r *request) Errno {
-	var in CopyFileRangeIn
-	if !arg(r, &in) {
-		return unix.EINVAL
-	}
-	var out WriteOut
-	if e := s.fs.CopyFileRange(&r.Context, r.NodeID, &in, &out); e != OK {
-		return e
-	}
-	setBody(r, &out)
 	return OK
 }
 
