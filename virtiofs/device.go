@@ -68,53 +68,65 @@ func (d *device) Features() uint64 { return 0 }
 // torn down here: a rebooted guest sends a new INIT, which does that.
 func (d *device) Reset() {}
 
-// HandleQueue serves every request available on the vring, signalling the guest as soon as it
-// asked to be told of a completion. The loop re-checks the ring after re-enabling kicks, so a
-// request published in between is not missed.
-func (d *device) HandleQueue(idx int, vr *vhostuser.Vring) error {
+// batchSize bounds the chains served per HandleQueue call, so that a guest publishing requests
+// as fast as they are answered cannot hold guest memory locked and keep the front-end from
+// stopping the ring or changing the memory table.
+const batchSize = 64
+
+// HandleQueue serves the requests available on the vring, at most batchSize of them, signalling
+// the guest as soon as it asked to be told of a completion. Once the ring is empty it re-enables
+// kicks and looks again, so a request published in between is not missed.
+func (d *device) HandleQueue(idx int, vr *vhostuser.Vring) (more bool, err error) {
 	q := vr.Queue()
 	qs := &d.queues[idx]
+	budget := batchSize
 	for {
 		q.DisableNotify()
-		var err error
+		var served int
 		if d.jobs == nil {
-			err = d.serveInline(idx, vr, qs)
+			served, err = d.serveInline(idx, vr, qs, budget)
 		} else {
-			err = d.servePooled(idx, vr, qs)
+			served, err = d.servePooled(idx, vr, qs, budget)
 		}
 		if err != nil {
-			return err
+			return false, err
+		}
+		if budget -= served; budget == 0 {
+			return true, nil
 		}
 		if !q.EnableNotify() {
-			return nil
+			return false, nil
 		}
 	}
 }
 
-func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState) error {
+// serveInline serves up to max requests, one after the other, and returns how many.
+func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState, max int) (int, error) {
 	q, c := vr.Queue(), &qs.chain
-	for {
+	for n := 0; n < max; n++ {
 		ok, err := q.Next(c)
 		if err != nil {
-			return fmt.Errorf("virtio-fs queue %d: %w", idx, err)
+			return n, fmt.Errorf("virtio-fs queue %d: %w", idx, err)
 		}
 		if !ok {
-			return nil
+			return n, nil
 		}
 		q.Complete(c.Head, uint32(d.fuse.Handle(c.In, c.Out)))
 		if err := vr.Notify(); err != nil {
-			return err
+			return n, err
 		}
 	}
+	return max, nil
 }
 
-func (d *device) servePooled(idx int, vr *vhostuser.Vring, qs *queueState) error {
+// servePooled hands up to max requests to the workers, waits for all of them, and returns how
+// many it handed out.
+func (d *device) servePooled(idx int, vr *vhostuser.Vring, qs *queueState, max int) (int, error) {
 	q := vr.Queue()
 	var wg sync.WaitGroup
-	var notifyErr error
-	var popErr error
+	var notifyErr, popErr error
 	var used []*virtq.Chain
-	for {
+	for len(used) < max {
 		c := qs.get()
 		qs.mu.Lock() // workers complete on the same queue concurrently
 		ok, err := q.Next(c)
@@ -131,9 +143,9 @@ func (d *device) servePooled(idx int, vr *vhostuser.Vring, qs *queueState) error
 	wg.Wait()
 	qs.chains = append(qs.chains, used...)
 	if popErr != nil {
-		return fmt.Errorf("virtio-fs queue %d: %w", idx, popErr)
+		return len(used), fmt.Errorf("virtio-fs queue %d: %w", idx, popErr)
 	}
-	return notifyErr
+	return len(used), notifyErr
 }
 
 func (qs *queueState) get() *virtq.Chain {

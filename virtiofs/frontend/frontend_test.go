@@ -29,7 +29,7 @@ func (d *echoDevice) NumQueues() int   { return d.queues }
 func (d *echoDevice) Features() uint64 { return 0 }
 func (d *echoDevice) Reset()           { d.resets.Add(1) }
 
-func (d *echoDevice) HandleQueue(idx int, vr *vhostuser.Vring) error {
+func (d *echoDevice) HandleQueue(idx int, vr *vhostuser.Vring) (bool, error) {
 	q := vr.Queue()
 	var c virtq.Chain
 	for {
@@ -37,7 +37,7 @@ func (d *echoDevice) HandleQueue(idx int, vr *vhostuser.Vring) error {
 		for {
 			ok, err := q.Next(&c)
 			if err != nil {
-				return err
+				return false, err
 			}
 			if !ok {
 				break
@@ -46,10 +46,10 @@ func (d *echoDevice) HandleQueue(idx int, vr *vhostuser.Vring) error {
 			q.Complete(c.Head, uint32(copyIovecs(c.Out, c.In)))
 		}
 		if err := vr.Notify(); err != nil {
-			return err
+			return false, err
 		}
 		if !q.EnableNotify() {
-			return nil
+			return false, nil
 		}
 	}
 }

@@ -31,10 +31,13 @@ type Device interface {
 	Features() uint64
 	// HandleQueue processes what is available on vring idx. It is called on that vring's own
 	// goroutine after each kick, with guest memory stable (the Backend holds the memory read lock
-	// while it runs), so it must not block indefinitely: SET_MEM_TABLE and GET_VRING_BASE wait for
-	// it. It returns an error only when the ring is broken; the Backend then stops serving that
-	// ring, signals its error eventfd and logs.
-	HandleQueue(idx int, vr *Vring) error
+	// while it runs), so it must return promptly: SET_MEM_TABLE and GET_VRING_BASE wait for it.
+	// A guest can publish chains as fast as they are served, so the device serves a bounded batch
+	// and reports more when it stopped with chains still available; the Backend then calls it
+	// again without waiting for a kick, after letting a stop or a memory update through. It
+	// returns an error only when the ring is broken; the Backend then stops serving that ring,
+	// signals its error eventfd and logs.
+	HandleQueue(idx int, vr *Vring) (more bool, err error)
 	// Reset tells the device that the driver was reset (RESET_OWNER, RESET_DEVICE) or went away
 	// (the front-end disconnected). All rings are stopped when it is called.
 	Reset()
@@ -182,7 +185,7 @@ func newSession(ctx context.Context, b *Backend, conn *net.UnixConn) (*session, 
 		rings:   make([]*Vring, n),
 	}
 	for i := range s.rings {
-		s.rings[i] = &Vring{idx: i, s: s, kickFD: -1, callFD: -1, errFD: -1}
+		s.rings[i] = &Vring{idx: i, s: s, kickFD: -1, wakeFD: -1, callFD: -1, errFD: -1}
 	}
 	return s, nil
 }
@@ -595,7 +598,9 @@ func (s *session) startRing(v *Vring) error {
 	v.broken.Store(false)
 	s.memMu.Unlock()
 	v.stopping.Store(false)
+	v.fdMu.Lock()
 	v.wakeFD = wakeFD
+	v.fdMu.Unlock()
 	v.done = make(chan struct{})
 	v.running = true
 	go v.run(s.ctx, v.kickFD, wakeFD, v.polled, s.b.pollInterval)
@@ -613,8 +618,11 @@ func (s *session) stopRing(v *Vring) {
 	v.stopping.Store(true)
 	v.wake()
 	<-v.done
-	unix.Close(v.wakeFD)
+	v.fdMu.Lock()
+	wakeFD := v.wakeFD
 	v.wakeFD = -1
+	v.fdMu.Unlock()
+	unix.Close(wakeFD)
 	s.memMu.Lock()
 	v.base = v.q.LastAvail()
 	v.q = nil

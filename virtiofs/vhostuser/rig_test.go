@@ -34,7 +34,7 @@ func (d *fakeDevice) NumQueues() int   { return d.queues }
 func (d *fakeDevice) Features() uint64 { return 1<<26 | 1<<1 } // a transport bit (ignored) and a device bit
 func (d *fakeDevice) Reset()           { d.resets.Add(1) }
 
-func (d *fakeDevice) HandleQueue(idx int, vr *Vring) error {
+func (d *fakeDevice) HandleQueue(idx int, vr *Vring) (bool, error) {
 	d.calls[idx].Add(1)
 	select {
 	case d.called <- idx:
@@ -47,13 +47,13 @@ func (d *fakeDevice) HandleQueue(idx int, vr *Vring) error {
 		for {
 			ok, err := q.Next(&c)
 			if err != nil {
-				return err
+				return false, err
 			}
 			if !ok {
 				break
 			}
 			if len(c.In) > 0 && bytes.HasPrefix(c.In[0], []byte("FAIL")) {
-				return errors.New("device says the ring is broken")
+				return false, errors.New("device says the ring is broken")
 			}
 			if len(c.In) > 0 && bytes.HasPrefix(c.In[0], []byte("PANIC")) {
 				panic("device bug")
@@ -61,10 +61,10 @@ func (d *fakeDevice) HandleQueue(idx int, vr *Vring) error {
 			q.Complete(c.Head, uint32(copyIovecs(c.Out, c.In)))
 		}
 		if err := vr.Notify(); err != nil {
-			return err
+			return false, err
 		}
 		if !q.EnableNotify() {
-			return nil
+			return false, nil
 		}
 	}
 }

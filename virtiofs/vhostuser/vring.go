@@ -18,7 +18,8 @@ import (
 
 // Vring is one virtqueue as the Backend runs it: the device-side queue over guest memory plus the
 // call eventfd that notifies the driver. The Backend passes it to Device.HandleQueue; its methods
-// may be used only from there (they rely on the memory read lock HandleQueue runs under).
+// may be used only from there (they rely on the memory read lock HandleQueue runs under), except
+// Wake and Index, which any goroutine may call at any time.
 type Vring struct {
 	idx int
 	s   *session
@@ -33,7 +34,7 @@ type Vring struct {
 
 	// Run state, owned by the message loop; the ring goroutine reads only the atomics.
 	running  bool
-	wakeFD   int // eventfd waking the ring goroutine (stop, enable, broken)
+	wakeFD   int // eventfd waking the ring goroutine (stop, enable, broken, Wake); written under fdMu
 	done     chan struct{}
 	stopping atomic.Bool
 	enabled  atomic.Bool
@@ -41,9 +42,9 @@ type Vring struct {
 
 	q *virtq.Queue // guarded by s.memMu; non-nil while running
 
-	fdMu   sync.Mutex
-	callFD int // guarded by fdMu; -1: none
-	errFD  int // guarded by fdMu; -1: none
+	fdMu   sync.Mutex // also held to write wakeFD, so that Wake never signals a closed fd
+	callFD int        // guarded by fdMu; -1: none
+	errFD  int        // guarded by fdMu; -1: none
 }
 
 // Index returns the vring index.
@@ -67,6 +68,19 @@ func (v *Vring) Notify() error {
 		return fmt.Errorf("vring %d: signalling call fd: %w", v.idx, err)
 	}
 	return nil
+}
+
+// Wake makes the ring goroutine call Device.HandleQueue again soon, even without a kick: a
+// device that finished a request on another goroutine (a reply that had to wait) uses it to get
+// back onto the ring goroutine, under the memory read lock, to complete it. It may be called
+// from any goroutine at any time. While the ring is stopped it does nothing: HandleQueue is
+// called anyway when the ring starts again (and, with PROTOCOL_FEATURES, is enabled).
+func (v *Vring) Wake() {
+	v.fdMu.Lock()
+	defer v.fdMu.Unlock()
+	if v.wakeFD >= 0 {
+		signal(v.wakeFD) // EAGAIN (saturated) is success; nothing else can fail on an eventfd
+	}
 }
 
 // signal adds 1 to an eventfd. EAGAIN means the counter is saturated: it is signalled already.
@@ -173,11 +187,16 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 			fail(errors.New("rings not mapped by the new memory table"))
 			return
 		}
+		more := false
 		if work && v.enabled.Load() {
-			if err := v.process(); err != nil {
+			var err error
+			if more, err = v.process(); err != nil {
 				fail(err)
 				return
 			}
+		}
+		if more {
+			continue // another batch, once stop and memory updates have had their chance
 		}
 		work = polled
 		n, err := unix.Poll(fds, timeout)
@@ -212,11 +231,11 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 
 // process runs the device on the ring under the memory read lock. A panic in the device breaks
 // the ring rather than the process.
-func (v *Vring) process() (err error) {
+func (v *Vring) process() (more bool, err error) {
 	v.s.memMu.RLock()
 	defer v.s.memMu.RUnlock()
 	if v.q == nil || v.broken.Load() {
-		return nil
+		return false, nil
 	}
 	defer func() {
 		if r := recover(); r != nil {
