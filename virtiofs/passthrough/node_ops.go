@@ -399,8 +399,25 @@ func (fs *FS) SyncFs(ctx *fuse.Context, nodeID uint64) fuse.Errno {
 	return errno(unix.Syncfs(fd))
 }
 
-// Access answers ENOSYS: the guest mounts virtio-fs with default_permissions and checks
-// permissions itself; after ENOSYS it does not ask again.
+// Access checks mask (F_OK, or R_OK|W_OK|X_OK) for the caller by the host's own rules:
+// faccessat2 with AT_EACCESS, so the check uses the caller's fsuid/fsgid set by asCaller, on the
+// node's descriptor (AT_EMPTY_PATH: never through a name, never following a symlink). The
+// Linux guest mounts with default_permissions and checks permissions itself, so it rarely asks.
 func (fs *FS) Access(ctx *fuse.Context, nodeID uint64, mask uint32) fuse.Errno {
-	return unix.ENOSYS
+	if mask&^uint32(unix.R_OK|unix.W_OK|unix.X_OK) != 0 {
+		return unix.EINVAL
+	}
+	n, e := fs.node(nodeID)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.nodes.put(n)
+	switched, e := fs.asCaller(ctx)
+	if e != fuse.OK {
+		return e
+	}
+	if switched {
+		defer fs.restoreCreds()
+	}
+	return errno(unix.Faccessat2(int(n.fd), "", mask, unix.AT_EMPTY_PATH|unix.AT_EACCESS))
 }

@@ -602,7 +602,37 @@ func TestStatFsSyncFsAccess(t *testing.T) {
 	withTimeout(t, "SyncFs of a fifo", func() {
 		wantErrno(t, "SyncFs of a fifo", e.fs.SyncFs(rootCtx, p), unix.EINVAL)
 	})
-	wantErrno(t, "Access", e.fs.Access(rootCtx, 1, unix.R_OK), unix.ENOSYS)
+}
+
+func TestAccess(t *testing.T) {
+	needRoot(t)
+	e := newEnv(t, Options{})
+	must(t, os.WriteFile(e.path("root-only"), []byte("x"), 0o600))
+	must(t, os.WriteFile(e.path("exec"), []byte("x"), 0o755))
+	must(t, unix.Mkfifo(e.path("p"), 0o666))
+	must(t, os.Symlink("/etc/shadow", e.path("s")))
+	ro, ex, p, s := e.lookup(t, 1, "root-only").NodeID, e.lookup(t, 1, "exec").NodeID,
+		e.lookup(t, 1, "p").NodeID, e.lookup(t, 1, "s").NodeID
+	for _, c := range []struct {
+		name string
+		ctx  *fuse.Context
+		node uint64
+		mask uint32
+		want unix.Errno
+	}{
+		{"root reads a 0600 file", rootCtx, ro, unix.R_OK | unix.W_OK, 0},
+		{"root may not execute without an x bit", rootCtx, ro, unix.X_OK, unix.EACCES},
+		{"uid 1000 may not read a root 0600 file", userCtx, ro, unix.R_OK, unix.EACCES},
+		{"uid 1000 exists check", userCtx, ro, unix.F_OK, 0},
+		{"uid 1000 executes a 0755 file", userCtx, ex, unix.R_OK | unix.X_OK, 0},
+		{"uid 1000 may not write a root 0755 file", userCtx, ex, unix.W_OK, unix.EACCES},
+		{"a fifo is not opened to check it", userCtx, p, unix.R_OK | unix.W_OK, 0},
+		{"a symlink is checked itself, not /etc/shadow", userCtx, s, unix.R_OK, 0},
+		{"bad mask", rootCtx, ro, 0x10, unix.EINVAL},
+		{"unknown node", rootCtx, 1 << 40, unix.R_OK, unix.EBADF},
+	} {
+		wantErrno(t, c.name, e.fs.Access(c.ctx, c.node, c.mask), c.want)
+	}
 }
 
 func TestXattr(t *testing.T) {
