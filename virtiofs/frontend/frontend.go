@@ -122,13 +122,15 @@ type queue struct {
 }
 
 // Dial connects to a vhost-user-fs back-end listening at socketPath and performs QEMU 7.2's
-// realize and start sequences (reference §1.11). ctx bounds the handshake only.
+// realize and start sequences (reference §1.11). ctx bounds the handshake only. A socket file
+// exists from the back-end's bind(2) on, before its listen(2); Dial retries a refused
+// connection until ctx ends, since a back-end that accepts a single connection (the C
+// virtiofsd, kvfsd) cannot be probed first.
 func Dial(ctx context.Context, socketPath string, opts Options) (_ *Frontend, err error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", socketPath)
+	nc, err := dialRetry(ctx, socketPath)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
@@ -157,6 +159,22 @@ func Dial(ctx context.Context, socketPath string, opts Options) (_ *Frontend, er
 		return nil, fmt.Errorf("frontend: start: %w", err)
 	}
 	return f, nil
+}
+
+// dialRetry connects to socketPath, retrying ECONNREFUSED every 10 ms until ctx ends.
+func dialRetry(ctx context.Context, socketPath string) (net.Conn, error) {
+	var d net.Dialer
+	for {
+		nc, err := d.DialContext(ctx, "unix", socketPath)
+		if err == nil || !errors.Is(err, unix.ECONNREFUSED) {
+			return nc, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // withDeadline runs fn with the connection's deadline taken from ctx.
