@@ -67,7 +67,8 @@ func (m CacheMode) Timeout() time.Duration {
 const maxThreadPoolSize = 1024
 
 // Config is what a server serves and how. The zero value plus SharedDir is the default
-// configuration: cache=auto, no xattrs, guest-local POSIX locks, requests handled inline.
+// configuration: cache=auto, no xattrs, guest-local POSIX and flock locks, requests handled
+// inline.
 type Config struct {
 	// SharedDir is the host directory exported to the guest. Required.
 	SharedDir string
@@ -77,6 +78,13 @@ type Config struct {
 	Xattr bool
 	// AnnounceSubmounts reports mount points inside SharedDir to the guest as submounts.
 	AnnounceSubmounts bool
+	// PosixLock offers the guest remote POSIX record locks (fcntl F_SETLK and co.): they become
+	// host OFD locks on the shared files and exclude host processes' locks. Without it POSIX
+	// locks stay local to the guest kernel.
+	PosixLock bool
+	// Flock offers the guest remote flock(2) locks, taken on the host too. Without it they stay
+	// local to the guest kernel.
+	Flock bool
 	// ThreadPoolSize is the number of worker goroutines, shared by all queues; 0 handles
 	// requests inline on each queue's goroutine.
 	ThreadPoolSize int

@@ -11,6 +11,10 @@
 //	  ← fuse.Server     writes the reply straight into the chain's writable guest buffers
 //	  ← virtq.Queue     used ring update, then the call eventfd if the guest wants it
 //
+// A request that has to wait (SETLKW with -o posix_lock or -o flock) does not hold up its
+// queue: it stays in flight while the next ones are served, and its reply is written later, on
+// the ring's goroutine again (see device).
+//
 // The guest is treated as hostile at every layer; each package documents what it checks.
 package virtiofs
 
@@ -84,6 +88,12 @@ func initFlags(cfg *Config) uint64 {
 	}
 	if cfg.AnnounceSubmounts {
 		f |= fuse.InitSubmounts
+	}
+	if cfg.PosixLock {
+		f |= fuse.InitPosixLocks
+	}
+	if cfg.Flock {
+		f |= fuse.InitFlockLocks
 	}
 	return f
 }
@@ -162,5 +172,6 @@ func (s *Server) Close() error {
 		<-serving
 	}
 	s.dev.close()
+	s.fuse.CancelWaiting() // none are left once Serve returned (device Reset); for safety
 	return s.fs.Close()
 }

@@ -154,6 +154,8 @@ var knownDifferences = map[string]string{
 	"tmpfile": "C virtiofsd 7.2 speaks FUSE 7.36 and has no TMPFILE (7.37)",
 	"open a symlink": "C virtiofsd refuses to open anything but regular files and directories with EBADF; " +
 		"kvfsd answers ELOOP, as open(O_NOFOLLOW) of a symlink does",
+	"flock without flock": "C virtiofsd 7.2 serves a flock request even when it did not grant FLOCK_LOCKS (a Linux " +
+		"guest sends none then); kvfsd answers ENOSYS for any lock kind it did not grant, as C does for POSIX locks",
 	"over-forget pre/data": "C virtiofsd aborts on an assertion (unref_inode: nlookup >= n) when the guest " +
 		"forgets more lookups than it holds: a guest can kill it; kvfsd clamps the count at zero",
 }

@@ -6,8 +6,8 @@
 // --socket-path=PATH, ...) and the Rust one (--shared-dir DIR --cache auto, ...), so kvfsd can be
 // dropped in where Kata Containers, QEMU's documentation or a hand-written script starts
 // virtiofsd. An option kvfsd knows but does not implement is refused with an error wrapping
-// [ErrNotSupported]; it is never accepted and ignored, because a caller that asks for, say, remote
-// POSIX locks or a sandbox must not believe it got one.
+// [ErrNotSupported]; it is never accepted and ignored, because a caller that asks for, say, a
+// writeback cache or a sandbox must not believe it got one.
 //
 // Nothing here keeps package-level flag state, prints, or exits: [Parse] returns an [Options] and
 // the command decides what to do with it.
@@ -348,18 +348,18 @@ var subOptions = map[string]option{
 	"xattr":              {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
 	"no_xattr":           {apply: setFlag(func(o *Options) { o.Server.Xattr = false })},
 	"announce_submounts": {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
+	"posix_lock":         {apply: setFlag(func(o *Options) { o.Server.PosixLock = true })},
+	"no_posix_lock":      {apply: setFlag(func(o *Options) { o.Server.PosixLock = false })},
+	"flock":              {apply: setFlag(func(o *Options) { o.Server.Flock = true })},
+	"no_flock":           {apply: setFlag(func(o *Options) { o.Server.Flock = false })},
 
-	// The no_ forms say what kvfsd does anyway: POSIX locks and flocks stay local to the guest
-	// kernel, no writeback cache, no ACLs, no security labels, no KILLPRIV_V2.
-	"no_posix_lock":     {apply: setFlag(func(*Options) {})},
-	"no_flock":          {apply: setFlag(func(*Options) {})},
+	// The no_ forms say what kvfsd does anyway: no writeback cache, no ACLs, no security
+	// labels, no KILLPRIV_V2.
 	"no_writeback":      {apply: setFlag(func(*Options) {})},
 	"no_posix_acl":      {apply: setFlag(func(*Options) {})},
 	"no_security_label": {apply: setFlag(func(*Options) {})},
 	"no_killpriv_v2":    {apply: setFlag(func(*Options) {})},
 
-	"posix_lock":         {refused: "kvfsd has no remote POSIX locks; they stay local to the guest (-o no_posix_lock)"},
-	"flock":              {refused: "kvfsd has no remote flock locks; they stay local to the guest (-o no_flock)"},
 	"writeback":          {refused: whyWriteback},
 	"timeout":            {value: "SECONDS", refused: "the attribute and entry timeout follows the cache mode (never 0 s, auto 1 s, metadata and always 1 day)"},
 	"xattrmap":           {value: "RULES", refused: whyXattrmap},

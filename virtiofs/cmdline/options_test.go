@@ -113,8 +113,14 @@ func TestParse(t *testing.T) {
 		{name: "--xattr", args: with("--xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o no_xattr", args: with("--xattr", "-o", "no_xattr"), want: func(*Options) {}},
+		{name: "-o posix_lock", args: with("-o", "posix_lock"), want: func(o *Options) { o.Server.PosixLock = true }},
 		{name: "-o no_posix_lock", args: with("-o", "no_posix_lock"), want: func(*Options) {}},
+		{name: "-o no_posix_lock after posix_lock", args: with("-o", "posix_lock", "-o", "no_posix_lock"), want: func(*Options) {}},
+		{name: "-o flock", args: with("-o", "flock"), want: func(o *Options) { o.Server.Flock = true }},
 		{name: "-o no_flock", args: with("-o", "no_flock"), want: func(*Options) {}},
+		{name: "-o no_flock after flock", args: with("-o", "flock,no_flock"), want: func(*Options) {}},
+		{name: "-o posix_lock,flock", args: with("-o", "posix_lock,flock"), want: func(o *Options) { o.Server.PosixLock, o.Server.Flock = true, true }},
+		{name: "-o posix_lock,no_flock", args: with("-o", "no_posix_lock,posix_lock,no_flock"), want: func(o *Options) { o.Server.PosixLock = true }},
 		{name: "-o no_writeback", args: with("-o", "no_writeback"), want: func(*Options) {}},
 		{name: "-o no_posix_acl", args: with("-o", "no_posix_acl"), want: func(*Options) {}},
 		{name: "-o no_security_label", args: with("-o", "no_security_label"), want: func(*Options) {}},
@@ -196,8 +202,6 @@ func TestParseErrors(t *testing.T) {
 		{name: "positional", args: with("/mnt"), want: []string{`unexpected argument "/mnt"`}},
 
 		// Not supported yet: the options the task lists by name.
-		{name: "-o posix_lock", args: with("-o", "posix_lock"), want: []string{"-o posix_lock: not supported yet", "no_posix_lock"}, is: ErrNotSupported},
-		{name: "-o flock", args: with("-o", "no_posix_lock,flock"), want: []string{"-o flock: not supported yet", "no_flock"}, is: ErrNotSupported},
 		{name: "--sandbox namespace", args: with("--sandbox", "namespace"), want: []string{`--sandbox: "namespace" is not supported yet`, "--sandbox none"}, is: ErrNotSupported},
 		{name: "--sandbox chroot", args: with("--sandbox=chroot"), want: []string{`--sandbox: "chroot" is not supported yet`}, is: ErrNotSupported},
 		{name: "-o sandbox=chroot", args: with("-o", "sandbox=chroot"), want: []string{`-o sandbox: "chroot" is not supported yet`}, is: ErrNotSupported},
@@ -275,7 +279,10 @@ func TestParseErrors(t *testing.T) {
 		{name: "nothing at all", args: nil, want: []string{"no vhost-user socket"}},
 		{name: "socket group with --fd", args: []string{"--shared-dir=/s", "--fd=3", "--socket-group=kvm"}, want: []string{"--socket-group applies only"}},
 		{name: "--print-capabilities still rejects unknown options", args: []string{"--print-capabilities", "--bogus"}, is: ErrUnknownOption},
-		{name: "--help still rejects unsupported options", args: []string{"--help", "-o", "posix_lock"}, is: ErrNotSupported},
+		{name: "--help still rejects unsupported options", args: []string{"--help", "-o", "writeback"}, is: ErrNotSupported},
+		{name: "-o posix_lock with a value", args: with("-o", "posix_lock=1"), want: []string{"-o posix_lock: takes no value"}},
+		{name: "-o flock with a value", args: with("-o", "flock=yes"), want: []string{"-o flock: takes no value"}},
+		{name: "--posix-lock is not a Rust virtiofsd option", args: with("--posix-lock"), want: []string{"--posix-lock: unknown option"}, is: ErrUnknownOption},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -32,6 +32,14 @@ File system:
                         guest as submounts (default off)
   --no-announce-submounts
                         do not (the default)
+  -o posix_lock         remote POSIX locks (fcntl F_SETLK...): taken on the host
+                        as OFD locks, so guest and host processes exclude each
+                        other. A waiting F_SETLKW never holds up other requests;
+                        the guest cannot interrupt it (Linux's virtio-fs does
+                        not send FUSE interrupts). -o no_posix_lock (the
+                        default): POSIX locks stay local to the guest kernel
+  -o flock              remote flock(2) locks, taken on the host too.
+                        -o no_flock (the default): they stay local to the guest
   --thread-pool-size=N  worker goroutines, shared by all queues; 0 (the
                         default) handles requests on each queue's goroutine
 
@@ -49,8 +57,6 @@ Process:
 
 Accepted, and what kvfsd does anyway:
   -f                    run in the foreground (kvfsd always does)
-  -o no_posix_lock, -o no_flock
-                        POSIX and flock locks stay local to the guest kernel
   -o no_writeback, -o no_posix_acl, -o no_security_label, -o no_killpriv_v2,
   --no-killpriv-v2
   --sandbox=none, -o sandbox=none
@@ -61,8 +67,8 @@ Accepted, and what kvfsd does anyway:
   --inode-file-handles=never
 
 Not supported yet (refused with an error, never ignored):
-  -o posix_lock, -o flock, --sandbox=namespace|chroot,
-  -o sandbox=namespace|chroot, --seccomp=kill|log|trap,
+  --sandbox=namespace|chroot, -o sandbox=namespace|chroot,
+  --seccomp=kill|log|trap,
   --inode-file-handles=prefer|mandatory,
   -o writeback, --writeback, -o timeout=, -o xattrmap=, --xattrmap,
   -o posix_acl, --posix-acl, -o security_label, --security-label,

@@ -169,6 +169,34 @@ func setup(ctx context.Context, e *env) (string, error) {
 	return "ok", nil
 }
 
+// lockStep runs a lock request on pre/data, opened for it, and checks that the host file
+// carries no lock afterwards.
+func lockStep(op func(ctx context.Context, e *env, node, fh uint64) error) func(ctx context.Context, e *env) (string, error) {
+	return func(ctx context.Context, e *env) (string, error) {
+		node := e.node("pre/data")
+		o, err := e.c.Open(ctx, node, unix.O_RDWR)
+		if err != nil {
+			return errOutcome(err), nil
+		}
+		err = op(ctx, e, node, o.Fh)
+		e.c.Release(ctx, node, o.Fh)
+		out := "ok"
+		if err != nil {
+			out = errOutcome(err)
+		}
+		f, herr := os.OpenFile(e.path("pre/data"), os.O_RDWR, 0)
+		if herr != nil {
+			return out, fmt.Errorf("host: %w", herr)
+		}
+		defer f.Close()
+		fl := unix.Flock_t{Type: unix.F_WRLCK, Whence: unix.SEEK_SET}
+		if herr := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &fl); herr != nil || fl.Type != unix.F_UNLCK {
+			return out, fmt.Errorf("host: pre/data is locked (%+v, %v)", fl, herr)
+		}
+		return out, nil
+	}
+}
+
 func lookup(parent, name string) func(ctx context.Context, e *env) (string, error) {
 	return func(ctx context.Context, e *env) (string, error) {
 		out, err := e.c.Lookup(ctx, e.node(parent), name)
@@ -475,6 +503,21 @@ var steps = []step{
 	{"setxattr without xattr", "errno ENOSYS", func(ctx context.Context, e *env) (string, error) {
 		return errOutcome(e.c.Setxattr(ctx, e.node("pre/data"), "user.x", []byte("v"), 0)), nil
 	}},
+	// Without posix_lock and flock (the default of every server) locks stay in the guest: INIT
+	// does not grant them and the lock requests answer ENOSYS.
+	{"getlk without posix_lock", "errno ENOSYS", lockStep(func(ctx context.Context, e *env, node, fh uint64) error {
+		_, err := e.c.Getlk(ctx, node, fh, 1, fuse.FileLock{Type: unix.F_WRLCK, End: fuse.OffsetMax, PID: 1})
+		return err
+	})},
+	{"setlk without posix_lock", "errno ENOSYS", lockStep(func(ctx context.Context, e *env, node, fh uint64) error {
+		return e.c.Setlk(ctx, node, fh, 1, fuse.FileLock{Type: unix.F_WRLCK, End: fuse.OffsetMax, PID: 1}, 0, false)
+	})},
+	{"setlkw without posix_lock", "errno ENOSYS", lockStep(func(ctx context.Context, e *env, node, fh uint64) error {
+		return e.c.Setlk(ctx, node, fh, 1, fuse.FileLock{Type: unix.F_WRLCK, End: fuse.OffsetMax, PID: 1}, 0, true)
+	})},
+	{"flock without flock", "errno ENOSYS", lockStep(func(ctx context.Context, e *env, node, fh uint64) error {
+		return e.c.Setlk(ctx, node, fh, 1, fuse.FileLock{Type: unix.F_WRLCK, End: fuse.OffsetMax}, fuse.LkFlock, false)
+	})},
 	// Hostile requests: each must fail and leave everything outside the share alone.
 	{"lookup through absolute symlink", "errno ENOTDIR", func(ctx context.Context, e *env) (string, error) {
 		out, err := e.c.Lookup(ctx, e.node("pre"), "etc-link")

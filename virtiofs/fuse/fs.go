@@ -87,4 +87,28 @@ type FileSystem interface {
 	// ListXattr works like GetXattr for the NUL-separated list of names.
 	ListXattr(ctx *Context, nodeID uint64, dst []byte) (int, Errno)
 	RemoveXattr(ctx *Context, nodeID uint64, name string) Errno
+
+	// GetLk reports in out the first lock that would conflict with in.Lk taken by in.Owner
+	// (type F_UNLCK if none). Only called once the guest negotiated InitPosixLocks.
+	GetLk(ctx *Context, nodeID uint64, in *LkIn, out *LkOut) Errno
+	// SetLk takes, changes or releases (F_UNLCK) in.Lk for in.Owner: a POSIX record lock, or a
+	// flock(2) lock when in.LkFlags has LkFlock. It is only called for the kinds of lock the guest
+	// negotiated (InitPosixLocks, InitFlockLocks). Without wait (SETLK) a conflict answers
+	// EAGAIN. With wait (SETLKW) it must not block either: on a conflict it returns a Waiter,
+	// which finishes the request later, and the errno is ignored.
+	SetLk(ctx *Context, nodeID uint64, in *LkIn, wait bool) (Waiter, Errno)
+}
+
+// Waiter is a request that could not finish when its FileSystem method returned: a SETLKW
+// waiting for a conflicting lock to go away. The server replies to the request only when the
+// Waiter finishes, without holding up any other request.
+type Waiter interface {
+	// Start begins waiting in the background and returns at once. done is called exactly once,
+	// from any goroutine, with the request's result: OK once the lock is taken, EINTR after
+	// Cancel, another errno if waiting failed. The server calls Start once.
+	Start(done func(Errno))
+	// Cancel gives up waiting: done is called with EINTR soon, unless the wait finished first.
+	// The server calls it on INTERRUPT of the request, on DESTROY, on a new INIT and when the
+	// device goes away. It may be called at any time, before Start too, and more than once.
+	Cancel()
 }

@@ -12,9 +12,10 @@ import (
 // in r.body (or r.direct).
 type handler func(s *Server, r *request) Errno
 
-// handlers is the dispatch table; opcodes without an entry answer ENOSYS. Locks (GETLK, SETLK,
-// SETLKW) are absent on purpose: POSIX locks stay guest-local unless the guest was offered
-// InitPosixLocks, which this server never does.
+// handlers is the dispatch table; opcodes without an entry answer ENOSYS. The lock opcodes
+// (GETLK, SETLK, SETLKW) answer ENOSYS too unless the guest negotiated the kind of lock they
+// are about (InitPosixLocks, InitFlockLocks), which happens only if Options.InitFlags offered
+// it: by default locks stay local to the guest kernel and it never sends them.
 var handlers = [opcodeLimit]handler{
 	OpInit:          doInit,
 	OpDestroy:       doDestroy,
@@ -56,6 +57,9 @@ var handlers = [opcodeLimit]handler{
 	OpListxattr:     doListxattr,
 	OpRemovexattr:   doRemovexattr,
 	OpInterrupt:     doInterrupt,
+	OpGetlk:         doGetlk,
+	OpSetlk:         doSetlk,
+	OpSetlkw:        doSetlk,
 }
 
 // inOnly is the handler of an operation that takes one argument struct and answers with the
@@ -168,6 +172,7 @@ func doInit(s *Server, r *request) Errno {
 	defer s.initMu.Unlock()
 	if s.inited.Load() {
 		// A second INIT comes from a rebooted guest: forget the old session.
+		s.CancelWaiting()
 		s.fs.Destroy()
 	}
 	s.fs.Init(granted)
@@ -190,6 +195,7 @@ func doDestroy(s *Server, r *request) Errno {
 	s.initMu.Lock()
 	defer s.initMu.Unlock()
 	if s.inited.Load() {
+		s.CancelWaiting()
 		s.fs.Destroy()
 		s.inited.Store(false)
 		s.granted.Store(0)
@@ -550,9 +556,68 @@ func doRemovexattr(s *Server, r *request) Errno {
 	return s.fs.RemoveXattr(&r.Context, r.NodeID, name)
 }
 
-// doInterrupt ignores INTERRUPT: requests are not cancellable once started, and the reply of
-// the interrupted request answers it. Linux's virtio-fs driver does not send it.
+// doInterrupt cancels the request named by INTERRUPT if it is waiting (SETLKW): it is then
+// answered EINTR. Any other request is not cancellable once started, and its own reply answers
+// the INTERRUPT; an unknown unique is ignored (FUSE allows answering EAGAIN to have it sent
+// again, but Linux's virtio-fs driver does not send INTERRUPT at all, and nothing would read
+// that answer). INTERRUPT itself has no reply.
 func doInterrupt(s *Server, r *request) Errno {
 	r.noReply = true
+	var in InterruptIn
+	if arg(r, &in) {
+		s.interrupt(in.Unique)
+	}
 	return OK
+}
+
+func doGetlk(s *Server, r *request) Errno {
+	if s.Flags()&InitPosixLocks == 0 {
+		return unix.ENOSYS
+	}
+	var in LkIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	var out LkOut
+	if e := s.fs.GetLk(&r.Context, r.NodeID, &in, &out); e != OK {
+		return e
+	}
+	setBody(r, &out)
+	return OK
+}
+
+// doSetlk serves SETLK and SETLKW. A SETLKW that has to wait leaves its Waiter in r.waiter and
+// is deferred by HandleAsync.
+func doSetlk(s *Server, r *request) Errno {
+	var in LkIn
+	if !arg(r, &in) {
+		return unix.EINVAL
+	}
+	need := uint64(InitPosixLocks)
+	if in.LkFlags&LkFlock != 0 {
+		need = InitFlockLocks
+	}
+	if s.Flags()&need == 0 {
+		return unix.ENOSYS
+	}
+	wait := r.Opcode == OpSetlkw
+	if wait && s.Waiting() >= maxWaiting {
+		// No room to wait: one try, and "no locks available" if it is taken.
+		if _, e := s.fs.SetLk(&r.Context, r.NodeID, &in, false); e != unix.EAGAIN {
+			return e
+		}
+		return unix.ENOLCK
+	}
+	w, e := s.fs.SetLk(&r.Context, r.NodeID, &in, wait)
+	if w != nil {
+		if !wait {
+			// A file system bug: SETLK never waits. Stop the wait rather than leak it.
+			w.Start(func(Errno) {})
+			w.Cancel()
+			return unix.EIO
+		}
+		r.waiter = w
+		return OK
+	}
+	return e
 }

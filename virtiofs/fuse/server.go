@@ -12,6 +12,25 @@
 // NUL-terminated, non-empty, at most 255 bytes and without '/'; every reply is bounded by the
 // writable space. A panic in a handler is recovered into EIO and logged, so one request can never
 // take the server down.
+//
+// # Requests that wait
+//
+// A request may have to wait for something outside the server's control: SETLKW waits for a
+// conflicting lock to go away, for as long as another owner keeps it. Such a request must not
+// hold up the ones behind it on its queue, so it is deferred. The FileSystem returns a Waiter
+// instead of blocking; HandleAsync then returns at once, reporting the request deferred and
+// having written nothing, and the caller (the virtio-fs device) leaves the descriptor chain in
+// flight and goes on with the next one. When the Waiter finishes, the server builds the reply in
+// memory of its own and hands it to the caller's Completer, which writes it into the chain from
+// wherever guest memory is safe to touch. Nothing of the request's guest buffers is kept: the
+// arguments were copied out before dispatch, and the reply is never written by the server.
+//
+// A waiting request ends when its Waiter finishes, or is cancelled (answered EINTR, which the
+// Linux guest turns into a restart of the system call) on INTERRUPT naming its unique, on
+// DESTROY, on a second INIT and when the caller calls CancelWaiting (the device was reset or
+// the front-end went away). At most maxWaiting requests wait at once; a SETLKW beyond that
+// answers ENOLCK if its lock is taken. Handle, for callers that cannot defer, waits for the
+// reply itself.
 package fuse
 
 import (
@@ -43,6 +62,11 @@ const (
 	maxXattrSize = 1 << 16
 	// maxReaddirSize bounds one READDIR reply.
 	maxReaddirSize = MaxWrite
+	// maxWaiting bounds the requests waiting at once (SETLKW). Each costs a goroutine and a
+	// descriptor chain the guest cannot reuse; a real guest has a few blocked processes, a
+	// hostile one could otherwise keep every descriptor of 17 queues waiting. A SETLKW beyond
+	// it gets one non-blocking try, and ENOLCK if the lock is taken.
+	maxWaiting = 4096
 
 	inHeaderSize  = int(unsafe.Sizeof(InHeader{}))
 	outHeaderSize = int(unsafe.Sizeof(OutHeader{}))
@@ -72,6 +96,10 @@ type Server struct {
 	granted atomic.Uint64 // flags agreed at INIT
 	stats   stats
 	pool    sync.Pool // *request
+
+	waitMu  sync.Mutex
+	waiting map[uint64]*deferred // waiting requests by unique; guarded by waitMu
+	nwait   atomic.Int32         // requests in waiting
 }
 
 // NewServer returns a server for fs.
@@ -98,6 +126,7 @@ type request struct {
 	body    []byte   // reply body built in memory
 	direct  int      // reply body bytes already placed in out after the header (READ)
 	noReply bool
+	waiter  Waiter // set by a handler whose request waits (SETLKW)
 
 	argBuf  []byte
 	bodyBuf []byte
@@ -105,8 +134,46 @@ type request struct {
 }
 
 // Handle serves one request: in are the device-readable buffers, out the device-writable ones.
-// It returns the number of bytes written into out (the used length of the chain).
-func (s *Server) Handle(in, out [][]byte) (written int) {
+// It returns the number of bytes written into out (the used length of the chain). A request
+// that has to wait (SETLKW) blocks Handle until it finishes: callers that must not block use
+// HandleAsync.
+func (s *Server) Handle(in, out [][]byte) int {
+	var c syncCompleter
+	n, deferred := s.HandleAsync(in, out, &c, 0)
+	if !deferred {
+		return n
+	}
+	reply := <-c.wait()
+	return scatter(out, 0, reply)
+}
+
+// Completer receives the replies of requests that HandleAsync deferred.
+type Completer interface {
+	// CompleteDeferred is called once per deferred request, from any goroutine, with the tag
+	// given to HandleAsync and the whole reply (header and body; empty when the request offered
+	// no room for one). reply belongs to the callee. It must not block for long.
+	CompleteDeferred(tag uint64, reply []byte)
+}
+
+// syncCompleter is Handle's Completer: it hands the reply to the waiting Handle.
+type syncCompleter struct {
+	once sync.Once
+	ch   chan []byte
+}
+
+func (c *syncCompleter) wait() chan []byte {
+	c.once.Do(func() { c.ch = make(chan []byte, 1) })
+	return c.ch
+}
+
+func (c *syncCompleter) CompleteDeferred(_ uint64, reply []byte) { c.wait() <- reply }
+
+// HandleAsync serves one request like Handle, except that a request that has to wait (SETLKW)
+// is deferred: HandleAsync then returns (0, true) at once without having written anything into
+// out, keeps no reference to in or out, and later calls c.CompleteDeferred(tag, reply) exactly
+// once with the reply, which the caller writes into the request's writable buffers. See the
+// package documentation.
+func (s *Server) HandleAsync(in, out [][]byte, c Completer, tag uint64) (written int, deferred bool) {
 	r := s.pool.Get().(*request)
 	defer s.put(r)
 	start := time.Now()
@@ -114,7 +181,7 @@ func (s *Server) Handle(in, out [][]byte) (written int) {
 	if gather(AsBytes(&r.hdr), in, 0) < inHeaderSize {
 		// Not even a header: there is no unique to answer to.
 		s.stats.malformed.Add(1)
-		return 0
+		return 0, false
 	}
 	r.Context = Context{Opcode: Opcode(r.hdr.Opcode), Unique: r.hdr.Unique, NodeID: r.hdr.NodeID,
 		UID: r.hdr.UID, GID: r.hdr.GID, PID: r.hdr.PID}
@@ -125,16 +192,125 @@ func (s *Server) Handle(in, out [][]byte) (written int) {
 	if errno == OK {
 		errno = s.dispatch(r)
 	}
+	if r.waiter != nil {
+		s.deferReply(r, c, tag, start)
+		return 0, true
+	}
 	if r.noReply {
 		s.stats.record(r.Opcode, errno, time.Since(start))
 		s.debug(r, errno, start)
-		return 0
+		return 0, false
 	}
 	written = r.reply(errno)
 	s.stats.record(r.Opcode, errno, time.Since(start))
 	s.debug(r, errno, start)
-	return written
+	return written, false
 }
+
+// deferred is a request waiting for its Waiter. It keeps what the reply needs, nothing of the
+// guest's buffers.
+type deferred struct {
+	s        *Server
+	op       Opcode
+	unique   uint64
+	node     uint64
+	hasOut   bool // the request offered room for a reply header
+	start    time.Time
+	c        Completer
+	tag      uint64
+	w        Waiter
+	next     *deferred     // another waiting request with the same unique (a hostile guest); guarded by s.waitMu
+	finished chan struct{} // closed once the reply was handed over
+}
+
+// deferReply registers r's waiter, so that INTERRUPT and the cancellations can find it, and
+// starts it.
+func (s *Server) deferReply(r *request, c Completer, tag uint64, start time.Time) {
+	d := &deferred{s: s, op: r.Opcode, unique: r.Unique, node: r.NodeID,
+		hasOut: r.outCap >= outHeaderSize, start: start, c: c, tag: tag, w: r.waiter,
+		finished: make(chan struct{})}
+	s.waitMu.Lock()
+	if s.waiting == nil {
+		s.waiting = make(map[uint64]*deferred)
+	}
+	d.next = s.waiting[d.unique]
+	s.waiting[d.unique] = d
+	s.nwait.Add(1)
+	s.waitMu.Unlock()
+	d.w.Start(d.finish)
+}
+
+// finish is the Waiter's done: unregister, build the reply, hand it over.
+func (d *deferred) finish(errno Errno) {
+	s := d.s
+	s.waitMu.Lock()
+	if head := s.waiting[d.unique]; head == d {
+		if d.next == nil {
+			delete(s.waiting, d.unique)
+		} else {
+			s.waiting[d.unique] = d.next
+		}
+	} else {
+		for p := head; p != nil; p = p.next {
+			if p.next == d {
+				p.next = d.next
+				break
+			}
+		}
+	}
+	s.nwait.Add(-1)
+	s.waitMu.Unlock()
+
+	var reply []byte
+	if d.hasOut {
+		h := OutHeader{Len: uint32(outHeaderSize), Error: -int32(errno), Unique: d.unique}
+		reply = append([]byte(nil), AsBytes(&h)...)
+	}
+	s.stats.record(d.op, errno, time.Since(d.start))
+	if s.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+		s.log.WithFields(logrus.Fields{"opcode": d.op.String(), "unique": d.unique, "node": d.node,
+			"result": errnoName(errno), "latency": time.Since(d.start)}).Debug("fuse request (waited)")
+	}
+	d.c.CompleteDeferred(d.tag, reply)
+	close(d.finished)
+}
+
+// interrupt cancels the waiting requests with this unique (FUSE INTERRUPT). A request that is
+// not waiting is not interruptible: it is answered when it finishes, which is soon.
+func (s *Server) interrupt(unique uint64) {
+	s.waitMu.Lock()
+	var ws []Waiter
+	for d := s.waiting[unique]; d != nil; d = d.next {
+		ws = append(ws, d.w)
+	}
+	s.waitMu.Unlock()
+	for _, w := range ws {
+		w.Cancel()
+	}
+}
+
+// CancelWaiting cancels every waiting request and returns once each has been answered (EINTR,
+// unless it finished first). The device calls it when it is reset or the front-end goes away;
+// DESTROY and a second INIT do the same.
+func (s *Server) CancelWaiting() {
+	s.waitMu.Lock()
+	var all []*deferred
+	for _, d := range s.waiting {
+		for ; d != nil; d = d.next {
+			all = append(all, d)
+		}
+	}
+	s.waitMu.Unlock()
+	for _, d := range all {
+		d.w.Cancel()
+	}
+	for _, d := range all {
+		<-d.finished
+	}
+}
+
+// Waiting reports how many requests are waiting.
+func (s *Server) Waiting() int { return int(s.nwait.Load()) }
 
 func (s *Server) put(r *request) {
 	argBuf, bodyBuf, iovBuf := r.argBuf, r.bodyBuf, r.iovBuf

@@ -27,6 +27,9 @@ type Stats struct {
 	BytesRead, BytesWritten uint64
 	// Malformed counts requests too short to answer; Panics, handlers recovered from.
 	Malformed, Panics uint64
+	// Waiting is the number of requests waiting now (SETLKW); each is counted in Ops when it
+	// is answered.
+	Waiting int
 }
 
 type opCounters struct {
@@ -59,6 +62,7 @@ func (s *Server) Stats() Stats {
 		BytesWritten: s.stats.bytesWritten.Load(),
 		Malformed:    s.stats.malformed.Load(),
 		Panics:       s.stats.panics.Load(),
+		Waiting:      s.Waiting(),
 	}
 	for i := range s.stats.ops {
 		c := &s.stats.ops[i]

@@ -270,6 +270,14 @@ type ReleaseIn struct {
 	LockOwner    uint64
 }
 
+// ReleaseIn.ReleaseFlags bits.
+const (
+	// ReleaseFlush: flush the file too (sent instead of a separate FLUSH).
+	ReleaseFlush = 1 << 0
+	// ReleaseFlockUnlock: the file held flock(2) locks; release them (LockOwner is their owner).
+	ReleaseFlockUnlock = 1 << 1
+)
+
 // FlushIn is the argument of FLUSH.
 type FlushIn struct {
 	Fh        uint64
@@ -420,6 +428,40 @@ type CopyFileRangeIn struct {
 // SyncfsIn is the argument of SYNCFS.
 type SyncfsIn struct {
 	Padding uint64
+}
+
+// FileLock is struct fuse_file_lock: the byte range [Start, End] (End inclusive;
+// OffsetMax means "to the end of the file"), the lock type (F_RDLCK, F_WRLCK or F_UNLCK) and
+// the process owning it, as a pid of the guest's FUSE pid namespace (0: none known).
+type FileLock struct {
+	Start uint64
+	End   uint64
+	Type  uint32
+	PID   uint32
+}
+
+// OffsetMax is the largest file offset (the kernel's OFFSET_MAX): a lock that ends there
+// extends to the end of the file, however far it grows.
+const OffsetMax = 1<<63 - 1
+
+// LkIn is the argument of GETLK, SETLK and SETLKW. Owner identifies the guest lock owner (a
+// process's file table for POSIX locks, an open file for flock(2) locks).
+type LkIn struct {
+	Fh      uint64
+	Owner   uint64
+	Lk      FileLock
+	LkFlags uint32 // LkFlock
+	Padding uint32
+}
+
+// LkFlock in LkIn.LkFlags: the request is about a flock(2) lock (the whole file, owned by the
+// open file) rather than a POSIX record lock. Only SETLK and SETLKW carry it.
+const LkFlock = 1 << 0
+
+// LkOut answers GETLK: the first lock that conflicts with the one asked about, or one of type
+// F_UNLCK if none does.
+type LkOut struct {
+	Lk FileLock
 }
 
 // InterruptIn is the argument of INTERRUPT.

@@ -55,6 +55,9 @@ var wireTypes = []struct {
 	{"fuse_copy_file_range_in", 56, unsafe.Sizeof(CopyFileRangeIn{})},
 	{"fuse_syncfs_in", 8, unsafe.Sizeof(SyncfsIn{})},
 	{"fuse_interrupt_in", 8, unsafe.Sizeof(InterruptIn{})},
+	{"fuse_file_lock", 24, unsafe.Sizeof(FileLock{})},
+	{"fuse_lk_in", 48, unsafe.Sizeof(LkIn{})},
+	{"fuse_lk_out", 24, unsafe.Sizeof(LkOut{})},
 	{"fuse_dirent", 24, unsafe.Sizeof(Dirent{})},
 	{"fuse_direntplus", 152, unsafe.Sizeof(DirentPlus{})},
 }

@@ -400,3 +400,46 @@ func (c *Client) xattr(ctx context.Context, op fuse.Opcode, node uint64, size ui
 func (c *Client) Removexattr(ctx context.Context, node uint64, name string) error {
 	return call(ctx, c, fuse.OpRemovexattr, node, noBody, cstr(name))
 }
+
+// Getlk asks which lock would conflict with lk taken by owner through handle fh; the answer has
+// type F_UNLCK when none would.
+func (c *Client) Getlk(ctx context.Context, node, fh, owner uint64, lk fuse.FileLock) (*fuse.FileLock, error) {
+	in := fuse.LkIn{Fh: fh, Owner: owner, Lk: lk}
+	var out fuse.LkOut
+	err := call(ctx, c, fuse.OpGetlk, node, &out, fuse.AsBytes(&in))
+	return &out.Lk, err
+}
+
+// Setlk takes, changes or releases (F_UNLCK) lk for owner through handle fh; flags is
+// fuse.LkFlock for a flock(2) lock. With wait it sends SETLKW, whose reply comes only once the
+// lock is taken (or the wait is interrupted).
+func (c *Client) Setlk(ctx context.Context, node, fh, owner uint64, lk fuse.FileLock, flags uint32, wait bool) error {
+	req, _ := c.EncodeSetlk(node, fh, owner, lk, flags, wait)
+	body, err := c.Do(ctx, req, DefaultReplyCap)
+	if err != nil {
+		return err
+	}
+	return decode(body, noBody)
+}
+
+// EncodeSetlk builds the request Setlk sends, without sending it, and returns its unique: a
+// caller that wants to interrupt a SETLKW sends it with Do and names it to Interrupt.
+func (c *Client) EncodeSetlk(node, fh, owner uint64, lk fuse.FileLock, flags uint32, wait bool) ([]byte, uint64) {
+	in := fuse.LkIn{Fh: fh, Owner: owner, Lk: lk, LkFlags: flags}
+	op := fuse.OpSetlk
+	if wait {
+		op = fuse.OpSetlkw
+	}
+	req := c.Encode(op, node, fuse.AsBytes(&in))
+	var h fuse.InHeader
+	copy(fuse.AsBytes(&h), req)
+	return req, h.Unique
+}
+
+// Interrupt asks the server to interrupt request unique. It goes on the high-priority queue and
+// has no reply: the interrupted request's own reply (EINTR) answers it.
+func (c *Client) Interrupt(ctx context.Context, unique uint64) error {
+	in := fuse.InterruptIn{Unique: unique}
+	_, err := c.t.RoundTrip(ctx, 0, c.Encode(fuse.OpInterrupt, 0, fuse.AsBytes(&in)), 0)
+	return err
+}

@@ -64,13 +64,67 @@
 //     getdents and the READDIRPLUS lookups.
 //  2. shard.mu (inode table shards) and handleShard.mu (handle table shards): leaves. No shard
 //     lock is held while another is taken or while a syscall runs.
+//  3. nodeLocks.mu, per node with remote POSIX locks: a leaf. Held only around its owner table,
+//     and across the non-blocking F_OFD_GETLK probes of GETLK (see below); never while opening
+//     a descriptor or waiting.
 //
 // Everything else is immutable after creation or atomic.
 //
+// # Remote file locks (posix_lock, flock)
+//
+// By default the guest is offered no remote locks and keeps POSIX and flock(2) locks in its own
+// kernel: processes in the guest see each other's locks, the host and other guests do not. With
+// remote locks negotiated (kvfsd -o posix_lock, -o flock) lock requests come here and become
+// host locks on the shared file, so a guest process and a host process locking the same file
+// exclude each other.
+//
+// POSIX record locks are owned, in the guest, by a process (its file table: FUSE's lock_owner),
+// whatever descriptor it locks through; two guest processes sharing one open file (after fork)
+// are distinct owners, and one process locking through two handles of the same file is one.
+// Host OFD locks are owned by an open file description instead, so a lock cannot simply be
+// taken on the FUSE handle's descriptor: the two processes sharing it would share their locks.
+// Each (node, lock_owner) pair therefore gets a descriptor of its own, opened afresh through
+// /proc/self/fd on the first lock request of that owner (read-write, or with the handle's mode
+// if the file cannot be opened read-write), and all of the owner's locks on the node are OFD
+// locks on it (F_OFD_GETLK, F_OFD_SETLK): the owner's own locks merge and split as POSIX
+// locks do, and conflict with every other owner's, in the guest or on the host. Classic POSIX
+// locks would not do: the host kernel would see every guest owner as this one process.
+// The descriptor lives until the owner's FLUSH (the guest sends one on every close(2), and
+// closing any descriptor of a file releases all of the process's locks on it), the node's
+// last reference (FORGET, DESTROY, a new INIT), or the FS's Close; closing it releases its
+// locks. A SETLK or SETLKW that fails or is cancelled before the owner ever held a lock closes
+// the descriptor it opened. As with close(2), a process that closes one of several descriptors
+// of the file loses all its locks on it. At most maxLockOwners owners per node: more answer
+// ENOLCK.
+//
+// GETLK tests on the owner's descriptor, so the owner's own locks never conflict; an owner
+// without a descriptor holds no lock, and tests on the handle's. The host reports an OFD lock's
+// pid as -1 and a classic lock's as a host pid, neither of which means anything to the guest:
+// when the conflicting lock is another guest owner's, GETLK answers the guest pid that took it
+// (found by asking each owner of the node whether the range holds anything but its own locks),
+// otherwise pid 0, which the guest shows as a lock with no local process behind it.
+//
+// flock(2) locks belong to an open file, which in the guest is one FUSE handle: they are taken
+// with flock on the handle's descriptor, and go with it (RELEASE with FLOCK_UNLOCK releases
+// them at once).
+//
+// SETLKW never blocks a queue. When the lock is taken, SetLk returns a fuse.Waiter whose
+// goroutine retries the non-blocking F_OFD_SETLK (or flock with LOCK_NB) after 1 ms, then at
+// doubling intervals up to 50 ms, until it gets the lock, fails otherwise, or is cancelled
+// (EINTR). A blocking F_OFD_SETLKW in a goroutine of its own would wake up exactly when the lock
+// is released, but nothing could get it out otherwise: Go installs its signal handlers with
+// SA_RESTART, so a signal sent to its thread only restarts the call, and a cancelled wait would
+// keep a thread, a descriptor and possibly, later, a lock that nobody asked for. Retrying costs a
+// release being noticed up to 50 ms late and no FIFO order among waiters (a newcomer can take a
+// lock a long-time waiter was about to get); neither POSIX nor flock promises an order. There
+// is no deadlock detection (EDEADLK) with OFD locks. A guest process waiting in F_SETLKW cannot
+// be interrupted from the guest side: Linux's virtio-fs driver does not send FUSE INTERRUPT
+// (the request ends when the lock is granted, or on DESTROY, reset or disconnect).
+//
 // # Decisions
 //
-//   - ACCESS answers ENOSYS, like the C virtiofsd: the guest mounts with default_permissions and
-//     checks access itself; after ENOSYS it never asks again.
+//   - ACCESS is checked by the host with the caller's fsuid/fsgid (the C virtiofsd answers
+//     ENOSYS); the guest mounts with default_permissions and rarely asks.
 //   - Special files: see above (ENXIO on OPEN, ELOOP for symlinks). MKNOD of device nodes is passed
 //     to the host with the caller's credentials (a non-root caller gets EPERM from the host).
 //   - Unknown, forgotten or destroyed node ids and handles answer EBADF (never a panic);

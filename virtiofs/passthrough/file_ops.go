@@ -308,18 +308,33 @@ func (fs *FS) Write(ctx *fuse.Context, nodeID uint64, in *fuse.WriteIn, src [][]
 	return total, fuse.OK
 }
 
-// Flush checks the handle; there is nothing else to do (no POSIX locks are kept here).
+// Flush is sent on every close(2) in the guest. It checks the handle and, with remote POSIX
+// locks, releases the locks of the closing process (in.LockOwner) on the file, as close does.
 func (fs *FS) Flush(ctx *fuse.Context, nodeID uint64, in *fuse.FlushIn) fuse.Errno {
 	h, e := fs.handle(in.Fh, nodeID, false)
 	if e != fuse.OK {
 		return e
 	}
 	fs.handles.put(h)
+	if fs.flags.Load()&fuse.InitPosixLocks != 0 {
+		if n, e := fs.node(nodeID); e == fuse.OK {
+			fs.releaseOwner(n, in.LockOwner)
+			fs.nodes.put(n)
+		}
+	}
 	return fuse.OK
 }
 
-// Release closes a file handle (once no request uses it any more).
+// Release closes a file handle (once no request uses it any more). The flock(2) locks of the
+// guest's open file are on the handle's descriptor; they are released right away when the guest
+// says the file held some (ReleaseFlockUnlock), not only once the descriptor closes.
 func (fs *FS) Release(ctx *fuse.Context, nodeID uint64, in *fuse.ReleaseIn) fuse.Errno {
+	if in.ReleaseFlags&fuse.ReleaseFlockUnlock != 0 && fs.flags.Load()&fuse.InitFlockLocks != 0 {
+		if h, e := fs.handle(in.Fh, nodeID, false); e == fuse.OK {
+			unix.Flock(int(h.fd), unix.LOCK_UN)
+			fs.handles.put(h)
+		}
+	}
 	if !fs.handles.remove(in.Fh, nodeID, false) {
 		return unix.EBADF
 	}

@@ -25,6 +25,8 @@ type inode struct {
 	fd   int32        // O_PATH|O_NOFOLLOW; immutable; closed by the last unpin
 	mode uint32       // S_IFMT bits | modeSubmount; immutable
 	pins atomic.Int32 // 1 while in the table, +1 per request using fd
+
+	locks atomic.Pointer[nodeLocks] // remote POSIX lock owners; nil until the first lock request
 }
 
 func (n *inode) typ() uint32     { return n.mode & unix.S_IFMT }
@@ -89,9 +91,13 @@ func (t *nodeTable) get(id uint64) (*inode, bool) {
 	return n, n != nil
 }
 
-// put unpins n, closing its fd if it was the last pin.
+// put unpins n, closing its fd if it was the last pin, and with it the descriptors of its lock
+// owners (see nodeLocks).
 func (t *nodeTable) put(n *inode) {
 	if n.pins.Add(-1) == 0 {
+		if l := n.locks.Load(); l != nil {
+			l.closeAll(t.fds)
+		}
 		unix.Close(int(n.fd))
 		t.fds.Add(-1)
 	}

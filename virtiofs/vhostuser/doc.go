@@ -67,13 +67,18 @@
 //     remapped under it) and to install or remove a ring's queue. The message loop never waits
 //     for a ring goroutine while holding it.
 //  2. Vring.fdMu guards the call and error fds: Notify (under memMu read) signals the call fd
-//     while SET_VRING_CALL swaps it; the old fd is closed after the swap, outside the lock.
+//     while SET_VRING_CALL swaps it; the old fd is closed after the swap, outside the lock. It
+//     also covers setting and clearing the ring's wake fd, which Vring.Wake signals from any
+//     goroutine.
 //  3. Backend.chMu guards the back-end request channel; it is a leaf.
 //
 // Device.HandleQueue must not block indefinitely, since memory updates and GET_VRING_BASE wait
 // for it. Slices obtained from guest memory must not be used after HandleQueue returns: a memory
 // update may unmap them. A device that spreads a batch over worker goroutines must wait for them
-// before returning (the read lock covers them), and serialise its own use of the Queue.
+// before returning (the read lock covers them), and serialise its own use of the Queue. A device
+// that finishes a request later, on a goroutine of its own, keeps no guest memory: it asks for
+// another HandleQueue call with Vring.Wake and completes the chain from there, re-reading its
+// buffers (virtq.Queue.Rewalk) under the memory table of that call.
 //
 // # Ring lifecycle
 //

@@ -93,6 +93,7 @@ type Queue struct {
 
 	notifiedUsed  uint16 // usedIdx when NeedsNotify last ran
 	notifiedValid bool   // notifiedUsed is meaningful to the guest (EVENT_IDX)
+	startUsed     uint16 // used.idx found in the ring by New (see Resumes)
 
 	err       error  // sticky: set once the guest broke the protocol
 	fenceWord uint32 // private word for fence
@@ -123,6 +124,7 @@ func New(mem *guestmem.Memory, cfg Config) (*Queue, error) {
 	}
 	w := atomicLoadLE32(q.used, 0)
 	q.usedIdx = uint16(w >> 16)
+	q.startUsed = q.usedIdx
 	q.notifiedUsed = q.usedIdx
 	q.storeUsedWord()
 	return q, nil
@@ -226,6 +228,47 @@ func (q *Queue) Next(c *Chain) (bool, error) {
 	c.Head = head
 	q.lastAvail++
 	return true, nil
+}
+
+// Rewalk reads the chain at head, popped by Next earlier and not completed yet, into c again,
+// translating its buffers through the queue's current memory. It is for completing a chain
+// long after Next returned it (the reply of a request that had to wait): the slices Next
+// returned are only valid as long as the memory table that produced them, and the caller cannot
+// know whether that table has been replaced since. The chain is checked exactly as Next checks
+// it; a chain the guest has rewritten into something invalid meanwhile is reported as an error
+// wrapping [ErrInvalidRing], without breaking the queue (the chain was valid when popped, and
+// the caller can still complete it with nothing written).
+func (q *Queue) Rewalk(c *Chain, head uint16) error {
+	c.reset()
+	if q.err != nil {
+		return q.err
+	}
+	if head >= q.cfg.Size {
+		return fmt.Errorf("%w: head %d >= queue size %d", ErrInvalidRing, head, q.cfg.Size)
+	}
+	if err := q.walk(c, head); err != nil {
+		c.reset()
+		return fmt.Errorf("%w: chain at head %d: %w", ErrInvalidRing, head, err)
+	}
+	c.Head = head
+	return nil
+}
+
+// Resumes reports whether q, fresh from New, takes over exactly where prev stopped: the same
+// rings at the same addresses with the same features, q's first avail entry the one prev would
+// have popped next, and the used ring's index where prev left it. That is how a front-end
+// restarts a ring after pausing it (GET_VRING_BASE, then SET_VRING_BASE with the base it was
+// given); the chains prev popped and did not complete are then still in flight and may be
+// completed on q. A driver that reset and set its rings up afresh starts at avail and used
+// index 0, which cannot match while prev has a chain in flight (prev's last avail and used
+// indices then differ). prev must no longer be in use.
+func (q *Queue) Resumes(prev *Queue) bool {
+	if prev == nil || prev == q {
+		return false
+	}
+	a, b := q.cfg, prev.cfg
+	a.LastAvail, b.LastAvail = 0, 0
+	return a == b && q.cfg.LastAvail == prev.lastAvail && q.startUsed == prev.usedIdx
 }
 
 // desc is one descriptor copied out of guest memory.
