@@ -9,3 +9,5 @@ require (
 )
 
 require golang.org/x/sync v0.25.0
+
+require github.com/pelletier/go-toml/v2 v2.4.3

@@ -1,0 +1,125 @@
+// Package sandbox is the per-pod layer a shim drives: for each pod, a host directory layout, a
+// vhost-user socket, a virtio-fs server with Kata's defaults, the QEMU arguments that connect a
+// VM to it, and the supervision of the server and the VM.
+//
+// # Layout
+//
+// A sandbox lives in BASE/<id>/ (base_dir, default /run/kvfs/sandboxes):
+//
+//	mounts/         where root filesystems and volumes are bound (Bind); a shared mount
+//	shared/         read-only slave bind of mounts/: what the server exports
+//	private/        staging for read-only binds
+//	vhost-fs.sock   the vhost-user socket, created here (mode 0600) and passed to the server
+//	state.json      the persisted state (below)
+//	owner.lock      flocked by the owning process
+//	console.log     the guest's serial console (DefaultVM)
+//	qemu.log        QEMU's stdout and stderr
+//	server.log      an external server's stdout and stderr
+//
+// shared/ is made as Kata makes it — bind mounts/ to shared/, remount it MS_BIND|MS_REMOUNT|
+// MS_RDONLY, make it MS_SLAVE — after first binding mounts/ onto itself and making it
+// MS_SHARED: without that, propagation from mounts/ to shared/ depends on the host's mount
+// propagation, and on hosts whose / is private (containers, these test machines) a bind made
+// later under mounts/ would never reach shared/ and so the guest. Bind makes each bind
+// private (mounts later made under its source stay out) and, for a read-only bind, makes the
+// read-only mount in private/ first and binds that into mounts/: a remount to read-only does
+// not reach a copy already propagated to shared/, a new bind of a read-only mount does.
+//
+// # Lifecycle
+//
+//	Create   resolve the configuration (file + annotations: all checks before anything is
+//	         made), make the layout and the mounts, listen on the socket, start the server on
+//	         it, write state.json. The server is listening before any VM exists, so QEMU's
+//	         connection is accepted whenever QEMU comes. A failure undoes every step.
+//	Bind     bind a directory or file into mounts/ (appears in the guest at once).
+//	Start    run QEMU (through a VMRunner; QEMURunner by default) with VM.Args.
+//	monitor  a goroutine per server notices its end: for the in-process server, Serve
+//	         returning; for an external one, the process exiting. A server that ends while the
+//	         VM runs (more than a second after, if the VM ended too) is a failure, handled by
+//	         server.on_failure:
+//	           stop     (default, Kata's behaviour) QEMU is killed, the sandbox goes to
+//	                    PhaseFailed, Done is closed and Err says which server died, how, and
+//	                    what was done. The owner then calls Stop.
+//	           restart  a new server is started on a new socket at the same path, up to
+//	                    server.max_restarts times; then stop applies.
+//	Stop     in order: QEMU (SIGTERM, SIGKILL after 3 s), the server, the mounts
+//	         (MNT_DETACH|UMOUNT_NOFOLLOW), the directory. Idempotent.
+//	Recover  after a restart of the owning process: adopt or clean up what it left.
+//
+// One VM per sandbox: a VM that exits (the guest powered off) ends the server's connection;
+// that is not a failure, and the sandbox stays until Stop.
+//
+// # What the guest sees when the server is restarted (QEMU 7.2)
+//
+// Observed with the Debian 6.1 guest and QEMU 7.2 (TestVMServerRestart): after kill -9 of the
+// server, QEMU prints "Unexpected end-of-file before all data were read" once and keeps
+// running; the guest's request in flight never completes, so the process that made it hangs
+// in the share (the guest's last console line is the one before its write); nothing serves
+// the queue any more, so later requests would wait the same way. The new server listens on the same path but QEMU never
+// connects again: its log shows no front-end connection. The guest's share stays dead until
+// the VM restarts, which in practice means a new sandbox; the restart policy only helps a VM
+// started after it. QEMU's own reconnect option does not help either: with
+// "-chardev socket,...,reconnect=1" QEMU 7.2 does not start at all ("Failed to set msg fds.
+// vhost_backend_init failed: Protocol error"), because vhost-user-fs needs the connection when
+// the device is created. Stop still works at once on such a VM (SIGTERM, ~0.1 s).
+//
+// # Persisted state
+//
+// state.json (written to a temporary file, fsynced, renamed, the directory fsynced) holds: the
+// format version, the ID, the creation time, the phase, the pod's resolved configuration, the
+// server (in-process, or the daemon's path, arguments, pid and start time), the VM (QEMU's
+// path and arguments, pid and start time), the restart count, the failure, and the owner's pid.
+// A process is identified by its pid, its start time (field 22 of /proc/PID/stat) and the boot
+// ID, so a reused pid is recognised.
+//
+// Recover (after the owner restarts) goes through the base directory. A sandbox whose lock is
+// held by a live owner is skipped. One whose external server still runs — and whose VM still
+// runs, if one was started — is adopted: both are held by pidfd (signals cannot reach a
+// process that reused the pid; the pidfd is opened first and the start time checked after),
+// monitored again with the same policy, and can be stopped. Everything else is cleaned up:
+// what still runs of it (verified as above) is stopped, the mounts detached, the directory
+// removed. A sandbox with an in-process server is always cleaned up, VM included: its server
+// ended with the previous owner, so its guest's share is dead (see above). Processes that were
+// the previous owner's children are reaped by whoever inherited them; if the new owner is a
+// child subreaper, by the new owner.
+//
+// # Lock order
+//
+// Sandbox.opMu, then Sandbox.mu. opMu serialises the operations that change what runs or what
+// is mounted (Start, Stop, Bind, Unbind and the failure policy) and may be held while a
+// process is stopped (seconds); mu guards the fields and is held only to read or write them
+// and to write state.json. Nothing is called with mu held that takes opMu. Recover holds no
+// lock of any sandbox but the one it is working on.
+//
+// # Threat model
+//
+// The configuration file is trusted (written by the node's administrator, like the binary).
+// Annotations are not: they come from the pod spec, written by the user. So an annotation can
+// only set a key listed by exact name in [annotations] enabled (none by default); its value
+// passes the same checks as the file's; server.daemon can only take a value from
+// server.valid_daemon_paths; server.extra_args is never settable unless listed explicitly,
+// and even then (as from the file) may not set the socket, the descriptor or the shared
+// directory. Every bad value is an error naming the annotation, the key and the value, before
+// anything is created.
+//
+// The guest is not trusted either, and it can write into read-write binds under the share
+// (a container's root filesystem), so it can plant symlinks there. Host-side cleanup never
+// follows them: mount points are checked with Lstat and unmounted with UMOUNT_NOFOLLOW, only
+// the sandbox's own mount points are unmounted (MNT_DETACH takes what is below), nothing is
+// removed while anything under the directory is still mounted, and the removal works on
+// descriptors opened O_NOFOLLOW and refuses to cross into another file system. Bind takes
+// only a single path component as the name and creates its mount point with O_EXCL.
+//
+// The base directory is root's (0700); the socket is 0600, so QEMU must run as root or the
+// socket be given to its user by the owner. The in-process server runs with the owner's
+// privileges; kvfsd's own hardening is documented in package virtiofs.
+//
+// # Defaults
+//
+// DefaultConfig has Kata's virtio-fs defaults: cache=auto, no remote POSIX locks
+// (no_posix_lock), thread pool 0, submounts announced, queue size 1024, one request queue,
+// tag kataShared, failure policy stop; the server in-process. Guest RAM is a shared memfd by
+// default (memory-backend-memfd,share=on): Kata's shared file in /dev/shm counts against
+// /dev/shm's size, and a full /dev/shm makes a running guest die of SIGBUS.
+// testdata/defaults.toml lists every key with its default.
+package sandbox

@@ -1,0 +1,416 @@
+package sandbox
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Names inside a sandbox directory.
+const (
+	mountsName    = "mounts"  // where the owner binds root filesystems and volumes (Bind)
+	sharedName    = "shared"  // read-only slave bind of mounts/: what the server exports
+	privateName   = "private" // staging for read-only binds
+	socketName    = "vhost-fs.sock"
+	stateName     = "state.json"
+	lockName      = "owner.lock"
+	consoleName   = "console.log"
+	qemuLogName   = "qemu.log"
+	serverLogName = "server.log"
+)
+
+// Directory modes. Only root (the owner, the server, QEMU as root) looks inside.
+const (
+	sandboxDirMode = 0o750
+	mountsDirMode  = 0o750
+	sharedDirMode  = 0o700
+	privateDirMode = 0o700
+	baseDirMode    = 0o700
+)
+
+// unmountFlags never follow a symlink in the last component and detach a busy mount (its
+// users keep what they have open; nothing new can reach it).
+const unmountFlags = unix.MNT_DETACH | unix.UMOUNT_NOFOLLOW
+
+// maxStackedMounts bounds the unmount loop on one mount point.
+const maxStackedMounts = 16
+
+// setupMounts makes mounts/ a shared mount point (a bind onto itself), then shared/ a
+// read-only slave bind of it: every mount made later under mounts/ propagates to shared/, and
+// nothing mounted under shared/ propagates back. Binding mounts/ onto itself makes this
+// independent of the host's propagation (on a host whose / is private, as in many containers,
+// a plain directory would propagate nothing).
+func setupMounts(dir string) error {
+	mounts := filepath.Join(dir, mountsName)
+	shared := filepath.Join(dir, sharedName)
+	steps := []struct {
+		what                   string
+		source, target, fstype string
+		flags                  uintptr
+	}{
+		{"bind mounts/ onto itself", mounts, mounts, "", unix.MS_BIND},
+		{"make mounts/ shared", "", mounts, "", unix.MS_SHARED},
+		{"bind mounts/ to shared/", mounts, shared, "", unix.MS_BIND},
+		{"make shared/ read-only", "", shared, "", unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY},
+		{"make shared/ a slave", "", shared, "", unix.MS_SLAVE},
+	}
+	for _, s := range steps {
+		if err := unix.Mount(s.source, s.target, s.fstype, s.flags, ""); err != nil {
+			return fmt.Errorf("%s (%s): %w", s.what, s.target, err)
+		}
+	}
+	return nil
+}
+
+// teardown undoes a sandbox directory: it unmounts shared/, private/* and mounts/ (each with
+// everything below it), checks that nothing under dir is mounted any more, and removes dir
+// without following symlinks or crossing into another file system. It refuses to work on a
+// symlink anywhere it looks. A directory that does not exist is not an error.
+func teardown(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("refusing to tear down %s: a %s, not a directory", dir, fileKind(fi.Mode()))
+	}
+	if err := unmountAll(dir); err != nil {
+		return err
+	}
+	if under, err := mountsUnder(dir); err != nil {
+		return err
+	} else if len(under) > 0 {
+		return fmt.Errorf("not removing %s: still mounted under it: %s", dir, strings.Join(under, ", "))
+	}
+	return removeTree(dir)
+}
+
+// unmountAll unmounts what a sandbox mounts inside dir: shared/ first (the server's view),
+// then anything left in private/, then mounts/. MNT_DETACH takes the submounts along.
+func unmountAll(dir string) error {
+	var errs []error
+	if err := unmountPath(filepath.Join(dir, sharedName)); err != nil {
+		errs = append(errs, err)
+	}
+	private := filepath.Join(dir, privateName)
+	if fi, err := os.Lstat(private); err == nil && fi.IsDir() {
+		entries, err := os.ReadDir(private)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, e := range entries {
+			if err := unmountPath(filepath.Join(private, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := unmountPath(filepath.Join(dir, mountsName)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// unmountPath unmounts every mount stacked on path. It refuses a symlink (Lstat, then
+// UMOUNT_NOFOLLOW for what changes in between) and does nothing if path does not exist or is
+// not a mount point.
+func unmountPath(path string) error {
+	for range maxStackedMounts {
+		fi, err := os.Lstat(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("refusing to unmount %s: it is a symlink", path)
+		}
+		mounted, err := isMountPoint(path)
+		if err != nil || !mounted {
+			return err
+		}
+		if err := unix.Unmount(path, unmountFlags); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+	}
+	return fmt.Errorf("unmount %s: still mounted after %d unmounts", path, maxStackedMounts)
+}
+
+// mountInfo returns the mount points of this process's mount namespace, in mount order.
+func mountInfo() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for sc.Scan() {
+		// id parent major:minor root mount-point options ...
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		points = append(points, unescapeMountInfo(fields[4]))
+	}
+	return points, sc.Err()
+}
+
+// unescapeMountInfo decodes the octal escapes (\040 for a space, ...) of mountinfo fields.
+func unescapeMountInfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isMountPoint(path string) (bool, error) {
+	points, err := mountInfo()
+	if err != nil {
+		return false, err
+	}
+	for _, p := range points {
+		if p == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// mountsUnder returns the mount points at or below dir.
+func mountsUnder(dir string) ([]string, error) {
+	points, err := mountInfo()
+	if err != nil {
+		return nil, err
+	}
+	var under []string
+	for _, p := range points {
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			under = append(under, p)
+		}
+	}
+	return under, nil
+}
+
+// maxRemoveDepth bounds the recursion of removeTree.
+const maxRemoveDepth = 64
+
+// removeTree removes dir and everything in it. It works on file descriptors opened with
+// O_NOFOLLOW, so a symlink is removed, never followed, and it refuses to descend into a
+// directory on another device (a mount it did not expect): then nothing more is removed there.
+func removeTree(dir string) error {
+	parent, name := filepath.Split(dir)
+	pfd, err := unix.Open(parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", parent, err)
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("stat %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("refusing to remove %s: not a directory", dir)
+	}
+	if err := removeContents(pfd, name, dir, st.Dev, 0); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// removeContents empties the directory name in pfd (shown as path in errors), which must be on
+// device dev.
+func removeContents(pfd int, name, path string, dev uint64, depth int) error {
+	if depth > maxRemoveDepth {
+		return fmt.Errorf("refusing to remove %s: nested deeper than %d", path, maxRemoveDepth)
+	}
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	d := os.NewFile(uintptr(fd), path)
+	defer d.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Dev != dev {
+		return fmt.Errorf("refusing to remove %s: it is on another file system (a mount point?)", path)
+	}
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	var errs []error
+	for _, n := range names {
+		child := filepath.Join(path, n)
+		var cst unix.Stat_t
+		if err := unix.Fstatat(fd, n, &cst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("stat %s: %w", child, err))
+			}
+			continue
+		}
+		if cst.Mode&unix.S_IFMT == unix.S_IFDIR {
+			if err := removeContents(fd, n, child, dev, depth+1); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := unix.Unlinkat(fd, n, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("remove %s: %w", child, err))
+			}
+			continue
+		}
+		if err := unix.Unlinkat(fd, n, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", child, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkName accepts a single path component for Bind.
+func checkName(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("invalid name %q", name)
+	case len(name) > 255:
+		return fmt.Errorf("name %q is longer than 255 bytes", name)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("name %q contains '/' or NUL: want a single path component", name)
+	}
+	return nil
+}
+
+// bindMount binds src at the new mount point name inside the directory mountsDir, private so
+// that mounts later made under src stay out of the sandbox. readOnly binds go through
+// stagingDir: a remount to read-only does not reach copies already propagated to shared/, so
+// the read-only mount is made first in private/ and then bound into mounts/, whose propagated
+// copy inherits the flag.
+func bindMount(src, mountsDir, stagingDir, name string, readOnly bool) (err error) {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() && !fi.Mode().IsRegular() {
+		return fmt.Errorf("bind source %s is a %s: want a directory or a regular file", src, fileKind(fi.Mode()))
+	}
+	source := src
+	if readOnly {
+		staged, err := makeMountPoint(stagingDir, name, fi.IsDir())
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if uerr := unmountPath(staged); uerr != nil && err == nil {
+				err = uerr
+			}
+			removeMountPoint(stagingDir, name)
+		}()
+		if err := unix.Mount(src, staged, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s to %s: %w", src, staged, err)
+		}
+		if err := unix.Mount("", staged, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", staged, err)
+		}
+		if err := unix.Mount("", staged, "", unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make %s private: %w", staged, err)
+		}
+		source = staged
+	}
+	target, err := makeMountPoint(mountsDir, name, fi.IsDir())
+	if err != nil {
+		return err
+	}
+	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+		removeMountPoint(mountsDir, name)
+		return fmt.Errorf("bind %s to %s: %w", src, target, err)
+	}
+	if err := unix.Mount("", target, "", unix.MS_PRIVATE, ""); err != nil {
+		_ = unmountPath(target)
+		removeMountPoint(mountsDir, name)
+		return fmt.Errorf("make %s private: %w", target, err)
+	}
+	return nil
+}
+
+// makeMountPoint creates name in dir as an empty directory or file, failing if anything is
+// already there (a symlink included), and returns its path.
+func makeMountPoint(dir, name string, isDir bool) (string, error) {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	path := filepath.Join(dir, name)
+	if isDir {
+		if err := unix.Mkdirat(dfd, name, mountsDirMode); err != nil {
+			return "", fmt.Errorf("create mount point %s: %w", path, err)
+		}
+		return path, nil
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_WRONLY|unix.O_CLOEXEC, 0o640)
+	if err != nil {
+		return "", fmt.Errorf("create mount point %s: %w", path, err)
+	}
+	unix.Close(fd)
+	return path, nil
+}
+
+// removeMountPoint removes the empty directory or file name in dir; best effort.
+func removeMountPoint(dir, name string) {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(dfd)
+	if err := unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR); errors.Is(err, unix.ENOTDIR) {
+		_ = unix.Unlinkat(dfd, name, 0)
+	}
+}
+
+func fileKind(m fs.FileMode) string {
+	switch m.Type() {
+	case 0:
+		return "regular file"
+	case fs.ModeDir:
+		return "directory"
+	case fs.ModeSymlink:
+		return "symlink"
+	case fs.ModeSocket:
+		return "socket"
+	case fs.ModeNamedPipe:
+		return "named pipe"
+	}
+	return "special file"
+}

@@ -1,0 +1,342 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Accelerators.
+const (
+	AccelKVM = "kvm"
+	AccelTCG = "tcg"
+)
+
+// Fixed QEMU object ids. They contain no comma, but go through qemuOpt like every other value.
+const (
+	memID       = "kvfs-mem0"
+	fsCharID    = "kvfs-fs0-chr"
+	fsDeviceID  = "kvfs-fs0"
+	consoleID   = "kvfs-console0"
+	minMemBytes = 128 << 20
+	// maxSocketPath is the longest path connect(2) takes: sun_path holds 108 bytes with the NUL.
+	maxSocketPath = 107
+	// maxRequestQueues is QEMU's bound: VIRTIO_QUEUE_MAX (1024) queues, one of them hiprio.
+	maxRequestQueues = 1023
+)
+
+// VM describes one guest as QEMU runs it. It is pure data: Args turns it into QEMU's arguments
+// and starts nothing. Sandbox.DefaultVM fills it from the configuration.
+type VM struct {
+	// Name identifies the guest in ps and QEMU's messages (-name); optional.
+	Name string
+	// Machine is the machine type: q35, pc, pc-q35-7.2, ...
+	Machine string
+	// Accel is AccelKVM or AccelTCG.
+	Accel string
+	// CPU is the -cpu model, passed as is.
+	CPU string
+	// VCPUs is the number of virtual CPUs, at least 1.
+	VCPUs int
+	// Memory is the guest RAM and how it is shared with the virtio-fs server.
+	Memory Memory
+	// Kernel, Initrd and Cmdline boot the guest directly. Kernel may be empty (firmware boot);
+	// Initrd and Cmdline need a Kernel.
+	Kernel, Initrd, Cmdline string
+	// FS is the virtio-fs device. Sandbox.Start sets it to the sandbox's device.
+	FS FSDevice
+	// Console is a file that receives the guest's serial console; empty for none.
+	Console string
+	// ExtraArgs are appended as they are: more devices, -d flags, ...
+	ExtraArgs []string
+}
+
+// Memory is the guest RAM. vhost-user needs it shared with the server: always share=on.
+type Memory struct {
+	// Size is the amount, in QEMU's syntax ("2G", "512M"); at least 128 MiB, a whole number
+	// of MiB.
+	Size string
+	// Hugepages backs the RAM with a file in Path, preallocated (prealloc=on): Path must be a
+	// hugetlbfs mount.
+	Hugepages bool
+	// Path, without Hugepages, backs the RAM with a shared file in this directory (a tmpfs).
+	// Empty: an anonymous memfd, the default (not limited by /dev/shm's size).
+	Path string
+	// Placement is PlacementNUMA (default when empty) or PlacementMachine.
+	Placement string
+}
+
+// FSDevice is the vhost-user-fs-pci device and its socket.
+type FSDevice struct {
+	// Socket is the vhost-user socket, where the server listens.
+	Socket string
+	// Tag is what the guest mounts: 1 to 36 bytes.
+	Tag string
+	// QueueSize is the size of each request queue: a power of two, at most 1024.
+	QueueSize int
+	// NumRequestQueues is the number of request queues, at least 1.
+	NumRequestQueues int
+}
+
+// Args returns QEMU's arguments for vm, without the binary, or what is wrong with vm.
+func (vm *VM) Args() ([]string, error) {
+	if err := vm.validate(); err != nil {
+		return nil, err
+	}
+	size, _ := ParseMemorySize(vm.Memory.Size)
+	mem := strconv.FormatUint(size>>20, 10) + "M"
+
+	machine := vm.Machine + ",accel=" + vm.Accel
+	placement := vm.Memory.Placement
+	if placement == "" {
+		placement = PlacementNUMA
+	}
+	if placement == PlacementMachine {
+		machine += ",memory-backend=" + qemuOpt(memID)
+	}
+	args := []string{"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"}
+	if vm.Name != "" {
+		args = append(args, "-name", qemuOpt(vm.Name))
+	}
+	args = append(args,
+		"-machine", machine,
+		"-cpu", vm.CPU,
+		"-smp", strconv.Itoa(vm.VCPUs),
+		"-m", mem,
+	)
+
+	var backend string
+	switch {
+	case vm.Memory.Hugepages:
+		backend = fmt.Sprintf("memory-backend-file,id=%s,size=%s,mem-path=%s,share=on,prealloc=on",
+			qemuOpt(memID), mem, qemuOpt(vm.Memory.Path))
+	case vm.Memory.Path != "":
+		backend = fmt.Sprintf("memory-backend-file,id=%s,size=%s,mem-path=%s,share=on",
+			qemuOpt(memID), mem, qemuOpt(vm.Memory.Path))
+	default:
+		backend = fmt.Sprintf("memory-backend-memfd,id=%s,size=%s,share=on", qemuOpt(memID), mem)
+	}
+	args = append(args, "-object", backend)
+	if placement == PlacementNUMA {
+		args = append(args, "-numa", "node,memdev="+qemuOpt(memID))
+	}
+
+	dev := fmt.Sprintf("vhost-user-fs-pci,id=%s,chardev=%s,tag=%s,queue-size=%d",
+		qemuOpt(fsDeviceID), qemuOpt(fsCharID), qemuOpt(vm.FS.Tag), vm.FS.QueueSize)
+	if vm.FS.NumRequestQueues > 1 {
+		dev += ",num-request-queues=" + strconv.Itoa(vm.FS.NumRequestQueues)
+	}
+	if isQ35(vm.Machine) {
+		dev += ",bus=pcie.0"
+	}
+	args = append(args,
+		"-chardev", "socket,id="+qemuOpt(fsCharID)+",path="+qemuOpt(vm.FS.Socket),
+		"-device", dev,
+	)
+
+	if vm.Kernel != "" {
+		args = append(args, "-kernel", vm.Kernel)
+		if vm.Initrd != "" {
+			args = append(args, "-initrd", vm.Initrd)
+		}
+		if vm.Cmdline != "" {
+			args = append(args, "-append", vm.Cmdline)
+		}
+	}
+	if vm.Console != "" {
+		args = append(args,
+			"-chardev", "file,id="+qemuOpt(consoleID)+",path="+qemuOpt(vm.Console),
+			"-serial", "chardev:"+consoleID,
+		)
+	}
+	return append(args, vm.ExtraArgs...), nil
+}
+
+// validate reports the first thing wrong with vm.
+func (vm *VM) validate() error {
+	checks := []struct {
+		what string
+		err  error
+	}{
+		{"machine " + strconv.Quote(vm.Machine), checkMachine(vm.Machine)},
+		{"accel " + strconv.Quote(vm.Accel), checkAccel(vm.Accel)},
+		{"cpu", nonEmpty(vm.CPU)},
+		{"vcpus " + strconv.Itoa(vm.VCPUs), checkVCPUs(vm.VCPUs)},
+		{"memory size " + strconv.Quote(vm.Memory.Size), memErr(vm.Memory.Size)},
+		{"memory placement " + strconv.Quote(vm.Memory.Placement), checkPlacementOrEmpty(vm.Memory.Placement)},
+		{"memory path " + strconv.Quote(vm.Memory.Path), checkMemPath(vm.Memory)},
+		{"virtio-fs socket " + strconv.Quote(vm.FS.Socket), checkSocketPath(vm.FS.Socket)},
+		{"virtio-fs tag " + strconv.Quote(vm.FS.Tag), checkTag(vm.FS.Tag)},
+		{"virtio-fs queue size " + strconv.Itoa(vm.FS.QueueSize), checkQueueSize(vm.FS.QueueSize)},
+		{"virtio-fs num-request-queues " + strconv.Itoa(vm.FS.NumRequestQueues), checkNumRequestQueues(vm.FS.NumRequestQueues)},
+		{"kernel", checkBoot(vm)},
+		{"console " + strconv.Quote(vm.Console), checkNoNUL(vm.Console)},
+	}
+	for _, c := range checks {
+		if c.err != nil {
+			return fmt.Errorf("qemu: %s: %w", c.what, c.err)
+		}
+	}
+	return nil
+}
+
+// qemuOpt escapes a value inside a QEMU option string (key=value,key=value): a comma is
+// doubled.
+func qemuOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+func isQ35(machine string) bool {
+	return machine == "q35" || strings.HasPrefix(machine, "pc-q35-")
+}
+
+var machineRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+
+func checkMachine(m string) error {
+	if !machineRE.MatchString(m) {
+		return errors.New("want a machine type name such as q35 or pc (lower-case letters, digits, '.', '_', '-')")
+	}
+	return nil
+}
+
+func checkAccel(a string) error {
+	if a != AccelKVM && a != AccelTCG {
+		return fmt.Errorf("want %s or %s", AccelKVM, AccelTCG)
+	}
+	return nil
+}
+
+func checkVCPUs(n int) error {
+	if n < 1 || n > maxVCPUs {
+		return fmt.Errorf("want 1 to %d", maxVCPUs)
+	}
+	return nil
+}
+
+func checkPlacement(p string) error {
+	if p != PlacementNUMA && p != PlacementMachine {
+		return fmt.Errorf("want %s or %s", PlacementNUMA, PlacementMachine)
+	}
+	return nil
+}
+
+func checkPlacementOrEmpty(p string) error {
+	if p == "" {
+		return nil
+	}
+	return checkPlacement(p)
+}
+
+func checkMemPath(m Memory) error {
+	if m.Hugepages && m.Path == "" {
+		return errors.New("hugepages need the path of a hugetlbfs mount")
+	}
+	return checkNoNUL(m.Path)
+}
+
+func checkTag(tag string) error {
+	if len(tag) < 1 || len(tag) > maxTagLen {
+		return fmt.Errorf("want 1 to %d bytes, not %d", maxTagLen, len(tag))
+	}
+	return checkNoNUL(tag)
+}
+
+func checkQueueSize(n int) error {
+	if n < 1 || n > maxQueueSize || n&(n-1) != 0 {
+		return fmt.Errorf("want a power of two no larger than %d", maxQueueSize)
+	}
+	return nil
+}
+
+func checkNumRequestQueues(n int) error {
+	if n < 1 || n > maxRequestQueues {
+		return fmt.Errorf("want 1 to %d", maxRequestQueues)
+	}
+	return nil
+}
+
+func checkSocketPath(p string) error {
+	switch {
+	case p == "":
+		return errors.New("empty")
+	case len(p) > maxSocketPath:
+		return fmt.Errorf("%d bytes, longer than the %d a Unix socket address holds", len(p), maxSocketPath)
+	}
+	return checkNoNUL(p)
+}
+
+func checkBoot(vm *VM) error {
+	if vm.Kernel == "" && (vm.Initrd != "" || vm.Cmdline != "") {
+		return errors.New("an initrd or a command line needs a kernel")
+	}
+	if err := checkNoNUL(vm.Kernel); err != nil {
+		return err
+	}
+	if err := checkNoNUL(vm.Initrd); err != nil {
+		return err
+	}
+	return checkNoNUL(vm.Cmdline)
+}
+
+func checkNoNUL(s string) error {
+	if strings.ContainsAny(s, "\x00\n") {
+		return errors.New("contains a NUL or newline")
+	}
+	return nil
+}
+
+func nonEmpty(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	return nil
+}
+
+func memErr(s string) error { _, err := ParseMemorySize(s); return err }
+
+// ParseMemorySize parses a memory size in QEMU's syntax — digits and a unit K, M, G or T
+// (powers of 1024; "Mi", "MiB" and "MB" mean the same) — into bytes. A size without a unit is
+// in bytes. It must be a whole number of MiB and at least 128 MiB.
+func ParseMemorySize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, errors.New(`want a whole number and a unit, such as "512M" or "2G"`)
+	}
+	n, err := strconv.ParseUint(t[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is too large", t[:i])
+	}
+	unit := strings.ToUpper(strings.TrimSpace(t[i:]))
+	unit = strings.TrimSuffix(strings.TrimSuffix(unit, "B"), "I")
+	var shift uint
+	switch unit {
+	case "":
+		shift = 0
+	case "K":
+		shift = 10
+	case "M":
+		shift = 20
+	case "G":
+		shift = 30
+	case "T":
+		shift = 40
+	default:
+		return 0, fmt.Errorf("unknown unit %q: want K, M, G or T", strings.TrimSpace(t[i:]))
+	}
+	if n > math.MaxUint64>>shift {
+		return 0, errors.New("too large")
+	}
+	b := n << shift
+	switch {
+	case b < minMemBytes:
+		return 0, fmt.Errorf("%d bytes is less than the minimum of 128 MiB (a size without a unit is in bytes)", b)
+	case b%(1<<20) != 0:
+		return 0, errors.New("not a whole number of MiB")
+	}
+	return b, nil
+}

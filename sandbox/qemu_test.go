@@ -1,0 +1,189 @@
+package sandbox
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// baseVM is a valid VM that the cases below modify.
+func baseVM() VM {
+	return VM{
+		Machine: "q35", Accel: AccelTCG, CPU: "max", VCPUs: 1,
+		Memory: Memory{Size: "512M"},
+		Kernel: "/g/vmlinuz", Initrd: "/g/initrd", Cmdline: "console=ttyS0 quiet",
+		FS: FSDevice{Socket: "/run/kvfs/sandboxes/p1/vhost-fs.sock", Tag: "kataShared", QueueSize: 1024, NumRequestQueues: 1},
+	}
+}
+
+func TestVMArgs(t *testing.T) {
+	head := []string{"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"}
+	boot := []string{"-kernel", "/g/vmlinuz", "-initrd", "/g/initrd", "-append", "console=ttyS0 quiet"}
+	chardev := []string{"-chardev", "socket,id=kvfs-fs0-chr,path=/run/kvfs/sandboxes/p1/vhost-fs.sock"}
+	memfd := []string{"-object", "memory-backend-memfd,id=kvfs-mem0,size=512M,share=on"}
+	numa := []string{"-numa", "node,memdev=kvfs-mem0"}
+	cpu := func(machine string) []string {
+		return []string{"-machine", machine, "-cpu", "max", "-smp", "1", "-m", "512M"}
+	}
+	dev := func(opts string) []string {
+		return []string{"-device", "vhost-user-fs-pci,id=kvfs-fs0,chardev=kvfs-fs0-chr," + opts}
+	}
+
+	tests := []struct {
+		name   string
+		modify func(vm *VM)
+		want   []string
+	}{
+		{
+			name:   "memfd and numa on q35 (the default)",
+			modify: func(*VM) {},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
+			name:   "memfd as the machine's memory backend",
+			modify: func(vm *VM) { vm.Memory.Placement = PlacementMachine },
+			want: slices.Concat(head, cpu("q35,accel=tcg,memory-backend=kvfs-mem0"), memfd, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
+			name:   "file backend on a tmpfs directory",
+			modify: func(vm *VM) { vm.Memory.Path = "/dev/shm" },
+			want: slices.Concat(head, cpu("q35,accel=tcg"),
+				[]string{"-object", "memory-backend-file,id=kvfs-mem0,size=512M,mem-path=/dev/shm,share=on"}, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
+			name: "hugepages: file backend, preallocated, machine placement",
+			modify: func(vm *VM) {
+				vm.Memory = Memory{Size: "2G", Hugepages: true, Path: "/dev/hugepages", Placement: PlacementMachine}
+			},
+			want: slices.Concat(head,
+				[]string{"-machine", "q35,accel=tcg,memory-backend=kvfs-mem0", "-cpu", "max", "-smp", "1", "-m", "2048M"},
+				[]string{"-object", "memory-backend-file,id=kvfs-mem0,size=2048M,mem-path=/dev/hugepages,share=on,prealloc=on"},
+				chardev, dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
+			name:   "two request queues, queue size 128, kvm",
+			modify: func(vm *VM) { vm.FS.NumRequestQueues, vm.FS.QueueSize, vm.Accel = 2, 128, AccelKVM },
+			want: slices.Concat(head, cpu("q35,accel=kvm"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=128,num-request-queues=2,bus=pcie.0"), boot),
+		},
+		{
+			name:   "pc machine: no pcie bus",
+			modify: func(vm *VM) { vm.Machine = "pc" },
+			want: slices.Concat(head, cpu("pc,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024"), boot),
+		},
+		{
+			name:   "versioned q35 gets the pcie bus",
+			modify: func(vm *VM) { vm.Machine = "pc-q35-7.2" },
+			want: slices.Concat(head, cpu("pc-q35-7.2,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
+			name: "commas in paths, tag and name are doubled",
+			modify: func(vm *VM) {
+				vm.Name = "pod,1"
+				vm.FS.Socket = "/run/a,b/vhost-fs.sock"
+				vm.FS.Tag = "tag,x"
+				vm.Memory.Path = "/mnt/tmp,fs"
+				vm.Console = "/run/a,b/console.log"
+			},
+			want: slices.Concat(head, []string{"-name", "pod,,1"}, cpu("q35,accel=tcg"),
+				[]string{"-object", "memory-backend-file,id=kvfs-mem0,size=512M,mem-path=/mnt/tmp,,fs,share=on"}, numa,
+				[]string{"-chardev", "socket,id=kvfs-fs0-chr,path=/run/a,,b/vhost-fs.sock"},
+				dev("tag=tag,,x,queue-size=1024,bus=pcie.0"), boot,
+				[]string{"-chardev", "file,id=kvfs-console0,path=/run/a,,b/console.log", "-serial", "chardev:kvfs-console0"}),
+		},
+		{
+			name: "no direct boot, extra devices appended",
+			modify: func(vm *VM) {
+				vm.Kernel, vm.Initrd, vm.Cmdline = "", "", ""
+				vm.ExtraArgs = []string{"-device", "virtio-serial-pci"}
+			},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), []string{"-device", "virtio-serial-pci"}),
+		},
+		{
+			name:   "memory units: 1G, 1024MiB and 1073741824 are the same",
+			modify: func(vm *VM) { vm.Memory.Size = "1024MiB" },
+			want: slices.Concat(head, []string{"-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "1", "-m", "1024M"},
+				[]string{"-object", "memory-backend-memfd,id=kvfs-mem0,size=1024M,share=on"}, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vm := baseVM()
+			tt.modify(&vm)
+			got, err := vm.Args()
+			if err != nil {
+				t.Fatalf("Args: %v", err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("Args:\n got %q\nwant %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestVMArgsErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(vm *VM)
+		want   string // substring of the error
+	}{
+		{"queue size not a power of two", func(vm *VM) { vm.FS.QueueSize = 1000 }, "queue size 1000: want a power of two"},
+		{"queue size above 1024", func(vm *VM) { vm.FS.QueueSize = 2048 }, "queue size 2048"},
+		{"queue size zero", func(vm *VM) { vm.FS.QueueSize = 0 }, "queue size 0"},
+		{"empty tag", func(vm *VM) { vm.FS.Tag = "" }, `tag "": want 1 to 36 bytes`},
+		{"tag of 37 bytes", func(vm *VM) { vm.FS.Tag = strings.Repeat("t", 37) }, "want 1 to 36 bytes, not 37"},
+		{"memory below 128 MiB", func(vm *VM) { vm.Memory.Size = "64M" }, "less than the minimum of 128 MiB"},
+		{"memory without unit is bytes", func(vm *VM) { vm.Memory.Size = "2048" }, "2048 bytes is less than"},
+		{"memory unparseable", func(vm *VM) { vm.Memory.Size = "lots" }, `memory size "lots"`},
+		{"memory fraction", func(vm *VM) { vm.Memory.Size = "1.5G" }, `unknown unit ".5G"`},
+		{"memory not whole MiB", func(vm *VM) { vm.Memory.Size = "200000K" }, "not a whole number of MiB"},
+		{"memory overflow", func(vm *VM) { vm.Memory.Size = "99999999999T" }, "too large"},
+		{"zero request queues", func(vm *VM) { vm.FS.NumRequestQueues = 0 }, "num-request-queues 0: want 1 to"},
+		{"zero vcpus", func(vm *VM) { vm.VCPUs = 0 }, "vcpus 0"},
+		{"unknown accelerator", func(vm *VM) { vm.Accel = "hvf" }, `accel "hvf": want kvm or tcg`},
+		{"machine with options", func(vm *VM) { vm.Machine = "q35,accel=kvm" }, `machine "q35,accel=kvm"`},
+		{"unknown placement", func(vm *VM) { vm.Memory.Placement = "both" }, `memory placement "both"`},
+		{"hugepages without path", func(vm *VM) { vm.Memory.Hugepages = true }, "hugepages need the path"},
+		{"socket path too long", func(vm *VM) { vm.FS.Socket = "/" + strings.Repeat("s", 110) }, "longer than the 107"},
+		{"no socket", func(vm *VM) { vm.FS.Socket = "" }, `virtio-fs socket "": empty`},
+		{"initrd without kernel", func(vm *VM) { vm.Kernel = "" }, "needs a kernel"},
+		{"newline in command line", func(vm *VM) { vm.Cmdline = "a\nb" }, "NUL or newline"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vm := baseVM()
+			tt.modify(&vm)
+			args, err := vm.Args()
+			if err == nil {
+				t.Fatalf("Args succeeded: %q", args)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q does not contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseMemorySize(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"128M": 128 << 20, "1G": 1 << 30, "1g": 1 << 30, "2GiB": 2 << 30, "512MB": 512 << 20,
+		"1073741824": 1 << 30, "262144K": 256 << 20, "1T": 1 << 40, " 4G ": 4 << 30,
+	} {
+		got, err := ParseMemorySize(in)
+		if err != nil || got != want {
+			t.Errorf("ParseMemorySize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "G", "-1G", "127M", "1X", "1GG"} {
+		if got, err := ParseMemorySize(in); err == nil {
+			t.Errorf("ParseMemorySize(%q) = %d, want an error", in, got)
+		}
+	}
+}

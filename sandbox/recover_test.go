@@ -1,0 +1,167 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRecover leaves sandboxes behind with helper processes that exit without stopping them
+// (a crash of the owner) and checks what Recover does with each kind, and with entries that
+// are not sandboxes.
+func TestRecover(t *testing.T) {
+	requireRoot(t)
+	becomeSubreaper(t)
+	base := testBase(t)
+	ctx := context.Background()
+	src := t.TempDir()
+
+	// An in-process server dies with its owner: cleaned up.
+	runHelperProcess(t, helperSpec{Config: testConfig(base), ID: "inproc",
+		Binds: []helperBind{{Src: src, Name: "vol", ReadOnly: true}}})
+	// An external server outlives it: adopted.
+	ext := runHelperProcess(t, helperSpec{Config: externalConfig(t, base), ID: "ext",
+		Binds: []helperBind{{Src: src, Name: "vol"}}})
+	// An external server whose pid now belongs to another process: never signalled, cleaned up.
+	runHelperProcess(t, helperSpec{Config: externalConfig(t, base), ID: "recycled"})
+	recycledDir := filepath.Join(base, "recycled")
+	st, err := readState(recycledDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := adopt(*st.Server.Process)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kill(p); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleeper.Process.Kill(); sleeper.Wait() }()
+	sleeperID, err := identify(sleeper.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Server.Process = &procID{PID: sleeperID.PID, StartTime: sleeperID.StartTime + 1, BootID: sleeperID.BootID}
+	if err := writeState(recycledDir, st); err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox this process owns: its lock is held, so it is skipped.
+	live, err := Create(ctx, "live", Options{Config: testConfig(base)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, live)
+	// A half-created sandbox (no state), and entries that are not sandboxes.
+	if err := os.MkdirAll(filepath.Join(base, "half", mountsName), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/", filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, ".hidden"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	rep, err := Recover(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Recover took %v", time.Since(start).Round(time.Millisecond))
+	for _, c := range rep.Cleaned {
+		t.Logf("cleaned %s: %s (%v)", c.ID, c.Reason, c.Err)
+	}
+	for _, s := range rep.Skipped {
+		t.Logf("skipped %s: %s", s.Name, s.Reason)
+	}
+
+	if len(rep.Adopted) != 1 || rep.Adopted[0].ID() != "ext" {
+		t.Fatalf("adopted %v, want [ext]", rep.Adopted)
+	}
+	s := rep.Adopted[0]
+	stopOnCleanup(t, s)
+	wantCleaned := map[string]string{
+		"inproc":   "ran in-process",
+		"recycled": "belongs to another process",
+		"half":     "no usable state",
+	}
+	for _, c := range rep.Cleaned {
+		want, ok := wantCleaned[c.ID]
+		if !ok || !strings.Contains(c.Reason, want) || c.Err != nil {
+			t.Errorf("cleaned %s: %q, %v", c.ID, c.Reason, c.Err)
+		}
+		delete(wantCleaned, c.ID)
+		if _, err := os.Lstat(filepath.Join(base, c.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: directory left: %v", c.ID, err)
+		}
+	}
+	if len(wantCleaned) > 0 {
+		t.Errorf("not cleaned: %v", wantCleaned)
+	}
+	wantSkipped := map[string]string{"live": "in use", "link": "symlink", "file": "not a directory", ".hidden": "not a sandbox id"}
+	for _, sk := range rep.Skipped {
+		if want := wantSkipped[sk.Name]; want == "" || !strings.Contains(sk.Reason, want) {
+			t.Errorf("skipped %s: %q", sk.Name, sk.Reason)
+		}
+		delete(wantSkipped, sk.Name)
+	}
+	if len(wantSkipped) > 0 {
+		t.Errorf("not skipped: %v", wantSkipped)
+	}
+	if processGone(sleeperID) {
+		t.Errorf("the process that reused the recorded pid was killed")
+	}
+	if under, _ := mountsUnder(base); slices.ContainsFunc(under, func(p string) bool {
+		return !strings.HasPrefix(p, filepath.Join(base, "live")) && !strings.HasPrefix(p, filepath.Join(base, "ext"))
+	}) {
+		t.Errorf("mounts left: %q", under)
+	}
+
+	// The adopted sandbox: same server, still serving its layout, monitored again.
+	stats := s.Stats()
+	if stats.Phase != PhaseCreated || stats.Server.PID != ext.Stats.Server.PID || !stats.Server.Running {
+		t.Errorf("adopted stats %+v, helper's %+v", stats, ext.Stats)
+	}
+	if _, err := os.Stat(filepath.Join(s.SharedDir(), "vol")); err != nil {
+		t.Errorf("adopted layout: %v", err)
+	}
+	if st, err := readState(s.Dir()); err != nil || st.Owner.PID != os.Getpid() {
+		t.Errorf("state after adoption: %+v, %v", st, err)
+	}
+	// Its server dies: the stop policy applies (no VM to stop).
+	if err := syscall.Kill(stats.Server.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the adopted sandbox did not notice its server's death")
+	}
+	if err := s.Err(); err == nil || !strings.Contains(err.Error(), "signal: killed") || !strings.Contains(err.Error(), "no VM was running") {
+		t.Errorf("Err() = %v", err)
+	}
+	dir := s.Dir()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("adopted sandbox left its directory: %v", err)
+	}
+	if kids := childPids(t); len(kids) != 1 || kids[0] != sleeper.Process.Pid {
+		t.Errorf("children %v, want only the sleeper %d (no zombie servers)", kids, sleeper.Process.Pid)
+	}
+}

@@ -1,0 +1,726 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/virtiofs"
+)
+
+// Timeouts of the VM's and the monitor's decisions.
+const (
+	// vmStopGrace is how long QEMU has to exit after SIGTERM before SIGKILL.
+	vmStopGrace = 3 * time.Second
+	// serverExitGrace: when the server ends, the VM may be ending too (a guest power-off ends
+	// QEMU, which ends the server's connection). A server exit is a failure only if the VM is
+	// still running this long after it.
+	serverExitGrace = time.Second
+)
+
+// Options are the inputs of Create besides the sandbox ID.
+type Options struct {
+	// Config is the configuration; nil means DefaultConfig().
+	Config *Config
+	// Annotations are the pod's annotations (untrusted): those under Config.Annotations.Prefix
+	// override enabled keys.
+	Annotations map[string]string
+	// Runner starts the VM; nil means QEMURunner.
+	Runner VMRunner
+}
+
+// Sandbox is one pod's virtio-fs side: its directory layout, its vhost-user socket, its
+// server, and the VM connected to it. See the package documentation for the lifecycle and
+// the lock order.
+type Sandbox struct {
+	id     string
+	dir    string
+	cfg    *Config         // resolved; never modified
+	runner VMRunner        // nil for a recovered sandbox (it cannot Start)
+	ctx    context.Context // for the servers' lifetime and logging; never cancelled
+	lock   *os.File        // owner.lock, flocked while this process owns the sandbox
+
+	created time.Time
+
+	// opMu serialises Start, Stop, Bind, Unbind and the failure policy. Taken before mu.
+	opMu sync.Mutex
+
+	mu          sync.Mutex
+	phase       Phase         // guarded by mu
+	srv         fsServer      // guarded by mu
+	vm          Process       // guarded by mu
+	vmRec       *vmRecord     // guarded by mu
+	restarts    int           // guarded by mu
+	lastFailure error         // guarded by mu; the last server failure, restarted or not
+	failure     error         // guarded by mu; why the sandbox failed (PhaseFailed)
+	done        chan struct{} // closed under mu on PhaseFailed or PhaseStopped
+	doneClosed  bool          // guarded by mu
+
+	wg sync.WaitGroup // monitor goroutines
+}
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+func checkID(id string) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("invalid sandbox id %q: want 1 to 128 letters, digits, '_', '.' or '-', starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// Create sets up the sandbox id: its directory under the base directory, the mounts, the
+// vhost-user socket and the server listening on it, so that a VM started afterwards finds it
+// ready. A bad configuration or annotation fails before anything is created; a failure later
+// undoes what was done.
+func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error) {
+	cfg := opts.Config
+	if cfg == nil {
+		cfg = DefaultConfig()
+	}
+	rc, err := cfg.Resolve(opts.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if rc.Server.Daemon != InProcess {
+		if err := checkExecutable(rc.Server.Daemon); err != nil {
+			return nil, &ConfigError{Source: "config", Key: "server.daemon", Value: strconv.Quote(rc.Server.Daemon), Err: err}
+		}
+	}
+	base, err := prepareBaseDir(rc.BaseDir)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(base, id)
+	if sock := filepath.Join(dir, socketName); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("sandbox %s: socket path %s is %d bytes, longer than the %d a Unix socket address holds; use a shorter base_dir",
+			id, sock, len(sock), maxSocketPath)
+	}
+	runner := opts.Runner
+	if runner == nil {
+		runner = QEMURunner{}
+	}
+
+	if err := os.Mkdir(dir, sandboxDirMode); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("sandbox %s already exists (%s)", id, dir)
+		}
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	var lock *os.File
+	defer func() {
+		if err != nil {
+			if terr := teardown(dir); terr != nil {
+				err = fmt.Errorf("%w (and cleaning up: %v)", err, terr)
+			}
+			if lock != nil {
+				lock.Close()
+			}
+		}
+	}()
+	if err := os.Chmod(dir, sandboxDirMode); err != nil {
+		return nil, err
+	}
+	if lock, err = createOwnerLock(dir); err != nil {
+		return nil, err
+	}
+	for _, d := range []struct {
+		name string
+		mode os.FileMode
+	}{{mountsName, mountsDirMode}, {sharedName, sharedDirMode}, {privateName, privateDirMode}} {
+		p := filepath.Join(dir, d.name)
+		if err := os.Mkdir(p, d.mode); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(p, d.mode); err != nil {
+			return nil, err
+		}
+	}
+	if err := setupMounts(dir); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+
+	s := &Sandbox{
+		id: id, dir: dir, cfg: rc, runner: runner, lock: lock,
+		ctx:     log.WithLogger(context.WithoutCancel(ctx), log.G(ctx).WithField("sandbox", id)),
+		created: time.Now(), phase: PhaseCreated, done: make(chan struct{}),
+	}
+	srv, err := s.startServer()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: starting the virtio-fs server: %w", id, err)
+	}
+	s.srv = srv
+	s.mu.Lock()
+	err = s.persistLocked()
+	s.mu.Unlock()
+	if err != nil {
+		_ = srv.stop()
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.watchServer(srv)
+	log.G(s.ctx).WithField("server", srv.describe()).Info("sandbox created")
+	return s, nil
+}
+
+// prepareBaseDir creates the base directory if needed and returns its real path.
+func prepareBaseDir(base string) (string, error) {
+	if err := checkAbsPath(base); err != nil {
+		return "", &ConfigError{Source: "config", Key: "base_dir", Value: strconv.Quote(base), Err: err}
+	}
+	if err := os.MkdirAll(base, baseDirMode); err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(base)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Lstat(real)
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("base directory %s is not a directory", base)
+	}
+	return real, nil
+}
+
+func checkExecutable(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", path)
+	}
+	return nil
+}
+
+// createOwnerLock creates dir/owner.lock and locks it: while the lock is held, Recover in
+// another process leaves the sandbox alone.
+func createOwnerLock(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	return f, nil
+}
+
+// ID returns the sandbox ID.
+func (s *Sandbox) ID() string { return s.id }
+
+// Dir returns the sandbox directory.
+func (s *Sandbox) Dir() string { return s.dir }
+
+// MountsDir is where root filesystems and volumes are bound (see Bind); what is mounted there
+// appears in SharedDir and so in the guest.
+func (s *Sandbox) MountsDir() string { return filepath.Join(s.dir, mountsName) }
+
+// SharedDir is the directory the server exports: a read-only slave bind of MountsDir.
+func (s *Sandbox) SharedDir() string { return filepath.Join(s.dir, sharedName) }
+
+// SocketPath is the vhost-user socket the VM connects to.
+func (s *Sandbox) SocketPath() string { return filepath.Join(s.dir, socketName) }
+
+// ConsolePath is where DefaultVM sends the guest's serial console.
+func (s *Sandbox) ConsolePath() string { return filepath.Join(s.dir, consoleName) }
+
+// Config returns the pod's resolved configuration.
+func (s *Sandbox) Config() *Config { return s.cfg.Clone() }
+
+// Done is closed when the sandbox has failed (see Err) or been stopped.
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// Err returns why the sandbox failed (a *ServerError), or nil.
+func (s *Sandbox) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failure
+}
+
+// Phase returns the sandbox's phase.
+func (s *Sandbox) Phase() Phase {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.phase
+}
+
+// VMExited returns a channel closed when the VM has exited; nil before Start (a nil channel
+// never becomes ready).
+func (s *Sandbox) VMExited() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vm == nil {
+		return nil
+	}
+	return s.vm.Exited()
+}
+
+func (s *Sandbox) fsDevice() FSDevice {
+	return FSDevice{
+		Socket:           s.SocketPath(),
+		Tag:              s.cfg.Device.Tag,
+		QueueSize:        s.cfg.Device.QueueSize,
+		NumRequestQueues: s.cfg.Device.NumRequestQueues,
+	}
+}
+
+// DefaultVM returns the VM the configuration describes, connected to this sandbox and with its
+// console in ConsolePath. The caller adds the kernel, initrd and command line.
+func (s *Sandbox) DefaultVM() VM {
+	c := s.cfg.VM
+	accel := c.Accel
+	if accel == "" {
+		accel = DetectAccel()
+	}
+	vm := VM{
+		Name: "kvfs-" + s.id, Machine: c.Machine, Accel: accel, CPU: c.CPU, VCPUs: c.VCPUs,
+		Memory:  Memory{Size: c.Memory, Hugepages: c.Hugepages, Path: c.FileMemPath, Placement: c.MemoryPlacement},
+		FS:      s.fsDevice(),
+		Console: s.ConsolePath(),
+	}
+	if c.Hugepages {
+		vm.Memory.Path = c.HugepagePath
+	}
+	return vm
+}
+
+// DetectAccel returns AccelKVM if /dev/kvm can be opened, else AccelTCG.
+func DetectAccel() string {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return AccelTCG
+	}
+	f.Close()
+	return AccelKVM
+}
+
+// Start runs the VM vm, its virtio-fs device set to the sandbox's (vm.FS is replaced). The
+// server is already listening. A sandbox runs one VM in its life.
+func (s *Sandbox) Start(ctx context.Context, vm VM) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	phase, srv := s.phase, s.srv
+	s.mu.Unlock()
+	if phase != PhaseCreated {
+		return fmt.Errorf("sandbox %s: cannot start a VM in phase %s", s.id, phase)
+	}
+	if s.runner == nil {
+		return fmt.Errorf("sandbox %s: a recovered sandbox cannot start a VM", s.id)
+	}
+	select {
+	case <-srv.exited():
+		return fmt.Errorf("sandbox %s: the virtio-fs server has exited: %v", s.id, srv.exitErr())
+	default:
+	}
+	vm.FS = s.fsDevice()
+	args, err := vm.Args()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	cmd := VMCommand{Path: s.cfg.VM.QEMU, Args: args, LogPath: filepath.Join(s.dir, qemuLogName)}
+	p, err := s.runner.Run(ctx, cmd)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	rec := &vmRecord{Path: cmd.Path, Args: args, Started: time.Now()}
+	if pid := p.Pid(); pid > 0 {
+		if id, err := identify(pid); err == nil {
+			rec.Process = &id
+		}
+	}
+	s.mu.Lock()
+	s.vm, s.vmRec, s.phase = p, rec, PhaseRunning
+	err = s.persistLocked()
+	if err != nil {
+		s.vm, s.vmRec, s.phase = nil, nil, PhaseCreated
+	}
+	s.mu.Unlock()
+	if err != nil {
+		_ = kill(p)
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	s.wg.Add(1)
+	go s.watchVM(p)
+	log.G(s.ctx).WithField("pid", p.Pid()).Info("VM started")
+	return nil
+}
+
+// Bind bind-mounts src (a directory or a regular file) at MountsDir()/name, name being a
+// single path component; it appears in the guest as /name in the share. A read-only bind is
+// read-only in the guest too. Submounts of src are not included, and mounts made under src
+// later do not appear.
+func (s *Sandbox) Bind(src, name string, readOnly bool) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if err := s.checkNotStopping(); err != nil {
+		return err
+	}
+	return bindMount(src, s.MountsDir(), filepath.Join(s.dir, privateName), name, readOnly)
+}
+
+// Unbind undoes Bind.
+func (s *Sandbox) Unbind(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if err := s.checkNotStopping(); err != nil {
+		return err
+	}
+	if err := unmountPath(filepath.Join(s.MountsDir(), name)); err != nil {
+		return err
+	}
+	// The unmount propagates to shared/; make sure.
+	if err := unmountPath(filepath.Join(s.SharedDir(), name)); err != nil {
+		return err
+	}
+	removeMountPoint(s.MountsDir(), name)
+	return nil
+}
+
+func (s *Sandbox) checkNotStopping() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.phase == PhaseStopping || s.phase == PhaseStopped {
+		return fmt.Errorf("sandbox %s is %s", s.id, s.phase)
+	}
+	return nil
+}
+
+// Stop tears the sandbox down in order: the VM (SIGTERM, then SIGKILL), the server, the
+// mounts (MNT_DETACH|UMOUNT_NOFOLLOW), the directory. It carries on past errors and returns
+// them all; the directory is not removed while anything under it is still mounted, and then
+// the state file says "stopping" so that Recover finishes the job. Stop is idempotent.
+func (s *Sandbox) Stop(ctx context.Context) error {
+	s.opMu.Lock()
+	s.mu.Lock()
+	if s.phase == PhaseStopped {
+		s.mu.Unlock()
+		s.opMu.Unlock()
+		return nil
+	}
+	s.phase = PhaseStopping
+	perr := s.persistLocked()
+	vm, srv := s.vm, s.srv
+	s.mu.Unlock()
+
+	var errs []error
+	if perr != nil {
+		log.G(ctx).WithError(perr).WithField("sandbox", s.id).Warn("recording the stop")
+	}
+	if vm != nil {
+		if err := terminate(vm, vmStopGrace); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the VM: %w", err))
+		}
+	}
+	if srv != nil {
+		if err := srv.stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the server: %w", err))
+		}
+	}
+	if err := teardown(s.dir); err != nil {
+		errs = append(errs, err)
+	}
+	s.lock.Close()
+
+	s.mu.Lock()
+	s.phase = PhaseStopped
+	s.closeDoneLocked()
+	s.mu.Unlock()
+	s.opMu.Unlock()
+	s.wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox %s: stop: %w", s.id, err)
+	}
+	log.G(s.ctx).Info("sandbox stopped")
+	return nil
+}
+
+func (s *Sandbox) closeDoneLocked() {
+	if !s.doneClosed {
+		s.doneClosed = true
+		close(s.done)
+	}
+}
+
+// startServer creates the socket and starts a server on it.
+func (s *Sandbox) startServer() (fsServer, error) {
+	l, err := listen(s.SocketPath())
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Server.Daemon == InProcess {
+		vcfg, err := s.cfg.serverConfig(s.SharedDir())
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		return startInProcess(s.ctx, vcfg, l)
+	}
+	return startExternal(s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
+}
+
+// persistLocked writes the state file. s.mu is held.
+func (s *Sandbox) persistLocked() error {
+	st := &state{
+		Version:  stateVersion,
+		ID:       s.id,
+		Created:  s.created,
+		Phase:    s.phase,
+		Config:   s.cfg,
+		VM:       s.vmRec,
+		Restarts: s.restarts,
+		Owner:    ownerID(),
+	}
+	if s.srv != nil {
+		rec := s.srv.record()
+		st.Server = &rec
+	}
+	if s.failure != nil {
+		st.Failure = s.failure.Error()
+	}
+	return writeState(s.dir, st)
+}
+
+func ownerID() procID {
+	id, err := identify(os.Getpid())
+	if err != nil {
+		return procID{PID: os.Getpid(), BootID: bootID()}
+	}
+	return id
+}
+
+// ServerError is why a sandbox's server stopped serving while its VM was running, and what
+// the failure policy did about it.
+type ServerError struct {
+	// Server names the server: "in-process kvfsd" or "PATH (pid N)".
+	Server string
+	// Err is how it ended: an error from Serve, an exit status or signal, or errServerClean.
+	Err error
+	// Policy is the configured policy; Action says what was done.
+	Policy string
+	Action string
+	At     time.Time
+}
+
+func (e *ServerError) Error() string {
+	msg := fmt.Sprintf("virtio-fs server %s stopped serving: %v", e.Server, e.Err)
+	if e.Action != "" {
+		msg += "; " + e.Action
+	}
+	return msg
+}
+
+func (e *ServerError) Unwrap() error { return e.Err }
+
+// watchServer waits for srv to end and applies the failure policy if that happened while the
+// VM was running.
+func (s *Sandbox) watchServer(srv fsServer) {
+	defer s.wg.Done()
+	<-srv.exited()
+	exitErr := srv.exitErr()
+
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm != nil {
+		select {
+		case <-vm.Exited():
+		case <-time.After(serverExitGrace):
+		}
+	}
+
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	if s.srv != srv || (s.phase != PhaseCreated && s.phase != PhaseRunning) {
+		s.mu.Unlock()
+		return // stopping, or already replaced
+	}
+	vm = s.vm
+	if vm != nil && isClosed(vm.Exited()) {
+		s.mu.Unlock()
+		log.G(s.ctx).WithField("server", srv.describe()).Info("the virtio-fs server ended after the VM")
+		return
+	}
+	if exitErr == nil {
+		exitErr = errServerClean
+	}
+	// failure is published (lastFailure, failure) only once its Action is final.
+	failure := &ServerError{Server: srv.describe(), Err: exitErr, Policy: s.cfg.Server.OnFailure, At: time.Now()}
+	restarts := s.restarts
+	s.mu.Unlock()
+
+	if s.cfg.Server.OnFailure == PolicyRestart {
+		if restarts >= s.cfg.Server.MaxRestarts {
+			failure.Action = fmt.Sprintf("restart limit (%d) reached", s.cfg.Server.MaxRestarts)
+		} else if err := s.restartServerLocked(srv, failure); err != nil {
+			failure.Action = "restarting it failed: " + err.Error()
+		} else {
+			return
+		}
+	}
+	s.failLocked(srv, failure)
+}
+
+// restartServerLocked replaces the dead server old with a new one on a new socket at the same
+// path. s.opMu is held.
+func (s *Sandbox) restartServerLocked(old fsServer, failure *ServerError) error {
+	_ = old.stop() // it has exited; this releases what it held
+	srv, err := s.startServer()
+	if err != nil {
+		return err
+	}
+	failure.Action = "restarted it as " + srv.describe()
+	s.mu.Lock()
+	s.srv = srv
+	s.restarts++
+	s.lastFailure = failure
+	err = s.persistLocked()
+	s.mu.Unlock()
+	if err != nil {
+		log.G(s.ctx).WithError(err).Warn("recording the server restart")
+	}
+	s.wg.Add(1)
+	go s.watchServer(srv)
+	log.G(s.ctx).WithError(failure).Warn("virtio-fs server restarted; QEMU does not reconnect a vhost-user-fs device, " +
+		"so the guest's share stays unusable until the VM restarts")
+	return nil
+}
+
+// failLocked applies the stop policy: the VM is killed and the sandbox fails with failure.
+// s.opMu is held.
+func (s *Sandbox) failLocked(srv fsServer, failure *ServerError) {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	action := "no VM was running"
+	if vm != nil {
+		action = fmt.Sprintf("stopped the VM (pid %d)", vm.Pid())
+		if err := terminate(vm, vmStopGrace); err != nil {
+			action = fmt.Sprintf("stopping the VM (pid %d) failed: %v", vm.Pid(), err)
+		}
+	}
+	if failure.Action != "" {
+		failure.Action += "; " + action
+	} else {
+		failure.Action = action
+	}
+	_ = srv.stop()
+	s.mu.Lock()
+	s.phase = PhaseFailed
+	s.failure = failure
+	s.lastFailure = failure
+	if err := s.persistLocked(); err != nil {
+		log.G(s.ctx).WithError(err).Warn("recording the failure")
+	}
+	s.closeDoneLocked()
+	s.mu.Unlock()
+	log.G(s.ctx).WithError(failure).Error("sandbox failed")
+}
+
+// watchVM logs the VM's end.
+func (s *Sandbox) watchVM(p Process) {
+	defer s.wg.Done()
+	<-p.Exited()
+	log.G(s.ctx).WithField("pid", p.Pid()).WithField("exit", fmt.Sprint(p.ExitErr())).Info("VM exited")
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stats is what a sandbox reports about itself.
+type Stats struct {
+	ID    string
+	Phase Phase
+	// Server is the current server.
+	Server ServerStats
+	// VM is nil before Start.
+	VM *VMStats
+	// Failure is why the sandbox failed, if it did.
+	Failure string
+}
+
+// ServerStats describes the virtio-fs server.
+type ServerStats struct {
+	// Daemon is InProcess or the external daemon's path.
+	Daemon string
+	// PID is the server's process: the owner's own for the in-process server.
+	PID     int
+	Started time.Time
+	Uptime  time.Duration
+	Running bool
+	// Restarts counts restarts by the restart policy; LastFailure is the last server failure.
+	Restarts    int
+	LastFailure string
+	// FS holds the in-process server's counters (requests per opcode, errors, latency, bytes,
+	// inodes, open files); nil for an external daemon, of which only the above is known.
+	FS *virtiofs.Stats
+}
+
+// VMStats describes the VM's process.
+type VMStats struct {
+	PID     int
+	Started time.Time
+	Uptime  time.Duration
+	Running bool
+	// Exit is how it exited, once it has.
+	Exit string
+}
+
+// Stats returns a snapshot of the sandbox's state and its server's counters.
+func (s *Sandbox) Stats() Stats {
+	s.mu.Lock()
+	srv, vm, rec := s.srv, s.vm, s.vmRec
+	st := Stats{ID: s.id, Phase: s.phase}
+	restarts := s.restarts
+	if s.failure != nil {
+		st.Failure = s.failure.Error()
+	}
+	var last string
+	if s.lastFailure != nil {
+		last = s.lastFailure.Error()
+	}
+	s.mu.Unlock()
+	if srv != nil {
+		st.Server = srv.info()
+	}
+	st.Server.Restarts, st.Server.LastFailure = restarts, last
+	if vm != nil {
+		v := &VMStats{PID: vm.Pid(), Running: !isClosed(vm.Exited())}
+		if rec != nil {
+			v.Started, v.Uptime = rec.Started, time.Since(rec.Started)
+		}
+		if !v.Running {
+			v.Exit = fmt.Sprint(vm.ExitErr())
+		}
+		st.VM = v
+	}
+	return st
+}

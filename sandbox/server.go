@@ -1,0 +1,270 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/virtiofs"
+)
+
+// readyLine is what kvfsd and both virtiofsd print on stderr once they wait for the front-end
+// (Kata's runtime-rs waits for it too).
+const readyLine = "Waiting for vhost-user socket connection"
+
+// Timeouts of the server's life.
+const (
+	// serverReadyTimeout bounds the wait for readyLine. The socket exists before the server
+	// starts, so QEMU's connection waits in its backlog meanwhile; a server that never prints
+	// the line (say, one logging to syslog) is used anyway once this passes.
+	serverReadyTimeout = 5 * time.Second
+	// serverStopGrace is how long a server has to exit after SIGTERM before SIGKILL.
+	serverStopGrace = 2 * time.Second
+)
+
+// fsServer is a running virtio-fs server: in-process or an external daemon.
+type fsServer interface {
+	// exited is closed when the server stopped serving.
+	exited() <-chan struct{}
+	// exitErr says why, once exited is closed: nil when the front-end disconnected (QEMU
+	// exited), which is how a server ends normally.
+	exitErr() error
+	// stop ends the server and waits for it.
+	stop() error
+	// describe names the server in messages: "in-process kvfsd", "/usr/bin/kvfsd (pid 123)".
+	describe() string
+	// info returns what is known of the server for Stats.
+	info() ServerStats
+	// record returns what the state file keeps of it.
+	record() serverRecord
+}
+
+// serverRecord is the persisted description of a server.
+type serverRecord struct {
+	Daemon  string    `json:"daemon"` // InProcess or a path
+	Args    []string  `json:"args,omitempty"`
+	Process *procID   `json:"process,omitempty"`
+	Started time.Time `json:"started"`
+}
+
+// listen creates the vhost-user socket at path, mode 0600, replacing a stale socket (never
+// anything else) left there by an earlier server.
+func listen(path string) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("refusing to replace %s: a %s, not a socket", path, fileKind(fi.Mode()))
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	return l, nil
+}
+
+// inProcServer is kvfsd running in this process.
+type inProcServer struct {
+	srv     *virtiofs.Server
+	cancel  context.CancelFunc
+	done    chan struct{}
+	err     error // written before done is closed
+	started time.Time
+}
+
+// startInProcess serves cfg on l, which it takes over.
+func startInProcess(ctx context.Context, cfg virtiofs.Config, l *net.UnixListener) (*inProcServer, error) {
+	srv, err := virtiofs.NewServer(cfg)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &inProcServer{srv: srv, cancel: cancel, done: make(chan struct{}), started: time.Now()}
+	go func() {
+		s.err = srv.Serve(ctx, l) // closes l
+		close(s.done)
+	}()
+	return s, nil
+}
+
+func (s *inProcServer) exited() <-chan struct{} { return s.done }
+func (s *inProcServer) exitErr() error          { <-s.done; return s.err }
+func (s *inProcServer) describe() string        { return "in-process kvfsd" }
+
+func (s *inProcServer) stop() error {
+	s.cancel()
+	err := s.srv.Close() // waits for Serve
+	<-s.done
+	return err
+}
+
+func (s *inProcServer) info() ServerStats {
+	st := s.srv.Stats()
+	running := true
+	select {
+	case <-s.done:
+		running = false
+	default:
+	}
+	return ServerStats{Daemon: InProcess, PID: os.Getpid(), Started: s.started, Uptime: time.Since(s.started),
+		Running: running, FS: &st}
+}
+
+func (s *inProcServer) record() serverRecord {
+	return serverRecord{Daemon: InProcess, Started: s.started}
+}
+
+// extServer is a virtiofsd-compatible daemon in its own process.
+type extServer struct {
+	daemon  string
+	args    []string
+	proc    Process
+	id      procID
+	started time.Time
+}
+
+// startExternal runs daemon args with l's socket as fd 3, its output appended to logPath, in
+// a session of its own (it outlives the owner, which may adopt it again after a restart). It
+// returns once the daemon says it is ready, or fails with the log's tail if it exits first.
+// l is closed either way: the daemon holds the socket.
+func startExternal(daemon string, args []string, l *net.UnixListener, logPath string) (*extServer, error) {
+	lf, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	log, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	fi, err := log.Stat()
+	if err != nil {
+		return nil, err
+	}
+	logStart := fi.Size()
+
+	cmd := exec.Command(daemon, args...)
+	cmd.Stdin = nil
+	cmd.Stdout = log
+	cmd.Stderr = log
+	cmd.ExtraFiles = []*os.File{lf}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	p, err := startChild(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", daemon, err)
+	}
+	s := &extServer{daemon: daemon, args: args, proc: p, started: time.Now()}
+	if s.id, err = identify(p.Pid()); err != nil {
+		// It died at once: report that below.
+		s.id = procID{PID: p.Pid(), BootID: bootID()}
+	}
+	if err := waitReady(p, logPath, logStart); err != nil {
+		_ = kill(p)
+		return nil, fmt.Errorf("%s: %w", s.describe(), err)
+	}
+	return s, nil
+}
+
+// adoptExternal takes hold of a daemon recorded by an earlier owner.
+func adoptExternal(rec serverRecord) (*extServer, error) {
+	if rec.Process == nil {
+		return nil, fmt.Errorf("no process recorded: %w", errNotRunning)
+	}
+	p, err := adopt(*rec.Process)
+	if err != nil {
+		return nil, err
+	}
+	return &extServer{daemon: rec.Daemon, args: rec.Args, proc: p, id: *rec.Process, started: rec.Started}, nil
+}
+
+// waitReady waits until the log, from offset on, has readyLine.
+func waitReady(p Process, logPath string, offset int64) error {
+	deadline := time.Now().Add(serverReadyTimeout)
+	for {
+		if logHas(logPath, offset, readyLine) {
+			return nil
+		}
+		select {
+		case <-p.Exited():
+			return fmt.Errorf("exited before serving (%v): %s", p.ExitErr(), logTail(logPath, offset))
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return nil // see serverReadyTimeout
+		}
+	}
+}
+
+func logHas(path string, offset int64, s string) bool {
+	return bytes.Contains(readFrom(path, offset, 1<<20), []byte(s))
+}
+
+// logTail returns the last lines of the log from offset on, for error messages.
+func logTail(path string, offset int64) string {
+	b := bytes.TrimSpace(readFrom(path, offset, 1<<20))
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	if len(b) == 0 {
+		return "(no output)"
+	}
+	return strings.ReplaceAll(string(b), "\n", " | ")
+}
+
+func readFrom(path string, offset, limit int64) []byte {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, offset, limit))
+	return b
+}
+
+func (s *extServer) exited() <-chan struct{} { return s.proc.Exited() }
+func (s *extServer) exitErr() error          { return s.proc.ExitErr() }
+func (s *extServer) stop() error             { return terminate(s.proc, serverStopGrace) }
+
+func (s *extServer) describe() string {
+	return fmt.Sprintf("%s (pid %d)", s.daemon, s.proc.Pid())
+}
+
+func (s *extServer) info() ServerStats {
+	running := true
+	select {
+	case <-s.proc.Exited():
+		running = false
+	default:
+	}
+	return ServerStats{Daemon: s.daemon, PID: s.proc.Pid(), Started: s.started, Uptime: time.Since(s.started), Running: running}
+}
+
+func (s *extServer) record() serverRecord {
+	id := s.id
+	return serverRecord{Daemon: s.daemon, Args: s.args, Process: &id, Started: s.started}
+}
+
+// errServerClean is the exit reason of a server whose front-end disconnected.
+var errServerClean = errors.New("the front-end disconnected and the server exited")
