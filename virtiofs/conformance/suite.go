@@ -493,6 +493,15 @@ var steps = []step{
 		a := out.Entry.Attr
 		return fmt.Sprintf("ok mode=%#o size=%d nlink=%d", a.Mode, a.Size, a.Nlink), nil
 	}},
+	{"access read", "ok", func(ctx context.Context, e *env) (string, error) {
+		return okOr(e.c.Access(ctx, e.node("pre/data"), unix.R_OK)), nil
+	}},
+	{"access write as uid 1000", "errno EACCES", func(ctx context.Context, e *env) (string, error) {
+		e.c.UID, e.c.GID = 1000, 1000
+		err := e.c.Access(ctx, e.node("pre/data"), unix.W_OK)
+		e.c.UID, e.c.GID = 0, 0
+		return okOr(err), nil
+	}},
 	{"syncfs", "ok", func(ctx context.Context, e *env) (string, error) {
 		return okOr(e.c.Syncfs(ctx, fuse.RootID)), nil
 	}},
