@@ -4,7 +4,7 @@ GO ?= go
 BIN := bin
 GUEST := $(or $(KVFS_CACHE),/var/cache/kvfs)/guest
 
-.PHONY: all build deps test test-unit demo bench vet fmt-check clean
+.PHONY: all build deps test test-unit demo bench vet fmt-check clean generate check-generate
 
 all: build
 
@@ -35,6 +35,18 @@ demo: deps build
 
 bench: deps build
 	scripts/bench.sh
+
+# The control API's Go code (api/**/*.pb.go) is generated from its .proto files and committed.
+generate: deps
+	scripts/gen-api.sh
+
+# Regenerates into a temporary directory and fails if that differs from the committed code
+# (`make test` runs the same check as TestGeneratedUpToDate in api/control/v1).
+check-generate: deps
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && scripts/gen-api.sh "$$tmp" && \
+	cd "$$tmp" && find api -name '*.pb.go' | sort >"$$tmp/.generated" && cd - >/dev/null && \
+	find api -name '*.pb.go' | sort | diff -u - "$$tmp/.generated" && \
+	while read -r f; do diff -u "$$f" "$$tmp/$$f" || exit 1; done <"$$tmp/.generated"
 
 clean:
 	rm -rf $(BIN)

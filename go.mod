@@ -10,4 +10,11 @@ require (
 
 require golang.org/x/sync v0.25.0
 
-require github.com/pelletier/go-toml/v2 v2.4.3
+require (
+	github.com/containerd/ttrpc v1.2.10
+	github.com/pelletier/go-toml/v2 v2.4.3
+	google.golang.org/grpc v1.81.1
+	google.golang.org/protobuf v1.36.12
+)
+
+require google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect

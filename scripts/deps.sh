@@ -4,10 +4,12 @@
 #   - QEMU 7.2 and the C virtiofsd (qemu-system-x86, qemu-system-common): guests and the
 #     reference server the tests compare against;
 #   - busybox-static, cpio, kmod, gcc, libc6-dev: the guest image (packaging/guest/build.sh);
+#   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
+#     its Go plugins);
 #   - a Go toolchain new enough for go.mod.
 set -euo pipefail
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev protobuf-compiler"
 
 missing=()
 for p in $packages; do

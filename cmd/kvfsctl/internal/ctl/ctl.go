@@ -1,0 +1,288 @@
+// Package ctl is kvfsctl: the command line of the control API (api/control/v1). Run parses
+// the arguments, calls the API over the control socket and prints the answer as aligned
+// tables, as JSON (--json; the field names are part of the interface: see json.go), or, for
+// metrics, in Prometheus's text exposition format.
+package ctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/status"
+
+	control "github.com/kvfs/kvfs/api/control/v1"
+)
+
+// DefaultAddress is the control socket kvfsctl uses without --address.
+const DefaultAddress = "/run/kvfs/kvfs.sock"
+
+// Exit codes of Run.
+const (
+	exitOK    = 0
+	exitError = 1 // the call failed
+	exitUsage = 2 // bad arguments
+)
+
+const usage = `Usage: kvfsctl [--address PATH] [--json] [--timeout DURATION] COMMAND [ARGS]
+
+Commands:
+  list                              list the sandboxes
+  status ID                         a sandbox's state and its server's statistics
+  metrics ID                        the same statistics in Prometheus text format
+  stop ID                           stop a sandbox and forget it
+  log-level LEVEL                   set the log level (trace, debug, info, warn, error)
+  dax-policy [--window BYTES] ID POLICY
+                                    set the DAX policy (never, always, inode)
+
+Options:
+`
+
+// options are the global flags.
+type options struct {
+	address string
+	json    bool
+	timeout time.Duration
+}
+
+// usageError is a bad command line: Run prints it with the usage and exits 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// Run runs kvfsctl with args (without the program name) and returns the exit code: 0, 1 if
+// the call failed, 2 for bad arguments.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kvfsctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var opts options
+	fs.StringVar(&opts.address, "address", DefaultAddress, "the control socket")
+	fs.BoolVar(&opts.json, "json", false, "print JSON")
+	fs.DurationVar(&opts.timeout, "timeout", 30*time.Second, "how long a call may take")
+	printUsage := func(w io.Writer) {
+		fmt.Fprint(w, usage)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(stdout)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "kvfsctl: %v\n", err)
+		printUsage(stderr)
+		return exitUsage
+	}
+	err := run(ctx, opts, fs.Args(), stdout)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "kvfsctl: %v\n", err)
+		printUsage(stderr)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "kvfsctl: %s\n", describe(err))
+		return exitError
+	}
+}
+
+// describe says what went wrong, with the status code the server answered if it did.
+func describe(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return fmt.Sprintf("%s (%s)", st.Message(), st.Code())
+	}
+	if errors.Is(err, ttrpc.ErrClosed) {
+		return err.Error() + " (the server closed the connection: only root and the server's own user may use the control socket)"
+	}
+	return err.Error()
+}
+
+// command is one subcommand. Its arguments are checked before anything is dialled.
+type command struct {
+	usage string
+	check func(o options, args []string) error
+	run   func(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error
+}
+
+var commands = map[string]command{
+	"list":       {"list", nargs(0), runList},
+	"status":     {"status ID", nargs(1), runStatus},
+	"metrics":    {"metrics ID", checkMetrics, runMetrics},
+	"stop":       {"stop ID", nargs(1), runStop},
+	"log-level":  {"log-level LEVEL", nargs(1), runLogLevel},
+	"dax-policy": {daxUsage, checkDAX, runDAXPolicy},
+}
+
+func nargs(n int) func(options, []string) error {
+	return func(_ options, args []string) error {
+		if len(args) != n {
+			return errWrongArgs
+		}
+		return nil
+	}
+}
+
+// errWrongArgs makes run print the command's usage.
+var errWrongArgs = errors.New("wrong number of arguments")
+
+func checkMetrics(o options, args []string) error {
+	if o.json {
+		return usagef("metrics prints Prometheus text format; --json does not apply")
+	}
+	return nargs(1)(o, args)
+}
+
+func checkDAX(_ options, args []string) error {
+	_, err := parseDAXArgs(args)
+	return err
+}
+
+func run(ctx context.Context, opts options, args []string, w io.Writer) error {
+	if opts.timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	if len(args) == 0 {
+		return usagef("no command")
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		return usagef("unknown command %q", args[0])
+	}
+	args = args[1:]
+	if err := cmd.check(opts, args); err != nil {
+		if errors.Is(err, errWrongArgs) {
+			return usagef("usage: kvfsctl %s", cmd.usage)
+		}
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
+	defer cancel()
+	c, closer, err := dial(ctx, opts.address)
+	if err != nil {
+		return err
+	}
+	defer closer()
+	return cmd.run(ctx, c, opts, args, w)
+}
+
+// dial connects to the control socket.
+func dial(ctx context.Context, address string) (control.ControlService, func(), error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", address)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to the control socket: %w", err)
+	}
+	client := ttrpc.NewClient(conn)
+	return control.NewControlClient(client), func() { client.Close() }, nil
+}
+
+func runList(ctx context.Context, c control.ControlService, o options, _ []string, w io.Writer) error {
+	resp, err := c.ListSandboxes(ctx, &control.ListSandboxesRequest{})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, listJSON(resp))
+	}
+	return writeList(w, resp)
+}
+
+func runStatus(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error {
+	resp, err := c.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: args[0]})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, statusJSON(resp))
+	}
+	return writeStatus(w, resp)
+}
+
+func runMetrics(ctx context.Context, c control.ControlService, _ options, args []string, w io.Writer) error {
+	resp, err := c.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: args[0]})
+	if err != nil {
+		return err
+	}
+	return WriteMetrics(w, resp)
+}
+
+func runStop(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error {
+	if _, err := c.StopSandbox(ctx, &control.StopSandboxRequest{Id: args[0]}); err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, stopJSON{ID: args[0], Stopped: true})
+	}
+	_, err := fmt.Fprintf(w, "sandbox %s stopped\n", args[0])
+	return err
+}
+
+func runLogLevel(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error {
+	resp, err := c.SetLogLevel(ctx, &control.SetLogLevelRequest{Level: args[0]})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, logLevelJSON{PreviousLevel: resp.GetPreviousLevel(), Level: resp.GetLevel()})
+	}
+	_, err = fmt.Fprintf(w, "log level %s (was %s)\n", resp.GetLevel(), resp.GetPreviousLevel())
+	return err
+}
+
+const daxUsage = "dax-policy [--window BYTES] ID POLICY"
+
+var daxPolicies = map[string]control.DAXPolicy{
+	"never":  control.DAXPolicy_DAX_POLICY_NEVER,
+	"always": control.DAXPolicy_DAX_POLICY_ALWAYS,
+	"inode":  control.DAXPolicy_DAX_POLICY_INODE,
+}
+
+func parseDAXArgs(args []string) (*control.UpdateDAXPolicyRequest, error) {
+	fs := flag.NewFlagSet("dax-policy", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	window := fs.String("window", "0", "the DAX window's size in bytes (0: unchanged)")
+	if err := fs.Parse(args); err != nil {
+		return nil, usagef("dax-policy: %v", err)
+	}
+	if fs.NArg() != 2 {
+		return nil, usagef("usage: kvfsctl %s", daxUsage)
+	}
+	policy, ok := daxPolicies[strings.ToLower(fs.Arg(1))]
+	if !ok {
+		return nil, usagef("dax-policy: unknown policy %q (want never, always or inode)", fs.Arg(1))
+	}
+	size, err := strconv.ParseUint(*window, 10, 64)
+	if err != nil {
+		return nil, usagef("dax-policy: --window %q: want a number of bytes", *window)
+	}
+	return &control.UpdateDAXPolicyRequest{Id: fs.Arg(0), Policy: policy, WindowBytes: size}, nil
+}
+
+func runDAXPolicy(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error {
+	req, err := parseDAXArgs(args)
+	if err != nil {
+		return err
+	}
+	if _, err := c.UpdateDAXPolicy(ctx, req); err != nil {
+		return err
+	}
+	if o.json {
+		return writeJSON(w, daxJSON{ID: req.GetId(), Policy: strings.ToLower(strings.TrimPrefix(req.GetPolicy().String(), "DAX_POLICY_"))})
+	}
+	_, err = fmt.Fprintf(w, "sandbox %s: DAX policy updated\n", req.GetId())
+	return err
+}

@@ -1,0 +1,246 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+)
+
+// ControlService implements the control API (api/control/v1) over a Manager. Its methods
+// return errors of the kinds above; the ttrpc edge (ControlServer, or ErrorInterceptor for
+// another server) turns them into status codes.
+type ControlService struct {
+	m *Manager
+}
+
+var _ control.ControlService = (*ControlService)(nil)
+
+// NewControlService returns the control service of m's sandboxes.
+func NewControlService(m *Manager) *ControlService { return &ControlService{m: m} }
+
+// ListSandboxes lists the sandboxes, ordered by id.
+func (c *ControlService) ListSandboxes(ctx context.Context, _ *control.ListSandboxesRequest) (*control.ListSandboxesResponse, error) {
+	resp := &control.ListSandboxesResponse{}
+	for _, s := range c.m.List() {
+		resp.Sandboxes = append(resp.Sandboxes, summary(s.Stats()))
+	}
+	return resp, nil
+}
+
+// SandboxStatus reports a sandbox and its server's counters.
+func (c *ControlService) SandboxStatus(ctx context.Context, req *control.SandboxStatusRequest) (*control.SandboxStatusResponse, error) {
+	s, err := c.get(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	st := s.Stats()
+	resp := &control.SandboxStatusResponse{Sandbox: summary(st), Server: serverStatus(st.Server)}
+	if st.VM != nil {
+		resp.Vm = &control.VMStatus{
+			Pid:             int64(st.VM.PID),
+			StartedUnixNano: unixNano(st.VM.Started),
+			UptimeNano:      int64(st.VM.Uptime),
+			Running:         st.VM.Running,
+			Exit:            st.VM.Exit,
+		}
+	}
+	return resp, nil
+}
+
+// logLevels are the levels SetLogLevel accepts: fatal and panic would silence the process's
+// errors, so they are refused.
+var logLevels = []string{"trace", "debug", "info", "warn", "error"}
+
+// SetLogLevel sets the level of the process's logger (containerd/log).
+func (c *ControlService) SetLogLevel(ctx context.Context, req *control.SetLogLevelRequest) (*control.SetLogLevelResponse, error) {
+	level := strings.ToLower(req.GetLevel())
+	if level == "warning" {
+		level = "warn"
+	}
+	if !slices.Contains(logLevels, level) {
+		return nil, fmt.Errorf("log level %q: want one of %s: %w", req.GetLevel(), strings.Join(logLevels, ", "), ErrInvalidArgument)
+	}
+	prev := levelName(log.GetLevel())
+	if err := log.SetLevel(level); err != nil {
+		return nil, fmt.Errorf("log level %q: %v: %w", level, err, ErrInvalidArgument)
+	}
+	log.G(ctx).WithField("previous", prev).Infof("log level set to %s", level)
+	return &control.SetLogLevelResponse{PreviousLevel: prev, Level: levelName(log.GetLevel())}, nil
+}
+
+func levelName(l log.Level) string {
+	if l == log.WarnLevel {
+		return "warn" // logrus says "warning"; SetLogLevel takes "warn"
+	}
+	return l.String()
+}
+
+// daxWindowAlign is the granularity of a DAX window (the guest maps it in 2 MiB ranges).
+const daxWindowAlign = 2 << 20
+
+// UpdateDAXPolicy checks the request and then answers ErrNotImplemented: kvfsd has no DAX
+// window yet (and upstream QEMU 7.2 has no vhost-user-fs cache window to map it into).
+func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.UpdateDAXPolicyRequest) (*control.UpdateDAXPolicyResponse, error) {
+	switch req.GetPolicy() {
+	case control.DAXPolicy_DAX_POLICY_NEVER, control.DAXPolicy_DAX_POLICY_ALWAYS, control.DAXPolicy_DAX_POLICY_INODE:
+	case control.DAXPolicy_DAX_POLICY_UNSPECIFIED:
+		return nil, fmt.Errorf("DAX policy: none given (want never, always or inode): %w", ErrInvalidArgument)
+	default:
+		return nil, fmt.Errorf("DAX policy: unknown value %d (want never, always or inode): %w", req.GetPolicy(), ErrInvalidArgument)
+	}
+	if w := req.GetWindowBytes(); w%daxWindowAlign != 0 {
+		return nil, fmt.Errorf("DAX window size %d: not a multiple of 2 MiB: %w", w, ErrInvalidArgument)
+	}
+	if _, err := c.get(req.GetId()); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("sandbox %q: DAX is not available: kvfsd does not implement a DAX window yet: %w", req.GetId(), ErrNotImplemented)
+}
+
+// StopSandbox stops a sandbox and forgets it.
+func (c *ControlService) StopSandbox(ctx context.Context, req *control.StopSandboxRequest) (*control.StopSandboxResponse, error) {
+	if err := checkRequestID(req.GetId()); err != nil {
+		return nil, err
+	}
+	if err := c.m.Stop(ctx, req.GetId()); err != nil {
+		return nil, err
+	}
+	return &control.StopSandboxResponse{}, nil
+}
+
+func (c *ControlService) get(id string) (*Sandbox, error) {
+	if err := checkRequestID(id); err != nil {
+		return nil, err
+	}
+	return c.m.Get(id)
+}
+
+func checkRequestID(id string) error {
+	if err := checkID(id); err != nil {
+		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+	}
+	return nil
+}
+
+func summary(st Stats) *control.SandboxSummary {
+	sum := &control.SandboxSummary{
+		Id:            st.ID,
+		Phase:         string(st.Phase),
+		Daemon:        st.Server.Daemon,
+		ServerRunning: st.Server.Running,
+		Failure:       st.Failure,
+	}
+	if st.VM != nil {
+		sum.VmPid, sum.VmRunning = int64(st.VM.PID), st.VM.Running
+	}
+	return sum
+}
+
+func serverStatus(s ServerStats) *control.ServerStatus {
+	out := &control.ServerStatus{
+		Daemon:          s.Daemon,
+		Pid:             int64(s.PID),
+		StartedUnixNano: unixNano(s.Started),
+		UptimeNano:      int64(s.Uptime),
+		Running:         s.Running,
+		Restarts:        uint32(min(s.Restarts, math.MaxUint32)),
+		LastFailure:     s.LastFailure,
+	}
+	if s.FS == nil {
+		return out
+	}
+	f := s.FS.FUSE
+	st := &control.ServerStats{
+		BytesRead:       f.BytesRead,
+		BytesWritten:    f.BytesWritten,
+		Malformed:       f.Malformed,
+		Panics:          f.Panics,
+		CachedInodes:    uint64(max(s.FS.FS.CachedInodes, 0)),
+		OpenHandles:     uint64(max(s.FS.FS.OpenFiles, 0)),
+		OpenFds:         uint64(max(s.FS.FS.Fds, 0)),
+		BlockedRequests: uint64(max(f.Waiting, 0)),
+	}
+	for i := range fuse.LatencyBuckets - 1 {
+		st.LatencyBucketBoundsSeconds = append(st.LatencyBucketBoundsSeconds, float64(uint64(1)<<i)/1e6)
+	}
+	names := make([]string, 0, len(f.Ops))
+	for name := range f.Ops {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		o := f.Ops[name]
+		st.Ops = append(st.Ops, &control.OpStats{
+			Opcode:         name,
+			Count:          o.Count,
+			Errors:         o.Errors,
+			LatencyBuckets: slices.Clone(o.Latency[:]),
+			TotalTimeNano:  uint64(max(o.TotalTime, 0)),
+		})
+	}
+	out.Stats = st
+	return out
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// ErrorInterceptor is the ttrpc edge of the control API: it logs each call's failure and
+// turns the error kinds into gRPC status codes (anything else is Internal). A panic in a
+// handler becomes Internal too, with its stack logged.
+func ErrorInterceptor(ctx context.Context, um ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, h ttrpc.Method) (_ any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.G(ctx).WithField("method", info.FullMethod).Errorf("control: panic: %v\n%s", p, debug.Stack())
+			err = status.Errorf(codes.Internal, "%s: internal error", info.FullMethod)
+		}
+	}()
+	resp, err := h(ctx, um)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("method", info.FullMethod).Debug("control: call failed")
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// toStatus maps an error kind to its status code.
+func toStatus(err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ErrAlreadyExists):
+		code = codes.AlreadyExists
+	case errors.Is(err, ErrInvalidArgument):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrFailedPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrNotImplemented):
+		code = codes.Unimplemented
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}

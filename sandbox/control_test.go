@@ -1,0 +1,187 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	control "github.com/kvfs/kvfs/api/control/v1"
+)
+
+func TestToStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{fmt.Errorf("x: %w", ErrNotFound), codes.NotFound},
+		{fmt.Errorf("x: %w", ErrAlreadyExists), codes.AlreadyExists},
+		{fmt.Errorf("x: %w", ErrInvalidArgument), codes.InvalidArgument},
+		{fmt.Errorf("x: %w", ErrFailedPrecondition), codes.FailedPrecondition},
+		{fmt.Errorf("x: %w", ErrNotImplemented), codes.Unimplemented},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{errors.New("disk on fire"), codes.Internal},
+		{status.Error(codes.Aborted, "as is"), codes.Aborted},
+	} {
+		st, _ := status.FromError(toStatus(tc.err))
+		if st.Code() != tc.want || st.Message() != tc.err.Error() && tc.want != codes.Aborted {
+			t.Errorf("toStatus(%v) = %v %q, want %v", tc.err, st.Code(), st.Message(), tc.want)
+		}
+	}
+}
+
+func TestCheckPeer(t *testing.T) {
+	for _, tc := range []struct {
+		uid  uint32
+		self int
+		ok   bool
+	}{
+		{0, 0, true},
+		{0, 1000, true},
+		{1000, 1000, true},
+		{65534, 0, false},
+		{65534, 1000, false},
+	} {
+		err := checkPeer(&unix.Ucred{Pid: 1, Uid: tc.uid, Gid: tc.uid}, tc.self)
+		if (err == nil) != tc.ok {
+			t.Errorf("checkPeer(uid %d, self %d) = %v", tc.uid, tc.self, err)
+		}
+		if err != nil && !errors.Is(err, unix.EPERM) {
+			t.Errorf("checkPeer: %v, want EPERM", err)
+		}
+	}
+}
+
+func TestControlValidation(t *testing.T) {
+	svc := NewControlService(NewManager())
+	ctx := context.Background()
+	code := func(err error) codes.Code { return status.Code(toStatus(err)) }
+
+	for _, id := range []string{"", "../x", "a/b", strings.Repeat("a", 129)} {
+		if _, err := svc.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: id}); code(err) != codes.InvalidArgument {
+			t.Errorf("SandboxStatus(%q): %v", id, err)
+		}
+		if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: id}); code(err) != codes.InvalidArgument {
+			t.Errorf("StopSandbox(%q): %v", id, err)
+		}
+	}
+	if _, err := svc.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: "nope"}); code(err) != codes.NotFound {
+		t.Errorf("SandboxStatus(nope): %v", err)
+	}
+	if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: "nope"}); code(err) != codes.NotFound {
+		t.Errorf("StopSandbox(nope): %v", err)
+	}
+
+	for _, tc := range []struct {
+		req  *control.UpdateDAXPolicyRequest
+		want codes.Code
+	}{
+		{&control.UpdateDAXPolicyRequest{Id: "nope"}, codes.InvalidArgument},
+		{&control.UpdateDAXPolicyRequest{Id: "nope", Policy: 42}, codes.InvalidArgument},
+		{&control.UpdateDAXPolicyRequest{Id: "nope", Policy: control.DAXPolicy_DAX_POLICY_ALWAYS, WindowBytes: 4096}, codes.InvalidArgument},
+		{&control.UpdateDAXPolicyRequest{Id: "", Policy: control.DAXPolicy_DAX_POLICY_ALWAYS}, codes.InvalidArgument},
+		{&control.UpdateDAXPolicyRequest{Id: "nope", Policy: control.DAXPolicy_DAX_POLICY_ALWAYS, WindowBytes: 8 << 30}, codes.NotFound},
+	} {
+		if _, err := svc.UpdateDAXPolicy(ctx, tc.req); code(err) != tc.want {
+			t.Errorf("UpdateDAXPolicy(%v): %v, want %v", tc.req, err, tc.want)
+		}
+	}
+
+	prev := log.GetLevel()
+	t.Cleanup(func() { log.L.Logger.SetLevel(prev) })
+	for _, bad := range []string{"", "loud", "fatal", "panic"} {
+		if _, err := svc.SetLogLevel(ctx, &control.SetLogLevelRequest{Level: bad}); code(err) != codes.InvalidArgument {
+			t.Errorf("SetLogLevel(%q): %v", bad, err)
+		}
+	}
+	resp, err := svc.SetLogLevel(ctx, &control.SetLogLevelRequest{Level: "DEBUG"})
+	if err != nil || resp.GetLevel() != "debug" || log.GetLevel() != log.DebugLevel {
+		t.Errorf("SetLogLevel(DEBUG) = %v, %v; level now %v", resp, err, log.GetLevel())
+	}
+	resp, err = svc.SetLogLevel(ctx, &control.SetLogLevelRequest{Level: "warning"})
+	if err != nil || resp.GetPreviousLevel() != "debug" || resp.GetLevel() != "warn" {
+		t.Errorf("SetLogLevel(warning) = %v, %v", resp, err)
+	}
+}
+
+// TestUpdateDAXPolicyUnimplemented: a valid request for an existing sandbox is refused with
+// Unimplemented, saying DAX is not available.
+func TestUpdateDAXPolicyUnimplemented(t *testing.T) {
+	requireRoot(t)
+	m := NewManager()
+	if err := m.Add(createSandbox(t, testBase(t), "dax")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewControlService(m).UpdateDAXPolicy(context.Background(),
+		&control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_INODE})
+	st, _ := status.FromError(toStatus(err))
+	if st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "DAX is not available") {
+		t.Errorf("UpdateDAXPolicy: %v", err)
+	}
+}
+
+// TestErrorInterceptor: the ttrpc edge turns error kinds into codes and a handler's panic
+// into Internal.
+func TestErrorInterceptor(t *testing.T) {
+	info := &ttrpc.UnaryServerInfo{FullMethod: "/kvfs.control.v1.Control/Test"}
+	noop := func(any) error { return nil }
+	_, err := ErrorInterceptor(context.Background(), noop, info, func(context.Context, func(any) error) (any, error) {
+		return nil, fmt.Errorf("sandbox x: %w", ErrNotFound)
+	})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("not found: %v", err)
+	}
+	_, err = ErrorInterceptor(context.Background(), noop, info, func(context.Context, func(any) error) (any, error) {
+		panic("boom")
+	})
+	if status.Code(err) != codes.Internal {
+		t.Errorf("panic: %v", err)
+	}
+	resp, err := ErrorInterceptor(context.Background(), noop, info, func(context.Context, func(any) error) (any, error) {
+		return "ok", nil
+	})
+	if resp != "ok" || err != nil {
+		t.Errorf("success: %v, %v", resp, err)
+	}
+}
+
+// TestControlServerSocket: the socket is made 0600 in a directory made 0700, and Close (even
+// without Serve) removes it.
+func TestControlServerSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "kvfs.sock")
+	cs, err := NewControlServer(NewManager(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket: %v, %v", fi, err)
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("socket directory: %v, %v", fi, err)
+	}
+	if err := cs.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Errorf("socket after Close: %v", err)
+	}
+	if err := cs.Serve(context.Background()); err != nil {
+		t.Errorf("Serve after Close: %v", err)
+	}
+	// A file that is not a socket is never replaced.
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewControlServer(NewManager(), path); err == nil || !strings.Contains(err.Error(), "refusing to replace") {
+		t.Errorf("over a regular file: %v", err)
+	}
+}
