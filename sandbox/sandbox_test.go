@@ -162,8 +162,8 @@ func TestCreateFailsCleanly(t *testing.T) {
 		{"daemon exits at once", "a4", func(c *Config) { c.Server.Daemon = "/bin/false" }, nil, "exited before serving (exit status 1)"},
 		{"daemon refuses an option", "a5", func(c *Config) {
 			c.Server.Daemon = kvfsdBinary(t)
-			c.Server.ExtraArgs = []string{"--writeback"}
-		}, nil, "--writeback: not supported yet"},
+			c.Server.ExtraArgs = []string{"--migration-confirm-paths"}
+		}, nil, "--migration-confirm-paths: not supported yet"},
 		{"bad cache mode in the file", "a6", func(c *Config) { c.Server.Cache = "bogus" }, nil, "server.cache"},
 	}
 	for _, tt := range tests {

@@ -4,20 +4,32 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
-// CacheMode says how long the guest may trust what it cached about the shared directory.
+// CacheMode says how long the guest may trust what it cached about the shared directory, and
+// so when a change made on the host reaches the guest. In every mode a file created on the host
+// is visible to the guest at once (a failed lookup is answered with ENOENT, never with a
+// cacheable negative entry), and a guest that drops its caches sees the host's files as they
+// are. internal/vmtest's TestGuestCacheModes checks these promises in a real guest.
 type CacheMode int
 
 const (
-	// CacheAuto: attributes and entries valid for 1 s; file data cached until the file changes on
-	// the host (the guest re-checks size and mtime at open). The default.
+	// CacheAuto: attributes and entries valid for 1 s; file data cached and dropped at open when
+	// the file's size or mtime changed. A host-side change is seen within 1 s (by the first open
+	// after the timeout). The default.
 	CacheAuto CacheMode = iota
-	// CacheNever: nothing cached; every access goes to the host (FOPEN_DIRECT_IO).
+	// CacheNever: nothing cached (timeout 0, FOPEN_DIRECT_IO); every access goes to the host and
+	// a host-side change is seen at once.
 	CacheNever
-	// CacheMetadata: attributes and entries cached for a day, file data never.
+	// CacheMetadata: attributes and entries cached for a day, file data never (FOPEN_DIRECT_IO;
+	// directory listings are cached, FOPEN_CACHE_DIR). File content changed on the host is read
+	// at once, but the size, mtime and other attributes the guest reports may be a day old.
 	CacheMetadata
-	// CacheAlways: attributes, entries and data cached for a day (KEEP_CACHE, CACHE_DIR).
+	// CacheAlways: attributes, entries and data cached for a day (FOPEN_KEEP_CACHE,
+	// FOPEN_CACHE_DIR). A host-side change to a file the guest has cached, same size or not,
+	// may stay unseen until the guest drops its caches or the day is over.
 	CacheAlways
 )
 
@@ -76,6 +88,23 @@ type Config struct {
 	Cache CacheMode
 	// Xattr enables the extended attribute operations; without it they answer ENOSYS.
 	Xattr bool
+	// KillprivV2, when set, says whether to offer FUSE_HANDLE_KILLPRIV_V2: the guest then
+	// leaves clearing set-user-ID, set-group-ID and security.capability on write, truncate
+	// and chown to the server, and stops asking for security.capability before every write.
+	// Unset (nil) means on whenever extended attributes are (XattrEnabled).
+	KillprivV2 *bool
+	// PosixACL serves POSIX ACLs, stored as the host's system.posix_acl_* attributes: it
+	// implies Xattr and offers POSIX_ACL, DONT_MASK and SETXATTR_EXT, so the guest leaves its
+	// umask to the server, which ignores it in directories with a default ACL.
+	PosixACL bool
+	// XattrMap, when not empty, translates extended attribute names between guest and host
+	// with virtiofsd's xattrmap rules (prefix, ok and bad; see passthrough.XattrMap). It
+	// implies Xattr.
+	XattrMap string
+	// SecurityLabel offers SECURITY_CTX: the guest sends the security context (an SELinux
+	// label, say) of each file it creates, which is set on the new file as an attribute
+	// (mapped by XattrMap) right after the create. It implies Xattr.
+	SecurityLabel bool
 	// AnnounceSubmounts reports mount points inside SharedDir to the guest as submounts.
 	AnnounceSubmounts bool
 	// PosixLock offers the guest remote POSIX record locks (fcntl F_SETLK and co.): they become
@@ -88,6 +117,55 @@ type Config struct {
 	// ThreadPoolSize is the number of worker goroutines, shared by all queues; 0 handles
 	// requests inline on each queue's goroutine.
 	ThreadPoolSize int
+	// Writeback offers the guest a writeback cache (FUSE_WRITEBACK_CACHE): writes collect in the
+	// guest's page cache and reach the host later, in pages, and the guest keeps file sizes and
+	// times itself while it holds dirty data. Host-side changes to a file the guest is writing
+	// may be overwritten. Off by default.
+	Writeback bool
+	// Readdirplus, when set, says whether the guest may read directories with READDIRPLUS,
+	// which returns each entry's attributes and so caches them for the entry timeout. Unset
+	// (nil) means on, except with CacheNever.
+	Readdirplus *bool
+	// Timeout, when set, replaces the mode's entry and attribute timeout (Cache.Timeout):
+	// the C virtiofsd's -o timeout=SECONDS. It does not change what file data is cached.
+	Timeout *time.Duration
+}
+
+// maxTimeout bounds Timeout: the FUSE wire carries seconds as a u64 and nanoseconds as a u32,
+// and a longer timeout than a year is indistinguishable from forever to a guest.
+const maxTimeout = 365 * 24 * time.Hour
+
+// EntryAttrTimeout is how long the guest may cache entries and attributes: Timeout when set,
+// otherwise the cache mode's.
+func (c *Config) EntryAttrTimeout() time.Duration {
+	if c.Timeout != nil {
+		return *c.Timeout
+	}
+	return c.Cache.Timeout()
+}
+
+// XattrEnabled says whether the extended attribute operations are served: Xattr, or
+// PosixACL, XattrMap or SecurityLabel, which imply it.
+func (c *Config) XattrEnabled() bool {
+	return c.Xattr || c.PosixACL || c.XattrMap != "" || c.SecurityLabel
+}
+
+// KillprivV2Enabled says whether HANDLE_KILLPRIV_V2 is offered: KillprivV2 when set,
+// otherwise XattrEnabled.
+func (c *Config) KillprivV2Enabled() bool {
+	if c.KillprivV2 != nil {
+		return *c.KillprivV2
+	}
+	return c.XattrEnabled()
+}
+
+// ReaddirplusEnabled says whether READDIRPLUS is offered: Readdirplus when set, otherwise on
+// except for CacheNever.
+func (c *Config) ReaddirplusEnabled() bool {
+	if c.Readdirplus != nil {
+		return *c.Readdirplus
+	}
+	return c.Cache != CacheNever
 }
 
 // Validate reports the first thing wrong with c.
@@ -98,11 +176,19 @@ func (c *Config) Validate() error {
 	if _, ok := cacheModeNames[c.Cache]; !ok {
 		return fmt.Errorf("invalid cache mode %v", c.Cache)
 	}
+	if c.Timeout != nil && (*c.Timeout < 0 || *c.Timeout > maxTimeout) {
+		return fmt.Errorf("invalid timeout %v: want 0 to %v", *c.Timeout, maxTimeout)
+	}
 	if c.ThreadPoolSize < 0 {
 		return fmt.Errorf("invalid thread pool size %d", c.ThreadPoolSize)
 	}
 	if c.ThreadPoolSize > maxThreadPoolSize {
 		return fmt.Errorf("thread pool size %d is larger than %d", c.ThreadPoolSize, maxThreadPoolSize)
+	}
+	if c.XattrMap != "" {
+		if _, err := passthrough.ParseXattrMap(c.XattrMap); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -64,10 +64,15 @@ func NewServer(cfg Config) (*Server, error) {
 // passthroughOptions maps the cache mode onto what the guest is told to cache.
 func passthroughOptions(cfg *Config) passthrough.Options {
 	o := passthrough.Options{
-		EntryTimeout:      cfg.Cache.Timeout(),
-		AttrTimeout:       cfg.Cache.Timeout(),
-		Xattr:             cfg.Xattr,
+		EntryTimeout:      cfg.EntryAttrTimeout(),
+		AttrTimeout:       cfg.EntryAttrTimeout(),
+		Xattr:             cfg.XattrEnabled(),
+		PosixACL:          cfg.PosixACL,
+		SecurityLabel:     cfg.SecurityLabel,
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
+	}
+	if cfg.XattrMap != "" {
+		o.XattrMap, _ = passthrough.ParseXattrMap(cfg.XattrMap) // Validate accepted it
 	}
 	switch cfg.Cache {
 	case CacheNever:
@@ -83,8 +88,11 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 // initFlags are the INIT flags offered beyond the FUSE server's base set.
 func initFlags(cfg *Config) uint64 {
 	var f uint64
-	if cfg.Cache != CacheNever {
+	if cfg.ReaddirplusEnabled() {
 		f |= fuse.InitDoReaddirplus | fuse.InitReaddirplusAuto
+	}
+	if cfg.Writeback {
+		f |= fuse.InitWritebackCache
 	}
 	if cfg.AnnounceSubmounts {
 		f |= fuse.InitSubmounts
@@ -94,6 +102,15 @@ func initFlags(cfg *Config) uint64 {
 	}
 	if cfg.Flock {
 		f |= fuse.InitFlockLocks
+	}
+	if cfg.KillprivV2Enabled() {
+		f |= fuse.InitHandleKillprivV2
+	}
+	if cfg.PosixACL {
+		f |= fuse.InitPosixACL | fuse.InitDontMask | fuse.InitSetxattrExt
+	}
+	if cfg.SecurityLabel {
+		f |= fuse.InitSecurityCtx
 	}
 	return f
 }

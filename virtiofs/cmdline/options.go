@@ -7,7 +7,7 @@
 // dropped in where Kata Containers, QEMU's documentation or a hand-written script starts
 // virtiofsd. An option kvfsd knows but does not implement is refused with an error wrapping
 // [ErrNotSupported]; it is never accepted and ignored, because a caller that asks for, say, a
-// writeback cache or a sandbox must not believe it got one.
+// sandbox or live migration must not believe it got one.
 //
 // Nothing here keeps package-level flag state, prints, or exits: [Parse] returns an [Options] and
 // the command decides what to do with it.
@@ -19,8 +19,10 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvfs/kvfs/virtiofs"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 // Capabilities is what kvfsd --print-capabilities prints: the vhost-user.json description of a
@@ -276,16 +278,10 @@ type option struct {
 
 // Reasons for refusing options, shared by both dialects' spellings.
 const (
-	whyWriteback     = "kvfsd does not offer the guest a writeback cache"
-	whyXattrmap      = "kvfsd does not map extended attribute names; --xattr passes them through unchanged"
-	whyPosixACL      = "kvfsd does not implement POSIX ACLs"
-	whySecurityLabel = "kvfsd does not set security labels at file creation"
-	whyKillprivV2    = "kvfsd does not negotiate FUSE_HANDLE_KILLPRIV_V2"
-	whyDirectIO      = "kvfsd does not make O_DIRECT configurable"
-	whyReaddirplus   = "kvfsd does not make READDIRPLUS configurable"
-	whyModcaps       = "kvfsd does not change its capabilities; run it with the ones it should have"
-	whyIDMap         = "kvfsd does not map or translate user and group IDs"
-	whyMigration     = "kvfsd does not support live migration"
+	whyDirectIO  = "kvfsd does not make O_DIRECT configurable"
+	whyModcaps   = "kvfsd does not change its capabilities; run it with the ones it should have"
+	whyIDMap     = "kvfsd does not map or translate user and group IDs"
+	whyMigration = "kvfsd does not support live migration"
 )
 
 // longOptions are the --name options of both dialects.
@@ -311,16 +307,16 @@ var longOptions = map[string]option{
 	"xattr":                 {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
 	"announce-submounts":    {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
 	"no-announce-submounts": {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = false })},
-	"no-killpriv-v2":        {apply: setFlag(func(*Options) {})}, // what kvfsd does anyway
+	"killpriv-v2":           {apply: setFlag(func(o *Options) { o.Server.KillprivV2 = new(true) })},
+	"posix-acl":             {apply: setFlag(func(o *Options) { o.Server.PosixACL = true })},
+	"security-label":        {apply: setFlag(func(o *Options) { o.Server.SecurityLabel = true })},
+	"xattrmap":              {value: "RULES", apply: setXattrMap},
+	"no-killpriv-v2":        {apply: setFlag(func(o *Options) { o.Server.KillprivV2 = new(false) })},
+	"writeback":             {apply: setFlag(func(o *Options) { o.Server.Writeback = true })},
+	"no-readdirplus":        {apply: setFlag(func(o *Options) { o.Server.Readdirplus = new(false) })},
 
 	"daemonize":                {refused: "kvfsd always runs in the foreground; let the caller (systemd, the Kata runtime) supervise it"},
-	"writeback":                {refused: whyWriteback},
-	"xattrmap":                 {value: "RULES", refused: whyXattrmap},
-	"posix-acl":                {refused: whyPosixACL},
-	"security-label":           {refused: whySecurityLabel},
-	"killpriv-v2":              {refused: whyKillprivV2},
 	"allow-direct-io":          {refused: whyDirectIO},
-	"no-readdirplus":           {refused: whyReaddirplus},
 	"modcaps":                  {value: "CAPS", refused: whyModcaps},
 	"tag":                      {value: "TAG", refused: "kvfsd does not offer the device configuration space; set the tag on the front-end (QEMU: -device vhost-user-fs-pci,tag=TAG)"},
 	"readonly":                 {refused: "kvfsd does not export read-only yet; bind-mount the shared directory read-only instead"},
@@ -352,24 +348,22 @@ var subOptions = map[string]option{
 	"no_posix_lock":      {apply: setFlag(func(o *Options) { o.Server.PosixLock = false })},
 	"flock":              {apply: setFlag(func(o *Options) { o.Server.Flock = true })},
 	"no_flock":           {apply: setFlag(func(o *Options) { o.Server.Flock = false })},
+	"writeback":          {apply: setFlag(func(o *Options) { o.Server.Writeback = true })},
+	"no_writeback":       {apply: setFlag(func(o *Options) { o.Server.Writeback = false })},
+	"readdirplus":        {apply: setFlag(func(o *Options) { o.Server.Readdirplus = new(true) })},
+	"no_readdirplus":     {apply: setFlag(func(o *Options) { o.Server.Readdirplus = new(false) })},
+	"timeout":            {value: "SECONDS", apply: setTimeout},
 
-	// The no_ forms say what kvfsd does anyway: no writeback cache, no ACLs, no security
-	// labels, no KILLPRIV_V2.
-	"no_writeback":      {apply: setFlag(func(*Options) {})},
-	"no_posix_acl":      {apply: setFlag(func(*Options) {})},
-	"no_security_label": {apply: setFlag(func(*Options) {})},
-	"no_killpriv_v2":    {apply: setFlag(func(*Options) {})},
+	"killpriv_v2":       {apply: setFlag(func(o *Options) { o.Server.KillprivV2 = new(true) })},
+	"no_killpriv_v2":    {apply: setFlag(func(o *Options) { o.Server.KillprivV2 = new(false) })},
+	"posix_acl":         {apply: setFlag(func(o *Options) { o.Server.PosixACL = true })},
+	"security_label":    {apply: setFlag(func(o *Options) { o.Server.SecurityLabel = true })},
+	"no_security_label": {apply: setFlag(func(o *Options) { o.Server.SecurityLabel = false })},
+	"xattrmap":          {value: "RULES", apply: setXattrMap},
+	"no_posix_acl":      {apply: setFlag(func(o *Options) { o.Server.PosixACL = false })},
 
-	"writeback":          {refused: whyWriteback},
-	"timeout":            {value: "SECONDS", refused: "the attribute and entry timeout follows the cache mode (never 0 s, auto 1 s, metadata and always 1 day)"},
-	"xattrmap":           {value: "RULES", refused: whyXattrmap},
-	"posix_acl":          {refused: whyPosixACL},
-	"security_label":     {refused: whySecurityLabel},
-	"killpriv_v2":        {refused: whyKillprivV2},
 	"allow_direct_io":    {refused: whyDirectIO},
 	"no_allow_direct_io": {refused: whyDirectIO},
-	"readdirplus":        {refused: whyReaddirplus},
-	"no_readdirplus":     {refused: whyReaddirplus},
 	"modcaps":            {value: "CAPS", refused: whyModcaps},
 	"allow_root":         {refused: "kvfsd has no allow_root setting"},
 	"max_idle_threads":   {value: "N", refused: "kvfsd has no idle thread limit"},
@@ -380,7 +374,19 @@ func setFlag(f func(o *Options)) func(*Options, string) error {
 }
 
 func setSocketPath(o *Options, v string) error { o.SocketPath = v; return nil }
-func setSharedDir(o *Options, v string) error  { o.Server.SharedDir = v; return nil }
+
+// setXattrMap takes virtiofsd's xattrmap rules, checked at once.
+func setXattrMap(o *Options, v string) error {
+	if _, err := passthrough.ParseXattrMap(v); err != nil {
+		if errors.Is(err, passthrough.ErrXattrRuleNotSupported) {
+			return fmt.Errorf("%w: %v", ErrNotSupported, err)
+		}
+		return err
+	}
+	o.Server.XattrMap = v
+	return nil
+}
+func setSharedDir(o *Options, v string) error { o.Server.SharedDir = v; return nil }
 
 func setFD(o *Options, v string) error {
 	n, err := strconv.Atoi(v)
@@ -399,6 +405,21 @@ func setCache(o *Options, v string) error {
 	o.Server.Cache = m
 	return nil
 }
+
+// setTimeout takes the C virtiofsd's -o timeout=SECONDS: a decimal number of seconds, fractions
+// allowed.
+func setTimeout(o *Options, v string) error {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f > maxTimeoutSeconds {
+		return fmt.Errorf("invalid timeout %q: want seconds from 0 to %d", v, maxTimeoutSeconds)
+	}
+	d := time.Duration(f * float64(time.Second))
+	o.Server.Timeout = &d
+	return nil
+}
+
+// maxTimeoutSeconds is the longest -o timeout= (a year; virtiofs.Config.Validate's bound).
+const maxTimeoutSeconds = 365 * 24 * 60 * 60
 
 func setThreadPoolSize(o *Options, v string) error {
 	n, err := strconv.Atoi(v)

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvfs/kvfs/virtiofs"
 )
@@ -112,6 +113,10 @@ func TestParse(t *testing.T) {
 		{name: "-o cache=always", args: with("-o", "cache=always"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheAlways }},
 		{name: "--xattr", args: with("--xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
+		{name: "-o xattrmap", args: with("-o", "xattrmap=:prefix:all::user.virtiofs.::bad:all:::"), want: func(o *Options) {
+			o.Server.XattrMap = ":prefix:all::user.virtiofs.::bad:all:::"
+		}},
+		{name: "--xattrmap", args: with("--xattrmap", "/ok/all///"), want: func(o *Options) { o.Server.XattrMap = "/ok/all///" }},
 		{name: "-o no_xattr", args: with("--xattr", "-o", "no_xattr"), want: func(*Options) {}},
 		{name: "-o posix_lock", args: with("-o", "posix_lock"), want: func(o *Options) { o.Server.PosixLock = true }},
 		{name: "-o no_posix_lock", args: with("-o", "no_posix_lock"), want: func(*Options) {}},
@@ -122,10 +127,34 @@ func TestParse(t *testing.T) {
 		{name: "-o posix_lock,flock", args: with("-o", "posix_lock,flock"), want: func(o *Options) { o.Server.PosixLock, o.Server.Flock = true, true }},
 		{name: "-o posix_lock,no_flock", args: with("-o", "no_posix_lock,posix_lock,no_flock"), want: func(o *Options) { o.Server.PosixLock = true }},
 		{name: "-o no_writeback", args: with("-o", "no_writeback"), want: func(*Options) {}},
+		{name: "-o writeback", args: with("-o", "writeback"), want: func(o *Options) { o.Server.Writeback = true }},
+		{name: "--writeback", args: with("--writeback"), want: func(o *Options) { o.Server.Writeback = true }},
+		{name: "-o no_writeback after writeback", args: with("-o", "writeback,no_writeback"), want: func(*Options) {}},
+		{name: "-o readdirplus", args: with("-o", "readdirplus"), want: func(o *Options) { o.Server.Readdirplus = new(true) }},
+		{name: "-o no_readdirplus", args: with("-o", "no_readdirplus"), want: func(o *Options) { o.Server.Readdirplus = new(false) }},
+		{name: "--no-readdirplus", args: with("--no-readdirplus"), want: func(o *Options) { o.Server.Readdirplus = new(false) }},
+		{name: "-o readdirplus with cache=none", args: with("-o", "cache=none,readdirplus"), want: func(o *Options) {
+			o.Server.Cache, o.Server.Readdirplus = virtiofs.CacheNever, new(true)
+		}},
+		{name: "-o timeout", args: with("-o", "timeout=5"), want: func(o *Options) { o.Server.Timeout = new(5 * time.Second) }},
+		{name: "-o timeout fraction", args: with("-o", "timeout=0.25"), want: func(o *Options) { o.Server.Timeout = new(250 * time.Millisecond) }},
+		{name: "-o timeout=0", args: with("-o", "cache=always,timeout=0"), want: func(o *Options) {
+			o.Server.Cache, o.Server.Timeout = virtiofs.CacheAlways, new(time.Duration(0))
+		}},
 		{name: "-o no_posix_acl", args: with("-o", "no_posix_acl"), want: func(*Options) {}},
+		{name: "-o posix_acl", args: with("-o", "posix_acl"), want: func(o *Options) { o.Server.PosixACL = true }},
+		{name: "--posix-acl", args: with("--posix-acl"), want: func(o *Options) { o.Server.PosixACL = true }},
+		{name: "-o no_posix_acl after posix_acl", args: with("-o", "posix_acl,no_posix_acl"), want: func(*Options) {}},
 		{name: "-o no_security_label", args: with("-o", "no_security_label"), want: func(*Options) {}},
-		{name: "-o no_killpriv_v2", args: with("-o", "no_killpriv_v2"), want: func(*Options) {}},
-		{name: "--no-killpriv-v2", args: with("--no-killpriv-v2"), want: func(*Options) {}},
+		{name: "-o security_label", args: with("-o", "security_label"), want: func(o *Options) { o.Server.SecurityLabel = true }},
+		{name: "--security-label", args: with("--security-label"), want: func(o *Options) { o.Server.SecurityLabel = true }},
+		{name: "-o no_killpriv_v2", args: with("-o", "no_killpriv_v2"), want: func(o *Options) { o.Server.KillprivV2 = new(false) }},
+		{name: "--no-killpriv-v2", args: with("--no-killpriv-v2"), want: func(o *Options) { o.Server.KillprivV2 = new(false) }},
+		{name: "-o killpriv_v2", args: with("-o", "killpriv_v2"), want: func(o *Options) { o.Server.KillprivV2 = new(true) }},
+		{name: "--killpriv-v2", args: with("--killpriv-v2"), want: func(o *Options) { o.Server.KillprivV2 = new(true) }},
+		{name: "-o xattr,no_killpriv_v2", args: with("-o", "xattr,killpriv_v2,no_killpriv_v2"), want: func(o *Options) {
+			o.Server.Xattr, o.Server.KillprivV2 = true, new(false)
+		}},
 		{name: "--announce-submounts", args: with("--announce-submounts"), want: func(o *Options) { o.Server.AnnounceSubmounts = true }},
 		{name: "-o announce_submounts", args: with("-o", "announce_submounts"), want: func(o *Options) { o.Server.AnnounceSubmounts = true }},
 		{name: "--no-announce-submounts", args: with("--announce-submounts", "--no-announce-submounts"), want: func(*Options) {}},
@@ -210,17 +239,15 @@ func TestParseErrors(t *testing.T) {
 		{name: "--seccomp trap", args: with("--seccomp=trap"), want: []string{`--seccomp: "trap" is not supported yet`}, is: ErrNotSupported},
 		{name: "--inode-file-handles prefer", args: with("--inode-file-handles=prefer"), want: []string{`--inode-file-handles: "prefer" is not supported yet`}, is: ErrNotSupported},
 		{name: "--inode-file-handles mandatory", args: with("--inode-file-handles", "mandatory"), want: []string{`--inode-file-handles: "mandatory" is not supported yet`}, is: ErrNotSupported},
-		{name: "-o writeback", args: with("-o", "writeback"), want: []string{"-o writeback: not supported yet"}, is: ErrNotSupported},
-		{name: "--writeback", args: with("--writeback"), want: []string{"--writeback: not supported yet"}, is: ErrNotSupported},
-		{name: "-o timeout", args: with("-o", "timeout=5"), want: []string{"-o timeout: not supported yet"}, is: ErrNotSupported},
-		{name: "-o xattrmap", args: with("-o", "xattrmap=:map::user.virtiofs.:"), want: []string{"-o xattrmap: not supported yet"}, is: ErrNotSupported},
-		{name: "--xattrmap", args: with("--xattrmap", ":map::user.virtiofs.:"), want: []string{"--xattrmap: not supported yet"}, is: ErrNotSupported},
-		{name: "-o posix_acl", args: with("-o", "posix_acl"), want: []string{"-o posix_acl: not supported yet"}, is: ErrNotSupported},
-		{name: "--posix-acl", args: with("--posix-acl"), want: []string{"--posix-acl: not supported yet"}, is: ErrNotSupported},
-		{name: "-o security_label", args: with("-o", "security_label"), want: []string{"-o security_label: not supported yet"}, is: ErrNotSupported},
-		{name: "--security-label", args: with("--security-label"), want: []string{"--security-label: not supported yet"}, is: ErrNotSupported},
-		{name: "-o killpriv_v2", args: with("-o", "killpriv_v2"), want: []string{"-o killpriv_v2: not supported yet"}, is: ErrNotSupported},
-		{name: "--killpriv-v2", args: with("--killpriv-v2"), want: []string{"--killpriv-v2: not supported yet"}, is: ErrNotSupported},
+		{name: "-o timeout negative", args: with("-o", "timeout=-1"), want: []string{`-o timeout: invalid timeout "-1"`}},
+		{name: "-o timeout not a number", args: with("-o", "timeout=1s"), want: []string{`-o timeout: invalid timeout "1s"`}},
+		{name: "-o timeout NaN", args: with("-o", "timeout=NaN"), want: []string{`-o timeout: invalid timeout "NaN"`}},
+		{name: "-o timeout too long", args: with("-o", "timeout=1e300"), want: []string{`-o timeout: invalid timeout "1e300"`}},
+		{name: "-o timeout without value", args: with("-o", "timeout"), want: []string{"-o timeout: missing value"}},
+		{name: "-o writeback with a value", args: with("-o", "writeback=1"), want: []string{"-o writeback: takes no value"}},
+		{name: "-o xattrmap map rule", args: with("-o", "xattrmap=:map::user.virtiofs.:"), want: []string{"-o xattrmap: not supported yet", `"map"`}, is: ErrNotSupported},
+		{name: "--xattrmap map rule", args: with("--xattrmap", ":map::user.virtiofs.:"), want: []string{"--xattrmap: not supported yet", `"map"`}, is: ErrNotSupported},
+		{name: "--xattrmap bad syntax", args: with("--xattrmap", ":ok:all::"), want: []string{"--xattrmap", "want :type:scope:key:prepend:"}},
 		{name: "--daemonize", args: with("--daemonize"), want: []string{"--daemonize: not supported yet"}, is: ErrNotSupported},
 		{name: "--tag", args: with("--tag=myfs"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
 		{name: "--readonly", args: with("--readonly"), want: []string{"--readonly: not supported yet"}, is: ErrNotSupported},
@@ -279,7 +306,7 @@ func TestParseErrors(t *testing.T) {
 		{name: "nothing at all", args: nil, want: []string{"no vhost-user socket"}},
 		{name: "socket group with --fd", args: []string{"--shared-dir=/s", "--fd=3", "--socket-group=kvm"}, want: []string{"--socket-group applies only"}},
 		{name: "--print-capabilities still rejects unknown options", args: []string{"--print-capabilities", "--bogus"}, is: ErrUnknownOption},
-		{name: "--help still rejects unsupported options", args: []string{"--help", "-o", "writeback"}, is: ErrNotSupported},
+		{name: "--help still rejects unsupported options", args: []string{"--help", "-o", "allow_direct_io"}, is: ErrNotSupported},
 		{name: "-o posix_lock with a value", args: with("-o", "posix_lock=1"), want: []string{"-o posix_lock: takes no value"}},
 		{name: "-o flock with a value", args: with("-o", "flock=yes"), want: []string{"-o flock: takes no value"}},
 		{name: "--posix-lock is not a Rust virtiofsd option", args: with("--posix-lock"), want: []string{"--posix-lock: unknown option"}, is: ErrUnknownOption},

@@ -25,8 +25,36 @@ Shared directory and socket (one of --socket-path and --fd is required):
 File system:
   --cache=MODE, -o cache=MODE
                         never (alias none), metadata, auto or always
-                        (default auto)
+                        (default auto): how long the guest trusts what it
+                        cached about the host's files (README, "Cache modes")
+  -o timeout=SECONDS    entry and attribute timeout, fractions allowed; replaces
+                        the mode's (never 0, auto 1, metadata and always 86400)
+  --writeback, -o writeback
+                        writeback cache in the guest: writes gather in its page
+                        cache and reach the host later (default off;
+                        -o no_writeback)
+  -o readdirplus, -o no_readdirplus, --no-readdirplus
+                        let the guest read directories with their entries'
+                        attributes (default on, except with cache=never)
   --xattr, -o xattr     enable extended attributes (default off; -o no_xattr)
+  --killpriv-v2, -o killpriv_v2
+                        clear set-id bits and security.capability on the host
+                        when a guest user writes, truncates or chowns, so the
+                        guest need not read security.capability before each
+                        write (FUSE_HANDLE_KILLPRIV_V2; default on with xattr;
+                        --no-killpriv-v2, -o no_killpriv_v2)
+  --xattrmap=RULES, -o xattrmap=RULES
+                        map attribute names between guest and host with
+                        virtiofsd's rules (implies xattr): prefix, ok and bad;
+                        the map and unsupported rule types are refused
+  --security-label, -o security_label
+                        set the security context (SELinux label) the guest
+                        sends with each create on the new file (implies
+                        xattr; default off; -o no_security_label)
+  --posix-acl, -o posix_acl
+                        POSIX ACLs (implies xattr): the guest leaves its umask
+                        to kvfsd, which ignores it in directories with a
+                        default ACL (default off; -o no_posix_acl)
   --announce-submounts, -o announce_submounts
                         report mount points inside the shared directory to the
                         guest as submounts (default off)
@@ -57,8 +85,6 @@ Process:
 
 Accepted, and what kvfsd does anyway:
   -f                    run in the foreground (kvfsd always does)
-  -o no_writeback, -o no_posix_acl, -o no_security_label, -o no_killpriv_v2,
-  --no-killpriv-v2
   --sandbox=none, -o sandbox=none
                         kvfsd does not sandbox itself yet: it enters no
                         namespace and does not chroot or pivot_root; confine
@@ -70,11 +96,8 @@ Not supported yet (refused with an error, never ignored):
   --sandbox=namespace|chroot, -o sandbox=namespace|chroot,
   --seccomp=kill|log|trap,
   --inode-file-handles=prefer|mandatory,
-  -o writeback, --writeback, -o timeout=, -o xattrmap=, --xattrmap,
-  -o posix_acl, --posix-acl, -o security_label, --security-label,
-  -o killpriv_v2, --killpriv-v2, -o allow_direct_io, -o no_allow_direct_io,
-  --allow-direct-io, -o readdirplus, -o no_readdirplus, --no-readdirplus,
-  -o modcaps=, --modcaps, -o allow_root,
+  -o allow_direct_io, -o no_allow_direct_io,
+  --allow-direct-io, -o modcaps=, --modcaps, -o allow_root,
   -o max_idle_threads=, --daemonize, --tag, --readonly, --allow-mmap,
   --preserve-noatime, --uid-map, --gid-map, --translate-uid, --translate-gid,
   --migration-mode, --migration-on-error, --migration-verify-handles,

@@ -16,6 +16,17 @@ type Context struct {
 	UID    uint32
 	GID    uint32
 	PID    uint32
+	// SecCtx is the security context the guest wants a new file created with (CREATE, MKNOD,
+	// MKDIR, SYMLINK once SECURITY_CTX is negotiated); nil when it sent none. Its Value is
+	// valid only during the call.
+	SecCtx *SecurityContext
+}
+
+// SecurityContext is an extended attribute, typically security.selinux, to set on a file as
+// it is created.
+type SecurityContext struct {
+	Name  string
+	Value []byte
 }
 
 // FileSystem is what the FUSE server dispatches decoded requests to. Node ids and file handles
@@ -80,6 +91,8 @@ type FileSystem interface {
 	SyncFs(ctx *Context, nodeID uint64) Errno
 	Access(ctx *Context, nodeID uint64, mask uint32) Errno
 
+	// SetXattr sets an attribute; flags are XATTR_CREATE or XATTR_REPLACE. A FileSystem that
+	// also implements SetxattrExter gets SETXATTR through it once SETXATTR_EXT is negotiated.
 	SetXattr(ctx *Context, nodeID uint64, name string, value []byte, flags uint32) Errno
 	// GetXattr copies the value into dst; with len(dst) == 0 it only reports the size.
 	// It returns the value's size; ERANGE when dst is too small.
@@ -111,4 +124,11 @@ type Waiter interface {
 	// The server calls it on INTERRUPT of the request, on DESTROY, on a new INIT and when the
 	// device goes away. It may be called at any time, before Start too, and more than once.
 	Cancel()
+}
+
+// SetxattrExter is an optional interface of a FileSystem. Once the guest negotiated
+// SETXATTR_EXT the server calls SetXattrExt instead of SetXattr, with fuse_setxattr_in's
+// setxattr_flags (SetxattrACLKillSgid) too.
+type SetxattrExter interface {
+	SetXattrExt(ctx *Context, nodeID uint64, name string, value []byte, flags, setxattrFlags uint32) Errno
 }

@@ -278,7 +278,7 @@ func doSymlink(s *Server, r *request) Errno {
 		return unix.EINVAL
 	}
 	target, ok := r.cstring(maxSymlinkLen)
-	if !ok {
+	if !ok || !s.secctx(r) {
 		return unix.EINVAL
 	}
 	var out EntryOut
@@ -291,7 +291,7 @@ func doMknod(s *Server, r *request) Errno {
 		return unix.EINVAL
 	}
 	name, ok := r.name()
-	if !ok {
+	if !ok || !s.secctx(r) {
 		return unix.EINVAL
 	}
 	var out EntryOut
@@ -304,7 +304,7 @@ func doMkdir(s *Server, r *request) Errno {
 		return unix.EINVAL
 	}
 	name, ok := r.name()
-	if !ok {
+	if !ok || !s.secctx(r) {
 		return unix.EINVAL
 	}
 	var out EntryOut
@@ -374,7 +374,7 @@ func doCreate(s *Server, r *request) Errno {
 		return unix.EINVAL
 	}
 	name, ok := r.name()
-	if !ok {
+	if !ok || !s.secctx(r) {
 		return unix.EINVAL
 	}
 	return create(r, func(e *EntryOut, o *OpenOut) Errno {
@@ -390,6 +390,37 @@ func doTmpfile(s *Server, r *request) Errno {
 	return create(r, func(e *EntryOut, o *OpenOut) Errno {
 		return s.fs.Tmpfile(&r.Context, r.NodeID, &in, e, o)
 	})
+}
+
+// secctx takes the security contexts trailer (SecctxHeader) that follows the names of a
+// create-type request once SECURITY_CTX is negotiated, and puts its context in r.Context.SecCtx.
+// Linux sends at most one context; more are refused. It reports whether the trailer was well
+// formed.
+func (s *Server) secctx(r *request) bool {
+	if s.Flags()&InitSecurityCtx == 0 {
+		return true
+	}
+	var h SecctxHeader
+	if !arg(r, &h) {
+		return false
+	}
+	switch {
+	case h.NrSecctx == 0:
+		return true
+	case h.NrSecctx > 1:
+		return false
+	}
+	var c Secctx
+	if !arg(r, &c) {
+		return false
+	}
+	name, ok := r.cstring(maxNameLen)
+	if !ok || c.Size > maxXattrSize || int(c.Size) > len(r.args) {
+		return false
+	}
+	r.Context.SecCtx = &SecurityContext{Name: name, Value: r.args[:c.Size]}
+	r.args = r.args[c.Size:]
+	return true
 }
 
 // create answers CREATE and TMPFILE: an entry followed by an open handle.
@@ -492,6 +523,9 @@ func doSetxattr(s *Server, r *request) Errno {
 	}
 	if in.Size > maxXattrSize || int(in.Size) != len(r.args) {
 		return unix.EINVAL
+	}
+	if ext, ok := s.fs.(SetxattrExter); ok && size > setxattrInCompatSize {
+		return ext.SetXattrExt(&r.Context, r.NodeID, name, r.args, in.Flags, in.SetxattrFlags)
 	}
 	return s.fs.SetXattr(&r.Context, r.NodeID, name, r.args, in.Flags)
 }

@@ -357,6 +357,25 @@ type SetxattrIn struct {
 // setxattrInCompatSize is the size of fuse_setxattr_in without SETXATTR_EXT.
 const setxattrInCompatSize = 8
 
+// SetxattrACLKillSgid in SetxattrIn.SetxattrFlags: setting system.posix_acl_access must also
+// clear the set-group-ID bit (the guest found the caller neither in the file's group nor
+// holding CAP_FSETID).
+const SetxattrACLKillSgid = 1 << 0
+
+// SecctxHeader starts the security contexts a guest that negotiated SECURITY_CTX appends to
+// CREATE, MKNOD, MKDIR and SYMLINK: Size is the length of the whole trailer, header included.
+// Each context is a Secctx, the attribute name (NUL-terminated) and Secctx.Size bytes of value.
+type SecctxHeader struct {
+	Size     uint32
+	NrSecctx uint32
+}
+
+// Secctx precedes one security context.
+type Secctx struct {
+	Size    uint32
+	Padding uint32
+}
+
 // GetxattrIn is the argument of GETXATTR (followed by the name) and LISTXATTR.
 type GetxattrIn struct {
 	Size    uint32

@@ -136,6 +136,8 @@
 //   - Set-id bits: the guest's FATTR_KILL_SUIDGID, FUSE_WRITE_KILL_SUIDGID and
 //     FUSE_OPEN_KILL_SUIDGID (sent once it negotiated HANDLE_KILLPRIV_V2) are honoured with an
 //     explicit chmod, since the host kernel does not clear the bits for us (we hold CAP_FSETID).
+//     security.capability needs nothing: the host kernel removes it on every write and
+//     truncate, whoever the writer, as on a local file system.
 //   - Extended attributes go through the path "/proc/self/fd/N" with the following variants
 //     (getxattr, not lgetxattr): that follows the magic link to the inode itself, a symlink's own
 //     inode included, never the link's target; the l-variants would act on the /proc link.
@@ -146,5 +148,15 @@
 //     a writeback cache O_WRONLY becomes O_RDWR and O_APPEND is dropped, since the guest then
 //     reads and writes at offsets of its choosing.
 //   - New sets the process umask to 0, as virtiofsd does: the guest's umask is applied to every
-//     create request (we do not negotiate DONT_MASK), and the host's must not apply again.
+//     create request, and the host's must not apply again. With Options.PosixACL (the guest
+//     then negotiated DONT_MASK and sends its umask unapplied) a create in a directory with a
+//     default ACL ignores the umask, as a local create does; the check of the directory's
+//     system.posix_acl_default and the create are not atomic.
+//   - Options.SecurityLabel: the security context the guest sends with a create is set as an
+//     attribute on the new file right after creating it (not atomically: a host process may
+//     see the file unlabelled for a moment); if that fails the file is removed and the create
+//     fails. TMPFILE carries no context.
+//   - Options.XattrMap renames attributes between guest and host (virtiofsd's xattrmap rules).
+//     Our own uses of attribute names (system.posix_acl_default above) are host names and
+//     are not mapped.
 package passthrough

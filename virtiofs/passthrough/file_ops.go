@@ -91,13 +91,14 @@ func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.Cre
 	}
 	defer fs.nodes.put(p)
 	flags := fs.openFlags(in.Flags)
-	mode := in.Mode & 07777 &^ in.Umask
+	mode := fs.createMode(p.fd, in.Mode, in.Umask)
 
 	switched, e := fs.asCaller(ctx)
 	if e != fuse.OK {
 		return e
 	}
 	fd, err := unix.Openat(int(p.fd), name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	created := err == nil
 	if err == unix.EEXIST && in.Flags&unix.O_EXCL == 0 {
 		// The guest believed name absent. Open what is there only if it is a regular file:
 		// never a device, FIFO or symlink by name.
@@ -108,6 +109,12 @@ func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.Cre
 	}
 	if err != nil {
 		return errno(err)
+	}
+	if created {
+		if e := fs.labelNew(ctx, int(p.fd), name); e != fuse.OK {
+			unix.Close(fd)
+			return e
+		}
 	}
 	return fs.addOpenNode(p, fd, entry, open)
 }
@@ -159,7 +166,7 @@ func (fs *FS) Tmpfile(ctx *fuse.Context, parent uint64, in *fuse.CreateIn, entry
 		return unix.ENOTDIR
 	}
 	flags := fs.openFlags(in.Flags) | int(in.Flags)&unix.O_EXCL // O_EXCL: may never be linked
-	mode := in.Mode & 07777 &^ in.Umask
+	mode := fs.createMode(p.fd, in.Mode, in.Umask)
 	switched, e := fs.asCaller(ctx)
 	if e != fuse.OK {
 		return e

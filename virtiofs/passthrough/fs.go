@@ -16,7 +16,7 @@ import (
 // Options configures an FS; the virtiofs cache mode decides most of them.
 type Options struct {
 	// EntryTimeout and AttrTimeout say how long the guest may cache names and attributes
-	// (0 for cache=never, 1 s for auto, 24 h for metadata and always).
+	// (0 for cache=never, 1 s for auto, 24 h for metadata and always, unless -o timeout= says).
 	EntryTimeout, AttrTimeout time.Duration
 	// DirectIO sets FOPEN_DIRECT_IO on opened files (cache=never, metadata).
 	DirectIO bool
@@ -27,6 +27,15 @@ type Options struct {
 	CacheDir bool
 	// Xattr enables the extended attribute operations; without it they answer ENOSYS.
 	Xattr bool
+	// PosixACL serves POSIX ACLs (with Xattr, and the guest's DONT_MASK): a create in a
+	// directory with a default ACL ignores the guest's umask, and SETXATTR_ACL_KILL_SGID is
+	// honoured.
+	PosixACL bool
+	// XattrMap, when set, translates attribute names between guest and host (with Xattr).
+	XattrMap *XattrMap
+	// SecurityLabel sets the security context a guest sends with CREATE, MKNOD, MKDIR and
+	// SYMLINK (SECURITY_CTX) on the new file, as an attribute right after creating it.
+	SecurityLabel bool
 	// AnnounceSubmounts sets fuse.AttrSubmount on directories that are mount points (another
 	// device or mount id than their parent) when the guest negotiated fuse.InitSubmounts.
 	AnnounceSubmounts bool

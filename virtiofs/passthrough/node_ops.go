@@ -108,13 +108,19 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 		if e := fs.truncate(n, h, in.Size); e != fuse.OK {
 			return e
 		}
-		if in.Valid&(fuse.FattrKillSuidgid|fuse.FattrMode) == fuse.FattrKillSuidgid {
-			var name procName
-			if err := killSuidgid(int(n.fd), func(mode uint32) error {
-				return fchmodat(fs.procfd, name.of(n.fd), mode)
-			}); err != nil {
-				return errno(err)
-			}
+	}
+
+	// The guest asks for this with a truncate or a chown (without a mode, which would already
+	// carry the cleared bits). The host kernel removes security.capability on both itself, and
+	// on chown the set-id bits too (Linux 6.x), but on truncate it keeps them: we hold
+	// CAP_FSETID.
+	if in.Valid&(fuse.FattrKillSuidgid|fuse.FattrMode) == fuse.FattrKillSuidgid &&
+		in.Valid&(fuse.FattrSize|fuse.FattrUID|fuse.FattrGID) != 0 {
+		var name procName
+		if err := killSuidgid(int(n.fd), func(mode uint32) error {
+			return fchmodat(fs.procfd, name.of(n.fd), mode)
+		}); err != nil {
+			return errno(err)
 		}
 	}
 
@@ -245,6 +251,9 @@ func (fs *FS) create(ctx *fuse.Context, parent uint64, name string, out *fuse.En
 	if err != nil {
 		return errno(err)
 	}
+	if e := fs.labelNew(ctx, int(p.fd), name); e != fuse.OK {
+		return e
+	}
 	_, e = fs.lookupAt(p, int(p.fd), name, out)
 	return e
 }
@@ -258,17 +267,16 @@ func (fs *FS) Symlink(ctx *fuse.Context, parent uint64, name, target string, out
 
 // Mknod creates a file, FIFO, socket or device node; the guest's umask applies.
 func (fs *FS) Mknod(ctx *fuse.Context, parent uint64, name string, in *fuse.MknodIn, out *fuse.EntryOut) fuse.Errno {
-	mode := in.Mode&unix.S_IFMT | in.Mode&07777&^in.Umask
 	return fs.create(ctx, parent, name, out, func(dirfd int) error {
+		mode := in.Mode&unix.S_IFMT | fs.createMode(int32(dirfd), in.Mode, in.Umask)
 		return unix.Mknodat(dirfd, name, mode, int(in.Rdev))
 	})
 }
 
 // Mkdir creates a directory; the guest's umask applies.
 func (fs *FS) Mkdir(ctx *fuse.Context, parent uint64, name string, in *fuse.MkdirIn, out *fuse.EntryOut) fuse.Errno {
-	mode := in.Mode & 07777 &^ in.Umask
 	return fs.create(ctx, parent, name, out, func(dirfd int) error {
-		return unix.Mkdirat(dirfd, name, mode)
+		return unix.Mkdirat(dirfd, name, fs.createMode(int32(dirfd), in.Mode, in.Umask))
 	})
 }
 

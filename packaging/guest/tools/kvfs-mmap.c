@@ -13,6 +13,15 @@
  *   kvfs-mmap xattr   FILE       set user.kvfs=hello-xattr on FILE and read it
  *                                back, list it, set and remove user.gone, and
  *                                check that it is gone (busybox has no setfattr)
+ *   kvfs-mmap killpriv FILE [HOW,...]
+ *                                as root, for each HOW of write, ftruncate and
+ *                                otrunc (open(O_TRUNC); default all three):
+ *                                make FILE.HOW set-user-ID,
+ *                                set-group-ID, group-executable, writable by all
+ *                                and carrying security.capability, do HOW to it
+ *                                as user and group 1000 (no CAP_FSETID), and check
+ *                                that the set-id bits and security.capability
+ *                                are gone, as on a local file system
  *
  * Every mode writes or expects the same position-dependent byte pattern, so a
  * file written by one mode can be checked by another (for example after the
@@ -27,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -177,7 +188,8 @@ static void write_fsync(const char *file, uint64_t size)
 static void usage(void)
 {
 	fprintf(stderr, "usage: %s mmap|fsync|verify|mapread FILE SIZE\n"
-			"       %s xattr FILE\n", prog, prog);
+			"       %s xattr FILE\n"
+			"       %s killpriv FILE [write,ftruncate,otrunc]\n", prog, prog, prog);
 	exit(2);
 }
 
@@ -216,6 +228,125 @@ static void check_xattrs(const char *file)
 	}
 }
 
+/* The unprivileged user the killpriv check writes as. */
+#define KILLPRIV_ID 1000
+
+/* VFS_CAP_REVISION_2 security.capability granting CAP_NET_RAW, little-endian:
+ * magic_etc (revision | effective), then permitted and inheritable, low and
+ * high words. */
+static const unsigned char file_caps[20] = {
+	0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00,
+};
+
+enum kill_how { KILL_WRITE, KILL_FTRUNCATE, KILL_OTRUNC };
+
+static void killpriv_prepare(const char *file)
+{
+	struct stat st;
+	int fd;
+
+	if (unlink(file) != 0 && errno != ENOENT)
+		die("unlink", file);
+	fd = open(file, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	if (fd < 0)
+		die("open", file);
+	if (write(fd, "privileged\n", 11) != 11)
+		die("write", file);
+	if (close(fd) != 0)
+		die("close", file);
+	if (setxattr(file, "security.capability", file_caps, sizeof(file_caps), 0) != 0)
+		die("setxattr security.capability", file);
+	if (chmod(file, 06777) != 0)
+		die("chmod", file);
+	if (stat(file, &st) != 0)
+		die("stat", file);
+	if ((st.st_mode & 07777) != 06777) {
+		fprintf(stderr, "%s: %s: mode %04o after chmod 6777\n", prog, file,
+			(unsigned)(st.st_mode & 07777));
+		exit(1);
+	}
+	if (getxattr(file, "security.capability", NULL, 0) < 0)
+		die("getxattr security.capability after setting it on", file);
+}
+
+/* killpriv_child drops to KILLPRIV_ID, which lacks CAP_FSETID, and modifies
+ * file; it exits 0 on success. */
+static void killpriv_child(const char *file, enum kill_how how)
+{
+	int fd;
+
+	if (setgroups(0, NULL) != 0 ||
+	    setresgid(KILLPRIV_ID, KILLPRIV_ID, KILLPRIV_ID) != 0 ||
+	    setresuid(KILLPRIV_ID, KILLPRIV_ID, KILLPRIV_ID) != 0)
+		die("drop to uid 1000 for", file);
+	fd = open(file, O_WRONLY | (how == KILL_OTRUNC ? O_TRUNC : 0));
+	if (fd < 0)
+		die("open as uid 1000", file);
+	if (how == KILL_WRITE && pwrite(fd, "unprivileged\n", 13, 0) != 13)
+		die("write as uid 1000", file);
+	if (how == KILL_FTRUNCATE && ftruncate(fd, 3) != 0)
+		die("ftruncate as uid 1000", file);
+	if (close(fd) != 0)
+		die("close as uid 1000", file);
+	_exit(0);
+}
+
+static void check_killpriv(const char *base, const char *hows)
+{
+	static const char *const names[] = {"write", "ftruncate", "otrunc"};
+	char file[4096];
+	struct statx stx;
+	int status, done = 0;
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		fprintf(stderr, "%s: killpriv must run as root\n", prog);
+		exit(1);
+	}
+	for (int how = KILL_WRITE; how <= KILL_OTRUNC; how++) {
+		size_t n = strlen(names[how]);
+		const char *p = hows;
+
+		/* Is names[how] an element of the comma-separated hows? */
+		while (p != NULL && !(strncmp(p, names[how], n) == 0 && (p[n] == ',' || p[n] == '\0'))) {
+			p = strchr(p, ',');
+			if (p != NULL)
+				p++;
+		}
+		if (p == NULL)
+			continue;
+		done++;
+		snprintf(file, sizeof(file), "%s.%s", base, names[how]);
+		killpriv_prepare(file);
+		pid = fork();
+		if (pid < 0)
+			die("fork for", file);
+		if (pid == 0)
+			killpriv_child(file, how);
+		if (waitpid(pid, &status, 0) != pid)
+			die("waitpid for", file);
+		if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+			fprintf(stderr, "%s: %s: the unprivileged %s failed\n", prog, file, names[how]);
+			exit(1);
+		}
+		/* Ask the server, not the guest's attribute cache. */
+		if (statx(AT_FDCWD, file, AT_STATX_FORCE_SYNC, STATX_MODE, &stx) != 0)
+			die("statx", file);
+		if ((stx.stx_mode & 07777) != 0777) {
+			fprintf(stderr, "%s: %s: mode %04o after an unprivileged %s, want 0777\n",
+				prog, file, (unsigned)(stx.stx_mode & 07777), names[how]);
+			exit(1);
+		}
+		if (getxattr(file, "security.capability", NULL, 0) >= 0 || errno != ENODATA) {
+			fprintf(stderr, "%s: %s: security.capability survived an unprivileged %s\n",
+				prog, file, names[how]);
+			exit(1);
+		}
+	}
+	if (done == 0)
+		usage();
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode, *file;
@@ -224,6 +355,10 @@ int main(int argc, char **argv)
 
 	if (argc == 3 && strcmp(argv[1], "xattr") == 0) {
 		check_xattrs(argv[2]);
+		return 0;
+	}
+	if ((argc == 3 || argc == 4) && strcmp(argv[1], "killpriv") == 0) {
+		check_killpriv(argv[2], argc == 4 ? argv[3] : "write,ftruncate,otrunc");
 		return 0;
 	}
 	if (argc != 4)
