@@ -172,6 +172,7 @@ func serverStatus(s ServerStats) *control.ServerStatus {
 		OpenHandles:     uint64(max(s.FS.FS.OpenFiles, 0)),
 		OpenFds:         uint64(max(s.FS.FS.Fds, 0)),
 		BlockedRequests: uint64(max(f.Waiting, 0)),
+		QueueDepth:      s.FS.InFlight,
 	}
 	for i := range fuse.LatencyBuckets - 1 {
 		st.LatencyBucketBoundsSeconds = append(st.LatencyBucketBoundsSeconds, float64(uint64(1)<<i)/1e6)

@@ -3,6 +3,7 @@ package virtiofs
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/vhostuser"
@@ -59,6 +60,10 @@ type queueState struct {
 	q    *virtq.Queue // the queue the current run was last served with
 	redo virtq.Chain  // a deferred chain, re-read to complete it
 
+	// inFlight counts the chains of the current run taken from the ring and not yet completed
+	// (waiting requests included).
+	inFlight atomic.Int64
+
 	readyMu sync.Mutex
 	vr      *vhostuser.Vring // woken when a reply is ready; guarded by readyMu
 	ready   []readyReply     // replies waiting for the vring goroutine; guarded by readyMu
@@ -100,6 +105,15 @@ func (d *device) close() {
 	}
 }
 
+// inFlight is the number of requests taken from the virtqueues and not yet answered.
+func (d *device) inFlight() uint64 {
+	var n int64
+	for i := range d.queues {
+		n += d.queues[i].inFlight.Load()
+	}
+	return uint64(max(n, 0))
+}
+
 func (d *device) NumQueues() int   { return 1 + maxRequestQueues }
 func (d *device) Features() uint64 { return 0 }
 
@@ -113,6 +127,7 @@ func (d *device) Reset() {
 		qs := &d.queues[i]
 		qs.run++
 		qs.q = nil
+		qs.inFlight.Store(0)
 		qs.readyMu.Lock()
 		qs.vr, qs.ready = nil, nil
 		qs.readyMu.Unlock()
@@ -140,6 +155,7 @@ func (qs *queueState) begin(vr *vhostuser.Vring) {
 	}
 	if !q.Resumes(qs.q) {
 		qs.run++
+		qs.inFlight.Store(0)
 	}
 	qs.q = q
 	qs.readyMu.Lock()
@@ -170,6 +186,7 @@ func (qs *queueState) completeReady(vr *vhostuser.Vring) error {
 		}
 		// A chain rewritten into garbage while it waited is still returned, with nothing in it.
 		q.Complete(head, uint32(n))
+		qs.inFlight.Add(-1)
 	}
 	qs.mu.Unlock()
 	return vr.Notify()
@@ -234,11 +251,13 @@ func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState, max i
 		if !ok {
 			return n, nil
 		}
+		qs.inFlight.Add(1)
 		written, deferred := d.fuse.HandleAsync(c.In, c.Out, qs, deferTag(qs.run, c.Head))
 		if deferred {
 			continue // completed by a later HandleQueue, once the reply has come
 		}
 		q.Complete(c.Head, uint32(written))
+		qs.inFlight.Add(-1)
 		if err := vr.Notify(); err != nil {
 			return n, err
 		}
@@ -264,6 +283,7 @@ func (d *device) servePooled(idx int, vr *vhostuser.Vring, qs *queueState, max i
 			break
 		}
 		used = append(used, c)
+		qs.inFlight.Add(1)
 		wg.Add(1)
 		d.jobs <- job{vr: vr, qs: qs, chain: c, tag: deferTag(qs.run, c.Head), wg: &wg, err: &notifyErr}
 	}
@@ -293,6 +313,7 @@ func (d *device) worker() {
 		}
 		j.qs.mu.Lock()
 		j.vr.Queue().Complete(j.chain.Head, uint32(n))
+		j.qs.inFlight.Add(-1)
 		if err := j.vr.Notify(); err != nil && *j.err == nil {
 			*j.err = err
 		}

@@ -232,11 +232,17 @@ func testRemotePosixLocks(t *testing.T, pool int) {
 		t.Fatalf("READ while SETLKW waits: %d bytes, %v", len(data), err)
 	}
 	notAnswered(t, granted)
+	if n := r.s.Stats().InFlight; n != 1 {
+		t.Errorf("%d requests in flight while one SETLKW waits, want 1", n)
+	}
 	if err := r.setlk(t, r.fh, 1, flk(unix.F_UNLCK, 0, fuse.OffsetMax, 101), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := answer(t, granted); err != nil {
 		t.Fatalf("SETLKW after the unlock: %v", err)
+	}
+	if n := r.s.Stats().InFlight; n != 0 {
+		t.Errorf("%d requests in flight once answered, want 0", n)
 	}
 	if fl, err := hostOFD(f, unix.F_OFD_GETLK, unix.F_RDLCK, 0, 0); err != nil || fl.Type != unix.F_WRLCK || fl.Start != 0 || fl.Len != 10 {
 		t.Errorf("host F_OFD_GETLK after the grant: %+v, %v; want owner 2's lock 0-9", fl, err)

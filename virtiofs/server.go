@@ -165,11 +165,14 @@ type Stats struct {
 	FUSE fuse.Stats
 	// FS counts cached inodes and open files.
 	FS passthrough.Stats
+	// InFlight is the number of requests taken from the virtqueues and not yet answered,
+	// those waiting for a lock included: the depth of the server's own queue.
+	InFlight uint64
 }
 
 // Stats returns a snapshot of the server's counters.
 func (s *Server) Stats() Stats {
-	return Stats{FUSE: s.fuse.Stats(), FS: s.fs.Stats()}
+	return Stats{FUSE: s.fuse.Stats(), FS: s.fs.Stats(), InFlight: s.dev.inFlight()}
 }
 
 // Close stops a running Serve, waits for it to return, and releases the shared directory.

@@ -487,16 +487,18 @@ type ServerStats struct {
 	// open_handles counts open file and directory handles; open_fds the host descriptors held.
 	OpenHandles uint64 `protobuf:"varint,7,opt,name=open_handles,json=openHandles,proto3" json:"open_handles,omitempty"`
 	OpenFds     uint64 `protobuf:"varint,8,opt,name=open_fds,json=openFds,proto3" json:"open_fds,omitempty"`
-	// blocked_requests is the number of requests waiting now for a lock (SETLKW). The depth
-	// of the virtqueues (requests the guest has queued and the server not yet taken) is not
-	// measured yet, and so not reported.
+	// blocked_requests is the number of requests waiting now for a lock (SETLKW).
 	BlockedRequests uint64 `protobuf:"varint,9,opt,name=blocked_requests,json=blockedRequests,proto3" json:"blocked_requests,omitempty"`
 	// latency_bucket_bounds_seconds are the upper bounds of the latency histogram's buckets
 	// (bucket i counts requests faster than 2^i microseconds); the last bucket has no upper
 	// bound and is not listed.
 	LatencyBucketBoundsSeconds []float64 `protobuf:"fixed64,10,rep,packed,name=latency_bucket_bounds_seconds,json=latencyBucketBoundsSeconds,proto3" json:"latency_bucket_bounds_seconds,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// queue_depth is the number of requests the server has taken from the virtqueues and not
+	// yet answered, those waiting for a lock included. Requests the guest has queued that the
+	// server has not taken yet are not counted: only the ring's own goroutine may read it.
+	QueueDepth    uint64 `protobuf:"varint,11,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServerStats) Reset() {
@@ -597,6 +599,13 @@ func (x *ServerStats) GetLatencyBucketBoundsSeconds() []float64 {
 		return x.LatencyBucketBoundsSeconds
 	}
 	return nil
+}
+
+func (x *ServerStats) GetQueueDepth() uint64 {
+	if x != nil {
+		return x.QueueDepth
+	}
+	return 0
 }
 
 type OpStats struct {
@@ -1064,7 +1073,7 @@ const file_api_control_v1_control_proto_rawDesc = "" +
 	"\arunning\x18\x05 \x01(\bR\arunning\x12\x1a\n" +
 	"\brestarts\x18\x06 \x01(\rR\brestarts\x12!\n" +
 	"\flast_failure\x18\a \x01(\tR\vlastFailure\x122\n" +
-	"\x05stats\x18\b \x01(\v2\x1c.kvfs.control.v1.ServerStatsR\x05stats\"\x84\x03\n" +
+	"\x05stats\x18\b \x01(\v2\x1c.kvfs.control.v1.ServerStatsR\x05stats\"\xa5\x03\n" +
 	"\vServerStats\x12*\n" +
 	"\x03ops\x18\x01 \x03(\v2\x18.kvfs.control.v1.OpStatsR\x03ops\x12\x1d\n" +
 	"\n" +
@@ -1077,7 +1086,9 @@ const file_api_control_v1_control_proto_rawDesc = "" +
 	"\bopen_fds\x18\b \x01(\x04R\aopenFds\x12)\n" +
 	"\x10blocked_requests\x18\t \x01(\x04R\x0fblockedRequests\x12A\n" +
 	"\x1dlatency_bucket_bounds_seconds\x18\n" +
-	" \x03(\x01R\x1alatencyBucketBoundsSeconds\"\xa0\x01\n" +
+	" \x03(\x01R\x1alatencyBucketBoundsSeconds\x12\x1f\n" +
+	"\vqueue_depth\x18\v \x01(\x04R\n" +
+	"queueDepth\"\xa0\x01\n" +
 	"\aOpStats\x12\x16\n" +
 	"\x06opcode\x18\x01 \x01(\tR\x06opcode\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x16\n" +

@@ -194,6 +194,7 @@ func TestEndToEnd(t *testing.T) {
 	for _, re := range []string{
 		`(?m)^Sandbox: +pod-a$`, `(?m)^Phase: +created$`, `(?m)^Bytes read: +13$`, `(?m)^Bytes written: +13$`,
 		`(?m)^Cached inodes: +3$`, `(?m)^Open handles: +1$`, `(?m)^VM: +not started$`,
+		`(?m)^Queue depth: +0 `,
 		`(?m)^OPCODE +COUNT +ERRORS +MEAN +P50 +P99$`, `(?m)^LOOKUP +2 +1 `, `(?m)^WRITE +1 +0 `,
 		`(?m)^READ +1 +0 `, `(?m)^CREATE +1 +0 `, `(?m)^INIT +1 +0 `,
 	} {
@@ -241,6 +242,7 @@ func TestEndToEnd(t *testing.T) {
 		`kvfs_server_up{sandbox="pod-a"}`:                                                     1,
 		`kvfs_fuse_read_bytes_total{sandbox="pod-a"}`:                                         13,
 		`kvfs_fuse_written_bytes_total{sandbox="pod-a"}`:                                      13,
+		`kvfs_queue_depth{sandbox="pod-a"}`:                                                   0,
 		`kvfs_fuse_requests_total{sandbox="pod-a",opcode="LOOKUP"}`:                           2,
 		`kvfs_fuse_request_errors_total{sandbox="pod-a",opcode="LOOKUP"}`:                     1,
 		`kvfs_fuse_request_errors_total{sandbox="pod-a",opcode="WRITE"}`:                      0,
@@ -433,7 +435,7 @@ func TestJSONFieldNames(t *testing.T) {
 	check("status.server", srv, "daemon", "pid", "started", "uptime_ns", "running", "restarts", "last_failure", "stats")
 	stats := srv["stats"].(map[string]any)
 	check("status.server.stats", stats, "bytes_read", "bytes_written", "malformed", "panics", "cached_inodes",
-		"open_handles", "open_fds", "blocked_requests", "latency_bounds_seconds", "ops")
+		"open_handles", "open_fds", "blocked_requests", "queue_depth", "latency_bounds_seconds", "ops")
 	check("status.server.stats.ops[0]", stats["ops"].([]any)[0], "opcode", "count", "errors", "total_time_ns", "latency_buckets")
 	if _, err := time.Parse(time.RFC3339Nano, srv["started"].(string)); err != nil {
 		t.Errorf("started: %v", err)

@@ -54,6 +54,7 @@ type statsJSON struct {
 	OpenHandles     uint64 `json:"open_handles"`
 	OpenFDs         uint64 `json:"open_fds"`
 	BlockedRequests uint64 `json:"blocked_requests"`
+	QueueDepth      uint64 `json:"queue_depth"`
 	// LatencyBoundsSeconds are the upper bounds of the buckets of every op's histogram; the
 	// last bucket (one more than the bounds) is unbounded.
 	LatencyBoundsSeconds []float64 `json:"latency_bounds_seconds"`
@@ -149,6 +150,7 @@ func statusJSON(r *control.SandboxStatusResponse) statusOutput {
 			OpenHandles:          st.GetOpenHandles(),
 			OpenFDs:              st.GetOpenFds(),
 			BlockedRequests:      st.GetBlockedRequests(),
+			QueueDepth:           st.GetQueueDepth(),
 			LatencyBoundsSeconds: append([]float64{}, st.GetLatencyBucketBoundsSeconds()...),
 			Ops:                  []opJSON{},
 		}

@@ -61,6 +61,7 @@ func WriteMetrics(w io.Writer, r *control.SandboxStatusResponse) error {
 		p.gauge("kvfs_open_handles", "Open file and directory handles.", st.GetOpenHandles())
 		p.gauge("kvfs_open_fds", "Host file descriptors the server holds for the guest.", st.GetOpenFds())
 		p.gauge("kvfs_fuse_blocked_requests", "FUSE requests waiting now for a lock (SETLKW).", st.GetBlockedRequests())
+		p.gauge("kvfs_queue_depth", "Requests taken from the virtqueues and not yet answered.", st.GetQueueDepth())
 	}
 	if p.err != nil {
 		return p.err

@@ -82,7 +82,8 @@ func writeStatus(w io.Writer, r *control.SandboxStatusResponse) error {
 	fmt.Fprintf(tw, "Cached inodes:\t%d\n", st.GetCachedInodes())
 	fmt.Fprintf(tw, "Open handles:\t%d\n", st.GetOpenHandles())
 	fmt.Fprintf(tw, "Open fds:\t%d\n", st.GetOpenFds())
-	fmt.Fprintf(tw, "Blocked requests:\t%d (waiting for a lock; virtqueue depth is not measured)\n", st.GetBlockedRequests())
+	fmt.Fprintf(tw, "Queue depth:\t%d (taken from the virtqueues, not yet answered)\n", st.GetQueueDepth())
+	fmt.Fprintf(tw, "Blocked requests:\t%d (waiting for a lock)\n", st.GetBlockedRequests())
 	fmt.Fprintf(tw, "Malformed requests:\t%d\n", st.GetMalformed())
 	fmt.Fprintf(tw, "Handler panics:\t%d\n", st.GetPanics())
 	if err := tw.Flush(); err != nil {
