@@ -1,0 +1,17 @@
+// Package serverbench measures kvfsd against the C virtiofsd at the server level: no guest, the
+// in-repo front-end (virtiofs/frontend) plays QEMU and the guest driver, and the FUSE client
+// (virtiofs/fuseclient) plays the guest's FUSE layer. Both servers run as separate processes on
+// the same shared directory, so the CPU time each spends per request is read from its own
+// /proc/PID/stat.
+//
+// Method. Every server configuration (kvfsd with thread pool 0 and 4, cache auto and none; the C
+// virtiofsd with the same settings where it can run) is started once, probed, and kept
+// connected. A round runs each workload on every configuration: after a short warm-up each, the
+// measured time of each is cut into slices that go round the configurations forwards then
+// backwards, kvfsd and the C virtiofsd of a configuration next to each other, so that the two
+// see the same moments of a shared, noisy machine. Each figure reported is the median over the
+// rounds, and each kvfsd/virtiofsd ratio the median of the per-round ratios. A "limit" target
+// makes the same system calls directly from Go on the host, as the cost no server can beat.
+//
+// The results are written as Markdown (Report) with a PNG chart of the ratios (Chart).
+package serverbench

@@ -1,0 +1,222 @@
+package serverbench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// hostDriver is the "limit" target: the system calls a passthrough server makes for each
+// request, made directly by this process on the shared directory, with no FUSE, no virtqueue
+// and no server in between.
+type hostDriver struct {
+	names    []string
+	filesFD  int // files/, O_PATH
+	createFD int // the create directory, O_PATH
+	dataFD   int // the data file, read-write
+	dataSize int64
+	cursor   int
+	seq      int
+	dirents  []byte
+}
+
+func openHost(sh *share, createDir string) (_ *hostDriver, err error) {
+	h := &hostDriver{names: sh.names, dataSize: sh.dataSize, filesFD: -1, createFD: -1, dataFD: -1,
+		dirents: make([]byte, 32<<10)}
+	defer func() {
+		if err != nil {
+			h.close()
+		}
+	}()
+	if h.filesFD, err = unix.Open(filepath.Join(sh.dir, filesDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	if h.createFD, err = unix.Open(filepath.Join(sh.dir, createDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	if h.dataFD, err = unix.Open(filepath.Join(sh.dir, dataFile), unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *hostDriver) usage() (usage, error) { return processUsage(os.Getpid()) }
+
+func (h *hostDriver) close() error {
+	for _, fd := range []int{h.filesFD, h.createFD, h.dataFD} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	return nil
+}
+
+// lookupGetattr: openat(O_PATH) and fstatat for the LOOKUP, fstatat for the GETATTR, and the
+// close a server makes when the node is forgotten.
+func (h *hostDriver) lookupGetattr(_ context.Context, m *meter) error {
+	defer m.stop()
+	var st unix.Stat_t
+	for {
+		name := h.names[h.cursor]
+		h.cursor = (h.cursor + 1) % len(h.names)
+		start := time.Now()
+		fd, err := unix.Openat(h.filesFD, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("openat %s: %w", name, err)
+		}
+		err = unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+		if err == nil {
+			err = unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("fstatat %s: %w", name, err)
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// createReleaseUnlink: openat(O_CREAT|O_EXCL) and fstat for the CREATE, close for the RELEASE,
+// unlinkat for the UNLINK.
+func (h *hostDriver) createReleaseUnlink(_ context.Context, m *meter) error {
+	defer m.stop()
+	var st unix.Stat_t
+	for {
+		name := "c" + strconv.Itoa(h.seq)
+		h.seq++
+		start := time.Now()
+		fd, err := unix.Openat(h.createFD, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return fmt.Errorf("openat %s: %w", name, err)
+		}
+		err = unix.Fstat(fd, &st)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		if err := unix.Unlinkat(h.createFD, name, 0); err != nil {
+			return fmt.Errorf("unlinkat %s: %w", name, err)
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// readdirplus: open the directory, getdents64 until the end, fstatat of every entry.
+func (h *hostDriver) readdirplus(_ context.Context, m *meter) error {
+	defer m.stop()
+	var st unix.Stat_t
+	names := make([]string, 0, len(h.names)+2)
+	for {
+		start := time.Now()
+		fd, err := unix.Openat(h.filesFD, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for {
+			k, err := unix.Getdents(fd, h.dirents)
+			if err != nil {
+				unix.Close(fd)
+				return fmt.Errorf("getdents: %w", err)
+			}
+			if k <= 0 {
+				break
+			}
+			_, _, names = unix.ParseDirent(h.dirents[:k], -1, names[:0]) // skips . and ..
+			for _, name := range names {
+				if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					unix.Close(fd)
+					return fmt.Errorf("fstatat %s: %w", name, err)
+				}
+				n++
+			}
+		}
+		unix.Close(fd)
+		if n != len(h.names) {
+			return fmt.Errorf("listed %d entries, want %d", n, len(h.names))
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// io: pread or pwrite of the same sizes at the same offsets; a queue depth of d is d goroutines
+// each making one call at a time.
+func (h *hostDriver) io(_ context.Context, m *meter, p ioParams, seed uint64) error {
+	defer m.stop()
+	buf := func() []byte {
+		b := make([]byte, p.Size)
+		for i := range b {
+			b[i] = byte(i * 7)
+		}
+		return b
+	}
+	call := func(b []byte, off int64) error {
+		var n int
+		var err error
+		if p.Write {
+			n, err = unix.Pwrite(h.dataFD, b, off)
+		} else {
+			n, err = unix.Pread(h.dataFD, b, off)
+		}
+		if err == nil && n != len(b) {
+			err = fmt.Errorf("%d bytes of %d at %d", n, len(b), off)
+		}
+		return err
+	}
+	if p.Depth == 1 {
+		b, offs := buf(), newOffsets(p, h.dataSize, seed)
+		for {
+			off := offs.get()
+			start := time.Now()
+			if err := call(b, off); err != nil {
+				return err
+			}
+			if !m.done(start, int64(p.Size)) {
+				return nil
+			}
+		}
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		werr error
+	)
+	for w := range p.Depth {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, offs := buf(), newOffsets(p, h.dataSize, seed+uint64(w))
+			var lat []time.Duration
+			for {
+				off := offs.get()
+				start := time.Now()
+				err := call(b, off)
+				now := time.Now()
+				lat = append(lat, now.Sub(start))
+				if err != nil || !now.Before(m.deadline) {
+					mu.Lock()
+					m.merge(lat, int64(len(lat))*int64(p.Size))
+					if werr == nil {
+						werr = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return werr
+}

@@ -1,0 +1,85 @@
+package serverbench
+
+import (
+	"bytes"
+	"image/png"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeResults are two rounds of every setup but the C virtiofsd with a pool, which "died".
+func fakeResults() *Results {
+	res := &Results{Config: Config{Rounds: 2, Duration: time.Second, Files: 10, DataSize: 1 << 20},
+		Workloads: workloads(10)[:2], Setups: setups(),
+		NA: map[Setup]string{}, NADetail: map[Setup]string{}, Samples: map[Setup]map[string][]Sample{}}
+	for _, su := range res.Setups {
+		if su.Server == virtiofsd && su.Pool > 0 {
+			res.NA[su] = seccompKilled
+			continue
+		}
+		res.Samples[su] = map[string][]Sample{}
+		for i, w := range res.Workloads {
+			ops := 1000 * (i + 1)
+			if su.Server == kvfsd {
+				ops *= 2
+			}
+			for range res.Config.Rounds {
+				res.Samples[su][w.Name] = append(res.Samples[su][w.Name], Sample{Ops: ops, Elapsed: time.Second,
+					CPU: time.Duration(ops) * 10 * time.Microsecond, Switches: uint64(ops), P50: time.Microsecond, P99: 2 * time.Microsecond})
+			}
+		}
+	}
+	return res
+}
+
+func TestReport(t *testing.T) {
+	res := fakeResults()
+	md := Report(res, "chart.png")
+	for _, want := range []string{
+		"| LOOKUP+GETATTR | 0 | auto | 2.00 (2.00–2.00) |", // kvfsd has twice the ops/s
+		"| LOOKUP+GETATTR | 4 † | auto |",                  // compared with virtiofsd pool 0
+		"| virtiofsd | 4 | auto | n/a (killed by its seccomp filter) |",
+		"![", "chart.png",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	b, err := Chart(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := img.Bounds(); r.Dx() < 500 || r.Dy() < 200 {
+		t.Errorf("chart is %v", r)
+	}
+}
+
+func TestRoundOrder(t *testing.T) {
+	var targets []*target
+	for _, su := range setups() {
+		targets = append(targets, &target{Setup: su})
+	}
+	ids := func(ts []*target) string {
+		var s []string
+		for _, t := range ts {
+			s = append(s, t.id())
+		}
+		return strings.Join(s, " ")
+	}
+	for _, tc := range []struct {
+		round int
+		want  string
+	}{
+		{0, "kvfsd-pool0-auto virtiofsd-pool0-auto kvfsd-pool4-auto virtiofsd-pool4-auto kvfsd-pool0-none virtiofsd-pool0-none kvfsd-pool4-none virtiofsd-pool4-none limit"},
+		{1, "virtiofsd-pool4-auto kvfsd-pool4-auto virtiofsd-pool0-none kvfsd-pool0-none virtiofsd-pool4-none kvfsd-pool4-none limit virtiofsd-pool0-auto kvfsd-pool0-auto"},
+	} {
+		if got := ids(roundOrder(targets, tc.round)); got != tc.want {
+			t.Errorf("round %d:\n got %s\nwant %s", tc.round, got, tc.want)
+		}
+	}
+}

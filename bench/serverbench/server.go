@@ -1,0 +1,365 @@
+package serverbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/kvfs/kvfs/virtiofs/frontend"
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/virtq"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+)
+
+// serverDriver runs the workloads through the front-end against a server process.
+type serverDriver struct {
+	d     *daemon
+	fe    *frontend.Frontend
+	c     *fuseclient.Client
+	names []string // of the files in files/
+
+	files    uint64 // node ID of files/
+	create   uint64 // node ID of this server's create directory
+	data     uint64 // node ID of the data file
+	dataFh   uint64 // its handle, open read-write
+	dataSize int64
+
+	cursor int // next name of names to look up
+	seq    int // next name to create
+}
+
+// forgetBatch is how many nodes one BATCH_FORGET carries.
+const forgetBatch = 256
+
+// dialServer connects to the server d listening at sock, negotiates FUSE as a Linux guest does
+// and looks up what the workloads use.
+func dialServer(ctx context.Context, d *daemon, sock string, sh *share, createDir string) (_ *serverDriver, err error) {
+	fe, err := frontend.Dial(ctx, sock, frontend.Options{})
+	if err != nil {
+		return nil, err
+	}
+	s := &serverDriver{d: d, fe: fe, c: fuseclient.New(fe), names: sh.names, dataSize: sh.dataSize}
+	defer func() {
+		if err != nil {
+			fe.Close()
+		}
+	}()
+	init, err := s.c.Init(ctx, fuseclient.LinuxInitFlags)
+	if err != nil {
+		return nil, fmt.Errorf("INIT: %w", err)
+	}
+	if init.MaxWrite < 1<<20 {
+		return nil, fmt.Errorf("INIT: max_write %d, the workloads need 1 MiB", init.MaxWrite)
+	}
+	for _, l := range []struct {
+		name string
+		node *uint64
+	}{{filesDir, &s.files}, {createDir, &s.create}, {dataFile, &s.data}} {
+		e, err := s.c.Lookup(ctx, 1, l.name)
+		if err != nil {
+			return nil, fmt.Errorf("LOOKUP %s: %w", l.name, err)
+		}
+		*l.node = e.NodeID
+	}
+	open, err := s.c.Open(ctx, s.data, unix.O_RDWR)
+	if err != nil {
+		return nil, fmt.Errorf("OPEN %s: %w", dataFile, err)
+	}
+	s.dataFh = open.Fh
+	return s, nil
+}
+
+func (s *serverDriver) usage() (usage, error) { return s.d.usage() }
+
+func (s *serverDriver) close() error {
+	err := s.fe.Close()
+	s.d.stop()
+	return err
+}
+
+// forget drops the lookups counted in counts, in BATCH_FORGETs.
+func (s *serverDriver) forget(ctx context.Context, items []fuse.ForgetOne) error {
+	for len(items) > 0 {
+		n := min(len(items), forgetBatch)
+		if err := s.c.BatchForget(ctx, items[:n]); err != nil {
+			return fmt.Errorf("BATCH_FORGET: %w", err)
+		}
+		items = items[n:]
+	}
+	return nil
+}
+
+func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
+	counts := map[uint64]uint64{}
+	for {
+		name := s.names[s.cursor]
+		s.cursor = (s.cursor + 1) % len(s.names)
+		start := time.Now()
+		e, err := s.c.Lookup(ctx, s.files, name)
+		if err != nil {
+			return fmt.Errorf("LOOKUP %s: %w", name, err)
+		}
+		if _, err := s.c.Getattr(ctx, e.NodeID, 0); err != nil {
+			return fmt.Errorf("GETATTR %s: %w", name, err)
+		}
+		counts[e.NodeID]++
+		if !m.done(start, 0) {
+			break
+		}
+	}
+	m.stop()
+	items := make([]fuse.ForgetOne, 0, len(counts))
+	for node, n := range counts {
+		items = append(items, fuse.ForgetOne{NodeID: node, Nlookup: n})
+	}
+	return s.forget(ctx, items)
+}
+
+func (s *serverDriver) createReleaseUnlink(ctx context.Context, m *meter) error {
+	defer m.stop()
+	for {
+		name := "c" + strconv.Itoa(s.seq)
+		s.seq++
+		start := time.Now()
+		out, err := s.c.Create(ctx, s.create, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, unix.S_IFREG|0o644)
+		if err != nil {
+			return fmt.Errorf("CREATE %s: %w", name, err)
+		}
+		if err := s.c.Release(ctx, out.Entry.NodeID, out.Open.Fh); err != nil {
+			return fmt.Errorf("RELEASE %s: %w", name, err)
+		}
+		if err := s.c.Unlink(ctx, s.create, name); err != nil {
+			return fmt.Errorf("UNLINK %s: %w", name, err)
+		}
+		if err := s.c.Forget(ctx, out.Entry.NodeID, 1); err != nil {
+			return fmt.Errorf("FORGET %s: %w", name, err)
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// readdirBuf is the reply size of READDIRPLUS: one page, as Linux 6.1's FUSE asks.
+const readdirBuf = 4096
+
+func (s *serverDriver) readdirplus(ctx context.Context, m *meter) error {
+	defer m.stop()
+	var items []fuse.ForgetOne
+	for {
+		start := time.Now()
+		open, err := s.c.Opendir(ctx, s.files)
+		if err != nil {
+			return fmt.Errorf("OPENDIR: %w", err)
+		}
+		items = items[:0]
+		var off uint64
+		for {
+			ents, err := s.c.Readdir(ctx, s.files, open.Fh, off, readdirBuf, true)
+			if err != nil {
+				return fmt.Errorf("READDIRPLUS at %d: %w", off, err)
+			}
+			if len(ents) == 0 {
+				break
+			}
+			for _, e := range ents {
+				if e.Entry.NodeID != 0 {
+					items = append(items, fuse.ForgetOne{NodeID: e.Entry.NodeID, Nlookup: 1})
+				}
+				off = e.Off
+			}
+		}
+		if err := s.c.Releasedir(ctx, s.files, open.Fh); err != nil {
+			return fmt.Errorf("RELEASEDIR: %w", err)
+		}
+		if len(items) != len(s.names) {
+			return fmt.Errorf("READDIRPLUS returned %d entries with a node, want %d", len(items), len(s.names))
+		}
+		if err := s.forget(ctx, items); err != nil {
+			return err
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// ioSlot is one request buffer in guest memory, laid out as Linux's virtio-fs driver lays out a
+// READ or WRITE: readable [in header][read_in or write_in][data of a WRITE], then writable
+// [out header][data of a READ, or write_out], each part its own descriptor.
+type ioSlot struct {
+	gpa      uint64
+	buf      []byte
+	outOff   int // where the out header starts in buf
+	readable []virtq.Buf
+	writable []virtq.Buf
+
+	p      *frontend.Pending
+	unique uint64
+	start  time.Time
+}
+
+const (
+	inHeaderSize  = 40
+	ioArgSize     = 40 // read_in and write_in
+	outHeaderSize = 16
+	writeOutSize  = 8
+)
+
+func (s *serverDriver) newSlot(p ioParams) (*ioSlot, error) {
+	in := inHeaderSize + ioArgSize
+	out := outHeaderSize + writeOutSize
+	if p.Write {
+		in += p.Size
+	} else {
+		out = outHeaderSize + p.Size
+	}
+	gpa, buf := s.fe.Alloc(uint64(in + out))
+	if buf == nil {
+		return nil, errors.New("guest memory exhausted")
+	}
+	sl := &ioSlot{gpa: gpa, buf: buf, outOff: in}
+	sl.readable = []virtq.Buf{{Addr: gpa, Len: inHeaderSize}, {Addr: gpa + inHeaderSize, Len: ioArgSize}}
+	if p.Write {
+		sl.readable = append(sl.readable, virtq.Buf{Addr: gpa + inHeaderSize + ioArgSize, Len: uint32(p.Size)})
+		for i := inHeaderSize + ioArgSize; i < in; i++ {
+			buf[i] = byte(i * 7)
+		}
+	}
+	o := gpa + uint64(in)
+	sl.writable = []virtq.Buf{{Addr: o, Len: outHeaderSize}, {Addr: o + outHeaderSize, Len: uint32(out - outHeaderSize)}}
+	return sl, nil
+}
+
+// submit encodes a READ or WRITE at off into the slot and places it on the request queue.
+func (s *serverDriver) submit(sl *ioSlot, p ioParams, off int64) error {
+	var req []byte
+	if p.Write {
+		in := fuse.WriteIn{Fh: s.dataFh, Offset: uint64(off), Size: uint32(p.Size)}
+		req = s.c.Encode(fuse.OpWrite, s.data, fuse.AsBytes(&in))
+	} else {
+		in := fuse.ReadIn{Fh: s.dataFh, Offset: uint64(off), Size: uint32(p.Size)}
+		req = s.c.Encode(fuse.OpRead, s.data, fuse.AsBytes(&in))
+	}
+	var h fuse.InHeader
+	copy(fuse.AsBytes(&h), req)
+	if p.Write {
+		h.Len += uint32(p.Size) // the data is already in place after the arguments
+	}
+	copy(sl.buf, fuse.AsBytes(&h))
+	copy(sl.buf[inHeaderSize:], req[inHeaderSize:])
+	sl.unique = h.Unique
+	sl.start = time.Now()
+	var err error
+	sl.p, err = s.fe.SubmitAsync(1, sl.readable, sl.writable)
+	return err
+}
+
+// check validates a completed slot's reply.
+func (s *serverDriver) check(sl *ioSlot, p ioParams, written uint32) error {
+	var h fuse.OutHeader
+	copy(fuse.AsBytes(&h), sl.buf[sl.outOff:])
+	want := uint32(outHeaderSize + p.Size)
+	if p.Write {
+		want = outHeaderSize + writeOutSize
+	}
+	switch {
+	case h.Error != 0:
+		return fmt.Errorf("reply error %v", unix.Errno(-h.Error))
+	case h.Unique != sl.unique:
+		return fmt.Errorf("reply unique %d for request %d", h.Unique, sl.unique)
+	case h.Len != written || h.Len != want:
+		return fmt.Errorf("reply of %d bytes (device wrote %d), want %d", h.Len, written, want)
+	}
+	if p.Write {
+		var wo fuse.WriteOut
+		copy(fuse.AsBytes(&wo), sl.buf[sl.outOff+outHeaderSize:])
+		if wo.Size != uint32(p.Size) {
+			return fmt.Errorf("WRITE took %d bytes of %d", wo.Size, p.Size)
+		}
+	}
+	return nil
+}
+
+// io keeps p.Depth requests in flight on the request queue, each in its own guest buffer, and
+// collects them in submission order.
+func (s *serverDriver) io(ctx context.Context, m *meter, p ioParams, seed uint64) error {
+	defer m.stop()
+	offs := newOffsets(p, s.dataSize, seed)
+	slots := make([]*ioSlot, p.Depth)
+	defer func() {
+		for _, sl := range slots {
+			if sl != nil {
+				if sl.p != nil {
+					sl.p.Wait(ctx) // never leave a buffer in the device's hands
+				}
+				s.fe.Free(sl.gpa)
+			}
+		}
+	}()
+	for i := range slots {
+		var err error
+		if slots[i], err = s.newSlot(p); err != nil {
+			return err
+		}
+	}
+	for _, sl := range slots {
+		if err := s.submit(sl, p, offs.get()); err != nil {
+			return err
+		}
+	}
+	more, inFlight := true, len(slots)
+	for i := 0; inFlight > 0; i = (i + 1) % len(slots) {
+		sl := slots[i]
+		if sl.p == nil {
+			continue
+		}
+		written, err := sl.p.Wait(ctx)
+		sl.p = nil
+		inFlight--
+		if err != nil {
+			return err
+		}
+		if err := s.check(sl, p, written); err != nil {
+			return err
+		}
+		if !m.done(sl.start, int64(p.Size)) {
+			more = false
+		}
+		if more {
+			if err := s.submit(sl, p, offs.get()); err != nil {
+				return err
+			}
+			inFlight++
+		}
+	}
+	return nil
+}
+
+// bothQueues keeps both queues busy for d: READs at depth 16 on the request queue while
+// LOOKUP+FORGET pairs put FORGETs on the high-priority queue.
+func (s *serverDriver) bothQueues(ctx context.Context, d time.Duration) error {
+	var g errgroup.Group
+	g.Go(func() error {
+		return s.io(ctx, newMeter(d, s.usage, nil), ioParams{Size: 4096, Depth: 16, Random: true}, 3)
+	})
+	g.Go(func() error {
+		end := time.Now().Add(d)
+		for i := 0; time.Now().Before(end); i++ {
+			name := s.names[i%len(s.names)]
+			e, err := s.c.Lookup(ctx, s.files, name)
+			if err != nil {
+				return fmt.Errorf("LOOKUP %s: %w", name, err)
+			}
+			if err := s.c.Forget(ctx, e.NodeID, 1); err != nil {
+				return fmt.Errorf("FORGET %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	return g.Wait()
+}

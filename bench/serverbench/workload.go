@@ -1,0 +1,141 @@
+package serverbench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// ioParams describe a READ or WRITE workload on the data file.
+type ioParams struct {
+	Write  bool
+	Size   int  // bytes per request
+	Depth  int  // requests kept in flight
+	Random bool // random Size-aligned offsets; otherwise sequential, wrapping at the end
+}
+
+// offsets yields the offsets of an I/O workload over a file of fileSize bytes.
+type offsets struct {
+	p        ioParams
+	fileSize int64
+	rng      *rand.Rand
+	next     int64
+}
+
+func newOffsets(p ioParams, fileSize int64, seed uint64) *offsets {
+	return &offsets{p: p, fileSize: fileSize, rng: rand.New(rand.NewPCG(seed, 0x6b7666732d62656e))}
+}
+
+func (o *offsets) get() int64 {
+	blocks := o.fileSize / int64(o.p.Size)
+	if o.p.Random {
+		return o.rng.Int64N(blocks) * int64(o.p.Size)
+	}
+	off := o.next
+	o.next = (o.next + int64(o.p.Size)) % (blocks * int64(o.p.Size))
+	return off
+}
+
+// A driver runs the workloads against one target: a server through the front-end, or the host
+// directly. Each workload method performs operations until m says to stop, reports each one to
+// m, and calls m.stop when the measured work is over (cleanup such as FORGETs may follow).
+type driver interface {
+	lookupGetattr(ctx context.Context, m *meter) error
+	createReleaseUnlink(ctx context.Context, m *meter) error
+	readdirplus(ctx context.Context, m *meter) error
+	io(ctx context.Context, m *meter, p ioParams, seed uint64) error
+	// usage is what the process doing the work (the server's, or ours for the host) has
+	// consumed so far.
+	usage() (usage, error)
+	close() error
+}
+
+// A workload is one row group of the report.
+type workload struct {
+	Name  string
+	Op    string // what one operation is
+	Bytes int64  // payload bytes per operation, for MiB/s; 0 where it means nothing
+	Depth int    // requests kept in flight (0 or 1: one at a time)
+	run   func(ctx context.Context, d driver, m *meter, seed uint64) error
+}
+
+func ioWorkload(name, op string, p ioParams) workload {
+	return workload{Name: name, Op: op, Bytes: int64(p.Size), Depth: p.Depth,
+		run: func(ctx context.Context, d driver, m *meter, seed uint64) error { return d.io(ctx, m, p, seed) }}
+}
+
+// workloads returns the workloads of issue 3, over nFiles files and a data file.
+func workloads(nFiles int) []workload {
+	const k4, m1 = 4 << 10, 1 << 20
+	return []workload{
+		{Name: "LOOKUP+GETATTR", Op: fmt.Sprintf("LOOKUP of one of %d files in one directory, then GETATTR of it (the FORGETs go after each measured slice, unmeasured)", nFiles),
+			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.lookupGetattr(ctx, m) }},
+		{Name: "CREATE+RELEASE+UNLINK", Op: "CREATE of a new file, RELEASE, UNLINK, and the FORGET a guest sends when it drops the inode",
+			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.createReleaseUnlink(ctx, m) }},
+		{Name: "READDIRPLUS", Op: fmt.Sprintf("one listing of the %d-entry directory: OPENDIR, READDIRPLUS with 4 KiB replies (as Linux 6.1 asks) until the end, RELEASEDIR, BATCH_FORGET of every entry returned (entries/s = ops/s × %d)", nFiles, nFiles),
+			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.readdirplus(ctx, m) }},
+		ioWorkload("READ 4 KiB random QD1", "one 4 KiB READ at a random aligned offset, one request in flight", ioParams{Size: k4, Depth: 1, Random: true}),
+		ioWorkload("READ 4 KiB random QD16", "one 4 KiB READ at a random aligned offset, 16 requests in flight", ioParams{Size: k4, Depth: 16, Random: true}),
+		ioWorkload("WRITE 4 KiB random QD1", "one 4 KiB WRITE at a random aligned offset, one request in flight", ioParams{Write: true, Size: k4, Depth: 1, Random: true}),
+		ioWorkload("WRITE 4 KiB random QD16", "one 4 KiB WRITE at a random aligned offset, 16 requests in flight", ioParams{Write: true, Size: k4, Depth: 16, Random: true}),
+		ioWorkload("READ 1 MiB sequential", "one 1 MiB READ, sequential through the file, one request in flight", ioParams{Size: m1, Depth: 1}),
+		ioWorkload("WRITE 1 MiB sequential", "one 1 MiB WRITE, sequential through the file, one request in flight", ioParams{Write: true, Size: m1, Depth: 1}),
+	}
+}
+
+// meter times one measurement: operations until the deadline, each one's latency, and what the
+// target consumed between start and stop.
+type meter struct {
+	usage    func() (usage, error)
+	deadline time.Time
+
+	lat     []time.Duration
+	ops     int
+	bytes   int64
+	begin   time.Time
+	end     time.Time
+	u0, u1  usage
+	stopped bool
+	err     error // from reading the usage
+}
+
+// newMeter starts a measurement of length d whose latencies are appended to lat.
+func newMeter(d time.Duration, u func() (usage, error), lat []time.Duration) *meter {
+	m := &meter{usage: u, lat: lat}
+	m.u0, m.err = u()
+	m.begin = time.Now()
+	m.deadline = m.begin.Add(d)
+	return m
+}
+
+// done records an operation that started at start and moved n payload bytes, and reports
+// whether to start another.
+func (m *meter) done(start time.Time, n int64) bool {
+	now := time.Now()
+	m.lat = append(m.lat, now.Sub(start))
+	m.ops++
+	m.bytes += n
+	return now.Before(m.deadline)
+}
+
+// merge records operations timed elsewhere (by concurrent workers).
+func (m *meter) merge(lat []time.Duration, n int64) {
+	m.lat = append(m.lat, lat...)
+	m.ops += len(lat)
+	m.bytes += n
+}
+
+// stop ends the measured part; later calls do nothing.
+func (m *meter) stop() {
+	if m.stopped {
+		return
+	}
+	m.stopped = true
+	m.end = time.Now()
+	var err error
+	m.u1, err = m.usage()
+	if m.err == nil {
+		m.err = err
+	}
+}
