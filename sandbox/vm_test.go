@@ -163,14 +163,14 @@ exit 0
 }
 
 // TestVMRecoverThenServerCrash leaves a running sandbox behind — external kvfsd, guest memory a
-// shared file in a tmpfs directory as the machine's memory backend, queue size 128, two
-// request queues — by exiting its owner, recovers it, checks the guest still works through
-// the adopted server, then kills the server with SIGKILL: the stop policy must kill QEMU and
-// say why.
+// preallocated shared file (the hugepages configuration) as the machine's memory backend, queue
+// size 128, two request queues — by exiting its owner, recovers it, checks the guest still
+// works through the adopted server, then kills the server with SIGKILL: the stop policy must
+// kill QEMU and say why.
 //
 // Hugepages are not available on these hosts (no hugetlbfs mount, no pages reserved), so the
-// file backend is tested on a plain tmpfs directory; prealloc=on, the only difference, is
-// covered by TestVMArgs.
+// hugepages configuration is booted with its path on a plain tmpfs directory: QEMU gets the
+// same memory-backend-file,share=on,prealloc=on arguments, backed by normal pages.
 func TestVMRecoverThenServerCrash(t *testing.T) {
 	requireGuest(t)
 	becomeSubreaper(t)
@@ -185,7 +185,8 @@ func TestVMRecoverThenServerCrash(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(memDir) })
 	cfg := externalConfig(t, base)
-	cfg.VM.FileMemPath = memDir
+	cfg.VM.Hugepages = true
+	cfg.VM.HugepagePath = memDir
 	cfg.VM.MemoryPlacement = PlacementMachine
 	cfg.Device.QueueSize = 128
 	cfg.Device.NumRequestQueues = 2
@@ -294,7 +295,7 @@ func mustState(t *testing.T, dir string) *state {
 	return st
 }
 
-// TestVMServerRestart kills the server of a running guest (external kvfsd; memfd memory as
+// TestVMServerRestart kills the server of a running guest (external kvfsd; a shared file as
 // the machine's memory backend) under the restart policy, and records what the guest sees:
 // QEMU 7.2 does not reconnect a vhost-user-fs device, so the new server never gets a
 // connection and the guest's pending request never completes — the guest hangs in the share
@@ -306,8 +307,14 @@ func TestVMServerRestart(t *testing.T) {
 	base := testBase(t)
 	ctx := context.Background()
 
+	memDir, err := os.MkdirTemp("/dev/shm", "kvfs-mem-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(memDir) })
 	cfg := externalConfig(t, base)
 	cfg.Server.OnFailure = PolicyRestart
+	cfg.VM.FileMemPath = memDir // a shared file in a tmpfs, not preallocated
 	cfg.VM.MemoryPlacement = PlacementMachine
 	s, err := Create(ctx, "restart", Options{Config: cfg})
 	if err != nil {
