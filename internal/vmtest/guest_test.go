@@ -24,7 +24,7 @@ var guestChecks = []string{
 	"create", "write_read", "append", "rename", "unlink", "mkdir_rmdir",
 	"symlink", "hardlink", "chmod", "chown", "utimes", "truncate_shrink",
 	"truncate_grow", "fifo", "mmap", "fsync", "xattr", "killpriv", "big_file", "readdir_2000",
-	"statfs", "remount",
+	"statfs", "submount", "remount",
 }
 
 // TestGuestConformance boots a Linux guest against the server under test
@@ -36,15 +36,16 @@ func TestGuestConformance(t *testing.T) {
 	g := Image(t)
 	server := serverBinary(t)
 	type variant struct {
-		name  string
-		start func(t *testing.T, share string) string
+		name      string
+		submounts bool // the server announces submounts
+		start     func(t *testing.T, share string) string
 	}
-	variants := []variant{{"defaults", func(t *testing.T, share string) string {
+	variants := []variant{{"defaults", false, func(t *testing.T, share string) string {
 		socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto", "-o", "xattr")
 		return socket
 	}}}
 	if os.Getenv("KVFS_SERVER") == "" {
-		variants = append(variants, variant{"kata-argv", func(t *testing.T, share string) string {
+		variants = append(variants, variant{"kata-argv", true, func(t *testing.T, share string) string {
 			socket, _ := StartServerWithListener(t, server, "--syslog", "--cache=auto", "--shared-dir="+share,
 				"--fd=3", "--thread-pool-size=1", "--announce-submounts", "--xattr")
 			return socket
@@ -53,6 +54,7 @@ func TestGuestConformance(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			share := t.TempDir()
+			bindSubmount(t, share, v.submounts)
 			if os.Getenv("KVFS_SERVER") != "" {
 				// Another server: the C virtiofsd keeps set-id bits on an unprivileged
 				// open(O_TRUNC) (see t_killpriv in guestcheck.sh).
@@ -62,6 +64,34 @@ func TestGuestConformance(t *testing.T) {
 			}
 			runGuestChecks(t, g, share, v.start(t, share))
 		})
+	}
+}
+
+// bindSubmount bind-mounts a directory holding inside.txt at share/submnt, as a sandbox binds a
+// volume into its share, and tells the guest script what to expect of it.
+func bindSubmount(t *testing.T, share string, announced bool) {
+	t.Helper()
+	src, dst := t.TempDir(), filepath.Join(share, "submnt")
+	if err := os.WriteFile(filepath.Join(src, "inside.txt"), []byte("inside\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount at %s: %v", dst, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dst, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			t.Errorf("unmounting %s: %v", dst, err)
+		}
+	})
+	expect := "plain"
+	if announced {
+		expect = "announced"
+	}
+	if err := os.WriteFile(filepath.Join(share, "submount.expect"), []byte(expect+"\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 

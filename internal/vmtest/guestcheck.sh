@@ -270,6 +270,30 @@ t_statfs() {
 	df -k . >/dev/null || fail "df failed"
 }
 
+# The host bind-mounted a directory at submnt/ in the share and wrote in submount.expect
+# whether the server announces submounts: then the guest mounts it as a submount of its own
+# (its own st_dev, an entry in /proc/mounts); otherwise it is a plain directory.
+t_submount() {
+	S=$KVFS_MNT/submnt
+	want "content through the bind mount" "$(cat "$S/inside.txt")" inside
+	parent=$(stat -c %d "$KVFS_MNT")
+	sub=$(stat -c %d "$S")
+	case "$(cat "$KVFS_MNT/submount.expect")" in
+	announced)
+		[ "$sub" != "$parent" ] || fail "the submount shares st_dev $parent with its parent"
+		grep -q " $S virtiofs " /proc/mounts || fail "no entry for $S in /proc/mounts"
+		# Unmount it, so that the remount check can unmount the share.
+		umount "$S" || fail "umount of the submount failed"
+		;;
+	plain)
+		want "st_dev without announced submounts" "$sub" "$parent"
+		;;
+	*)
+		fail "submount.expect is missing"
+		;;
+	esac
+}
+
 t_remount() {
 	echo persisted >persist
 	cd / || fail "cd / failed"
@@ -313,6 +337,7 @@ check killpriv t_killpriv
 check big_file t_big_file
 check readdir_2000 t_readdir_2000
 check statfs t_statfs
+check submount t_submount
 check remount t_remount
 echo "CHECK-NOTE xattr not checked: busybox has no setfattr/getfattr"
 
