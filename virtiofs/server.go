@@ -45,7 +45,10 @@ type Server struct {
 	closed  bool               // guarded by mu
 }
 
-// NewServer opens the shared directory and returns a server for it.
+// NewServer opens the shared directory and returns a server for it. Like virtiofsd, it sets the
+// process umask to 0, so that the guest's umask alone decides the modes of the files it
+// creates: a process that runs a server in-process must give explicit modes to what it creates
+// itself (the sandbox package does).
 func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
