@@ -24,7 +24,7 @@ fmt-check:
 # The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
 # real guests under QEMU.
 test: deps fmt-check vet
-	$(GO) test -race -timeout 25m ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # Fast feedback while developing: no guests.
 test-unit:
