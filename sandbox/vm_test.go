@@ -179,11 +179,7 @@ func TestVMRecoverThenServerCrash(t *testing.T) {
 	base := testBase(t)
 	ctx := context.Background()
 
-	memDir, err := os.MkdirTemp("/dev/shm", "kvfs-mem-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(memDir) })
+	memDir := shmDir(t)
 	cfg := externalConfig(t, base)
 	cfg.VM.Hugepages = true
 	cfg.VM.HugepagePath = memDir
@@ -295,6 +291,17 @@ func mustState(t *testing.T, dir string) *state {
 	return st
 }
 
+// shmDir makes a directory on /dev/shm, a tmpfs, for file-backed guest memory.
+func shmDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "kvfs-mem-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // TestVMServerRestart kills the server of a running guest (external kvfsd; a shared file as
 // the machine's memory backend) under the restart policy, and records what the guest sees:
 // QEMU 7.2 does not reconnect a vhost-user-fs device, so the new server never gets a
@@ -307,11 +314,7 @@ func TestVMServerRestart(t *testing.T) {
 	base := testBase(t)
 	ctx := context.Background()
 
-	memDir, err := os.MkdirTemp("/dev/shm", "kvfs-mem-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(memDir) })
+	memDir := shmDir(t)
 	cfg := externalConfig(t, base)
 	cfg.Server.OnFailure = PolicyRestart
 	cfg.VM.FileMemPath = memDir // a shared file in a tmpfs, not preallocated
