@@ -5,6 +5,7 @@ package virtiofs_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -36,6 +37,13 @@ func secctxTrailer(nr int, name, value string) []byte {
 	h.Size = uint32(total)
 	b := append(append([]byte(nil), fuse.AsBytes(&h)...), body...)
 	return append(b, make([]byte, total-len(b))...)
+}
+
+// asExtension marks the last n bytes of an encoded request as its extension area, as a 7.38
+// guest sends it (fuse_in_header.total_extlen, in 8-byte units, at offset 36).
+func asExtension(req []byte, n int) []byte {
+	binary.LittleEndian.PutUint16(req[36:], uint16(n/8))
+	return req
 }
 
 func startLabelled(t *testing.T, cfg virtiofs.Config) (string, *fuseclient.Client, uint64) {
@@ -90,6 +98,8 @@ func TestSecurityLabel(t *testing.T) {
 		"dir":  c.Encode(fuse.OpMkdir, fuse.RootID, fuse.AsBytes(&fuse.MkdirIn{Mode: 0o755}), cstr("dir"), trailer),
 		"fifo": c.Encode(fuse.OpMknod, fuse.RootID, fuse.AsBytes(&fuse.MknodIn{Mode: unix.S_IFIFO | 0o644}), cstr("fifo"), trailer),
 		"link": c.Encode(fuse.OpSymlink, fuse.RootID, cstr("link"), cstr("file"), trailer),
+		// A 7.38 guest sends the contexts as a request extension, counted in total_extlen.
+		"file38": asExtension(c.Encode(fuse.OpCreate, fuse.RootID, fuse.AsBytes(&fuse.CreateIn{Flags: unix.O_RDWR, Mode: 0o644}), cstr("file38"), trailer), len(trailer)),
 		// No context (the guest has no LSM label for it): the header alone.
 		"plain": c.Encode(fuse.OpCreate, fuse.RootID, fuse.AsBytes(&fuse.CreateIn{Flags: unix.O_RDWR, Mode: 0o644}), cstr("plain"), secctxTrailer(0, "", "")),
 	}
@@ -107,6 +117,17 @@ func TestSecurityLabel(t *testing.T) {
 		case err != nil || got != labelValue:
 			t.Errorf("%s: label %q, %v; want %q", name, got, err, labelValue)
 		}
+	}
+
+	// An extension record whose size runs past the request is refused too.
+	bad := secctxTrailer(1, labelName, labelValue)
+	binary.LittleEndian.PutUint32(bad, uint32(len(bad)+8))
+	req := asExtension(c.Encode(fuse.OpMkdir, fuse.RootID, fuse.AsBytes(&fuse.MkdirIn{Mode: 0o755}), cstr("bad38"), bad), len(bad))
+	if _, err := c.Do(ctx, req, 4096); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("extension record too long: %v, want EINVAL", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "bad38")); err == nil {
+		t.Errorf("extension record too long: created anyway")
 	}
 
 	// Malformed trailers are refused and create nothing.

@@ -392,14 +392,47 @@ func doTmpfile(s *Server, r *request) Errno {
 	})
 }
 
-// secctx takes the security contexts trailer (SecctxHeader) that follows the names of a
-// create-type request once SECURITY_CTX is negotiated, and puts its context in r.Context.SecCtx.
-// Linux sends at most one context; more are refused. It reports whether the trailer was well
-// formed.
+// maxNrSecctx is FUSE_MAX_NR_SECCTX: a request extension whose type is at most this is the
+// security contexts (its "type" is SecctxHeader.NrSecctx); larger types are other extensions.
+const maxNrSecctx = 31
+
+// secctx takes the security contexts (SecctxHeader) of a create-type request once SECURITY_CTX
+// is negotiated, and puts its context in r.Context.SecCtx. Guests before 7.38 append them after
+// the names; 7.38 guests send them as a request extension (total_extlen), one record of the
+// extension area. It reports whether they were well formed.
 func (s *Server) secctx(r *request) bool {
 	if s.Flags()&InitSecurityCtx == 0 {
 		return true
 	}
+	if r.hdr.TotalExtlen == 0 {
+		return r.parseSecctx()
+	}
+	for ext := r.ext; len(ext) > 0; {
+		var h SecctxHeader // a record header: {size, type}
+		if len(ext) < int(unsafe.Sizeof(h)) {
+			return false
+		}
+		copy(AsBytes(&h), ext)
+		if h.Size < uint32(unsafe.Sizeof(h)) || h.Size%8 != 0 || int(h.Size) > len(ext) {
+			return false
+		}
+		rec := ext[:h.Size]
+		ext = ext[h.Size:]
+		if h.NrSecctx > maxNrSecctx {
+			continue // another kind of extension
+		}
+		args := r.args
+		r.args = rec
+		ok := r.parseSecctx()
+		r.args = args
+		return ok
+	}
+	return true
+}
+
+// parseSecctx reads a SecctxHeader and its context from the front of r.args. Linux sends at
+// most one context; more are refused.
+func (r *request) parseSecctx() bool {
 	var h SecctxHeader
 	if !arg(r, &h) {
 		return false

@@ -120,6 +120,7 @@ type request struct {
 	Context
 	hdr     InHeader
 	args    []byte   // copied arguments, consumed from the front by the decoders
+	ext     []byte   // copied request extensions (7.38: total_extlen), after the arguments
 	payload [][]byte // WRITE data, in guest memory
 	out     [][]byte // device-writable guest buffers
 	outCap  int      // bytes available in out
@@ -345,15 +346,16 @@ func (s *Server) decode(r *request, in [][]byte) Errno {
 		r.iovBuf = r.payload
 		return OK
 	}
-	n := end - inHeaderSize
+	n := length - inHeaderSize
 	if n > maxArgs {
 		return unix.E2BIG
 	}
 	if cap(r.argBuf) < n {
 		r.argBuf = make([]byte, n, max(n, 4096))
 	}
-	r.args = r.argBuf[:n]
-	gather(r.args, in, inHeaderSize)
+	buf := r.argBuf[:n]
+	gather(buf, in, inHeaderSize)
+	r.args, r.ext = buf[:end-inHeaderSize], buf[end-inHeaderSize:]
 	return OK
 }
 
