@@ -80,18 +80,7 @@ func TestGuestCacheModes(t *testing.T) {
 	if herr := <-hostErr; herr != nil {
 		t.Errorf("host side: %v", herr)
 	}
-	if res != nil {
-		t.Logf("boot: %v under %s (%s), whole test %v",
-			res.Duration.Round(time.Millisecond), res.Accel, res.AccelReason, time.Since(start).Round(time.Millisecond))
-		defer func() {
-			if t.Failed() {
-				t.Logf("QEMU: %s\nQEMU stderr:\n%s\nguest console:\n%s", strings.Join(res.Args, " "), res.Stderr, res.Console)
-			}
-		}()
-	}
-	if err != nil {
-		t.Fatalf("boot: %v", err)
-	}
+	checkBoot(t, res, err, start)
 	if res.ExitStatus != 0 || !strings.Contains(res.Console, "CACHE-END") {
 		t.Fatalf("cachecheck.sh did not finish (exit status %d)", res.ExitStatus)
 	}

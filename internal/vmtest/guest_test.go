@@ -95,6 +95,24 @@ func bindSubmount(t *testing.T, share string, announced bool) {
 	}
 }
 
+// checkBoot logs how a boot went, has the QEMU command line, its stderr and the whole console
+// logged if the test fails, and ends the test if the boot itself failed.
+func checkBoot(t *testing.T, res *Result, err error, start time.Time) {
+	t.Helper()
+	if res != nil {
+		t.Logf("boot: %v under %s (%s), whole test %v",
+			res.Duration.Round(time.Millisecond), res.Accel, res.AccelReason, time.Since(start).Round(time.Millisecond))
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("QEMU: %s\nQEMU stderr:\n%s\nguest console:\n%s", strings.Join(res.Args, " "), res.Stderr, res.Console)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("boot: %v", err)
+	}
+}
+
 func runGuestChecks(t *testing.T, g Guest, share, socket string) {
 	start := time.Now()
 	script, err := os.ReadFile("guestcheck.sh")
@@ -106,18 +124,7 @@ func runGuestChecks(t *testing.T, g Guest, share, socket string) {
 	}
 
 	res, err := Boot(t.Context(), g, Options{Socket: socket, Run: "guestcheck.sh", Timeout: 5 * time.Minute})
-	if res != nil {
-		t.Logf("boot: %v under %s (%s), whole test %v",
-			res.Duration.Round(time.Millisecond), res.Accel, res.AccelReason, time.Since(start).Round(time.Millisecond))
-		defer func() {
-			if t.Failed() {
-				t.Logf("QEMU: %s\nQEMU stderr:\n%s\nguest console:\n%s", strings.Join(res.Args, " "), res.Stderr, res.Console)
-			}
-		}()
-	}
-	if err != nil {
-		t.Fatalf("boot: %v", err)
-	}
+	checkBoot(t, res, err, start)
 
 	rep := parseGuestChecks(res.Console)
 	t.Logf("check times (s): %s", rep.timesLine())
