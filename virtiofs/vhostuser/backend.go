@@ -72,18 +72,20 @@ func WithPollInterval(d time.Duration) Option {
 
 // Backend serves one front-end connection at a time for a Device.
 type Backend struct {
-	dev          Device
-	pollInterval time.Duration
+	dev            Device
+	pollInterval   time.Duration
+	backendTimeout time.Duration
 
 	serving atomic.Bool
 
-	chMu      sync.Mutex
-	backendCh *Conn // guarded by chMu
+	reqMu     sync.Mutex      // serialises back-end requests (FSMap, FSUnmap) with their replies
+	chMu      sync.Mutex      // guards backendCh
+	backendCh *backendChannel // guarded by chMu
 }
 
 // NewBackend returns a Backend for dev.
 func NewBackend(dev Device, opts ...Option) *Backend {
-	b := &Backend{dev: dev, pollInterval: time.Millisecond}
+	b := &Backend{dev: dev, pollInterval: time.Millisecond, backendTimeout: DefaultBackendTimeout}
 	for _, o := range opts {
 		o(b)
 	}
@@ -96,17 +98,32 @@ func NewBackend(dev Device, opts ...Option) *Backend {
 func (b *Backend) BackendChannel() *Conn {
 	b.chMu.Lock()
 	defer b.chMu.Unlock()
-	return b.backendCh
+	if b.backendCh == nil {
+		return nil
+	}
+	return b.backendCh.c
 }
 
-func (b *Backend) setBackendChannel(c *Conn) {
+// setBackendChannel installs ch (nil: none) and closes the previous channel, which fails a
+// back-end request waiting on it. It never waits for reqMu: the message loop calls it.
+func (b *Backend) setBackendChannel(ch *backendChannel) {
 	b.chMu.Lock()
 	old := b.backendCh
-	b.backendCh = c
+	b.backendCh = ch
 	b.chMu.Unlock()
 	if old != nil {
-		old.Close()
+		old.c.Close()
 	}
+}
+
+// dropBackendChannel closes ch and forgets it if it is still the current channel.
+func (b *Backend) dropBackendChannel(ch *backendChannel) {
+	b.chMu.Lock()
+	if b.backendCh == ch {
+		b.backendCh = nil
+	}
+	b.chMu.Unlock()
+	ch.c.Close()
 }
 
 // Serve speaks the vhost-user protocol on conn until the front-end disconnects, a fatal protocol
@@ -477,7 +494,8 @@ func (s *session) setBackendReqFD(m *Message) error {
 		nc.Close()
 		return fmt.Errorf("backend request channel is a %T, want a unix socket", nc)
 	}
-	s.b.setBackendChannel(NewConn(uc))
+	const need = ProtocolReplyAck | ProtocolBackendSendFD
+	s.b.setBackendChannel(&backendChannel{c: NewConn(uc), usable: s.protocol&need == need})
 	return nil
 }
 

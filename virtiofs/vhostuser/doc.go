@@ -70,7 +70,19 @@
 //     while SET_VRING_CALL swaps it; the old fd is closed after the swap, outside the lock. It
 //     also covers setting and clearing the ring's wake fd, which Vring.Wake signals from any
 //     goroutine.
-//  3. Backend.chMu guards the back-end request channel; it is a leaf.
+//  3. Backend.reqMu serialises back-end requests (FSMap, FSUnmap: a request and its reply). Ring
+//     goroutines take it, under memMu read, from Device.HandleQueue; the message loop never
+//     does, so it never waits for the front-end's answer on the back-end channel.
+//  4. Backend.chMu guards which back-end channel is current; it is a leaf. The message loop
+//     replaces or closes the channel under it (SET_BACKEND_REQ_FD, end of Serve) without
+//     waiting for reqMu: closing the socket fails a request waiting on it.
+//
+// A back-end request waits for its reply at most the back-end timeout (WithBackendTimeout). A
+// front-end that stops serving the back-end channel while it waits for the back-end on the main
+// connection (QEMU 7.2.3+ does not nest its event loop) and a queue goroutine waiting for a DAX
+// reply under memMu would otherwise deadlock with a SET_MEM_TABLE or GET_VRING_BASE; the timeout
+// breaks that: the request fails (the guest sees an error for that mapping), the channel is
+// closed, and later DAX requests fail at once.
 //
 // Device.HandleQueue must not block indefinitely, since memory updates and GET_VRING_BASE wait
 // for it. Slices obtained from guest memory must not be used after HandleQueue returns: a memory

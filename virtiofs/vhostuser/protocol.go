@@ -162,17 +162,23 @@ func (r Request) String() string {
 // SET_BACKEND_REQ_FD.
 type BackendRequest uint32
 
-// Back-end → front-end request ids understood by QEMU 7.2 (its slave_read handles 1–3 only).
+// Back-end → front-end request ids. Upstream QEMU 7.2's slave_read handles 1–3 only; 6 and 7
+// are the virtio-fs DAX messages of the out-of-tree series Kata's experimental QEMU carries
+// (VHOST_USER_SLAVE_FS_MAP/UNMAP), which upstream QEMU answers with failure.
 const (
 	BackendIOTLBMsg          BackendRequest = 1
 	BackendConfigChangeMsg   BackendRequest = 2
 	BackendVringHostNotifier BackendRequest = 3
+	BackendFSMap             BackendRequest = 6
+	BackendFSUnmap           BackendRequest = 7
 )
 
 var backendRequestNames = map[BackendRequest]string{
 	BackendIOTLBMsg:          "BACKEND_IOTLB_MSG",
 	BackendConfigChangeMsg:   "BACKEND_CONFIG_CHANGE_MSG",
 	BackendVringHostNotifier: "BACKEND_VRING_HOST_NOTIFIER_MSG",
+	BackendFSMap:             "BACKEND_FS_MAP",
+	BackendFSUnmap:           "BACKEND_FS_UNMAP",
 }
 
 func (r BackendRequest) String() string {
