@@ -129,6 +129,11 @@ type Config struct {
 	// Timeout, when set, replaces the mode's entry and attribute timeout (Cache.Timeout):
 	// the C virtiofsd's -o timeout=SECONDS. It does not change what file data is cached.
 	Timeout *time.Duration
+	// DAX is the DAX policy: which files the guest maps through the front-end's DAX window
+	// (passthrough's dax.go). The zero value is mode inode without rules: files with the host
+	// attribute trusted.kvfs.dax="1" or FS_XFLAG_DAX. DAX is negotiated only with a front-end
+	// that has a window and a guest that wants it; with upstream QEMU nothing changes.
+	DAX passthrough.DAXPolicy
 }
 
 // maxTimeout bounds Timeout: the FUSE wire carries seconds as a u64 and nanoseconds as a u32,
@@ -190,5 +195,5 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return c.DAX.Validate()
 }

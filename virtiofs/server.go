@@ -15,6 +15,12 @@
 // queue: it stays in flight while the next ones are served, and its reply is written later, on
 // the ring's goroutine again (see device).
 //
+// With a front-end that has a DAX window (the DAX-capable QEMU Kata ships), a guest that wants
+// DAX maps file ranges into it: FUSE SETUPMAPPING/REMOVEMAPPING become FS_MAP/FS_UNMAP requests
+// on the vhost-user back-end channel, sent from the queue goroutine serving the request, never
+// from the vhost-user message loop. Which files the guest should map is the host's DAX policy
+// (Config.DAX, SetDAXPolicy; passthrough's dax.go).
+//
 // The guest is treated as hostile at every layer; each package documents what it checks.
 package virtiofs
 
@@ -53,7 +59,10 @@ func NewServer(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	fs, err := passthrough.New(cfg.SharedDir, passthroughOptions(&cfg))
+	window := &daxWindow{}
+	opts := passthroughOptions(&cfg)
+	opts.DAXWindow = window
+	fs, err := passthrough.New(cfg.SharedDir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("shared directory %s: %w", cfg.SharedDir, err)
 	}
@@ -61,7 +70,56 @@ func NewServer(cfg Config) (*Server, error) {
 	s.fuse = fuse.NewServer(fs, fuse.Options{InitFlags: initFlags(&cfg), Logger: log.L})
 	s.dev = newDevice(s.fuse, cfg.ThreadPoolSize)
 	s.backend = vhostuser.NewBackend(s.dev)
+	window.b = s.backend
 	return s, nil
+}
+
+// SetDAXPolicy replaces the DAX policy at run time: requests already running finish with the
+// old one, later ones use the new one. See Config.DAX.
+func (s *Server) SetDAXPolicy(p passthrough.DAXPolicy) error { return s.fs.SetDAXPolicy(p) }
+
+// DAXPolicy returns the current DAX policy.
+func (s *Server) DAXPolicy() passthrough.DAXPolicy { return s.fs.DAXPolicy() }
+
+// daxWindow is the front-end's DAX window as passthrough sees it: FS_MAP and FS_UNMAP on the
+// vhost-user back-end channel. Its requests come from the queue goroutines (FUSE SETUPMAPPING,
+// REMOVEMAPPING), never from the vhost-user message loop.
+type daxWindow struct {
+	b *vhostuser.Backend // set once, before the server serves
+}
+
+// Available asks the front-end whether it has a DAX window: an FS_UNMAP without ranges is a
+// no-op for the DAX-capable QEMU and an unknown request, answered with failure, for upstream
+// QEMU. It is asked at INIT, only of a guest that wants DAX (a Linux guest asks for
+// MAP_ALIGNMENT only when its device shows a window), on the queue goroutine serving INIT.
+func (w *daxWindow) Available() bool {
+	return w.b.FSMapAvailable() && w.b.FSUnmap(&vhostuser.FSMapMsg{}) == nil
+}
+
+func (w *daxWindow) Map(fd int, foffset, moffset, length uint64, write bool) error {
+	var m vhostuser.FSMapMsg
+	m.FDOffset[0], m.CacheOffset[0], m.Len[0], m.Flags[0] = foffset, moffset, length, vhostuser.FSMapRead
+	if write {
+		m.Flags[0] |= vhostuser.FSMapWrite
+	}
+	return w.b.FSMap(&m, fd)
+}
+
+// Unmap sends the ranges FSMsgEntries at a time.
+func (w *daxWindow) Unmap(ranges []fuse.RemovemappingOne) error {
+	for len(ranges) > 0 {
+		var m vhostuser.FSMapMsg
+		n := 0
+		for n < vhostuser.FSMsgEntries && n < len(ranges) {
+			m.CacheOffset[n], m.Len[n] = ranges[n].Moffset, ranges[n].Len
+			n++
+		}
+		if err := w.b.FSUnmap(&m); err != nil {
+			return err
+		}
+		ranges = ranges[n:]
+	}
+	return nil
 }
 
 // passthroughOptions maps the cache mode onto what the guest is told to cache.
@@ -73,6 +131,7 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 		PosixACL:          cfg.PosixACL,
 		SecurityLabel:     cfg.SecurityLabel,
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
+		DAX:               cfg.DAX,
 	}
 	if cfg.XattrMap != "" {
 		o.XattrMap, _ = passthrough.ParseXattrMap(cfg.XattrMap) // Validate accepted it

@@ -314,6 +314,8 @@ var longOptions = map[string]option{
 	"no-killpriv-v2":        {apply: setFlag(func(o *Options) { o.Server.KillprivV2 = new(false) })},
 	"writeback":             {apply: setFlag(func(o *Options) { o.Server.Writeback = true })},
 	"no-readdirplus":        {apply: setFlag(func(o *Options) { o.Server.Readdirplus = new(false) })},
+	"dax":                   {value: "MODE", apply: setDAXMode},
+	"dax-rules":             {value: "RULES", apply: setDAXRules},
 
 	"daemonize":                {refused: "kvfsd always runs in the foreground; let the caller (systemd, the Kata runtime) supervise it"},
 	"allow-direct-io":          {refused: whyDirectIO},
@@ -361,6 +363,8 @@ var subOptions = map[string]option{
 	"no_security_label": {apply: setFlag(func(o *Options) { o.Server.SecurityLabel = false })},
 	"xattrmap":          {value: "RULES", apply: setXattrMap},
 	"no_posix_acl":      {apply: setFlag(func(o *Options) { o.Server.PosixACL = false })},
+	"dax":               {value: "MODE", apply: setDAXMode},
+	"dax_rules":         {value: "RULES", apply: setDAXRules},
 
 	"allow_direct_io":    {refused: whyDirectIO},
 	"no_allow_direct_io": {refused: whyDirectIO},
@@ -387,6 +391,26 @@ func setXattrMap(o *Options, v string) error {
 	return nil
 }
 func setSharedDir(o *Options, v string) error { o.Server.SharedDir = v; return nil }
+
+// setDAXMode takes the DAX policy mode: never, always or inode.
+func setDAXMode(o *Options, v string) error {
+	m, err := passthrough.ParseDAXMode(v)
+	if err != nil {
+		return err
+	}
+	o.Server.DAX.Mode = m
+	return nil
+}
+
+// setDAXRules takes the rules of DAX mode inode, checked at once.
+func setDAXRules(o *Options, v string) error {
+	rules, err := passthrough.ParseDAXRules(v)
+	if err != nil {
+		return err
+	}
+	o.Server.DAX.Rules = rules
+	return nil
+}
 
 func setFD(o *Options, v string) error {
 	n, err := strconv.Atoi(v)

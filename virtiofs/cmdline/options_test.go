@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/virtiofs"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 // defaults is what Parse returns for "--shared-dir=/s --socket-path=/sock".
@@ -118,6 +119,15 @@ func TestParse(t *testing.T) {
 		}},
 		{name: "--xattrmap", args: with("--xattrmap", "/ok/all///"), want: func(o *Options) { o.Server.XattrMap = "/ok/all///" }},
 		{name: "-o no_xattr", args: with("--xattr", "-o", "no_xattr"), want: func(*Options) {}},
+		{name: "--dax never", args: with("--dax=never"), want: func(o *Options) { o.Server.DAX.Mode = passthrough.DAXNever }},
+		{name: "-o dax=always", args: with("-o", "dax=always"), want: func(o *Options) { o.Server.DAX.Mode = passthrough.DAXAlways }},
+		{name: "-o dax=inode", args: with("-o", "dax=always,dax=inode"), want: func(*Options) {}},
+		{name: "--dax-rules", args: with("--dax-rules", "on glob=*.so; off size>=1M"), want: func(o *Options) {
+			o.Server.DAX.Rules = []passthrough.DAXRule{{Glob: "*.so", DAX: true}, {MinSize: 1 << 20}}
+		}},
+		{name: "-o dax_rules", args: with("-o", "dax_rules=on glob=lib/*"), want: func(o *Options) {
+			o.Server.DAX.Rules = []passthrough.DAXRule{{Glob: "lib/*", DAX: true}}
+		}},
 		{name: "-o posix_lock", args: with("-o", "posix_lock"), want: func(o *Options) { o.Server.PosixLock = true }},
 		{name: "-o no_posix_lock", args: with("-o", "no_posix_lock"), want: func(*Options) {}},
 		{name: "-o no_posix_lock after posix_lock", args: with("-o", "posix_lock", "-o", "no_posix_lock"), want: func(*Options) {}},
@@ -248,6 +258,8 @@ func TestParseErrors(t *testing.T) {
 		{name: "-o xattrmap map rule", args: with("-o", "xattrmap=:map::user.virtiofs.:"), want: []string{"-o xattrmap: not supported yet", `"map"`}, is: ErrNotSupported},
 		{name: "--xattrmap map rule", args: with("--xattrmap", ":map::user.virtiofs.:"), want: []string{"--xattrmap: not supported yet", `"map"`}, is: ErrNotSupported},
 		{name: "--xattrmap bad syntax", args: with("--xattrmap", ":ok:all::"), want: []string{"--xattrmap", "want :type:scope:key:prepend:"}},
+		{name: "--dax bad mode", args: with("--dax=sometimes"), want: []string{`--dax: invalid DAX policy "sometimes"`}},
+		{name: "-o dax_rules bad glob", args: with("-o", "dax_rules=on glob=["), want: []string{"-o dax_rules", "syntax error in pattern"}},
 		{name: "--daemonize", args: with("--daemonize"), want: []string{"--daemonize: not supported yet"}, is: ErrNotSupported},
 		{name: "--tag", args: with("--tag=myfs"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
 		{name: "--readonly", args: with("--readonly"), want: []string{"--readonly: not supported yet"}, is: ErrNotSupported},

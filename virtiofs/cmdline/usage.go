@@ -70,6 +70,19 @@ File system:
                         -o no_flock (the default): they stay local to the guest
   --thread-pool-size=N  worker goroutines, shared by all queues; 0 (the
                         default) handles requests on each queue's goroutine
+  --dax=MODE, -o dax=MODE
+                        which files a guest whose device has a DAX window
+                        (QEMU cache-size=N, Kata's experimental QEMU) maps
+                        directly: never, always or inode (default): files
+                        whose host attribute trusted.kvfs.dax is "1", else
+                        as the first matching --dax-rules rule says, else
+                        those with FS_XFLAG_DAX. Without a window (upstream
+                        QEMU) nothing DAX is negotiated
+  --dax-rules=RULES, -o dax_rules=RULES
+                        rules of --dax=inode, separated by ';': "on" or "off"
+                        and conditions glob=PATTERN (the file name, or with
+                        '/' its path in the shared directory) and size>=N
+                        (K, M, G suffixes); e.g. "on glob=*.so; on size>=2M"
 
 Process:
   --log-level=LEVEL, -o log_level=LEVEL (or -o loglevel=LEVEL)

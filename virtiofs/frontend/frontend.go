@@ -46,6 +46,9 @@ type Options struct {
 	NoEventIdx    bool   // do not negotiate VIRTIO_RING_F_EVENT_IDX (negotiated by default)
 	NoIndirect    bool   // do not negotiate or use indirect descriptors (used by default)
 	Regions       int    // split guest RAM into this many memory regions; default 1
+	// DAXWindow, when not zero, gives the device a DAX window of this many bytes (a power of
+	// two, at least a page), as QEMU's out-of-tree cache-size=N does; see DAXWindow.
+	DAXWindow uint64
 }
 
 const pageSize = 4096
@@ -93,6 +96,7 @@ type Frontend struct {
 	queueNum    uint64 // GET_QUEUE_NUM (0 if MQ was not negotiated)
 	maxMemSlots uint64 // GET_MAX_MEM_SLOTS (0 if CONFIGURE_MEM_SLOTS was not negotiated)
 	backendReq  *vhostuser.Conn
+	window      []byte // the DAX window, nil without one; unmapped by Close
 
 	queues []*queue
 
@@ -140,6 +144,11 @@ func Dial(ctx context.Context, socketPath string, opts Options) (_ *Frontend, er
 			f.Close()
 		}
 	}()
+	if opts.DAXWindow != 0 {
+		if f.window, err = newDAXWindow(opts.DAXWindow); err != nil {
+			return nil, err
+		}
+	}
 	if err := f.setupMemory(); err != nil {
 		return nil, err
 	}
@@ -326,7 +335,8 @@ func (f *Frontend) realize() error {
 
 // setupBackendChannel sends the back-end its end of a socketpair and serves ours: QEMU 7.2
 // understands only IOTLB, CONFIG_CHANGE and HOST_NOTIFIER requests there, none of which a
-// vhost-user-fs device without vIOMMU uses, so every request is answered with failure.
+// vhost-user-fs device without vIOMMU uses, so every request is answered with failure; with a
+// DAX window, FS_MAP and FS_UNMAP are served as the DAX-capable QEMU does (dax.go).
 func (f *Frontend) setupBackendChannel() error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -355,9 +365,10 @@ func (f *Frontend) setupBackendChannel() error {
 			if err != nil {
 				return
 			}
+			res := f.serveBackendRequest(m)
 			m.Close()
 			if m.NeedReply() {
-				f.backendReq.WriteReply(m.Request, vhostuser.U64(1))
+				f.backendReq.WriteReply(m.Request, vhostuser.U64(res))
 			}
 		}
 	}()
@@ -554,6 +565,10 @@ func (f *Frontend) Close() error {
 	if f.memfd >= 0 {
 		unix.Close(f.memfd)
 		f.memfd = -1
+	}
+	if f.window != nil {
+		// The back-end channel's goroutine, the only one mapping into it, has exited.
+		unix.Munmap(f.window)
 	}
 	return err
 }

@@ -15,7 +15,8 @@ type handler func(s *Server, r *request) Errno
 // handlers is the dispatch table; opcodes without an entry answer ENOSYS. The lock opcodes
 // (GETLK, SETLK, SETLKW) answer ENOSYS too unless the guest negotiated the kind of lock they
 // are about (InitPosixLocks, InitFlockLocks), which happens only if Options.InitFlags offered
-// it: by default locks stay local to the guest kernel and it never sends them.
+// it: by default locks stay local to the guest kernel and it never sends them. SETUPMAPPING
+// and REMOVEMAPPING answer ENOSYS unless DAX was negotiated (see dax.go).
 var handlers = [opcodeLimit]handler{
 	OpInit:          doInit,
 	OpDestroy:       doDestroy,
@@ -60,6 +61,8 @@ var handlers = [opcodeLimit]handler{
 	OpGetlk:         doGetlk,
 	OpSetlk:         doSetlk,
 	OpSetlkw:        doSetlk,
+	OpSetupmapping:  doSetupmapping,
+	OpRemovemapping: doRemovemapping,
 }
 
 // inOnly is the handler of an operation that takes one argument struct and answers with the
@@ -166,7 +169,9 @@ func doInit(s *Server, r *request) Errno {
 	if in.Flags&InitInitExt != 0 && len(r.args) >= int(unsafe.Sizeof(in)) {
 		kernel |= uint64(in.Flags2) << 32
 	}
-	granted := kernel & s.flags
+	granted := kernel & s.flags &^ (InitMapAlignment | InitHasInodeDAX)
+	daxFlags, mapAlign := s.daxInit(kernel)
+	granted |= daxFlags
 
 	s.initMu.Lock()
 	defer s.initMu.Unlock()
@@ -176,6 +181,7 @@ func doInit(s *Server, r *request) Errno {
 		s.fs.Destroy()
 	}
 	s.fs.Init(granted)
+	s.mapAlign.Store(uint32(mapAlign))
 	s.granted.Store(granted)
 	s.inited.Store(true)
 
@@ -187,6 +193,9 @@ func doInit(s *Server, r *request) Errno {
 	out.MaxWrite = MaxWrite
 	out.TimeGran = 1
 	out.MaxPages = MaxPages
+	if granted&InitMapAlignment != 0 {
+		out.MapAlignment = mapAlign
+	}
 	setBody(r, &out)
 	return OK
 }

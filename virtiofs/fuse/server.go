@@ -11,7 +11,9 @@
 // Lengths in the header are checked against the buffers actually given; names must be
 // NUL-terminated, non-empty, at most 255 bytes and without '/'; every reply is bounded by the
 // writable space. A panic in a handler is recovered into EIO and logged, so one request can never
-// take the server down.
+// take the server down. SETUPMAPPING and REMOVEMAPPING (DAX) are served only once DAX was
+// negotiated; their flags, range counts (against the bytes actually sent), alignment and
+// offset+length overflow are checked before the FileSystem sees them (dax.go).
 //
 // # Requests that wait
 //
@@ -94,8 +96,10 @@ type Server struct {
 	initMu  sync.Mutex // serialises INIT and DESTROY
 	inited  atomic.Bool
 	granted atomic.Uint64 // flags agreed at INIT
-	stats   stats
-	pool    sync.Pool // *request
+	// mapAlign is the log2 of the DAX map alignment agreed at INIT (with InitMapAlignment).
+	mapAlign atomic.Uint32
+	stats    stats
+	pool     sync.Pool // *request
 
 	waitMu  sync.Mutex
 	waiting map[uint64]*deferred // waiting requests by unique; guarded by waitMu

@@ -443,3 +443,26 @@ func (c *Client) Interrupt(ctx context.Context, unique uint64) error {
 	_, err := c.t.RoundTrip(ctx, 0, c.Encode(fuse.OpInterrupt, 0, fuse.AsBytes(&in)), 0)
 	return err
 }
+
+// DAXInitFlags are the INIT flags a Linux guest adds when its device has a DAX window:
+// MAP_ALIGNMENT, and HAS_INODE_DAX in its dax=inode modes (the default).
+const DAXInitFlags = fuse.InitMapAlignment | fuse.InitHasInodeDAX
+
+// SetupMapping asks for length bytes of node's file at foffset to be mapped at moffset of the
+// DAX window; flags are fuse.SetupmappingFlagRead and fuse.SetupmappingFlagWrite. Linux sends
+// fh = fuse.SetupmappingNoFh and 2 MiB ranges.
+func (c *Client) SetupMapping(ctx context.Context, node, fh, foffset, length, flags, moffset uint64) error {
+	in := fuse.SetupmappingIn{Fh: fh, Foffset: foffset, Len: length, Flags: flags, Moffset: moffset}
+	return call(ctx, c, fuse.OpSetupmapping, node, noBody, fuse.AsBytes(&in))
+}
+
+// RemoveMapping drops ranges of the DAX window, as Linux sends it: the count, then the
+// entries (node is the inode the ranges belonged to; the server ignores it).
+func (c *Client) RemoveMapping(ctx context.Context, node uint64, ranges []fuse.RemovemappingOne) error {
+	in := fuse.RemovemappingIn{Count: uint32(len(ranges))}
+	args := [][]byte{fuse.AsBytes(&in)}
+	for i := range ranges {
+		args = append(args, fuse.AsBytes(&ranges[i]))
+	}
+	return call(ctx, c, fuse.OpRemovemapping, node, noBody, args...)
+}

@@ -37,6 +37,14 @@
 //     which are all inside the share; RENAME2 flags other than NOREPLACE, EXCHANGE and WHITEOUT
 //     answer EINVAL.
 //   - Host errnos are passed through (the guest is Linux too); anything else becomes EIO.
+//   - DAX (dax.go): which files are DAX is the host's policy; its attribute DAXXattr
+//     (trusted.kvfs.dax) can never be read, listed, set or removed by the guest, whatever
+//     Options.Xattr and Options.XattrMap say (a guest name mapped onto it is refused with EPERM,
+//     the host's list never shows it). SETUPMAPPING maps only regular files the guest could
+//     open anyway, through a handle of the same node opened for reading (and writing, for a
+//     write mapping) or through a descriptor opened for the request; its ranges are checked for
+//     alignment and overflow, and the front-end bounds them by its window. A mapping gives the
+//     guest the access READ and WRITE would, nothing more.
 //
 // Out of scope: host processes changing the shared tree concurrently (a directory moved out of
 // the share by the host while we hold it is followed, as in virtiofsd), and resource exhaustion
@@ -156,6 +164,9 @@
 //     attribute on the new file right after creating it (not atomically: a host process may
 //     see the file unlabelled for a moment); if that fails the file is removed and the create
 //     fails. TMPFILE carries no context.
+//   - DAX: see dax.go for the policy (never, always, inode with the host attribute, rules and
+//     FS_XFLAG_DAX), its run-time replacement (an atomic pointer swap) and the treatment of
+//     ranges beyond the end of the file (allowed, as Linux maps whole 2 MiB ranges).
 //   - Options.XattrMap renames attributes between guest and host (virtiofsd's xattrmap rules).
 //     Our own uses of attribute names (system.posix_acl_default above) are host names and
 //     are not mapped.

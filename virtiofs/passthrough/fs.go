@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,11 @@ type Options struct {
 	// AnnounceSubmounts sets fuse.AttrSubmount on directories that are mount points (another
 	// device or mount id than their parent) when the guest negotiated fuse.InitSubmounts.
 	AnnounceSubmounts bool
+	// DAX is the initial DAX policy (the zero value: mode inode, no rules); see dax.go.
+	DAX DAXPolicy
+	// DAXWindow, when set, serves SETUPMAPPING and REMOVEMAPPING; without it nothing DAX is
+	// negotiated.
+	DAXWindow DAXWindow
 }
 
 // Stats is a snapshot of what an FS holds.
@@ -62,6 +68,8 @@ type FS struct {
 	procPath  string // its path, for the few syscalls that only take paths (xattrs)
 	uid, gid  uint32 // our own fsuid and fsgid
 	flags     atomic.Uint64
+	dax       atomic.Pointer[daxPolicy]
+	rootPath  string // the shared directory's host path, as /proc/self/fd shows it (DAX rules)
 	nodes     nodeTable
 	handles   handleTable
 	fds       atomic.Int64
@@ -75,6 +83,10 @@ const procSelfFd = "/proc/self/fd"
 // New opens root (O_PATH|O_DIRECTORY; the administrator's path, so symlinks in it are followed)
 // as node 1. It sets the process umask to 0: see the package documentation.
 func New(root string, opts Options) (*FS, error) {
+	dax, err := compileDAXPolicy(opts.DAX)
+	if err != nil {
+		return nil, fmt.Errorf("passthrough: %w", err)
+	}
 	procfd, err := unix.Open(procSelfFd, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("passthrough: open %s: %w", procSelfFd, err)
@@ -102,6 +114,8 @@ func New(root string, opts Options) (*FS, error) {
 		uid:      uint32(unix.Geteuid()),
 		gid:      uint32(unix.Getegid()),
 	}
+	fs.dax.Store(dax)
+	fs.rootPath, _ = os.Readlink(fs.procPathOf(int32(rootfd)))
 	fs.entrySec, fs.entryNsec = splitDuration(opts.EntryTimeout)
 	fs.attrSec, fs.attrNsec = splitDuration(opts.AttrTimeout)
 	r := &inode{key: keyOf(&st), fd: int32(rootfd), mode: unix.S_IFDIR}
@@ -262,27 +276,31 @@ func fillAttr(a *fuse.Attr, st *unix.Statx_t) {
 	}
 }
 
-// attrFlags are the fuse.Attr flags of a node with inode.mode mode.
-func (fs *FS) attrFlags(mode uint32) uint32 {
+// attrFlags are the fuse.Attr flags of node n (descriptor fd, inode.mode mode) with
+// attributes st.
+func (fs *FS) attrFlags(fd int32, mode uint32, st *unix.Statx_t) uint32 {
 	if mode&modeSubmount != 0 && fs.opts.AnnounceSubmounts && fs.flags.Load()&fuse.InitSubmounts != 0 {
 		return fuse.AttrSubmount
+	}
+	if fs.daxAttr(fd, st) {
+		return fuse.AttrDAX
 	}
 	return 0
 }
 
-func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, mode uint32, st *unix.Statx_t) {
+func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, fd int32, mode uint32, st *unix.Statx_t) {
 	out.NodeID = id
 	out.Generation = 0
 	out.EntryValid, out.EntryValidNsec = fs.entrySec, fs.entryNsec
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
-	out.Attr.Flags = fs.attrFlags(mode)
+	out.Attr.Flags = fs.attrFlags(fd, mode, st)
 }
 
-func (fs *FS) fillAttrOut(out *fuse.AttrOut, mode uint32, st *unix.Statx_t) {
+func (fs *FS) fillAttrOut(out *fuse.AttrOut, fd int32, mode uint32, st *unix.Statx_t) {
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
-	out.Attr.Flags = fs.attrFlags(mode)
+	out.Attr.Flags = fs.attrFlags(fd, mode, st)
 }
 
 // addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p), taking one lookup
@@ -302,7 +320,7 @@ func (fs *FS) addNode(p *inode, fd int, out *fuse.EntryOut) (uint64, fuse.Errno)
 	if !took {
 		unix.Close(fd)
 	}
-	fs.fillEntry(out, id, n.mode, &st)
+	fs.fillEntry(out, id, n.fd, n.mode, &st)
 	return id, fuse.OK
 }
 

@@ -58,14 +58,8 @@ func (fs *FS) ListXattr(ctx *fuse.Context, nodeID uint64, dst []byte) (int, fuse
 		return 0, e
 	}
 	defer fs.nodes.put(n)
-	if fs.opts.XattrMap != nil {
-		return fs.listMapped(n, dst)
-	}
-	sz, err := unix.Listxattr(fs.procPathOf(n.fd), dst)
-	if err != nil {
-		return 0, errno(err)
-	}
-	return sz, fuse.OK
+	// Always through the filter: DAXXattr must not be listed, even without a map.
+	return fs.listMapped(n, dst)
 }
 
 // RemoveXattr removes attribute name of node id.
@@ -128,8 +122,9 @@ func (fs *FS) createMode(dirfd int32, mode, umask uint32) uint32 {
 	return mode &^ umask
 }
 
-// listMapped is ListXattr through Options.XattrMap: the host's whole list is read, so that
-// the size of the guest's view is known even when the guest only asks for it.
+// listMapped is ListXattr through Options.XattrMap (nil: names unchanged) and the DAXXattr
+// filter: the host's whole list is read, so that the size of the guest's view is known even
+// when the guest only asks for it.
 func (fs *FS) listMapped(n *inode, dst []byte) (int, fuse.Errno) {
 	path := fs.procPathOf(n.fd)
 	var list []byte

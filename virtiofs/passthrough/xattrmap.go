@@ -107,8 +107,17 @@ func newXattrRule(f [4]string) (xattrRule, error) {
 	return r, nil
 }
 
-// toHost maps a name from the guest to the host's name, or refuses it with EPERM.
+// toHost maps a name from the guest to the host's name, or refuses it with EPERM. The DAX
+// policy attribute (DAXXattr) is the host's alone: whatever name maps onto it is refused.
 func (m *XattrMap) toHost(name string) (string, fuse.Errno) {
+	name, e := m.mapToHost(name)
+	if e == fuse.OK && name == DAXXattr {
+		return "", unix.EPERM
+	}
+	return name, e
+}
+
+func (m *XattrMap) mapToHost(name string) (string, fuse.Errno) {
 	if m == nil {
 		return name, fuse.OK
 	}
@@ -127,8 +136,12 @@ func (m *XattrMap) toHost(name string) (string, fuse.Errno) {
 	return "", unix.EPERM
 }
 
-// toGuest maps a name the host listed to the name the guest sees; false hides it.
+// toGuest maps a name the host listed to the name the guest sees; false hides it. DAXXattr is
+// always hidden.
 func (m *XattrMap) toGuest(name string) (string, bool) {
+	if name == DAXXattr {
+		return "", false
+	}
 	if m == nil {
 		return name, true
 	}

@@ -37,7 +37,11 @@
 //     cannot make a ring goroutine block; a kick fd that reports an error, a hang-up or end of
 //     file breaks its ring instead of spinning;
 //   - treats a panic or error in Device.HandleQueue as a broken ring (logged, error eventfd
-//     signalled, ring no longer served), not as a process failure.
+//     signalled, ring no longer served), not as a process failure;
+//   - checks every reply on the back-end channel (FS_MAP, FS_UNMAP: flags exactly 0x5, the
+//     request's id, an 8-byte payload, no fds) and waits for it at most the back-end timeout; a
+//     bad, late or missing reply closes the channel, so DAX requests fail instead of hanging and
+//     a stale reply is never taken for a later request's.
 //
 // What it does not defend against: a front-end that shrinks a memory file after handing it over
 // (touching the lost pages raises SIGBUS; guestmem documents this), and a front-end starving its
