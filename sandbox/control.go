@@ -17,6 +17,7 @@ import (
 
 	control "github.com/kvfs/kvfs/api/control/v1"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 // ControlService implements the control API (api/control/v1) over a Manager. Its methods
@@ -91,11 +92,18 @@ func levelName(l log.Level) string {
 // daxWindowAlign is the granularity of a DAX window (the guest maps it in 2 MiB ranges).
 const daxWindowAlign = 2 << 20
 
-// UpdateDAXPolicy checks the request and then answers ErrNotImplemented: kvfsd has no DAX
-// window yet (and upstream QEMU 7.2 has no vhost-user-fs cache window to map it into).
+// UpdateDAXPolicy replaces the DAX policy of a sandbox's in-process server (Sandbox.SetDAXPolicy):
+// external daemons answer ErrFailedPrecondition. The window is the front-end's (QEMU's
+// cache-size), fixed when the VM starts, so a size other than 0 answers ErrNotImplemented.
 func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.UpdateDAXPolicyRequest) (*control.UpdateDAXPolicyResponse, error) {
+	var p passthrough.DAXPolicy
 	switch req.GetPolicy() {
-	case control.DAXPolicy_DAX_POLICY_NEVER, control.DAXPolicy_DAX_POLICY_ALWAYS, control.DAXPolicy_DAX_POLICY_INODE:
+	case control.DAXPolicy_DAX_POLICY_NEVER:
+		p.Mode = passthrough.DAXNever
+	case control.DAXPolicy_DAX_POLICY_ALWAYS:
+		p.Mode = passthrough.DAXAlways
+	case control.DAXPolicy_DAX_POLICY_INODE:
+		p.Mode = passthrough.DAXInode
 	case control.DAXPolicy_DAX_POLICY_UNSPECIFIED:
 		return nil, fmt.Errorf("DAX policy: none given (want never, always or inode): %w", ErrInvalidArgument)
 	default:
@@ -104,10 +112,26 @@ func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.Updat
 	if w := req.GetWindowBytes(); w%daxWindowAlign != 0 {
 		return nil, fmt.Errorf("DAX window size %d: not a multiple of 2 MiB: %w", w, ErrInvalidArgument)
 	}
-	if _, err := c.get(req.GetId()); err != nil {
+	for _, r := range req.GetRules() {
+		p.Rules = append(p.Rules, passthrough.DAXRule{Glob: r.GetGlob(), MinSize: r.GetMinSize(), DAX: r.GetDax()})
+	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("DAX policy: %v: %w", err, ErrInvalidArgument)
+	}
+	s, err := c.get(req.GetId())
+	if err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("sandbox %q: DAX is not available: kvfsd does not implement a DAX window yet: %w", req.GetId(), ErrNotImplemented)
+	if req.GetWindowBytes() != 0 {
+		return nil, fmt.Errorf("sandbox %q: the DAX window is the front-end's (QEMU cache-size), fixed when the VM starts; it cannot be resized: %w",
+			req.GetId(), ErrNotImplemented)
+	}
+	if err := s.SetDAXPolicy(p); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("sandbox", s.ID()).WithField("mode", p.Mode).WithField("rules", len(p.Rules)).
+		Info("DAX policy updated")
+	return &control.UpdateDAXPolicyResponse{}, nil
 }
 
 // StopSandbox stops a sandbox and forgets it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 func TestToStatus(t *testing.T) {
@@ -113,19 +115,88 @@ func TestControlValidation(t *testing.T) {
 	}
 }
 
-// TestUpdateDAXPolicyUnimplemented: a valid request for an existing sandbox is refused with
-// Unimplemented, saying DAX is not available.
-func TestUpdateDAXPolicyUnimplemented(t *testing.T) {
+// TestUpdateDAXPolicy: the policy reaches the in-process server at once and the state file;
+// bad rules, a window size and an external daemon are refused with their codes.
+func TestUpdateDAXPolicy(t *testing.T) {
 	requireRoot(t)
+	base := testBase(t)
 	m := NewManager()
-	if err := m.Add(createSandbox(t, testBase(t), "dax")); err != nil {
+	sb := createSandbox(t, base, "dax")
+	if err := m.Add(sb); err != nil {
 		t.Fatal(err)
 	}
-	_, err := NewControlService(m).UpdateDAXPolicy(context.Background(),
-		&control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_INODE})
-	st, _ := status.FromError(toStatus(err))
-	if st.Code() != codes.Unimplemented || !strings.Contains(st.Message(), "DAX is not available") {
-		t.Errorf("UpdateDAXPolicy: %v", err)
+	ext, err := Create(context.Background(), "daxext", Options{Config: externalConfig(t, base)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, ext)
+	if err := m.Add(ext); err != nil {
+		t.Fatal(err)
+	}
+	svc := NewControlService(m)
+	ctx := context.Background()
+	req := &control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_INODE,
+		Rules: []*control.DAXRule{{Glob: "*.so", Dax: true}, {MinSize: 1 << 20}}}
+	if _, err := svc.UpdateDAXPolicy(ctx, req); err != nil {
+		t.Fatalf("UpdateDAXPolicy: %v", err)
+	}
+	want := passthrough.DAXPolicy{Mode: passthrough.DAXInode,
+		Rules: []passthrough.DAXRule{{Glob: "*.so", DAX: true}, {MinSize: 1 << 20}}}
+	sb.mu.Lock()
+	got := sb.srv.(*inProcServer).srv.DAXPolicy()
+	sb.mu.Unlock()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("server policy %+v, want %+v", got, want)
+	}
+	st, err := readState(sb.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := st.DAX.policy(); err != nil || p == nil || !reflect.DeepEqual(*p, want) {
+		t.Errorf("recorded policy %+v, %v; want %+v", p, err, want)
+	}
+
+	for _, tc := range []struct {
+		req  *control.UpdateDAXPolicyRequest
+		want codes.Code
+		msg  string
+	}{
+		{&control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_INODE,
+			Rules: []*control.DAXRule{{Glob: "["}}}, codes.InvalidArgument, "syntax error in pattern"},
+		{&control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_ALWAYS, WindowBytes: 2 << 20},
+			codes.Unimplemented, "fixed when the VM starts"},
+		{&control.UpdateDAXPolicyRequest{Id: "daxext", Policy: control.DAXPolicy_DAX_POLICY_NEVER},
+			codes.FailedPrecondition, "external daemon"},
+	} {
+		_, err := svc.UpdateDAXPolicy(ctx, tc.req)
+		st, _ := status.FromError(toStatus(err))
+		if st.Code() != tc.want || !strings.Contains(st.Message(), tc.msg) {
+			t.Errorf("UpdateDAXPolicy(%v): %v, want %v with %q", tc.req, err, tc.want, tc.msg)
+		}
+	}
+	// The refused requests changed nothing.
+	sb.mu.Lock()
+	got = sb.srv.(*inProcServer).srv.DAXPolicy()
+	sb.mu.Unlock()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("server policy after refused updates %+v", got)
+	}
+}
+
+// TestDAXRecord: the recorded policy round-trips, and a damaged record is refused.
+func TestDAXRecord(t *testing.T) {
+	p := &passthrough.DAXPolicy{Mode: passthrough.DAXAlways, Rules: []passthrough.DAXRule{{Glob: "a/*", MinSize: 5, DAX: true}}}
+	got, err := recordDAX(p).policy()
+	if err != nil || !reflect.DeepEqual(got, p) {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+	if got, err := (*daxRecord)(nil).policy(); got != nil || err != nil || recordDAX(nil) != nil {
+		t.Errorf("nil record: %+v, %v", got, err)
+	}
+	for _, bad := range []*daxRecord{{Mode: "sometimes"}, {Mode: "inode", Rules: []daxRuleRecord{{Glob: "/abs"}}}} {
+		if _, err := bad.policy(); err == nil {
+			t.Errorf("record %+v accepted", bad)
+		}
 	}
 }
 

@@ -146,8 +146,13 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 		return
 	}
 
+	dax, err := st.DAX.policy()
+	if err != nil {
+		logger.WithError(err).Warn("recover: dropping an unusable recorded DAX policy")
+		dax = nil
+	}
 	s := &Sandbox{
-		id: id, dir: dir, cfg: st.Config, runner: QEMURunner{}, lock: lock,
+		id: id, dir: dir, cfg: st.Config, runner: QEMURunner{}, lock: lock, dax: dax,
 		ctx:     log.WithLogger(context.WithoutCancel(ctx), logger),
 		created: st.Created, phase: st.Phase, srv: srv, vmRec: st.VM, restarts: st.Restarts,
 		done: make(chan struct{}),

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/virtiofs"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 // Timeouts of the VM's and the monitor's decisions.
@@ -65,6 +67,9 @@ type Sandbox struct {
 	failure     error         // guarded by mu; why the sandbox failed (PhaseFailed)
 	done        chan struct{} // closed under mu on PhaseFailed or PhaseStopped
 	doneClosed  bool          // guarded by mu
+	// dax is the DAX policy set with SetDAXPolicy (nil: the configuration's); guarded by mu.
+	// A restarted in-process server gets it again.
+	dax *passthrough.DAXPolicy
 
 	wg sync.WaitGroup // monitor goroutines
 }
@@ -463,7 +468,8 @@ func (s *Sandbox) closeDoneLocked() {
 	}
 }
 
-// startServer creates the socket and starts a server on it.
+// startServer creates the socket and starts a server on it. s.mu is held, or s is not shared
+// yet.
 func (s *Sandbox) startServer() (fsServer, error) {
 	l, err := listen(s.SocketPath())
 	if err != nil {
@@ -474,6 +480,9 @@ func (s *Sandbox) startServer() (fsServer, error) {
 		if err != nil {
 			l.Close()
 			return nil, err
+		}
+		if s.dax != nil {
+			vcfg.DAX = *s.dax
 		}
 		return startInProcess(s.ctx, vcfg, l)
 	}
@@ -491,6 +500,7 @@ func (s *Sandbox) persistLocked() error {
 		VM:       s.vmRec,
 		Restarts: s.restarts,
 		Owner:    ownerID(),
+		DAX:      recordDAX(s.dax),
 	}
 	if s.srv != nil {
 		rec := s.srv.record()
@@ -500,6 +510,30 @@ func (s *Sandbox) persistLocked() error {
 		st.Failure = s.failure.Error()
 	}
 	return writeState(s.dir, st)
+}
+
+// SetDAXPolicy replaces the DAX policy of the sandbox's in-process server at run time and
+// records it in the state file, so a restarted server keeps it. A sandbox served by an external
+// daemon refuses (ErrFailedPrecondition): kvfs cannot reach into that process.
+func (s *Sandbox) SetDAXPolicy(p passthrough.DAXPolicy) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in, ok := s.srv.(*inProcServer)
+	switch {
+	case s.cfg.Server.Daemon != InProcess:
+		return fmt.Errorf("sandbox %s: its server is the external daemon %s, whose DAX policy is set on its command line (--dax, --dax-rules): %w",
+			s.id, s.cfg.Server.Daemon, ErrFailedPrecondition)
+	case s.phase != PhaseCreated && s.phase != PhaseRunning || !ok:
+		return fmt.Errorf("sandbox %s is %s: %w", s.id, s.phase, ErrFailedPrecondition)
+	}
+	if err := in.srv.SetDAXPolicy(p); err != nil {
+		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+	}
+	s.dax = &passthrough.DAXPolicy{Mode: p.Mode, Rules: slices.Clone(p.Rules)}
+	return s.persistLocked()
 }
 
 func ownerID() procID {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 // Phase is where a sandbox is in its life.
@@ -41,8 +43,49 @@ type state struct {
 	VM       *vmRecord     `json:"vm,omitempty"`
 	Restarts int           `json:"restarts"`
 	Failure  string        `json:"failure,omitempty"`
+	// DAX is the DAX policy set with SetDAXPolicy, if any.
+	DAX *daxRecord `json:"dax,omitempty"`
 	// Owner is the process that wrote the file.
 	Owner procID `json:"owner"`
+}
+
+// daxRecord is the persisted DAX policy of an in-process server.
+type daxRecord struct {
+	Mode  string          `json:"mode"`
+	Rules []daxRuleRecord `json:"rules,omitempty"`
+}
+
+type daxRuleRecord struct {
+	Glob    string `json:"glob,omitempty"`
+	MinSize uint64 `json:"min_size,omitempty"`
+	DAX     bool   `json:"dax"`
+}
+
+func recordDAX(p *passthrough.DAXPolicy) *daxRecord {
+	if p == nil {
+		return nil
+	}
+	r := &daxRecord{Mode: p.Mode.String()}
+	for _, rule := range p.Rules {
+		r.Rules = append(r.Rules, daxRuleRecord{Glob: rule.Glob, MinSize: rule.MinSize, DAX: rule.DAX})
+	}
+	return r
+}
+
+// policy returns the recorded policy, checked.
+func (r *daxRecord) policy() (*passthrough.DAXPolicy, error) {
+	if r == nil {
+		return nil, nil
+	}
+	m, err := passthrough.ParseDAXMode(r.Mode)
+	if err != nil {
+		return nil, err
+	}
+	p := &passthrough.DAXPolicy{Mode: m}
+	for _, rule := range r.Rules {
+		p.Rules = append(p.Rules, passthrough.DAXRule{Glob: rule.Glob, MinSize: rule.MinSize, DAX: rule.DAX})
+	}
+	return p, p.Validate()
 }
 
 // vmRecord is the persisted description of the VM.

@@ -116,7 +116,7 @@ type DAXPolicy struct {
 	Rules []DAXRule
 }
 
-// Validate reports the first thing wrong with p.
+// Validate reports the first thing wrong with p (rules are numbered from 1).
 func (p *DAXPolicy) Validate() error {
 	if _, ok := daxModeNames[p.Mode]; !ok {
 		return fmt.Errorf("invalid DAX mode %v", p.Mode)
@@ -126,13 +126,13 @@ func (p *DAXPolicy) Validate() error {
 	}
 	for i, r := range p.Rules {
 		if len(r.Glob) > maxDAXGlobLen {
-			return fmt.Errorf("DAX rule %d: glob longer than %d bytes", i, maxDAXGlobLen)
+			return fmt.Errorf("DAX rule %d: glob longer than %d bytes", i+1, maxDAXGlobLen)
 		}
 		if strings.HasPrefix(r.Glob, "/") {
-			return fmt.Errorf("DAX rule %d: glob %q: paths are relative to the shared directory", i, r.Glob)
+			return fmt.Errorf("DAX rule %d: glob %q: paths are relative to the shared directory", i+1, r.Glob)
 		}
 		if _, err := path.Match(r.Glob, ""); err != nil {
-			return fmt.Errorf("DAX rule %d: glob %q: %w", i, r.Glob, err)
+			return fmt.Errorf("DAX rule %d: glob %q: %w", i+1, r.Glob, err)
 		}
 	}
 	return nil

@@ -38,7 +38,8 @@ const (
 	DAXPolicy_DAX_POLICY_NEVER DAXPolicy = 1
 	// ALWAYS: every file is mapped.
 	DAXPolicy_DAX_POLICY_ALWAYS DAXPolicy = 2
-	// INODE: files with the DAX attribute (FS_XFLAG_DAX) are mapped.
+	// INODE: per file: the host attribute trusted.kvfs.dax ("1" or "0"), else the first
+	// matching rule, else the file's FS_XFLAG_DAX.
 	DAXPolicy_DAX_POLICY_INODE DAXPolicy = 3
 )
 
@@ -863,20 +864,88 @@ func (x *SetLogLevelResponse) GetLevel() string {
 	return ""
 }
 
+// DAXRule is one rule of DAX_POLICY_INODE; a rule matches a regular file when each condition
+// it sets holds, and the first matching rule decides.
+type DAXRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// glob, when set, is a path.Match pattern: without '/' matched against the file's name,
+	// with '/' against its path relative to the shared directory (no leading '/').
+	Glob string `protobuf:"bytes,1,opt,name=glob,proto3" json:"glob,omitempty"`
+	// min_size, when not 0, is the smallest size in bytes of a matching file.
+	MinSize uint64 `protobuf:"varint,2,opt,name=min_size,json=minSize,proto3" json:"min_size,omitempty"`
+	// dax is the verdict.
+	Dax           bool `protobuf:"varint,3,opt,name=dax,proto3" json:"dax,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DAXRule) Reset() {
+	*x = DAXRule{}
+	mi := &file_api_control_v1_control_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DAXRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DAXRule) ProtoMessage() {}
+
+func (x *DAXRule) ProtoReflect() protoreflect.Message {
+	mi := &file_api_control_v1_control_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DAXRule.ProtoReflect.Descriptor instead.
+func (*DAXRule) Descriptor() ([]byte, []int) {
+	return file_api_control_v1_control_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DAXRule) GetGlob() string {
+	if x != nil {
+		return x.Glob
+	}
+	return ""
+}
+
+func (x *DAXRule) GetMinSize() uint64 {
+	if x != nil {
+		return x.MinSize
+	}
+	return 0
+}
+
+func (x *DAXRule) GetDax() bool {
+	if x != nil {
+		return x.Dax
+	}
+	return false
+}
+
 type UpdateDAXPolicyRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Policy DAXPolicy              `protobuf:"varint,2,opt,name=policy,proto3,enum=kvfs.control.v1.DAXPolicy" json:"policy,omitempty"`
 	// window_bytes is the DAX window's size: 0 keeps the current size, else a multiple of
 	// 2 MiB.
-	WindowBytes   uint64 `protobuf:"varint,3,opt,name=window_bytes,json=windowBytes,proto3" json:"window_bytes,omitempty"`
+	WindowBytes uint64 `protobuf:"varint,3,opt,name=window_bytes,json=windowBytes,proto3" json:"window_bytes,omitempty"`
+	// rules replace the rules of DAX_POLICY_INODE (at most 256); empty: none.
+	Rules         []*DAXRule `protobuf:"bytes,4,rep,name=rules,proto3" json:"rules,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateDAXPolicyRequest) Reset() {
 	*x = UpdateDAXPolicyRequest{}
-	mi := &file_api_control_v1_control_proto_msgTypes[11]
+	mi := &file_api_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +957,7 @@ func (x *UpdateDAXPolicyRequest) String() string {
 func (*UpdateDAXPolicyRequest) ProtoMessage() {}
 
 func (x *UpdateDAXPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_control_v1_control_proto_msgTypes[11]
+	mi := &file_api_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +970,7 @@ func (x *UpdateDAXPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDAXPolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateDAXPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_api_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_api_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateDAXPolicyRequest) GetId() string {
@@ -925,6 +994,13 @@ func (x *UpdateDAXPolicyRequest) GetWindowBytes() uint64 {
 	return 0
 }
 
+func (x *UpdateDAXPolicyRequest) GetRules() []*DAXRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
 type UpdateDAXPolicyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -933,7 +1009,7 @@ type UpdateDAXPolicyResponse struct {
 
 func (x *UpdateDAXPolicyResponse) Reset() {
 	*x = UpdateDAXPolicyResponse{}
-	mi := &file_api_control_v1_control_proto_msgTypes[12]
+	mi := &file_api_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1021,7 @@ func (x *UpdateDAXPolicyResponse) String() string {
 func (*UpdateDAXPolicyResponse) ProtoMessage() {}
 
 func (x *UpdateDAXPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_control_v1_control_proto_msgTypes[12]
+	mi := &file_api_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1034,7 @@ func (x *UpdateDAXPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDAXPolicyResponse.ProtoReflect.Descriptor instead.
 func (*UpdateDAXPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_api_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_api_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 type StopSandboxRequest struct {
@@ -970,7 +1046,7 @@ type StopSandboxRequest struct {
 
 func (x *StopSandboxRequest) Reset() {
 	*x = StopSandboxRequest{}
-	mi := &file_api_control_v1_control_proto_msgTypes[13]
+	mi := &file_api_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1058,7 @@ func (x *StopSandboxRequest) String() string {
 func (*StopSandboxRequest) ProtoMessage() {}
 
 func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_control_v1_control_proto_msgTypes[13]
+	mi := &file_api_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1071,7 @@ func (x *StopSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxRequest.ProtoReflect.Descriptor instead.
 func (*StopSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_api_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_api_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StopSandboxRequest) GetId() string {
@@ -1013,7 +1089,7 @@ type StopSandboxResponse struct {
 
 func (x *StopSandboxResponse) Reset() {
 	*x = StopSandboxResponse{}
-	mi := &file_api_control_v1_control_proto_msgTypes[14]
+	mi := &file_api_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1101,7 @@ func (x *StopSandboxResponse) String() string {
 func (*StopSandboxResponse) ProtoMessage() {}
 
 func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_control_v1_control_proto_msgTypes[14]
+	mi := &file_api_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1114,7 @@ func (x *StopSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopSandboxResponse.ProtoReflect.Descriptor instead.
 func (*StopSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_api_control_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_api_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 var File_api_control_v1_control_proto protoreflect.FileDescriptor
@@ -1106,11 +1182,16 @@ const file_api_control_v1_control_proto_rawDesc = "" +
 	"\x05level\x18\x01 \x01(\tR\x05level\"R\n" +
 	"\x13SetLogLevelResponse\x12%\n" +
 	"\x0eprevious_level\x18\x01 \x01(\tR\rpreviousLevel\x12\x14\n" +
-	"\x05level\x18\x02 \x01(\tR\x05level\"\x7f\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\"J\n" +
+	"\aDAXRule\x12\x12\n" +
+	"\x04glob\x18\x01 \x01(\tR\x04glob\x12\x19\n" +
+	"\bmin_size\x18\x02 \x01(\x04R\aminSize\x12\x10\n" +
+	"\x03dax\x18\x03 \x01(\bR\x03dax\"\xaf\x01\n" +
 	"\x16UpdateDAXPolicyRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x122\n" +
 	"\x06policy\x18\x02 \x01(\x0e2\x1a.kvfs.control.v1.DAXPolicyR\x06policy\x12!\n" +
-	"\fwindow_bytes\x18\x03 \x01(\x04R\vwindowBytes\"\x19\n" +
+	"\fwindow_bytes\x18\x03 \x01(\x04R\vwindowBytes\x12.\n" +
+	"\x05rules\x18\x04 \x03(\v2\x18.kvfs.control.v1.DAXRuleR\x05rules\"\x19\n" +
 	"\x17UpdateDAXPolicyResponse\"$\n" +
 	"\x12StopSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x15\n" +
@@ -1140,7 +1221,7 @@ func file_api_control_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_api_control_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_api_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_api_control_v1_control_proto_goTypes = []any{
 	(DAXPolicy)(0),                  // 0: kvfs.control.v1.DAXPolicy
 	(*ListSandboxesRequest)(nil),    // 1: kvfs.control.v1.ListSandboxesRequest
@@ -1154,10 +1235,11 @@ var file_api_control_v1_control_proto_goTypes = []any{
 	(*VMStatus)(nil),                // 9: kvfs.control.v1.VMStatus
 	(*SetLogLevelRequest)(nil),      // 10: kvfs.control.v1.SetLogLevelRequest
 	(*SetLogLevelResponse)(nil),     // 11: kvfs.control.v1.SetLogLevelResponse
-	(*UpdateDAXPolicyRequest)(nil),  // 12: kvfs.control.v1.UpdateDAXPolicyRequest
-	(*UpdateDAXPolicyResponse)(nil), // 13: kvfs.control.v1.UpdateDAXPolicyResponse
-	(*StopSandboxRequest)(nil),      // 14: kvfs.control.v1.StopSandboxRequest
-	(*StopSandboxResponse)(nil),     // 15: kvfs.control.v1.StopSandboxResponse
+	(*DAXRule)(nil),                 // 12: kvfs.control.v1.DAXRule
+	(*UpdateDAXPolicyRequest)(nil),  // 13: kvfs.control.v1.UpdateDAXPolicyRequest
+	(*UpdateDAXPolicyResponse)(nil), // 14: kvfs.control.v1.UpdateDAXPolicyResponse
+	(*StopSandboxRequest)(nil),      // 15: kvfs.control.v1.StopSandboxRequest
+	(*StopSandboxResponse)(nil),     // 16: kvfs.control.v1.StopSandboxResponse
 }
 var file_api_control_v1_control_proto_depIdxs = []int32{
 	3,  // 0: kvfs.control.v1.ListSandboxesResponse.sandboxes:type_name -> kvfs.control.v1.SandboxSummary
@@ -1167,21 +1249,22 @@ var file_api_control_v1_control_proto_depIdxs = []int32{
 	7,  // 4: kvfs.control.v1.ServerStatus.stats:type_name -> kvfs.control.v1.ServerStats
 	8,  // 5: kvfs.control.v1.ServerStats.ops:type_name -> kvfs.control.v1.OpStats
 	0,  // 6: kvfs.control.v1.UpdateDAXPolicyRequest.policy:type_name -> kvfs.control.v1.DAXPolicy
-	1,  // 7: kvfs.control.v1.Control.ListSandboxes:input_type -> kvfs.control.v1.ListSandboxesRequest
-	4,  // 8: kvfs.control.v1.Control.SandboxStatus:input_type -> kvfs.control.v1.SandboxStatusRequest
-	10, // 9: kvfs.control.v1.Control.SetLogLevel:input_type -> kvfs.control.v1.SetLogLevelRequest
-	12, // 10: kvfs.control.v1.Control.UpdateDAXPolicy:input_type -> kvfs.control.v1.UpdateDAXPolicyRequest
-	14, // 11: kvfs.control.v1.Control.StopSandbox:input_type -> kvfs.control.v1.StopSandboxRequest
-	2,  // 12: kvfs.control.v1.Control.ListSandboxes:output_type -> kvfs.control.v1.ListSandboxesResponse
-	5,  // 13: kvfs.control.v1.Control.SandboxStatus:output_type -> kvfs.control.v1.SandboxStatusResponse
-	11, // 14: kvfs.control.v1.Control.SetLogLevel:output_type -> kvfs.control.v1.SetLogLevelResponse
-	13, // 15: kvfs.control.v1.Control.UpdateDAXPolicy:output_type -> kvfs.control.v1.UpdateDAXPolicyResponse
-	15, // 16: kvfs.control.v1.Control.StopSandbox:output_type -> kvfs.control.v1.StopSandboxResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	12, // 7: kvfs.control.v1.UpdateDAXPolicyRequest.rules:type_name -> kvfs.control.v1.DAXRule
+	1,  // 8: kvfs.control.v1.Control.ListSandboxes:input_type -> kvfs.control.v1.ListSandboxesRequest
+	4,  // 9: kvfs.control.v1.Control.SandboxStatus:input_type -> kvfs.control.v1.SandboxStatusRequest
+	10, // 10: kvfs.control.v1.Control.SetLogLevel:input_type -> kvfs.control.v1.SetLogLevelRequest
+	13, // 11: kvfs.control.v1.Control.UpdateDAXPolicy:input_type -> kvfs.control.v1.UpdateDAXPolicyRequest
+	15, // 12: kvfs.control.v1.Control.StopSandbox:input_type -> kvfs.control.v1.StopSandboxRequest
+	2,  // 13: kvfs.control.v1.Control.ListSandboxes:output_type -> kvfs.control.v1.ListSandboxesResponse
+	5,  // 14: kvfs.control.v1.Control.SandboxStatus:output_type -> kvfs.control.v1.SandboxStatusResponse
+	11, // 15: kvfs.control.v1.Control.SetLogLevel:output_type -> kvfs.control.v1.SetLogLevelResponse
+	14, // 16: kvfs.control.v1.Control.UpdateDAXPolicy:output_type -> kvfs.control.v1.UpdateDAXPolicyResponse
+	16, // 17: kvfs.control.v1.Control.StopSandbox:output_type -> kvfs.control.v1.StopSandboxResponse
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_control_v1_control_proto_init() }
@@ -1195,7 +1278,7 @@ func file_api_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_control_v1_control_proto_rawDesc), len(file_api_control_v1_control_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
 // DefaultAddress is the control socket kvfsctl uses without --address.
@@ -39,8 +40,10 @@ Commands:
   metrics ID                        the same statistics in Prometheus text format
   stop ID                           stop a sandbox and forget it
   log-level LEVEL                   set the log level (trace, debug, info, warn, error)
-  dax-policy [--window BYTES] ID POLICY
-                                    set the DAX policy (never, always, inode)
+  dax-policy [--rules RULES] [--window BYTES] ID POLICY
+                                    set the DAX policy (never, always, inode) of a
+                                    sandbox's in-process server; RULES as kvfsd's
+                                    --dax-rules ("on glob=*.so; on size>=2M")
 
 Options:
 `
@@ -243,7 +246,7 @@ func runLogLevel(ctx context.Context, c control.ControlService, o options, args 
 	return err
 }
 
-const daxUsage = "dax-policy [--window BYTES] ID POLICY"
+const daxUsage = "dax-policy [--rules RULES] [--window BYTES] ID POLICY"
 
 var daxPolicies = map[string]control.DAXPolicy{
 	"never":  control.DAXPolicy_DAX_POLICY_NEVER,
@@ -255,6 +258,7 @@ func parseDAXArgs(args []string) (*control.UpdateDAXPolicyRequest, error) {
 	fs := flag.NewFlagSet("dax-policy", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	window := fs.String("window", "0", "the DAX window's size in bytes (0: unchanged)")
+	rulesText := fs.String("rules", "", "rules of policy inode, as kvfsd --dax-rules")
 	if err := fs.Parse(args); err != nil {
 		return nil, usagef("dax-policy: %v", err)
 	}
@@ -269,7 +273,15 @@ func parseDAXArgs(args []string) (*control.UpdateDAXPolicyRequest, error) {
 	if err != nil {
 		return nil, usagef("dax-policy: --window %q: want a number of bytes", *window)
 	}
-	return &control.UpdateDAXPolicyRequest{Id: fs.Arg(0), Policy: policy, WindowBytes: size}, nil
+	rules, err := passthrough.ParseDAXRules(*rulesText)
+	if err != nil {
+		return nil, usagef("dax-policy: --rules: %v", err)
+	}
+	req := &control.UpdateDAXPolicyRequest{Id: fs.Arg(0), Policy: policy, WindowBytes: size}
+	for _, r := range rules {
+		req.Rules = append(req.Rules, &control.DAXRule{Glob: r.Glob, MinSize: r.MinSize, Dax: r.DAX})
+	}
+	return req, nil
 }
 
 func runDAXPolicy(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error {

@@ -272,10 +272,14 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("log-level --json info: %d %q", code, out)
 	}
 
-	// dax-policy: valid, and refused as unavailable.
-	code, out, errOut = e.ctl(t, "dax-policy", "--window", strconv.Itoa(64<<20), "pod-a", "always")
-	if code != 1 || out != "" || !strings.Contains(errOut, "DAX is not available") || !strings.Contains(errOut, "(Unimplemented)") {
+	// dax-policy: applied to the in-process server; a window size cannot be changed.
+	code, out, errOut = e.ctl(t, "dax-policy", "--rules", "on glob=*.so; off size>=1M", "pod-a", "inode")
+	if code != 0 || out != "sandbox pod-a: DAX policy updated\n" {
 		t.Errorf("dax-policy: %d %q %q", code, out, errOut)
+	}
+	code, out, errOut = e.ctl(t, "dax-policy", "--window", strconv.Itoa(64<<20), "pod-a", "always")
+	if code != 1 || out != "" || !strings.Contains(errOut, "fixed when the VM starts") || !strings.Contains(errOut, "(Unimplemented)") {
+		t.Errorf("dax-policy --window: %d %q %q", code, out, errOut)
 	}
 
 	// stop pod-b: gone from the list, its directory removed.
@@ -461,6 +465,7 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"dax-policy", "a"}, "usage: kvfsctl dax-policy"},
 		{[]string{"dax-policy", "a", "sometimes"}, `unknown policy "sometimes"`},
 		{[]string{"dax-policy", "--window", "lots", "a", "always"}, `--window "lots"`},
+		{[]string{"dax-policy", "--rules", "on glob=[", "a", "inode"}, "--rules: DAX rule 1"},
 	} {
 		var out, errOut bytes.Buffer
 		args := append([]string{"--address", "/nonexistent/kvfs.sock"}, tc.args...)
