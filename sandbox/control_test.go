@@ -174,12 +174,22 @@ func TestUpdateDAXPolicy(t *testing.T) {
 			t.Errorf("UpdateDAXPolicy(%v): %v, want %v with %q", tc.req, err, tc.want, tc.msg)
 		}
 	}
-	// The refused requests changed nothing.
+	// The refused requests changed nothing, and a restarted server gets the policy again.
+	sb.opMu.Lock()
+	sb.mu.Lock()
+	old := sb.srv
+	sb.mu.Unlock()
+	err = sb.restartServerLocked(old, &ServerError{Server: old.describe(), Err: errors.New("test restart")})
+	sb.opMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
 	sb.mu.Lock()
 	got = sb.srv.(*inProcServer).srv.DAXPolicy()
+	replaced := sb.srv != old
 	sb.mu.Unlock()
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("server policy after refused updates %+v", got)
+	if !replaced || !reflect.DeepEqual(got, want) {
+		t.Errorf("restarted server's policy %+v, want %+v", got, want)
 	}
 }
 

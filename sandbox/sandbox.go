@@ -67,8 +67,9 @@ type Sandbox struct {
 	failure     error         // guarded by mu; why the sandbox failed (PhaseFailed)
 	done        chan struct{} // closed under mu on PhaseFailed or PhaseStopped
 	doneClosed  bool          // guarded by mu
-	// dax is the DAX policy set with SetDAXPolicy (nil: the configuration's); guarded by mu.
-	// A restarted in-process server gets it again.
+	// dax is the DAX policy set with SetDAXPolicy (nil: the configuration's); guarded by mu,
+	// and written with opMu held too, so startServer (under opMu) reads it without mu. A
+	// restarted in-process server gets it again.
 	dax *passthrough.DAXPolicy
 
 	wg sync.WaitGroup // monitor goroutines
@@ -468,8 +469,8 @@ func (s *Sandbox) closeDoneLocked() {
 	}
 }
 
-// startServer creates the socket and starts a server on it. s.mu is held, or s is not shared
-// yet.
+// startServer creates the socket and starts a server on it. s.opMu is held, or s is not
+// shared yet.
 func (s *Sandbox) startServer() (fsServer, error) {
 	l, err := listen(s.SocketPath())
 	if err != nil {
@@ -519,6 +520,10 @@ func (s *Sandbox) SetDAXPolicy(p passthrough.DAXPolicy) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
 	}
+	// opMu: a server restart in progress must not start its new server with the old policy
+	// while this one goes to the old server.
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in, ok := s.srv.(*inProcServer)

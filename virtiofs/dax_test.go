@@ -592,3 +592,53 @@ func TestDAXXattrHidden(t *testing.T) {
 		})
 	}
 }
+
+// TestDAXConcurrentMappings maps and unmaps from many requests at once (a worker pool): the
+// back-end channel carries one request at a time and every range ends up showing its own file
+// (run with -race).
+func TestDAXConcurrentMappings(t *testing.T) {
+	hostileNeedsRoot(t)
+	dir := shareDir(t)
+	const n = daxWindowSize / daxRange
+	for i := range n {
+		mustWrite(t, filepath.Join(dir, fmt.Sprintf("f%d", i)), bytes.Repeat([]byte{byte('a' + i)}, 4096))
+	}
+	sock, _, _ := startServer(t, virtiofs.Config{SharedDir: dir, ThreadPoolSize: 4})
+	fe, c, _ := dialDAX(t, sock, daxWindowSize, fuseclient.DAXInitFlags)
+	ctx, cancel := daxCtx()
+	defer cancel()
+	win := fe.DAXWindow()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			errs <- func() error {
+				e, err := c.Lookup(ctx, fuse.RootID, fmt.Sprintf("f%d", i))
+				if err != nil {
+					return err
+				}
+				off := uint64(i) * daxRange
+				r := win[off : off+daxRange]
+				for range 20 {
+					if err := c.SetupMapping(ctx, e.NodeID, fuse.SetupmappingNoFh, 0, daxRange, fuse.SetupmappingFlagRead, off); err != nil {
+						return fmt.Errorf("f%d: SETUPMAPPING: %w", i, err)
+					}
+					if r[0] != byte('a'+i) || r[4095] != byte('a'+i) {
+						return fmt.Errorf("f%d: range shows %q", i, r[0])
+					}
+					if err := c.RemoveMapping(ctx, e.NodeID, []fuse.RemovemappingOne{{Moffset: off, Len: daxRange}}); err != nil {
+						return fmt.Errorf("f%d: REMOVEMAPPING: %w", i, err)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if perms, _ := mappingAt(t, win); perms != "---p" {
+		t.Errorf("window after the last REMOVEMAPPING: %s", perms)
+	}
+}

@@ -276,31 +276,31 @@ func fillAttr(a *fuse.Attr, st *unix.Statx_t) {
 	}
 }
 
-// attrFlags are the fuse.Attr flags of node n (descriptor fd, inode.mode mode) with
-// attributes st.
-func (fs *FS) attrFlags(fd int32, mode uint32, st *unix.Statx_t) uint32 {
+// attrFlags are the fuse.Attr flags of a node with inode.mode mode; dax is daxAttr's verdict.
+func (fs *FS) attrFlags(mode uint32, dax bool) uint32 {
 	if mode&modeSubmount != 0 && fs.opts.AnnounceSubmounts && fs.flags.Load()&fuse.InitSubmounts != 0 {
 		return fuse.AttrSubmount
 	}
-	if fs.daxAttr(fd, st) {
+	if dax {
 		return fuse.AttrDAX
 	}
 	return 0
 }
 
-func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, fd int32, mode uint32, st *unix.Statx_t) {
+func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, mode uint32, dax bool, st *unix.Statx_t) {
 	out.NodeID = id
 	out.Generation = 0
 	out.EntryValid, out.EntryValidNsec = fs.entrySec, fs.entryNsec
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
-	out.Attr.Flags = fs.attrFlags(fd, mode, st)
+	out.Attr.Flags = fs.attrFlags(mode, dax)
 }
 
-func (fs *FS) fillAttrOut(out *fuse.AttrOut, fd int32, mode uint32, st *unix.Statx_t) {
+// fillAttrOut answers the attributes of node n, which the caller holds pinned.
+func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, st *unix.Statx_t) {
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
-	out.Attr.Flags = fs.attrFlags(fd, mode, st)
+	out.Attr.Flags = fs.attrFlags(n.mode, fs.daxAttr(n.fd, st))
 }
 
 // addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p), taking one lookup
@@ -316,11 +316,13 @@ func (fs *FS) addNode(p *inode, fd int, out *fuse.EntryOut) (uint64, fuse.Errno)
 	if mode == unix.S_IFDIR && (k.mnt != p.key.mnt || k.dev != p.key.dev) {
 		mode |= modeSubmount
 	}
+	// fd is still ours to use here: once in the table, a FORGET racing us could close it.
+	dax := fs.daxAttr(int32(fd), &st)
 	id, n, took := fs.nodes.insert(k, fd, mode)
 	if !took {
 		unix.Close(fd)
 	}
-	fs.fillEntry(out, id, n.fd, n.mode, &st)
+	fs.fillEntry(out, id, n.mode, dax, &st)
 	return id, fuse.OK
 }
 

@@ -59,7 +59,7 @@ func (fs *FS) attrOf(n *inode, out *fuse.AttrOut) fuse.Errno {
 	if err := statxFd(int(n.fd), &st); err != nil {
 		return errno(err)
 	}
-	fs.fillAttrOut(out, n.fd, n.mode, &st)
+	fs.fillAttrOut(out, n, &st)
 	return fuse.OK
 }
 
