@@ -34,7 +34,10 @@ import (
 //     systems that support it: ext4, xfs).
 //
 // Only regular files are ever DAX (Linux maps nothing else), and only once the guest
-// negotiated FUSE_HAS_INODE_DAX. The policy can be replaced at run time (FS.SetDAXPolicy): it is
+// negotiated FUSE_HAS_INODE_DAX; without it nothing of this costs anything. With it, mode inode
+// costs each LOOKUP, GETATTR, CREATE and READDIRPLUS entry of a regular file a getxattr, a
+// readlink when a rule has a Glob, and an open, ioctl and close for FS_XFLAG_DAX when neither
+// the attribute nor a rule decided. The policy can be replaced at run time (FS.SetDAXPolicy): it is
 // swapped atomically, so each request sees the old or the new policy whole. A change reaches the
 // guest as its attribute timeout expires; mappings the guest already holds stay valid, and
 // SETUPMAPPING keeps being served while DAX is negotiated, whatever the policy says later

@@ -93,8 +93,9 @@ func NewBackend(dev Device, opts ...Option) *Backend {
 }
 
 // BackendChannel returns the back-end → front-end channel received with SET_BACKEND_REQ_FD, or nil.
-// It is closed when it is replaced or Serve returns; requests on it use BackendRequest ids and
-// the reply rules of front-end requests (a Client over the same Conn can send them with Raw).
+// It is closed when it is replaced, breaks (FSMap, FSUnmap) or Serve returns. Requests on it use
+// BackendRequest ids and the reply rules of front-end requests; FSMap and FSUnmap read their
+// replies from it, so anyone else sending on it must not run at the same time.
 func (b *Backend) BackendChannel() *Conn {
 	b.chMu.Lock()
 	defer b.chMu.Unlock()
