@@ -37,8 +37,10 @@ import (
 // negotiated FUSE_HAS_INODE_DAX; without it nothing of this costs anything. With it, mode inode
 // costs each LOOKUP, GETATTR, CREATE and READDIRPLUS entry of a regular file a getxattr, a
 // readlink when a rule has a Glob, and an open, ioctl and close for FS_XFLAG_DAX when neither
-// the attribute nor a rule decided. The policy can be replaced at run time (FS.SetDAXPolicy): it is
-// swapped atomically, so each request sees the old or the new policy whole. A change reaches the
+// the attribute nor a rule decided.
+//
+// The policy can be replaced at run time (FS.SetDAXPolicy): it is swapped atomically (one
+// pointer), so each request sees the old or the new policy whole. A change reaches the
 // guest as its attribute timeout expires; mappings the guest already holds stay valid, and
 // SETUPMAPPING keeps being served while DAX is negotiated, whatever the policy says later
 // (a guest mounted with dax=always maps every file it opens; what the guest may map is what it
@@ -54,7 +56,8 @@ import (
 // too for a write mapping, else EBADF. Ranges beyond the end of the file are allowed: Linux
 // always maps whole 2 MiB ranges, whatever the file's size, and never touches a page past
 // i_size (a growing write goes through FUSE_WRITE); a hostile guest that touches one hurts only
-// its own VM. The server checks alignment and overflow; the window bounds are the front-end's
+// its own VM (the front-end's access to it faults), as does a host process that truncates a file
+// the guest has mapped. The server checks alignment and overflow; the window bounds are the front-end's
 // (QEMU refuses a range outside its window, and so does frontend), whose refusal is passed on as
 // its errno, else EIO.
 
