@@ -8,6 +8,10 @@
 // sent to the back-end are this process's own addresses of the mapping. The first pages of region
 // 0 hold the rings (one virtq.Driver per queue); the rest is handed out by Alloc.
 //
+// With Options.DAXWindow it plays the DAX-capable QEMU Kata ships instead (vhost-user-fs-pci
+// cache-size=N): the device has a DAX window, and the back-end channel serves FS_MAP and FS_UNMAP
+// into it (dax.go).
+//
 // Concurrency: Submit, SubmitAsync, Wait, Alloc, Free and Kick may be used from any goroutine.
 // Start, Stop and Close are serialised with each other. One goroutine per queue reads that queue's
 // call eventfd and hands completions to their waiters.
