@@ -39,13 +39,16 @@ type Options struct {
 	// AnnounceSubmounts sets fuse.AttrSubmount on directories that are mount points (another
 	// device or mount id than their parent) when the guest negotiated fuse.InitSubmounts.
 	AnnounceSubmounts bool
+	// FileHandles says whether nodes keep host file handles instead of O_PATH descriptors
+	// (see the package documentation, "File handles").
+	FileHandles FileHandleMode
 }
 
 // Stats is a snapshot of what an FS holds.
 type Stats struct {
 	CachedInodes int // nodes in the inode table, the root included
 	OpenFiles    int // open file and directory handles
-	Fds          int // host descriptors held: nodes, handles and /proc/self/fd
+	Fds          int // host descriptors held: nodes, handles, mounts and /proc/self/fd
 }
 
 const rootID = fuse.RootID
@@ -64,8 +67,11 @@ type FS struct {
 	flags     atomic.Uint64
 	nodes     nodeTable
 	handles   handleTable
-	fds       atomic.Int64
-	closeOnce sync.Once
+	mounts    mountTable // with FileHandles
+	// handlesOff: FileHandlesPrefer found that handles cannot be opened; set by New.
+	handlesOff bool
+	fds        atomic.Int64
+	closeOnce  sync.Once
 }
 
 var _ fuse.FileSystem = (*FS)(nil)
@@ -109,6 +115,11 @@ func New(root string, opts Options) (*FS, error) {
 	fs.fds.Store(2)
 	fs.nodes.init(r, &fs.fds)
 	fs.handles.init(&fs.fds)
+	if err := fs.initHandles(rootfd, root); err != nil {
+		unix.Close(rootfd)
+		unix.Close(procfd)
+		return nil, fmt.Errorf("passthrough: %w", err)
+	}
 	unix.Umask(0)
 	return fs, nil
 }
@@ -119,6 +130,7 @@ func (fs *FS) Close() error {
 	fs.closeOnce.Do(func() {
 		fs.Destroy()
 		fs.nodes.put(fs.nodes.root)
+		fs.fds.Add(-int64(fs.mounts.closeAll()))
 		unix.Close(fs.procfd)
 		fs.fds.Add(-1)
 	})
@@ -285,9 +297,10 @@ func (fs *FS) fillAttrOut(out *fuse.AttrOut, mode uint32, st *unix.Statx_t) {
 	out.Attr.Flags = fs.attrFlags(mode)
 }
 
-// addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p), taking one lookup
-// reference, and answers out. It takes fd: it either keeps or closes it.
-func (fs *FS) addNode(p *inode, fd int, out *fuse.EntryOut) (uint64, fuse.Errno) {
+// addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p through its descriptor
+// dirfd), taking one lookup reference, and answers out. It takes fd: it either keeps or closes
+// it.
+func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse.Errno) {
 	var st unix.Statx_t
 	if err := statxFd(fd, &st); err != nil {
 		unix.Close(fd)
@@ -298,8 +311,17 @@ func (fs *FS) addNode(p *inode, fd int, out *fuse.EntryOut) (uint64, fuse.Errno)
 	if mode == unix.S_IFDIR && (k.mnt != p.key.mnt || k.dev != p.key.dev) {
 		mode |= modeSubmount
 	}
-	id, n, took := fs.nodes.insert(k, fd, mode)
-	if !took {
+	fh, e := fs.handleFor(dirfd, fd, mode&unix.S_IFMT, k)
+	if e != fuse.OK {
+		unix.Close(fd)
+		return 0, e
+	}
+	nodeFd := fd
+	if fh != nil {
+		nodeFd = -1
+	}
+	id, n, took := fs.nodes.insert(k, nodeFd, fh, mode)
+	if !took || fh != nil {
 		unix.Close(fd)
 	}
 	fs.fillEntry(out, id, n.mode, &st)
@@ -312,5 +334,5 @@ func (fs *FS) lookupAt(p *inode, dirfd int, name string, out *fuse.EntryOut) (ui
 	if err != nil {
 		return 0, errno(err)
 	}
-	return fs.addNode(p, fd, out)
+	return fs.addNode(p, dirfd, fd, out)
 }

@@ -1,6 +1,7 @@
 package passthrough
 
 import (
+	"bytes"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -22,7 +23,8 @@ const modeSubmount = 1 << 31
 type inode struct {
 	key  nodeKey
 	refs uint64       // guest lookup count; guarded by the shard's mu
-	fd   int32        // O_PATH|O_NOFOLLOW; immutable; closed by the last unpin
+	fh   encHandle    // file handle (see nameToHandle), or nil when fd is held; immutable
+	fd   int32        // O_PATH|O_NOFOLLOW, -1 with fh; immutable; closed by the last unpin
 	mode uint32       // S_IFMT bits | modeSubmount; immutable
 	pins atomic.Int32 // 1 while in the table, +1 per request using fd
 
@@ -98,15 +100,22 @@ func (t *nodeTable) put(n *inode) {
 		if l := n.locks.Load(); l != nil {
 			l.closeAll(t.fds)
 		}
-		unix.Close(int(n.fd))
-		t.fds.Add(-1)
+		if n.fd >= 0 {
+			unix.Close(int(n.fd))
+			t.fds.Add(-1)
+		}
 	}
 }
 
-// insert adds one lookup reference to the node with key k, creating it with fd and mode when it
-// does not exist. It reports whether fd was taken; if not, the caller closes it. The node
-// returned is not pinned: only its immutable fields other than fd may be read.
-func (t *nodeTable) insert(k nodeKey, fd int, mode uint32) (id uint64, n *inode, took bool) {
+// insert adds one lookup reference to the node with key k, creating it with fd (or file handle
+// fh, then fd is -1) and mode when it does not exist. It reports whether fd was taken; if not,
+// the caller closes it. The node returned is not pinned: only its immutable fields other than
+// fd may be read.
+//
+// A node that keeps a file handle does not keep its inode alive, so the inode number may have
+// been reused by another file since (same key, another generation: another handle). Then the
+// key moves to a new node; the old one stays, answering ESTALE, until the guest forgets it.
+func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uint64, n *inode, took bool) {
 	if k == t.root.key {
 		// The root reached again (a bind mount of it inside itself): it is not counted.
 		return rootID, t.root, false
@@ -116,19 +125,23 @@ func (t *nodeTable) insert(k nodeKey, fd int, mode uint32) (id uint64, n *inode,
 	s.mu.Lock()
 	if id, ok := s.byKey[k]; ok {
 		n = s.byID[id]
-		n.refs++
-		s.mu.Unlock()
-		return id, n, false
+		if n.fh == nil || fh == nil || bytes.Equal(handleBytes(n.fh), handleBytes(fh)) {
+			n.refs++
+			s.mu.Unlock()
+			return id, n, false
+		}
 	}
 	s.seq++
 	id = s.seq<<shardBits | si
-	n = &inode{key: k, refs: 1, fd: int32(fd), mode: mode}
+	n = &inode{key: k, refs: 1, fh: fh, fd: int32(fd), mode: mode}
 	n.pins.Store(1)
 	s.byID[id] = n
 	s.byKey[k] = id
 	s.mu.Unlock()
 	t.count.Add(1)
-	t.fds.Add(1)
+	if fd >= 0 {
+		t.fds.Add(1)
+	}
 	return id, n, true
 }
 
@@ -152,7 +165,9 @@ func (t *nodeTable) forget(id, nlookup uint64) {
 	}
 	n.refs = 0
 	delete(s.byID, id)
-	delete(s.byKey, n.key)
+	if s.byKey[n.key] == id { // not if the key moved to a newer node (see insert)
+		delete(s.byKey, n.key)
+	}
 	s.mu.Unlock()
 	t.count.Add(-1)
 	t.put(n)
