@@ -74,16 +74,19 @@
 //     lookup fails with EOPNOTSUPP ("not supported": the file exists, the server cannot hold
 //     it), and New fails when the shared directory's file system has no handles or the
 //     handle of the root cannot be opened, with the reason (CAP_DAC_READ_SEARCH for EPERM).
-//   - A node with a handle does not keep its inode alive. When the file is gone (unlinked
-//     and closed, on the host or by the guest), requests on the node answer ESTALE, as NFS
-//     does: the guest kernel then revalidates the dentry with a new LOOKUP (its VFS retries a
-//     path walk that failed with ESTALE once with LOOKUP_REVAL), which finds the new file or
-//     answers ENOENT. ENOENT on the node itself would be wrong: the node id is still valid
-//     until FORGET, and ENOENT from GETATTR would not make the guest look again. Some file
-//     systems (ext4, xfs) also refuse handles of inodes that are unlinked but still open:
-//     requests that come with an open handle (READ, WRITE, GETATTR and SETATTR with a file
-//     handle, locks) go through its descriptor and keep working; the others answer ESTALE.
-//     tmpfs still opens them.
+//   - A node with a handle does not keep its inode alive. Some file systems (ext4, xfs) also
+//     refuse handles of inodes that are unlinked, even while open. So when the guest removes
+//     the last link of a file it holds as a handle (UNLINK, RMDIR, or RENAME onto it), the
+//     node first takes an O_PATH descriptor, kept until FORGET: an open, unlinked file keeps
+//     working for fstat and the like, as without handles. Requests that come with an open
+//     handle (READ, WRITE, GETATTR and SETATTR with a file handle, locks) go through its
+//     descriptor anyway.
+//   - When the file is gone otherwise (removed by a host process), requests on the node
+//     answer ESTALE, as NFS does: the guest kernel then revalidates the dentry with a new
+//     LOOKUP (its VFS retries a path walk that failed with ESTALE once with LOOKUP_REVAL),
+//     which finds the new file or answers ENOENT. ENOENT on the node itself would be wrong:
+//     the node id is still valid until FORGET, and ENOENT from GETATTR would not make the
+//     guest look again.
 //   - The inode number of a gone file can be reused at once (ext4 does): a lookup that finds
 //     a node with the same key but another handle (another generation) makes a new node, and
 //     the key moves to it; the stale node answers ESTALE until the guest forgets it. Hard

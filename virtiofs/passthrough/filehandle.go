@@ -262,8 +262,8 @@ func (fs *FS) handleFor(dirfd, fd int, typ uint32, k nodeKey) (encHandle, fuse.E
 // node that keeps a file handle, an O_PATH descriptor opened from the handle, which doneFd
 // closes. A handle whose inode is gone answers ESTALE.
 func (fs *FS) pathFd(n *inode) (int, fuse.Errno) {
-	if n.fh == nil {
-		return int(n.fd), fuse.OK
+	if fd := n.fd.Load(); fd >= 0 {
+		return int(fd), fuse.OK
 	}
 	mfd, ok := fs.mounts.get(n.key.mnt)
 	if !ok {
@@ -276,9 +276,31 @@ func (fs *FS) pathFd(n *inode) (int, fuse.Errno) {
 	return fd, fuse.OK
 }
 
-// doneFd releases what pathFd returned.
+// doneFd releases what pathFd returned. (A descriptor it opened cannot be the node's own, even
+// if hold gave the node one since: both are open at once.)
 func (fs *FS) doneFd(n *inode, fd int) {
-	if n.fh != nil {
+	if int32(fd) != n.fd.Load() {
+		unix.Close(fd)
+	}
+}
+
+// holdIfLast runs before name in directory dirfd is removed (UNLINK, RMDIR, or RENAME onto
+// it). If name is the last link of a file whose node keeps a file handle, the node gets an
+// O_PATH descriptor and keeps it until it is forgotten: the guest may still use the file (an
+// open file, unlinked, then fstat), and some file systems (ext4, xfs) refuse to open handles
+// of unlinked inodes. Should the removal fail, the node just holds a descriptor, as without
+// handles.
+func (fs *FS) holdIfLast(dirfd int, name string) {
+	if !fs.UsesFileHandles() {
+		return
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return // the removal will fail too
+	}
+	var st unix.Statx_t
+	if statxFd(fd, &st) != nil || (st.Nlink > 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR) ||
+		!fs.nodes.hold(keyOf(&st), fd) {
 		unix.Close(fd)
 	}
 }

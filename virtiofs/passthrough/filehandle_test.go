@@ -26,8 +26,8 @@ func wantHandle(t testing.TB, e *env, id uint64, want bool) {
 		t.Fatalf("node %d not in the table", id)
 	}
 	defer e.fs.nodes.put(n)
-	if got := n.fh != nil; got != want || got == (n.fd >= 0) {
-		t.Fatalf("node %d: file handle %v (fd %d), want handle %v", id, got, n.fd, want)
+	if got := n.fh != nil; got != want || got == (n.fd.Load() >= 0) {
+		t.Fatalf("node %d: file handle %v (fd %d), want handle %v", id, got, n.fd.Load(), want)
 	}
 }
 
@@ -169,8 +169,24 @@ func TestFileHandlesOps(t *testing.T) {
 	if a := e.getattr(t, f.NodeID); a.Nlink != 1 {
 		t.Errorf("nlink after unlink %d, want 1", a.Nlink)
 	}
+	if s := e.fs.Stats(); s.Fds != 3+3 { // + the open files and directory
+		t.Errorf("stats %+v: a node whose file keeps a link took a descriptor", s)
+	}
+	// The last link goes: the node takes a descriptor first, so the guest can still use the
+	// file (ext4 refuses handles of unlinked inodes), as it could without handles.
 	wantErrno(t, "unlink", e.fs.Unlink(rootCtx, sub, "f2"), 0)
+	if a := e.getattr(t, f.NodeID); a.Nlink != 0 || a.Size != 2 {
+		t.Errorf("getattr of the unlinked file: nlink %d size %d, want 0 and 2", a.Nlink, a.Size)
+	}
 	wantErrno(t, "rmdir", e.fs.Rmdir(rootCtx, d.NodeID, "sub"), 0)
+	e.getattr(t, sub)
+	// Renamed over: the same for the file that loses its name.
+	must(t, os.WriteFile(e.path("d", "victim"), []byte("v"), 0o644))
+	victim := e.lookup(t, d.NodeID, "victim")
+	wantErrno(t, "rename over", e.fs.Rename(rootCtx, d.NodeID, "c", d.NodeID, "victim", 0), 0)
+	if a := e.getattr(t, victim.NodeID); a.Nlink != 0 || a.Size != 1 {
+		t.Errorf("getattr of the file renamed over: nlink %d size %d, want 0 and 1", a.Nlink, a.Size)
+	}
 
 	// The file is gone, but its open handle still reaches it: GETATTR with the handle, reads.
 	var gao fuse.AttrOut
@@ -189,8 +205,14 @@ func TestFileHandlesOps(t *testing.T) {
 	wantErrno(t, "statfs", e.fs.StatFs(rootCtx, d.NodeID, &sfs), 0)
 	wantErrno(t, "access", e.fs.Access(userCtx, c.NodeID, unix.R_OK), 0)
 	wantErrno(t, "access", e.fs.Access(userCtx, c.NodeID, unix.X_OK), unix.EACCES)
-	if s := e.fs.Stats(); s.Fds != 3 || s.OpenFiles != 0 {
-		t.Errorf("stats %+v, want 3 fds", s)
+	if s := e.fs.Stats(); s.Fds != 3+3 || s.OpenFiles != 0 {
+		t.Errorf("stats %+v, want 6 fds (root, /proc/self/fd, mount, three removed nodes)", s)
+	}
+	for _, id := range []uint64{f.NodeID, sub, victim.NodeID} {
+		e.fs.Forget(id, 1<<30) // all its lookups, READDIRPLUS's included
+	}
+	if s := e.fs.Stats(); s.Fds != 3 {
+		t.Errorf("stats %+v after forgetting the removed nodes, want 3 fds", s)
 	}
 }
 

@@ -110,7 +110,8 @@ func New(root string, opts Options) (*FS, error) {
 	}
 	fs.entrySec, fs.entryNsec = splitDuration(opts.EntryTimeout)
 	fs.attrSec, fs.attrNsec = splitDuration(opts.AttrTimeout)
-	r := &inode{key: keyOf(&st), fd: int32(rootfd), mode: unix.S_IFDIR}
+	r := &inode{key: keyOf(&st), mode: unix.S_IFDIR}
+	r.fd.Store(int32(rootfd))
 	r.pins.Store(1)
 	fs.fds.Store(2)
 	fs.nodes.init(r, &fs.fds)

@@ -24,7 +24,7 @@ type inode struct {
 	key  nodeKey
 	refs uint64       // guest lookup count; guarded by the shard's mu
 	fh   encHandle    // file handle (see nameToHandle), or nil when fd is held; immutable
-	fd   int32        // O_PATH|O_NOFOLLOW, -1 with fh; immutable; closed by the last unpin
+	fd   atomic.Int32 // O_PATH|O_NOFOLLOW; -1 with fh until hold sets it; closed by the last unpin
 	mode uint32       // S_IFMT bits | modeSubmount; immutable
 	pins atomic.Int32 // 1 while in the table, +1 per request using fd
 
@@ -100,8 +100,8 @@ func (t *nodeTable) put(n *inode) {
 		if l := n.locks.Load(); l != nil {
 			l.closeAll(t.fds)
 		}
-		if n.fd >= 0 {
-			unix.Close(int(n.fd))
+		if fd := n.fd.Load(); fd >= 0 {
+			unix.Close(int(fd))
 			t.fds.Add(-1)
 		}
 	}
@@ -133,7 +133,8 @@ func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uin
 	}
 	s.seq++
 	id = s.seq<<shardBits | si
-	n = &inode{key: k, refs: 1, fh: fh, fd: int32(fd), mode: mode}
+	n = &inode{key: k, refs: 1, fh: fh, mode: mode}
+	n.fd.Store(int32(fd))
 	n.pins.Store(1)
 	s.byID[id] = n
 	s.byKey[k] = id
@@ -143,6 +144,24 @@ func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uin
 		t.fds.Add(1)
 	}
 	return id, n, true
+}
+
+// hold gives fd to the node with key k if it keeps a file handle and no descriptor yet, and
+// reports whether it took fd.
+func (t *nodeTable) hold(k nodeKey, fd int) bool {
+	s := &t.shards[shardOf(k)]
+	s.mu.RLock()
+	defer s.mu.RUnlock() // n stays in the table, pinned by it, while the lock is held
+	id, ok := s.byKey[k]
+	if !ok {
+		return false
+	}
+	n := s.byID[id]
+	if n.fh == nil || !n.fd.CompareAndSwap(-1, int32(fd)) {
+		return false
+	}
+	t.fds.Add(1)
+	return true
 }
 
 // forget drops nlookup references to node id; at zero the node leaves the table. Unknown ids

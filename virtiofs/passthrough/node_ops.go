@@ -322,6 +322,7 @@ func (fs *FS) remove(parent uint64, name string, flags int) fuse.Errno {
 		return e
 	}
 	defer fs.putFd(p, pfd)
+	fs.holdIfLast(pfd, name)
 	return errno(unix.Unlinkat(pfd, name, flags))
 }
 
@@ -349,6 +350,9 @@ func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent ui
 		return e
 	}
 	defer fs.putFd(np, npfd)
+	if flags&unix.RENAME_EXCHANGE == 0 {
+		fs.holdIfLast(npfd, newName) // the entry renamed over, if any
+	}
 	return errno(unix.Renameat2(pfd, name, npfd, newName, uint(flags)))
 }
 
