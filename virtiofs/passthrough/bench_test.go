@@ -124,41 +124,43 @@ func TestMemoryPerInode(t *testing.T) {
 
 // BenchmarkLookupGetAttr measures a LOOKUP followed by a GETATTR of a file, with the node
 // cached already ("warm": the usual case of a guest revalidating) or created and dropped on
-// each lookup ("cold": LOOKUP, GETATTR, FORGET).
+// each lookup ("cold": LOOKUP, GETATTR, FORGET); with descriptors and with file handles.
 func BenchmarkLookupGetAttr(b *testing.B) {
 	const n = 1000
 	raiseFdLimit(b, n+1000)
-	e := newEnv(b, Options{AttrTimeout: 1e9, EntryTimeout: 1e9})
-	names := makeFiles(b, e, n)
-	for _, mode := range []string{"warm", "cold"} {
-		b.Run(mode, func(b *testing.B) {
-			if mode == "warm" {
-				for _, name := range names {
-					e.lookup(b, 1, name)
+	for _, fh := range []FileHandleMode{FileHandlesNever, FileHandlesMandatory} {
+		e := newEnv(b, Options{AttrTimeout: 1e9, EntryTimeout: 1e9, FileHandles: fh})
+		names := makeFiles(b, e, n)
+		for _, mode := range []string{"warm", "cold"} {
+			b.Run("handles="+fh.String()+"/"+mode, func(b *testing.B) {
+				if mode == "warm" {
+					for _, name := range names {
+						e.lookup(b, 1, name)
+					}
 				}
-			}
-			var entry fuse.EntryOut
-			var attr fuse.AttrOut
-			in := &fuse.GetattrIn{}
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				if errno := e.fs.Lookup(rootCtx, 1, names[i%n], &entry); errno != 0 {
-					b.Fatal(errno)
+				var entry fuse.EntryOut
+				var attr fuse.AttrOut
+				in := &fuse.GetattrIn{}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if errno := e.fs.Lookup(rootCtx, 1, names[i%n], &entry); errno != 0 {
+						b.Fatal(errno)
+					}
+					if errno := e.fs.GetAttr(rootCtx, entry.NodeID, in, &attr); errno != 0 {
+						b.Fatal(errno)
+					}
+					e.fs.Forget(entry.NodeID, 1)
+					i++
 				}
-				if errno := e.fs.GetAttr(rootCtx, entry.NodeID, in, &attr); errno != 0 {
-					b.Fatal(errno)
+				b.StopTimer()
+				if mode == "warm" {
+					e.fs.Destroy()
 				}
-				e.fs.Forget(entry.NodeID, 1)
-				i++
-			}
-			b.StopTimer()
-			if mode == "warm" {
-				e.fs.Destroy()
-			}
-			if s := e.fs.Stats(); s.CachedInodes != 1 {
-				b.Fatal(fmt.Sprintf("stats %+v", s))
-			}
-		})
+				if s := e.fs.Stats(); s.CachedInodes != 1 {
+					b.Fatal(fmt.Sprintf("stats %+v", s))
+				}
+			})
+		}
 	}
 }
