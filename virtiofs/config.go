@@ -134,6 +134,11 @@ type Config struct {
 	// attribute trusted.kvfs.dax="1" or FS_XFLAG_DAX. DAX is negotiated only with a front-end
 	// that has a window and a guest that wants it; with upstream QEMU nothing changes.
 	DAX passthrough.DAXPolicy
+	// InodeFileHandles says whether cached inodes keep host file handles instead of open
+	// O_PATH descriptors (the Rust virtiofsd's --inode-file-handles): with prefer or
+	// mandatory, a guest that looks up many files does not hold a host descriptor per file.
+	// Handles need CAP_DAC_READ_SEARCH. See passthrough.FileHandleMode.
+	InodeFileHandles passthrough.FileHandleMode
 }
 
 // maxTimeout bounds Timeout: the FUSE wire carries seconds as a u64 and nanoseconds as a u32,
@@ -183,6 +188,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Timeout != nil && (*c.Timeout < 0 || *c.Timeout > maxTimeout) {
 		return fmt.Errorf("invalid timeout %v: want 0 to %v", *c.Timeout, maxTimeout)
+	}
+	switch c.InodeFileHandles {
+	case passthrough.FileHandlesNever, passthrough.FileHandlesPrefer, passthrough.FileHandlesMandatory:
+	default:
+		return fmt.Errorf("invalid inode file handle mode %v", c.InodeFileHandles)
 	}
 	if c.ThreadPoolSize < 0 {
 		return fmt.Errorf("invalid thread pool size %d", c.ThreadPoolSize)

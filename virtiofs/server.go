@@ -66,6 +66,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shared directory %s: %w", cfg.SharedDir, err)
 	}
+	if cfg.InodeFileHandles == passthrough.FileHandlesPrefer && !fs.UsesFileHandles() {
+		log.L.Warn("inode file handles cannot be opened (open_by_handle_at needs CAP_DAC_READ_SEARCH): every cached inode holds a descriptor")
+	}
 	s := &Server{cfg: cfg, fs: fs}
 	s.fuse = fuse.NewServer(fs, fuse.Options{InitFlags: initFlags(&cfg), Logger: log.L})
 	s.dev = newDevice(s.fuse, cfg.ThreadPoolSize)
@@ -132,6 +135,7 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 		SecurityLabel:     cfg.SecurityLabel,
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
 		DAX:               cfg.DAX,
+		FileHandles:       cfg.InodeFileHandles,
 	}
 	if cfg.XattrMap != "" {
 		o.XattrMap, _ = passthrough.ParseXattrMap(cfg.XattrMap) // Validate accepted it

@@ -16,6 +16,7 @@ import (
 	"github.com/kvfs/kvfs/virtiofs/conformance"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )
@@ -71,13 +72,23 @@ func runSuite(t *testing.T, c *fuseclient.Client, dir string) []conformance.Resu
 }
 
 // TestConformance runs the FUSE operation suite against kvfsd through the in-repo front-end,
-// which speaks vhost-user to it over its real socket exactly as QEMU 7.2 does.
+// which speaks vhost-user to it over its real socket exactly as QEMU 7.2 does: in the default
+// configuration, and with inodes kept as file handles (--inode-file-handles=mandatory).
 func TestConformance(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("kvfsd's passthrough needs root (file ownership, per-request credentials)")
 	}
+	t.Run("default", func(t *testing.T) { conformance1(t, virtiofs.Config{}) })
+	t.Run("inode-file-handles=mandatory", func(t *testing.T) {
+		conformance1(t, virtiofs.Config{InodeFileHandles: passthrough.FileHandlesMandatory})
+	})
+}
+
+// conformance1 runs the suite against a server configured as cfg, on a fresh share.
+func conformance1(t *testing.T, cfg virtiofs.Config) {
 	dir := shareDir(t)
-	sock, s, done := startServer(t, virtiofs.Config{SharedDir: dir})
+	cfg.SharedDir = dir
+	sock, s, done := startServer(t, cfg)
 	fe, c := dial(t, sock)
 	for _, r := range runSuite(t, c, dir) {
 		if !r.OK() {
@@ -88,6 +99,14 @@ func TestConformance(t *testing.T) {
 	if st.FUSE.Ops["LOOKUP"].Count == 0 || st.FUSE.BytesWritten == 0 || st.FUSE.Panics != 0 {
 		t.Errorf("stats: %+v", st.FUSE)
 	}
+	// With handles the cached inodes hold no descriptors, except those whose last link the
+	// guest removed: besides the root, /proc/self/fd, the share's mount and the open files,
+	// the suite's cached inodes, most of them still linked, hold far fewer than one each.
+	if nodeFds := st.FS.Fds - 3 - st.FS.OpenFiles; cfg.InodeFileHandles == passthrough.FileHandlesMandatory &&
+		(st.FS.CachedInodes < 5 || nodeFds < 0 || 2*nodeFds >= st.FS.CachedInodes-1) {
+		t.Errorf("with file handles: %+v", st.FS)
+	}
+	t.Logf("after the suite: %+v", st.FS)
 	// The front-end goes away: Serve returns cleanly, as virtiofsd exits.
 	fe.Close()
 	select {

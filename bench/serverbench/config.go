@@ -31,6 +31,10 @@ type Config struct {
 	Command   string        // this program's command line, recorded in the report
 	Rev       string        // kvfsd's source revision, recorded in the report
 	Log       io.Writer     // progress
+
+	// MemoryFiles is how many files the memory measurement looks up; it runs when Only
+	// matches "memory" (memoryName).
+	MemoryFiles int
 }
 
 // ParseFlags parses the command line of kvfsbench (argv[0] is the program) into a Config.
@@ -48,7 +52,8 @@ func ParseFlags(argv []string, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Warmup, "warmup", 150*time.Millisecond, "unmeasured time before each measurement")
 	fs.IntVar(&c.Files, "files", 10000, "`files` in the LOOKUP and READDIRPLUS directory")
 	mib := fs.Int("data-mib", 64, "size of the data file in `MiB`")
-	fs.StringVar(&c.Only, "run", "", "run only the workloads matching `regexp`")
+	fs.StringVar(&c.Only, "run", "", "run only the workloads matching `regexp` (the memory measurement is named \"memory\": -run memory runs only it)")
+	fs.IntVar(&c.MemoryFiles, "memory-files", 100_000, "`files` the memory measurement looks up")
 	fs.StringVar(&c.Out, "out", "", "write the Markdown report to `file`")
 	fs.StringVar(&c.Chart, "chart", "", "write the PNG chart of the ratios to `file`")
 	fs.StringVar(&c.Invoked, "invoked", "", "how the benchmark was started (`command`), recorded in the report")
@@ -70,6 +75,8 @@ func ParseFlags(argv []string, stderr io.Writer) (*Config, error) {
 		return nil, errors.New("-slices must be at least 1, and the slices at least 1ms long")
 	case c.Files < 1:
 		return nil, errors.New("-files must be at least 1")
+	case c.MemoryFiles < 1:
+		return nil, errors.New("-memory-files must be at least 1")
 	case c.DataSize < 1<<20:
 		return nil, errors.New("-data-mib must be at least 1")
 	}

@@ -85,6 +85,7 @@ type Results struct {
 	NADetail  map[Setup]string              // what the kernel's audit log said about a seccomp kill
 	Samples   map[Setup]map[string][]Sample // by setup and workload name, one per round
 	Errors    []string                      // failures during the run
+	Memory    []MemoryResult                // the memory measurement, if it ran
 }
 
 // Failed reports whether anything that should have worked did not.
@@ -124,11 +125,27 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 			res.Workloads = append(res.Workloads, w)
 		}
 	}
-	if len(res.Workloads) == 0 {
+	doMemory := only.MatchString(memoryName)
+	if len(res.Workloads) == 0 && !doMemory {
 		return nil, fmt.Errorf("no workload matches %q", cfg.Only)
 	}
 	res.Machine = describeMachine(cfg, sh)
 	logf("kvfsbench: shared directory %s (%s), %d files, %d MiB data file", shareDir, sh.fsType, cfg.Files, cfg.DataSize>>20)
+	if doMemory {
+		if res.Memory, err = measureMemory(ctx, cfg, sh, runDir, logf); err != nil {
+			return nil, err
+		}
+		for _, r := range res.Memory {
+			if r.Err != "" {
+				res.Errors = append(res.Errors, fmt.Sprintf("memory, %s: %s", r.Server, r.Err))
+			}
+		}
+		if len(res.Workloads) == 0 {
+			res.Finished = time.Now()
+			res.Machine.LoadAfter = loadAvg()
+			return res, nil
+		}
+	}
 
 	var targets []*target
 	defer func() {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,20 @@ func TestMain(m *testing.M) {
 	case "listen":
 		os.Exit(helperListen(os.Args[1:]))
 	case "rlimit":
+		os.Exit(helperRlimit(os.Args[1:]))
+	case "rlimit-nocap":
+		// A hard limit of 1024, then without CAP_SYS_RESOURCE, on this thread only:
+		// capabilities are per thread, so the thread stays locked to this goroutine, which then
+		// sets the limit.
+		runtime.LockOSThread()
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1024, Max: 1024}); err != nil {
+			fmt.Println("setrlimit:", err)
+			os.Exit(1)
+		}
+		if err := dropCapability(unix.CAP_SYS_RESOURCE); err != nil {
+			fmt.Println("capset:", err)
+			os.Exit(1)
+		}
 		os.Exit(helperRlimit(os.Args[1:]))
 	default:
 		fmt.Fprintf(os.Stderr, "unknown helper %q\n", h)
@@ -75,6 +90,17 @@ func helperRlimit(args []string) int {
 	}
 	fmt.Printf("after %d %d now %d %d\n", ch.After.Cur, ch.After.Max, now.Cur, now.Max)
 	return 0
+}
+
+// dropCapability removes capability c from the calling thread's effective set.
+func dropCapability(c int) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return err
+	}
+	data[c/32].Effective &^= 1 << (c % 32)
+	return unix.Capset(&hdr, &data[0])
 }
 
 // child is a running helper.

@@ -496,12 +496,11 @@ func setSeccomp(_ *Options, v string) error {
 	return fmt.Errorf("invalid seccomp action %q: want none, kill, log or trap", v)
 }
 
-func setInodeFileHandles(_ *Options, v string) error {
-	switch v {
-	case "never":
-		return nil
-	case "prefer", "mandatory":
-		return fmt.Errorf("%q is %w: kvfsd does not refer to inodes by file handle; pass --inode-file-handles never", v, ErrNotSupported)
+func setInodeFileHandles(o *Options, v string) error {
+	m, err := passthrough.ParseFileHandleMode(v)
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("invalid inode file handle mode %q: want never, prefer or mandatory", v)
+	o.Server.InodeFileHandles = m
+	return nil
 }

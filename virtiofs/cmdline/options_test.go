@@ -191,6 +191,8 @@ func TestParse(t *testing.T) {
 		{name: "-o sandbox=none", args: with("-o", "sandbox=none"), want: func(*Options) {}},
 		{name: "--seccomp none", args: with("--seccomp=none"), want: func(*Options) {}},
 		{name: "--inode-file-handles never", args: with("--inode-file-handles=never"), want: func(*Options) {}},
+		{name: "--inode-file-handles prefer", args: with("--inode-file-handles=prefer"), want: func(o *Options) { o.Server.InodeFileHandles = passthrough.FileHandlesPrefer }},
+		{name: "--inode-file-handles mandatory", args: with("--inode-file-handles", "mandatory"), want: func(o *Options) { o.Server.InodeFileHandles = passthrough.FileHandlesMandatory }},
 
 		// Last wins.
 		{name: "duplicate --thread-pool-size", args: with("--thread-pool-size=1", "--thread-pool-size=2"), want: func(o *Options) { o.Server.ThreadPoolSize = 2 }},
@@ -247,8 +249,6 @@ func TestParseErrors(t *testing.T) {
 		{name: "--seccomp kill", args: with("--seccomp=kill"), want: []string{`--seccomp: "kill" is not supported yet`}, is: ErrNotSupported},
 		{name: "--seccomp log", args: with("--seccomp", "log"), want: []string{`--seccomp: "log" is not supported yet`}, is: ErrNotSupported},
 		{name: "--seccomp trap", args: with("--seccomp=trap"), want: []string{`--seccomp: "trap" is not supported yet`}, is: ErrNotSupported},
-		{name: "--inode-file-handles prefer", args: with("--inode-file-handles=prefer"), want: []string{`--inode-file-handles: "prefer" is not supported yet`}, is: ErrNotSupported},
-		{name: "--inode-file-handles mandatory", args: with("--inode-file-handles", "mandatory"), want: []string{`--inode-file-handles: "mandatory" is not supported yet`}, is: ErrNotSupported},
 		{name: "-o timeout negative", args: with("-o", "timeout=-1"), want: []string{`-o timeout: invalid timeout "-1"`}},
 		{name: "-o timeout not a number", args: with("-o", "timeout=1s"), want: []string{`-o timeout: invalid timeout "1s"`}},
 		{name: "-o timeout NaN", args: with("-o", "timeout=NaN"), want: []string{`-o timeout: invalid timeout "NaN"`}},

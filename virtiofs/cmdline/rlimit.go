@@ -44,9 +44,9 @@ func nofileLimit(o *Options, cur unix.Rlimit, nrOpen uint64) (unix.Rlimit, bool)
 }
 
 // SetNofileLimit sets RLIMIT_NOFILE as o asks (see Options.RlimitNofile). An explicit limit that
-// cannot be set is an error. The default limit is best effort: if the hard limit cannot be
-// raised, the soft limit is raised to the hard one, and the returned NofileChange shows the
-// shortfall.
+// cannot be set is an error that says why: above fs.nr_open, or above the hard limit without
+// CAP_SYS_RESOURCE. The default limit is best effort: if the hard limit cannot be raised, the
+// soft limit is raised to the hard one, and the returned NofileChange shows the shortfall.
 func SetNofileLimit(o *Options) (NofileChange, error) {
 	var cur unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
@@ -61,6 +61,9 @@ func SetNofileLimit(o *Options) (NofileChange, error) {
 	if !change {
 		return ch, nil
 	}
+	if o.RlimitNofileSet && nrOpen > 0 && want.Cur > nrOpen {
+		return ch, fmt.Errorf("cannot set RLIMIT_NOFILE to %d: above fs.nr_open (%d), the kernel's ceiling", want.Cur, nrOpen)
+	}
 	err = unix.Setrlimit(unix.RLIMIT_NOFILE, &want)
 	if err != nil && !o.RlimitNofileSet && errors.Is(err, unix.EPERM) && want.Max > cur.Max {
 		want = unix.Rlimit{Cur: cur.Max, Max: cur.Max}
@@ -68,6 +71,9 @@ func SetNofileLimit(o *Options) (NofileChange, error) {
 			return ch, nil
 		}
 		err = unix.Setrlimit(unix.RLIMIT_NOFILE, &want)
+	}
+	if err != nil && errors.Is(err, unix.EPERM) && want.Max > cur.Max {
+		return ch, fmt.Errorf("cannot set RLIMIT_NOFILE to %d: the hard limit is %d, and raising it needs CAP_SYS_RESOURCE: %w", want.Cur, cur.Max, err)
 	}
 	if err != nil {
 		return ch, fmt.Errorf("set RLIMIT_NOFILE to %d: %w", want.Cur, err)

@@ -89,7 +89,7 @@ func TestSetNofileLimitExplicit(t *testing.T) {
 	}{
 		{"--rlimit-nofile=1024", "after 1024 1024 now 1024 1024"},
 		{"--rlimit-nofile=0", fmt.Sprintf("after %d %d now %d %d", cur.Cur, cur.Max, cur.Cur, cur.Max)},
-		{"--rlimit-nofile=" + strconv.FormatUint(nrOpen+1, 10), "error: set RLIMIT_NOFILE to " + strconv.FormatUint(nrOpen+1, 10) + ": operation not permitted"},
+		{"--rlimit-nofile=" + strconv.FormatUint(nrOpen+1, 10), fmt.Sprintf("error: cannot set RLIMIT_NOFILE to %d: above fs.nr_open (%d), the kernel's ceiling", nrOpen+1, nrOpen)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.arg, func(t *testing.T) {
@@ -102,5 +102,26 @@ func TestSetNofileLimitExplicit(t *testing.T) {
 				t.Errorf("child exited with %d, want %d", code, wantCode)
 			}
 		})
+	}
+}
+
+// TestSetNofileLimitNoCapability: above the hard limit (1024 in the child), a process without
+// CAP_SYS_RESOURCE is told why it cannot have the limit it asked for; by default it gets the
+// hard limit.
+func TestSetNofileLimitNoCapability(t *testing.T) {
+	c := startChild(t, "rlimit-nocap", nil, "--shared-dir=/", "--fd=3", "--rlimit-nofile=2048")
+	want := "error: cannot set RLIMIT_NOFILE to 2048: the hard limit is 1024, and raising it needs CAP_SYS_RESOURCE: operation not permitted"
+	if line := c.line(t); line != want {
+		t.Errorf("child said %q, want %q", line, want)
+	}
+	if code := c.wait(t); code != 1 {
+		t.Errorf("child exited with %d, want 1", code)
+	}
+	c = startChild(t, "rlimit-nocap", nil, "--shared-dir=/", "--fd=3")
+	if line, want := c.line(t), "after 1024 1024 now 1024 1024"; line != want {
+		t.Errorf("default without CAP_SYS_RESOURCE: child said %q, want %q", line, want)
+	}
+	if code := c.wait(t); code != 0 {
+		t.Errorf("child exited with %d, want 0", code)
 	}
 }

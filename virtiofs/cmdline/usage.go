@@ -68,6 +68,15 @@ File system:
                         default): POSIX locks stay local to the guest kernel
   -o flock              remote flock(2) locks, taken on the host too.
                         -o no_flock (the default): they stay local to the guest
+  --inode-file-handles=MODE
+                        never (the default): each inode the guest has cached
+                        holds an open O_PATH descriptor on the host. prefer:
+                        it holds a file handle instead where the file system
+                        has them (needs CAP_DAC_READ_SEARCH; else descriptors).
+                        mandatory: handles only; a file without one cannot be
+                        looked up (EOPNOTSUPP), and kvfsd does not start when
+                        the shared directory's file system has none or handles
+                        cannot be opened
   --thread-pool-size=N  worker goroutines, shared by all queues; 0 (the
                         default) handles requests on each queue's goroutine
   --dax=MODE, -o dax=MODE
@@ -90,8 +99,13 @@ Process:
                         (default info)
   -d, -o debug          same as --log-level=debug
   --syslog              log to syslog, tagged kvfsd, instead of stderr
-  --rlimit-nofile=N     set RLIMIT_NOFILE to N; 0 leaves it unchanged (default:
-                        raise it to min(1000000, fs.nr_open) if lower)
+  --rlimit-nofile=N     set RLIMIT_NOFILE (soft and hard) to N; 0 leaves it
+                        unchanged. An N above fs.nr_open, or above the hard
+                        limit without CAP_SYS_RESOURCE, is an error. Default:
+                        raise the soft limit to min(1000000, fs.nr_open) if
+                        lower (without CAP_SYS_RESOURCE, up to the hard limit,
+                        with a warning): each inode the guest caches holds a
+                        descriptor unless --inode-file-handles says otherwise
   --print-capabilities  print the vhost-user back-end description and exit
   -V, --version         print the version and exit
   -h, --help            print this help and exit
@@ -103,12 +117,10 @@ Accepted, and what kvfsd does anyway:
                         namespace and does not chroot or pivot_root; confine
                         it from outside
   --seccomp=none        kvfsd installs no seccomp filter yet
-  --inode-file-handles=never
 
 Not supported yet (refused with an error, never ignored):
   --sandbox=namespace|chroot, -o sandbox=namespace|chroot,
   --seccomp=kill|log|trap,
-  --inode-file-handles=prefer|mandatory,
   -o allow_direct_io, -o no_allow_direct_io,
   --allow-direct-io, -o modcaps=, --modcaps, -o allow_root,
   -o max_idle_threads=, --daemonize, --tag, --readonly, --allow-mmap,

@@ -48,9 +48,42 @@ func raiseFdLimit(tb testing.TB, n uint64) uint64 {
 	return lim.Cur
 }
 
+// lookupMemory looks n distinct files up in a new FS with opts and checks the Go heap each
+// cached inode costs, and that the FS then holds base descriptors plus nodeFds per node.
+func lookupMemory(t *testing.T, opts Options, n, base, nodeFds int) {
+	e := newEnv(t, opts)
+	names := makeFiles(t, e, n)
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var out fuse.EntryOut
+	for _, name := range names {
+		if errno := e.fs.Lookup(rootCtx, 1, name, &out); errno != 0 {
+			t.Fatalf("Lookup %s: %v", name, errno)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if s := e.fs.Stats(); s.CachedInodes != n+1 || s.Fds != base+n*nodeFds {
+		t.Fatalf("stats %+v, want %d inodes, %d fds", s, n+1, base+n*nodeFds)
+	}
+	perInode := float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
+	t.Logf("%d lookups of distinct files: %.0f bytes of Go heap per cached inode (inode struct %d bytes)",
+		n, perInode, inodeSize)
+	if perInode > 200 {
+		t.Errorf("%.0f bytes per cached inode, want < 200", perInode)
+	}
+	e.fs.Destroy()
+	if s := e.fs.Stats(); s.CachedInodes != 1 || s.Fds != base {
+		t.Errorf("stats after Destroy %+v", s)
+	}
+}
+
 // TestMemoryPerInode reports the Go heap each cached inode costs (the host descriptor it holds
 // is kernel memory, not counted): through LOOKUP of up to 100k distinct files (as many as
-// RLIMIT_NOFILE allows), and in the inode table alone for 100k nodes.
+// RLIMIT_NOFILE allows), of 100k files with file handles, and in the inode table alone for
+// 100k nodes.
 func TestMemoryPerInode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("creates up to 100k files")
@@ -61,33 +94,12 @@ func TestMemoryPerInode(t *testing.T) {
 		if n < 10_000 {
 			t.Skipf("RLIMIT_NOFILE allows only %d nodes", n)
 		}
-		e := newEnv(t, Options{})
-		names := makeFiles(t, e, n)
-
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		var out fuse.EntryOut
-		for _, name := range names {
-			if errno := e.fs.Lookup(rootCtx, 1, name, &out); errno != 0 {
-				t.Fatalf("Lookup %s: %v", name, errno)
-			}
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		if s := e.fs.Stats(); s.CachedInodes != n+1 || s.Fds != n+2 {
-			t.Fatalf("stats %+v", s)
-		}
-		perInode := float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
-		t.Logf("%d lookups of distinct files: %.0f bytes of Go heap per cached inode (inode struct %d bytes)",
-			n, perInode, inodeSize)
-		if perInode > 200 {
-			t.Errorf("%.0f bytes per cached inode, want < 200", perInode)
-		}
-		e.fs.Destroy()
-		if s := e.fs.Stats(); s.CachedInodes != 1 || s.Fds != 2 {
-			t.Errorf("stats after Destroy %+v", s)
-		}
+		lookupMemory(t, Options{}, n, 2, 1)
+	})
+	// With file handles a node holds no descriptor, so RLIMIT_NOFILE does not bound it; the
+	// handle itself (20 bytes on ext4, with its type) is Go heap.
+	t.Run("lookups with file handles", func(t *testing.T) {
+		lookupMemory(t, Options{FileHandles: FileHandlesMandatory}, want, 3, 0)
 	})
 	t.Run("table", func(t *testing.T) {
 		var fds atomic.Int64
@@ -97,7 +109,7 @@ func TestMemoryPerInode(t *testing.T) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		for i := 0; i < want; i++ {
-			tab.insert(nodeKey{dev: 2049, ino: uint64(1000 + i), mnt: 27}, -1, unix.S_IFREG)
+			tab.insert(nodeKey{dev: 2049, ino: uint64(1000 + i), mnt: 27}, -1, nil, unix.S_IFREG)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
@@ -112,41 +124,43 @@ func TestMemoryPerInode(t *testing.T) {
 
 // BenchmarkLookupGetAttr measures a LOOKUP followed by a GETATTR of a file, with the node
 // cached already ("warm": the usual case of a guest revalidating) or created and dropped on
-// each lookup ("cold": LOOKUP, GETATTR, FORGET).
+// each lookup ("cold": LOOKUP, GETATTR, FORGET); with descriptors and with file handles.
 func BenchmarkLookupGetAttr(b *testing.B) {
 	const n = 1000
 	raiseFdLimit(b, n+1000)
-	e := newEnv(b, Options{AttrTimeout: 1e9, EntryTimeout: 1e9})
-	names := makeFiles(b, e, n)
-	for _, mode := range []string{"warm", "cold"} {
-		b.Run(mode, func(b *testing.B) {
-			if mode == "warm" {
-				for _, name := range names {
-					e.lookup(b, 1, name)
+	for _, fh := range []FileHandleMode{FileHandlesNever, FileHandlesMandatory} {
+		e := newEnv(b, Options{AttrTimeout: 1e9, EntryTimeout: 1e9, FileHandles: fh})
+		names := makeFiles(b, e, n)
+		for _, mode := range []string{"warm", "cold"} {
+			b.Run("handles="+fh.String()+"/"+mode, func(b *testing.B) {
+				if mode == "warm" {
+					for _, name := range names {
+						e.lookup(b, 1, name)
+					}
 				}
-			}
-			var entry fuse.EntryOut
-			var attr fuse.AttrOut
-			in := &fuse.GetattrIn{}
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				if errno := e.fs.Lookup(rootCtx, 1, names[i%n], &entry); errno != 0 {
-					b.Fatal(errno)
+				var entry fuse.EntryOut
+				var attr fuse.AttrOut
+				in := &fuse.GetattrIn{}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if errno := e.fs.Lookup(rootCtx, 1, names[i%n], &entry); errno != 0 {
+						b.Fatal(errno)
+					}
+					if errno := e.fs.GetAttr(rootCtx, entry.NodeID, in, &attr); errno != 0 {
+						b.Fatal(errno)
+					}
+					e.fs.Forget(entry.NodeID, 1)
+					i++
 				}
-				if errno := e.fs.GetAttr(rootCtx, entry.NodeID, in, &attr); errno != 0 {
-					b.Fatal(errno)
+				b.StopTimer()
+				if mode == "warm" {
+					e.fs.Destroy()
 				}
-				e.fs.Forget(entry.NodeID, 1)
-				i++
-			}
-			b.StopTimer()
-			if mode == "warm" {
-				e.fs.Destroy()
-			}
-			if s := e.fs.Stats(); s.CachedInodes != 1 {
-				b.Fatal(fmt.Sprintf("stats %+v", s))
-			}
-		})
+				if s := e.fs.Stats(); s.CachedInodes != 1 {
+					b.Fatal(fmt.Sprintf("stats %+v", s))
+				}
+			})
+		}
 	}
 }

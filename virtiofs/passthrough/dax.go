@@ -211,11 +211,11 @@ func (fs *FS) SetupMapping(ctx *fuse.Context, nodeID uint64, in *fuse.Setupmappi
 	if w == nil {
 		return unix.ENOSYS
 	}
-	n, e := fs.node(nodeID)
+	n, pfd, e := fs.nodeFd(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, pfd)
 	write := in.Flags&fuse.SetupmappingFlagWrite != 0
 	var fd int
 	if in.Fh == fuse.SetupmappingNoFh {
@@ -227,7 +227,7 @@ func (fs *FS) SetupMapping(ctx *fuse.Context, nodeID uint64, in *fuse.Setupmappi
 			flags = unix.O_RDWR
 		}
 		var err error
-		if fd, err = fs.openProc(n.fd, flags|unix.O_NOCTTY|unix.O_NONBLOCK); err != nil {
+		if fd, err = fs.openProc(int32(pfd), flags|unix.O_NOCTTY|unix.O_NONBLOCK); err != nil {
 			return errno(err)
 		}
 		defer unix.Close(fd)

@@ -21,7 +21,12 @@ func (fs *FS) OpenDir(ctx *fuse.Context, nodeID uint64, in *fuse.OpenIn, out *fu
 	if !n.isDir() {
 		return unix.ENOTDIR
 	}
-	fd, err := fs.openProc(n.fd, unix.O_RDONLY|unix.O_DIRECTORY)
+	nfd, e := fs.pathFd(n)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.doneFd(n, nfd)
+	fd, err := fs.openProc(int32(nfd), unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return errno(err)
 	}

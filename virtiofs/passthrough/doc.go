@@ -10,8 +10,9 @@
 //   - Node ids and file handles are our own numbers, looked up in tables; an id we never handed
 //     out, or one already forgotten or released, answers EBADF. A handle is also checked against
 //     the node id of the request (and against its kind: file or directory).
-//   - Every node holds an O_PATH|O_NOFOLLOW descriptor and every operation is an *at() call
-//     relative to one, with AT_SYMLINK_NOFOLLOW or AT_EMPTY_PATH. Host paths are never built from
+//   - Every node holds an O_PATH|O_NOFOLLOW descriptor (or a file handle it is reopened from,
+//     see "File handles") and every operation is an *at() call relative to one, with
+//     AT_SYMLINK_NOFOLLOW or AT_EMPTY_PATH. Host paths are never built from
 //     guest names, and symbolic links are never followed on the host: a symlink node is reached
 //     but never resolved, so a link to "/etc" or "../.." in the share is inert.
 //   - Names "." and ".." are refused with EINVAL by every operation taking a name, LOOKUP
@@ -48,14 +49,63 @@
 //
 // Out of scope: host processes changing the shared tree concurrently (a directory moved out of
 // the share by the host while we hold it is followed, as in virtiofsd), and resource exhaustion
-// by a guest that looks up very many files (each node holds one host fd: raise RLIMIT_NOFILE).
+// by a guest that looks up very many files (each node holds one host fd: raise RLIMIT_NOFILE,
+// or use file handles).
+//
+// # File handles
+//
+// With Options.FileHandles (kvfsd --inode-file-handles=prefer|mandatory) a node other than the
+// root keeps the host file handle of its inode (name_to_handle_at with AT_EMPTY_PATH on the
+// O_PATH descriptor of the lookup, which is then closed) instead of the descriptor, so a guest
+// that looks up a million files does not pin a million host descriptors (their struct file in
+// host kernel memory, and the dentries and inodes the host kernel could otherwise evict). Each request that needs the node opens an
+// O_PATH descriptor from the handle (open_by_handle_at on the descriptor of the node's mount)
+// and closes it when done: one more syscall pair per request, no cache. Open files and
+// directories keep their descriptors as always. Identity is unchanged: a node is keyed by
+// (st_dev, st_ino, mount id). The handle is one Go allocation of 5 bytes plus the handle (8
+// bytes on ext4, 12 on tmpfs): 16 or 24 bytes with its size class.
+//
+//   - Threat model: open_by_handle_at opens any inode of a file system, wherever it is, which
+//     is why it needs CAP_DAC_READ_SEARCH. So handles come only from our own name_to_handle_at
+//     on descriptors of nodes reached inside the share, and live only in the inode table:
+//     nothing the guest sends is ever used as a handle. A handle names an inode, not a path,
+//     so following it never walks through names the host may have changed.
+//   - Mounts: open_by_handle_at needs a descriptor of the mount (not an O_PATH one). The mount
+//     table opens one per mount id the first time a node on it gets a handle, from the node's
+//     parent directory when it is on that mount, else from the node itself when it is a
+//     directory or regular file (a bind-mounted special file cannot serve: no handle). Mount
+//     descriptors stay open until Close, so those mounts stay busy on the host. The mount id of
+//     name_to_handle_at must equal statx's, else the node gets no handle.
+//   - Prefer: a node whose file system has no handles (procfs, say, or a FUSE mount), or whose
+//     mount cannot get a descriptor, keeps a descriptor. New turns handles off altogether when
+//     it cannot open a handle of the root again (no CAP_DAC_READ_SEARCH). Mandatory: such a
+//     lookup fails with EOPNOTSUPP ("not supported": the file exists, the server cannot hold
+//     it), and New fails when the shared directory's file system has no handles or the
+//     handle of the root cannot be opened, with the reason (CAP_DAC_READ_SEARCH for EPERM).
+//   - A node with a handle does not keep its inode alive. Some file systems (ext4, xfs) also
+//     refuse handles of inodes that are unlinked, even while open. So when the guest removes
+//     the last link of a file it holds as a handle (UNLINK, RMDIR, or RENAME onto it), the
+//     node first takes an O_PATH descriptor, kept until FORGET: an open, unlinked file keeps
+//     working for fstat and the like, as without handles. Requests that come with an open
+//     handle (READ, WRITE, GETATTR and SETATTR with a file handle, locks) go through its
+//     descriptor anyway.
+//   - When the file is gone otherwise (removed by a host process), requests on the node
+//     answer ESTALE, as NFS does: the guest kernel then revalidates the dentry with a new
+//     LOOKUP (its VFS retries a path walk that failed with ESTALE once with LOOKUP_REVAL),
+//     which finds the new file or answers ENOENT. ENOENT on the node itself would be wrong:
+//     the node id is still valid until FORGET, and ENOENT from GETATTR would not make the
+//     guest look again.
+//   - The inode number of a gone file can be reused at once (ext4 does): a lookup that finds
+//     a node with the same key but another handle (another generation) makes a new node, and
+//     the key moves to it; the stale node answers ESTALE until the guest forgets it. Hard
+//     links share one node as before (one inode, one handle); a rename keeps the node.
 //
 // # Node ids and lifetimes
 //
 // Node 1 is the root; other ids are allocated by the inode table and never reused while the FS
 // lives, so generation numbers are always 0. A node is keyed by (st_dev, st_ino, mount id), so
 // hard links and repeated lookups share one node; while we hold its fd the inode cannot be freed,
-// so its number cannot be reused by another file. Each node counts the guest's lookups
+// so its number cannot be reused by another file (with file handles, see above). Each node counts the guest's lookups
 // (LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK, TMPFILE and each READDIRPLUS entry but "." and
 // ".."); FORGET subtracts (never below zero) and at zero the node leaves the table.
 //
@@ -70,8 +120,10 @@
 //
 //  1. dirStream.mu, per directory handle: serialises READDIR on one handle; held across
 //     getdents and the READDIRPLUS lookups.
-//  2. shard.mu (inode table shards) and handleShard.mu (handle table shards): leaves. No shard
-//     lock is held while another is taken or while a syscall runs.
+//  2. shard.mu (inode table shards), handleShard.mu (handle table shards) and mountTable.mu:
+//     leaves. No shard lock is held while another is taken or while a syscall runs;
+//     mountTable.mu is held while a mount descriptor is opened (readers take no lock: the
+//     table is copied on write).
 //  3. nodeLocks.mu, per node with remote POSIX locks: a leaf. Held only around its owner table,
 //     and across the non-blocking F_OFD_GETLK probes of GETLK (see below); never while opening
 //     a descriptor or waiting.

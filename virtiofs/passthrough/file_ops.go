@@ -62,8 +62,13 @@ func (fs *FS) Open(ctx *fuse.Context, nodeID uint64, in *fuse.OpenIn, out *fuse.
 	if !n.isRegular() {
 		return notRegular(n.typ())
 	}
+	nfd, e := fs.pathFd(n)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.doneFd(n, nfd)
 	flags := fs.openFlags(in.Flags)
-	fd, err := fs.openProc(n.fd, flags)
+	fd, err := fs.openProc(int32(nfd), flags)
 	if err != nil {
 		return errno(err)
 	}
@@ -85,24 +90,24 @@ func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.Cre
 	if e := checkName(name); e != fuse.OK {
 		return e
 	}
-	p, e := fs.node(parent)
+	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
+	defer fs.putFd(p, pfd)
 	flags := fs.openFlags(in.Flags)
-	mode := fs.createMode(p.fd, in.Mode, in.Umask)
+	mode := fs.createMode(int32(pfd), in.Mode, in.Umask)
 
 	switched, e := fs.asCaller(ctx)
 	if e != fuse.OK {
 		return e
 	}
-	fd, err := unix.Openat(int(p.fd), name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	fd, err := unix.Openat(pfd, name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	created := err == nil
 	if err == unix.EEXIST && in.Flags&unix.O_EXCL == 0 {
 		// The guest believed name absent. Open what is there only if it is a regular file:
 		// never a device, FIFO or symlink by name.
-		fd, err = fs.openExisting(int(p.fd), name, flags)
+		fd, err = fs.openExisting(pfd, name, flags)
 	}
 	if switched {
 		fs.restoreCreds()
@@ -111,12 +116,12 @@ func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.Cre
 		return errno(err)
 	}
 	if created {
-		if e := fs.labelNew(ctx, int(p.fd), name); e != fuse.OK {
+		if e := fs.labelNew(ctx, pfd, name); e != fuse.OK {
 			unix.Close(fd)
 			return e
 		}
 	}
-	return fs.addOpenNode(p, fd, entry, open)
+	return fs.addOpenNode(p, pfd, fd, entry, open)
 }
 
 // openExisting opens regular file name in dirfd with flags, through an O_PATH descriptor so
@@ -137,14 +142,15 @@ func (fs *FS) openExisting(dirfd int, name string, flags int) (int, error) {
 	return fs.openProc(int32(opath), flags)
 }
 
-// addOpenNode makes a node of the open regular file fd (in directory p) and a handle of fd.
-func (fs *FS) addOpenNode(p *inode, fd int, entry *fuse.EntryOut, open *fuse.OpenOut) fuse.Errno {
+// addOpenNode makes a node of the open regular file fd (in directory p, whose descriptor is
+// dirfd) and a handle of fd.
+func (fs *FS) addOpenNode(p *inode, dirfd, fd int, entry *fuse.EntryOut, open *fuse.OpenOut) fuse.Errno {
 	opath, err := fs.openProc(int32(fd), unix.O_PATH)
 	if err != nil {
 		unix.Close(fd)
 		return errno(err)
 	}
-	id, e := fs.addNode(p, opath, entry)
+	id, e := fs.addNode(p, dirfd, opath, entry)
 	if e != fuse.OK {
 		unix.Close(fd)
 		return e
@@ -157,29 +163,29 @@ func (fs *FS) addOpenNode(p *inode, fd int, entry *fuse.EntryOut, open *fuse.Ope
 // Tmpfile creates and opens an unnamed regular file in directory parent (O_TMPFILE).
 func (fs *FS) Tmpfile(ctx *fuse.Context, parent uint64, in *fuse.CreateIn, entry *fuse.EntryOut,
 	open *fuse.OpenOut) fuse.Errno {
-	p, e := fs.node(parent)
+	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
+	defer fs.putFd(p, pfd)
 	if !p.isDir() {
 		return unix.ENOTDIR
 	}
 	flags := fs.openFlags(in.Flags) | int(in.Flags)&unix.O_EXCL // O_EXCL: may never be linked
-	mode := fs.createMode(p.fd, in.Mode, in.Umask)
+	mode := fs.createMode(int32(pfd), in.Mode, in.Umask)
 	switched, e := fs.asCaller(ctx)
 	if e != fuse.OK {
 		return e
 	}
 	// "." of the directory's own descriptor: the directory itself, not a guest name.
-	fd, err := unix.Openat(int(p.fd), ".", flags|unix.O_TMPFILE|unix.O_CLOEXEC, mode)
+	fd, err := unix.Openat(pfd, ".", flags|unix.O_TMPFILE|unix.O_CLOEXEC, mode)
 	if switched {
 		fs.restoreCreds()
 	}
 	if err != nil {
 		return errno(err)
 	}
-	return fs.addOpenNode(p, fd, entry, open)
+	return fs.addOpenNode(p, pfd, fd, entry, open)
 }
 
 // iovMax is IOV_MAX: preadv and pwritev take at most this many buffers at once.

@@ -45,13 +45,16 @@ type Options struct {
 	// DAXWindow, when set, serves SETUPMAPPING and REMOVEMAPPING; without it nothing DAX is
 	// negotiated.
 	DAXWindow DAXWindow
+	// FileHandles says whether nodes keep host file handles instead of O_PATH descriptors
+	// (see the package documentation, "File handles").
+	FileHandles FileHandleMode
 }
 
 // Stats is a snapshot of what an FS holds.
 type Stats struct {
 	CachedInodes int // nodes in the inode table, the root included
 	OpenFiles    int // open file and directory handles
-	Fds          int // host descriptors held: nodes, handles and /proc/self/fd
+	Fds          int // host descriptors held: nodes, handles, mounts and /proc/self/fd
 }
 
 const rootID = fuse.RootID
@@ -72,8 +75,11 @@ type FS struct {
 	rootPath  string // the shared directory's host path, as /proc/self/fd shows it (DAX rules)
 	nodes     nodeTable
 	handles   handleTable
-	fds       atomic.Int64
-	closeOnce sync.Once
+	mounts    mountTable // with FileHandles
+	// handlesOff: FileHandlesPrefer found that handles cannot be opened; set by New.
+	handlesOff bool
+	fds        atomic.Int64
+	closeOnce  sync.Once
 }
 
 var _ fuse.FileSystem = (*FS)(nil)
@@ -118,11 +124,17 @@ func New(root string, opts Options) (*FS, error) {
 	fs.rootPath, _ = os.Readlink(fs.procPathOf(int32(rootfd)))
 	fs.entrySec, fs.entryNsec = splitDuration(opts.EntryTimeout)
 	fs.attrSec, fs.attrNsec = splitDuration(opts.AttrTimeout)
-	r := &inode{key: keyOf(&st), fd: int32(rootfd), mode: unix.S_IFDIR}
+	r := &inode{key: keyOf(&st), mode: unix.S_IFDIR}
+	r.fd.Store(int32(rootfd))
 	r.pins.Store(1)
 	fs.fds.Store(2)
 	fs.nodes.init(r, &fs.fds)
 	fs.handles.init(&fs.fds)
+	if err := fs.initHandles(rootfd, root); err != nil {
+		unix.Close(rootfd)
+		unix.Close(procfd)
+		return nil, fmt.Errorf("passthrough: %w", err)
+	}
 	unix.Umask(0)
 	return fs, nil
 }
@@ -133,6 +145,7 @@ func (fs *FS) Close() error {
 	fs.closeOnce.Do(func() {
 		fs.Destroy()
 		fs.nodes.put(fs.nodes.root)
+		fs.fds.Add(-int64(fs.mounts.closeAll()))
 		unix.Close(fs.procfd)
 		fs.fds.Add(-1)
 	})
@@ -296,16 +309,18 @@ func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, mode uint32, dax bool, st
 	out.Attr.Flags = fs.attrFlags(mode, dax)
 }
 
-// fillAttrOut answers the attributes of node n, which the caller holds pinned.
-func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, st *unix.Statx_t) {
+// fillAttrOut answers the attributes of node n, which the caller holds pinned, read through
+// fd, a descriptor of it.
+func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, fd int, st *unix.Statx_t) {
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
-	out.Attr.Flags = fs.attrFlags(n.mode, fs.daxAttr(n.fd, st))
+	out.Attr.Flags = fs.attrFlags(n.mode, fs.daxAttr(int32(fd), st))
 }
 
-// addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p), taking one lookup
-// reference, and answers out. It takes fd: it either keeps or closes it.
-func (fs *FS) addNode(p *inode, fd int, out *fuse.EntryOut) (uint64, fuse.Errno) {
+// addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p through its descriptor
+// dirfd), taking one lookup reference, and answers out. It takes fd: it either keeps or closes
+// it.
+func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse.Errno) {
 	var st unix.Statx_t
 	if err := statxFd(fd, &st); err != nil {
 		unix.Close(fd)
@@ -318,8 +333,17 @@ func (fs *FS) addNode(p *inode, fd int, out *fuse.EntryOut) (uint64, fuse.Errno)
 	}
 	// fd is still ours to use here: once in the table, a FORGET racing us could close it.
 	dax := fs.daxAttr(int32(fd), &st)
-	id, n, took := fs.nodes.insert(k, fd, mode)
-	if !took {
+	fh, e := fs.handleFor(dirfd, fd, mode&unix.S_IFMT, k)
+	if e != fuse.OK {
+		unix.Close(fd)
+		return 0, e
+	}
+	nodeFd := fd
+	if fh != nil {
+		nodeFd = -1
+	}
+	id, n, took := fs.nodes.insert(k, nodeFd, fh, mode)
+	if !took || fh != nil {
 		unix.Close(fd)
 	}
 	fs.fillEntry(out, id, n.mode, dax, &st)
@@ -332,5 +356,5 @@ func (fs *FS) lookupAt(p *inode, dirfd int, name string, out *fuse.EntryOut) (ui
 	if err != nil {
 		return 0, errno(err)
 	}
-	return fs.addNode(p, fd, out)
+	return fs.addNode(p, dirfd, fd, out)
 }

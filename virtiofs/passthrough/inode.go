@@ -1,6 +1,7 @@
 package passthrough
 
 import (
+	"bytes"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -22,7 +23,8 @@ const modeSubmount = 1 << 31
 type inode struct {
 	key  nodeKey
 	refs uint64       // guest lookup count; guarded by the shard's mu
-	fd   int32        // O_PATH|O_NOFOLLOW; immutable; closed by the last unpin
+	fh   encHandle    // file handle (see nameToHandle), or nil when fd is held; immutable
+	fd   atomic.Int32 // O_PATH|O_NOFOLLOW; -1 with fh until hold sets it; closed by the last unpin
 	mode uint32       // S_IFMT bits | modeSubmount; immutable
 	pins atomic.Int32 // 1 while in the table, +1 per request using fd
 
@@ -42,12 +44,56 @@ const (
 
 // shard is one part of the inode table. Node ids carry their shard in the low bits, and a key
 // always hashes to the shard of its node, so both lookups stay within one shard.
+//
+// Nodes are found by key through byHash, keyed by keyHash of the key (8 bytes, not the key's
+// 24: a map entry per cached inode is most of what the table costs). The node found is the
+// one only if its key is the key; a key whose hash another node's key has already goes to
+// byKey. See find and setKey.
 type shard struct {
-	mu    sync.RWMutex
-	byID  map[uint64]*inode  // guarded by mu
-	byKey map[nodeKey]uint64 // node id by key; guarded by mu
-	seq   uint64             // last id sequence number handed out; guarded by mu
-	_     [16]byte           // keep shards on separate cache lines
+	mu     sync.RWMutex
+	byID   map[uint64]*inode  // guarded by mu
+	byHash map[uint64]uint64  // node id by keyHash; guarded by mu
+	byKey  map[nodeKey]uint64 // node id by key, for colliding keys; nil until one; guarded by mu
+	seq    uint64             // last id sequence number handed out; guarded by mu
+	_      [8]byte            // keep shards on separate cache lines
+}
+
+// keyHash folds a key into 64 bits. For one device and mount it is one-to-one on inode
+// numbers, so keys of one file system never collide; keys of different ones rarely do.
+func keyHash(k nodeKey) uint64 {
+	return k.ino ^ (k.dev*0x9e3779b97f4a7c15 + k.mnt*0xc2b2ae3d27d4eb4f)
+}
+
+// find returns the id of the node with key k. Called with mu held.
+func (s *shard) find(k nodeKey) (uint64, bool) {
+	if id, ok := s.byHash[keyHash(k)]; ok && s.byID[id].key == k {
+		return id, true
+	}
+	id, ok := s.byKey[k]
+	return id, ok
+}
+
+// setKey makes id the node of key k. Called with mu held for writing.
+func (s *shard) setKey(k nodeKey, id uint64) {
+	h := keyHash(k)
+	if other, ok := s.byHash[h]; ok && s.byID[other].key != k {
+		if s.byKey == nil {
+			s.byKey = make(map[nodeKey]uint64)
+		}
+		s.byKey[k] = id
+		return
+	}
+	s.byHash[h] = id
+}
+
+// deleteKey forgets that id is the node of key k, unless the key has moved on to another node
+// (see insert). Called with mu held for writing. (Ids are never 0, a missing entry's value.)
+func (s *shard) deleteKey(k nodeKey, id uint64) {
+	if h := keyHash(k); s.byHash[h] == id {
+		delete(s.byHash, h)
+	} else if s.byKey[k] == id {
+		delete(s.byKey, k)
+	}
 }
 
 // nodeTable maps node ids to inodes. The root (id 1) lives outside the shards and is never
@@ -64,7 +110,7 @@ func (t *nodeTable) init(root *inode, fds *atomic.Int64) {
 	t.fds = fds
 	for i := range t.shards {
 		t.shards[i].byID = make(map[uint64]*inode)
-		t.shards[i].byKey = make(map[nodeKey]uint64)
+		t.shards[i].byHash = make(map[uint64]uint64)
 	}
 }
 
@@ -98,15 +144,22 @@ func (t *nodeTable) put(n *inode) {
 		if l := n.locks.Load(); l != nil {
 			l.closeAll(t.fds)
 		}
-		unix.Close(int(n.fd))
-		t.fds.Add(-1)
+		if fd := n.fd.Load(); fd >= 0 {
+			unix.Close(int(fd))
+			t.fds.Add(-1)
+		}
 	}
 }
 
-// insert adds one lookup reference to the node with key k, creating it with fd and mode when it
-// does not exist. It reports whether fd was taken; if not, the caller closes it. The node
-// returned is not pinned: only its immutable fields other than fd may be read.
-func (t *nodeTable) insert(k nodeKey, fd int, mode uint32) (id uint64, n *inode, took bool) {
+// insert adds one lookup reference to the node with key k, creating it with fd (or file handle
+// fh, then fd is -1) and mode when it does not exist. It reports whether fd was taken; if not,
+// the caller closes it. The node returned is not pinned: only its immutable fields other than
+// fd may be read.
+//
+// A node that keeps a file handle does not keep its inode alive, so the inode number may have
+// been reused by another file since (same key, another generation: another handle). Then the
+// key moves to a new node; the old one stays, answering ESTALE, until the guest forgets it.
+func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uint64, n *inode, took bool) {
 	if k == t.root.key {
 		// The root reached again (a bind mount of it inside itself): it is not counted.
 		return rootID, t.root, false
@@ -114,22 +167,45 @@ func (t *nodeTable) insert(k nodeKey, fd int, mode uint32) (id uint64, n *inode,
 	si := shardOf(k)
 	s := &t.shards[si]
 	s.mu.Lock()
-	if id, ok := s.byKey[k]; ok {
+	if id, ok := s.find(k); ok {
 		n = s.byID[id]
-		n.refs++
-		s.mu.Unlock()
-		return id, n, false
+		if n.fh == nil || fh == nil || bytes.Equal(handleBytes(n.fh), handleBytes(fh)) {
+			n.refs++
+			s.mu.Unlock()
+			return id, n, false
+		}
 	}
 	s.seq++
 	id = s.seq<<shardBits | si
-	n = &inode{key: k, refs: 1, fd: int32(fd), mode: mode}
+	n = &inode{key: k, refs: 1, fh: fh, mode: mode}
+	n.fd.Store(int32(fd))
 	n.pins.Store(1)
 	s.byID[id] = n
-	s.byKey[k] = id
+	s.setKey(k, id)
 	s.mu.Unlock()
 	t.count.Add(1)
-	t.fds.Add(1)
+	if fd >= 0 {
+		t.fds.Add(1)
+	}
 	return id, n, true
+}
+
+// hold gives fd to the node with key k if it keeps a file handle and no descriptor yet, and
+// reports whether it took fd.
+func (t *nodeTable) hold(k nodeKey, fd int) bool {
+	s := &t.shards[shardOf(k)]
+	s.mu.RLock()
+	defer s.mu.RUnlock() // n stays in the table, pinned by it, while the lock is held
+	id, ok := s.find(k)
+	if !ok {
+		return false
+	}
+	n := s.byID[id]
+	if n.fh == nil || !n.fd.CompareAndSwap(-1, int32(fd)) {
+		return false
+	}
+	t.fds.Add(1)
+	return true
 }
 
 // forget drops nlookup references to node id; at zero the node leaves the table. Unknown ids
@@ -151,8 +227,8 @@ func (t *nodeTable) forget(id, nlookup uint64) {
 		return
 	}
 	n.refs = 0
+	s.deleteKey(n.key, id)
 	delete(s.byID, id)
-	delete(s.byKey, n.key)
 	s.mu.Unlock()
 	t.count.Add(-1)
 	t.put(n)
@@ -165,7 +241,8 @@ func (t *nodeTable) dropAll() {
 		s.mu.Lock()
 		old := s.byID
 		s.byID = make(map[uint64]*inode)
-		s.byKey = make(map[nodeKey]uint64)
+		s.byHash = make(map[uint64]uint64)
+		s.byKey = nil
 		s.mu.Unlock()
 		for _, n := range old {
 			t.count.Add(-1)

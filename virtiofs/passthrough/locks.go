@@ -88,7 +88,7 @@ func (fs *FS) lockOwner(n *inode, h *handle, id uint64, create bool) (*lockOwner
 	if full {
 		return nil, unix.ENOLCK
 	}
-	fd, err := fs.openLockOwner(n, h)
+	fd, err := fs.openLockOwner(h)
 	if err != nil {
 		if err == unix.EMFILE || err == unix.ENFILE {
 			return nil, unix.ENOLCK
@@ -115,12 +115,14 @@ func (fs *FS) lockOwner(n *inode, h *handle, id uint64, create bool) (*lockOwner
 	return o, fuse.OK
 }
 
-// openLockOwner opens node n afresh for one lock owner: read-write, so that the owner can take
+// openLockOwner opens the file of handle h afresh for one lock owner: read-write, so that the owner can take
 // read and write locks through whichever of its handles it uses (the guest kernel has checked
 // the handle's mode against the lock type already); with the mode of handle h when the file
 // cannot be opened read-write (a read-only mount, a running executable).
-func (fs *FS) openLockOwner(n *inode, h *handle) (int, error) {
-	fd, err := fs.openProc(n.fd, unix.O_RDWR|unix.O_NOCTTY)
+func (fs *FS) openLockOwner(h *handle) (int, error) {
+	// Through the handle's descriptor: /proc leads to the same inode, and an open file's inode
+	// is there even when the node's file handle can no longer be opened.
+	fd, err := fs.openProc(h.fd, unix.O_RDWR|unix.O_NOCTTY)
 	if err == nil {
 		return fd, nil
 	}
@@ -128,7 +130,7 @@ func (fs *FS) openLockOwner(n *inode, h *handle) (int, error) {
 	if ferr != nil || fl&unix.O_ACCMODE == unix.O_RDWR {
 		return -1, err
 	}
-	return fs.openProc(n.fd, fl&unix.O_ACCMODE|unix.O_NOCTTY)
+	return fs.openProc(h.fd, fl&unix.O_ACCMODE|unix.O_NOCTTY)
 }
 
 // dropIfUnused takes o out of l when it never held a lock, nobody waits with it and nobody

@@ -14,12 +14,12 @@ func (fs *FS) Lookup(ctx *fuse.Context, parent uint64, name string, out *fuse.En
 	if e := checkName(name); e != fuse.OK {
 		return e
 	}
-	p, e := fs.node(parent)
+	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
-	_, e = fs.lookupAt(p, int(p.fd), name, out)
+	defer fs.putFd(p, pfd)
+	_, e = fs.lookupAt(p, pfd, name, out)
 	return e
 }
 
@@ -27,7 +27,8 @@ func (fs *FS) Lookup(ctx *fuse.Context, parent uint64, name string, out *fuse.En
 func (fs *FS) Forget(nodeID, nlookup uint64) { fs.nodes.forget(nodeID, nlookup) }
 
 // GetAttr answers the attributes of node id. A handle given with GetattrFh must be one of the
-// node's.
+// node's; the attributes are then read through it (an open file's inode is there even when
+// a node's file handle can no longer be opened: an unlinked file on ext4).
 func (fs *FS) GetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.GetattrIn, out *fuse.AttrOut) fuse.Errno {
 	n, e := fs.node(nodeID)
 	if e != fuse.OK {
@@ -35,36 +36,44 @@ func (fs *FS) GetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.GetattrIn, out 
 	}
 	defer fs.nodes.put(n)
 	if in != nil && in.Flags&fuse.GetattrFh != 0 {
-		if e := fs.checkHandle(in.Fh, nodeID); e != fuse.OK {
+		h, e := fs.anyHandle(in.Fh, nodeID)
+		if e != fuse.OK {
 			return e
 		}
+		defer fs.handles.put(h)
+		return fs.attrOf(n, int(h.fd), out)
 	}
-	return fs.attrOf(n, out)
+	fd, e := fs.pathFd(n)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.doneFd(n, fd)
+	return fs.attrOf(n, fd, out)
 }
 
-// checkHandle reports EBADF unless fh is an open handle (file or directory) of node.
-func (fs *FS) checkHandle(fh, node uint64) fuse.Errno {
+// anyHandle returns fh pinned if it is an open handle (file or directory) of node, else EBADF.
+func (fs *FS) anyHandle(fh, node uint64) (*handle, fuse.Errno) {
 	h, ok := fs.handles.get(fh, node, false)
 	if !ok {
 		if h, ok = fs.handles.get(fh, node, true); !ok {
-			return unix.EBADF
+			return nil, unix.EBADF
 		}
 	}
-	fs.handles.put(h)
-	return fuse.OK
+	return h, fuse.OK
 }
 
-func (fs *FS) attrOf(n *inode, out *fuse.AttrOut) fuse.Errno {
+// attrOf answers the attributes of node n through fd, a descriptor of it.
+func (fs *FS) attrOf(n *inode, fd int, out *fuse.AttrOut) fuse.Errno {
 	var st unix.Statx_t
-	if err := statxFd(int(n.fd), &st); err != nil {
+	if err := statxFd(fd, &st); err != nil {
 		return errno(err)
 	}
-	fs.fillAttrOut(out, n, &st)
+	fs.fillAttrOut(out, n, fd, &st)
 	return fuse.OK
 }
 
 // SetAttr changes, in this order, mode, owner, size and times, then answers the new attributes.
-// A failing step stops there.
+// A failing step stops there. With a handle (FattrFh), everything goes through its descriptor.
 func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out *fuse.AttrOut) fuse.Errno {
 	n, e := fs.node(nodeID)
 	if e != fuse.OK {
@@ -73,20 +82,28 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 	defer fs.nodes.put(n)
 
 	var h *handle
+	var nfd int
 	if in.Valid&fuse.FattrFh != 0 {
 		h, e = fs.handle(in.Fh, nodeID, false)
 		if e != fuse.OK {
 			return e
 		}
 		defer fs.handles.put(h)
+		nfd = int(h.fd) // a regular file's: /proc leads to its inode as from an O_PATH one
+	} else {
+		if nfd, e = fs.pathFd(n); e != fuse.OK {
+			return e
+		}
+		defer fs.doneFd(n, nfd)
 	}
+	fd32 := int32(nfd)
 
 	if in.Valid&fuse.FattrMode != 0 {
 		if n.isSymlink() {
 			return unix.EOPNOTSUPP // Linux cannot chmod a symlink
 		}
 		var name procName
-		if err := fchmodat(fs.procfd, name.of(n.fd), in.Mode&07777); err != nil {
+		if err := fchmodat(fs.procfd, name.of(fd32), in.Mode&07777); err != nil {
 			return errno(err)
 		}
 	}
@@ -99,13 +116,13 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 		if in.Valid&fuse.FattrGID != 0 {
 			gid = int(in.GID)
 		}
-		if err := unix.Fchownat(int(n.fd), "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := unix.Fchownat(nfd, "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return errno(err)
 		}
 	}
 
 	if in.Valid&fuse.FattrSize != 0 {
-		if e := fs.truncate(n, h, in.Size); e != fuse.OK {
+		if e := fs.truncate(n, nfd, h, in.Size); e != fuse.OK {
 			return e
 		}
 	}
@@ -117,8 +134,8 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 	if in.Valid&(fuse.FattrKillSuidgid|fuse.FattrMode) == fuse.FattrKillSuidgid &&
 		in.Valid&(fuse.FattrSize|fuse.FattrUID|fuse.FattrGID) != 0 {
 		var name procName
-		if err := killSuidgid(int(n.fd), func(mode uint32) error {
-			return fchmodat(fs.procfd, name.of(n.fd), mode)
+		if err := killSuidgid(nfd, func(mode uint32) error {
+			return fchmodat(fs.procfd, name.of(fd32), mode)
 		}); err != nil {
 			return errno(err)
 		}
@@ -135,15 +152,15 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 		var err error
 		if n.isSymlink() {
 			// The link itself: utimensat accepts AT_EMPTY_PATH on an O_PATH fd (Linux 5.8+).
-			err = unix.UtimesNanoAt(int(n.fd), "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+			err = unix.UtimesNanoAt(nfd, "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 		} else {
-			err = unix.UtimesNanoAt(fs.procfd, strconv.Itoa(int(n.fd)), ts, 0)
+			err = unix.UtimesNanoAt(fs.procfd, strconv.Itoa(nfd), ts, 0)
 		}
 		if err != nil {
 			return errno(err)
 		}
 	}
-	return fs.attrOf(n, out)
+	return fs.attrOf(n, nfd, out)
 }
 
 func timespec(sec uint64, nsec uint32, now bool) unix.Timespec {
@@ -184,8 +201,9 @@ func killSuidgid(fd int, chmod func(mode uint32) error) error {
 	return chmod(mode &^ kill)
 }
 
-// truncate sets the size of regular file n, through h when the guest gave a handle.
-func (fs *FS) truncate(n *inode, h *handle, size uint64) fuse.Errno {
+// truncate sets the size of regular file n (whose descriptor is fd), through h when the guest
+// gave a handle.
+func (fs *FS) truncate(n *inode, fd int, h *handle, size uint64) fuse.Errno {
 	switch {
 	case n.isDir():
 		return unix.EISDIR
@@ -197,12 +215,12 @@ func (fs *FS) truncate(n *inode, h *handle, size uint64) fuse.Errno {
 	if h != nil {
 		return errno(unix.Ftruncate(int(h.fd), int64(size)))
 	}
-	fd, err := fs.openProc(n.fd, unix.O_WRONLY|unix.O_NONBLOCK)
+	wfd, err := fs.openProc(int32(fd), unix.O_WRONLY|unix.O_NONBLOCK)
 	if err != nil {
 		return errno(err)
 	}
-	defer unix.Close(fd)
-	return errno(unix.Ftruncate(fd, int64(size)))
+	defer unix.Close(wfd)
+	return errno(unix.Ftruncate(wfd, int64(size)))
 }
 
 // Readlink appends the target of symlink node id to buf.
@@ -215,13 +233,18 @@ func (fs *FS) Readlink(ctx *fuse.Context, nodeID uint64, buf []byte) ([]byte, fu
 	if !n.isSymlink() {
 		return buf, unix.EINVAL
 	}
+	fd, e := fs.pathFd(n)
+	if e != fuse.OK {
+		return buf, e
+	}
+	defer fs.doneFd(n, fd)
 	const room = unix.PathMax // a target is at most PATH_MAX-1 bytes
 	if cap(buf)-len(buf) < room {
 		nb := make([]byte, len(buf), len(buf)+room)
 		copy(nb, buf)
 		buf = nb
 	}
-	k, err := unix.Readlinkat(int(n.fd), "", buf[len(buf):len(buf)+room])
+	k, err := unix.Readlinkat(fd, "", buf[len(buf):len(buf)+room])
 	if err != nil {
 		return buf, errno(err)
 	}
@@ -235,26 +258,26 @@ func (fs *FS) create(ctx *fuse.Context, parent uint64, name string, out *fuse.En
 	if e := checkName(name); e != fuse.OK {
 		return e
 	}
-	p, e := fs.node(parent)
+	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
+	defer fs.putFd(p, pfd)
 	switched, e := fs.asCaller(ctx)
 	if e != fuse.OK {
 		return e
 	}
-	err := op(int(p.fd))
+	err := op(pfd)
 	if switched {
 		fs.restoreCreds()
 	}
 	if err != nil {
 		return errno(err)
 	}
-	if e := fs.labelNew(ctx, int(p.fd), name); e != fuse.OK {
+	if e := fs.labelNew(ctx, pfd, name); e != fuse.OK {
 		return e
 	}
-	_, e = fs.lookupAt(p, int(p.fd), name, out)
+	_, e = fs.lookupAt(p, pfd, name, out)
 	return e
 }
 
@@ -294,12 +317,13 @@ func (fs *FS) remove(parent uint64, name string, flags int) fuse.Errno {
 	if e := checkName(name); e != fuse.OK {
 		return e
 	}
-	p, e := fs.node(parent)
+	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
-	return errno(unix.Unlinkat(int(p.fd), name, flags))
+	defer fs.putFd(p, pfd)
+	fs.holdIfLast(pfd, name)
+	return errno(unix.Unlinkat(pfd, name, flags))
 }
 
 const renameFlags = unix.RENAME_NOREPLACE | unix.RENAME_EXCHANGE | unix.RENAME_WHITEOUT
@@ -316,17 +340,20 @@ func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent ui
 	if e := checkName(newName); e != fuse.OK {
 		return e
 	}
-	p, e := fs.node(parent)
+	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
-	np, e := fs.node(newParent)
+	defer fs.putFd(p, pfd)
+	np, npfd, e := fs.nodeFd(newParent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(np)
-	return errno(unix.Renameat2(int(p.fd), name, int(np.fd), newName, uint(flags)))
+	defer fs.putFd(np, npfd)
+	if flags&unix.RENAME_EXCHANGE == 0 {
+		fs.holdIfLast(npfd, newName) // the entry renamed over, if any
+	}
+	return errno(unix.Renameat2(pfd, name, npfd, newName, uint(flags)))
 }
 
 // Link makes newParent/newName another name of node id, which must not be a directory. The
@@ -335,38 +362,38 @@ func (fs *FS) Link(ctx *fuse.Context, nodeID, newParent uint64, newName string, 
 	if e := checkName(newName); e != fuse.OK {
 		return e
 	}
-	n, e := fs.node(nodeID)
+	n, nfd, e := fs.nodeFd(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, nfd)
 	if n.isDir() {
 		return unix.EPERM
 	}
-	p, e := fs.node(newParent)
+	p, pfd, e := fs.nodeFd(newParent)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(p)
+	defer fs.putFd(p, pfd)
 	// linkat with AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH; following the /proc magic link
 	// reaches the inode itself (a symlink's own inode, a file without a name from TMPFILE).
-	err := unix.Linkat(fs.procfd, strconv.Itoa(int(n.fd)), int(p.fd), newName, unix.AT_SYMLINK_FOLLOW)
+	err := unix.Linkat(fs.procfd, strconv.Itoa(nfd), pfd, newName, unix.AT_SYMLINK_FOLLOW)
 	if err != nil {
 		return errno(err)
 	}
-	_, e = fs.lookupAt(p, int(p.fd), newName, out)
+	_, e = fs.lookupAt(p, pfd, newName, out)
 	return e
 }
 
 // StatFs answers statfs of the file system holding node id.
 func (fs *FS) StatFs(ctx *fuse.Context, nodeID uint64, out *fuse.StatfsOut) fuse.Errno {
-	n, e := fs.node(nodeID)
+	n, fd, e := fs.nodeFd(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	var s unix.Statfs_t
-	if err := unix.Fstatfs(int(n.fd), &s); err != nil {
+	if err := unix.Fstatfs(fd, &s); err != nil {
 		return errno(err)
 	}
 	*out = fuse.StatfsOut{
@@ -399,7 +426,12 @@ func (fs *FS) SyncFs(ctx *fuse.Context, nodeID uint64) fuse.Errno {
 	default:
 		return unix.EINVAL
 	}
-	fd, err := fs.openProc(n.fd, flags) // syncfs refuses O_PATH descriptors
+	nfd, e := fs.pathFd(n)
+	if e != fuse.OK {
+		return e
+	}
+	defer fs.doneFd(n, nfd)
+	fd, err := fs.openProc(int32(nfd), flags) // syncfs refuses O_PATH descriptors
 	if err != nil {
 		return errno(err)
 	}
@@ -415,11 +447,11 @@ func (fs *FS) Access(ctx *fuse.Context, nodeID uint64, mask uint32) fuse.Errno {
 	if mask&^uint32(unix.R_OK|unix.W_OK|unix.X_OK) != 0 {
 		return unix.EINVAL
 	}
-	n, e := fs.node(nodeID)
+	n, fd, e := fs.nodeFd(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	switched, e := fs.asCaller(ctx)
 	if e != fuse.OK {
 		return e
@@ -427,5 +459,5 @@ func (fs *FS) Access(ctx *fuse.Context, nodeID uint64, mask uint32) fuse.Errno {
 	if switched {
 		defer fs.restoreCreds()
 	}
-	return errno(unix.Faccessat2(int(n.fd), "", mask, unix.AT_EMPTY_PATH|unix.AT_EACCESS))
+	return errno(unix.Faccessat2(fd, "", mask, unix.AT_EMPTY_PATH|unix.AT_EACCESS))
 }

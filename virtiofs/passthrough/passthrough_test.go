@@ -866,7 +866,7 @@ func TestPinnedFdOutlivesForget(t *testing.T) {
 		t.Fatal("node missing")
 	}
 	e.fs.Forget(id, 1)
-	if _, err := unix.FcntlInt(uintptr(n.fd), unix.F_GETFD, 0); err != nil {
+	if _, err := unix.FcntlInt(uintptr(n.fd.Load()), unix.F_GETFD, 0); err != nil {
 		t.Fatalf("fd closed while pinned: %v", err)
 	}
 	if s := e.fs.Stats(); s.CachedInodes != 1 || s.Fds != 3 {

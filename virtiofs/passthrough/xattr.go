@@ -10,40 +10,41 @@ import (
 // last component: that is the magic link, which leads to the node's own inode (a symlink's
 // too, not its target). The l-variants would act on the /proc link itself.
 
-// xattrNode returns node id pinned, or ENOSYS when xattrs are off.
-func (fs *FS) xattrNode(id uint64) (*inode, fuse.Errno) {
+// xattrNode returns node id pinned with a descriptor of it (see nodeFd), or ENOSYS when xattrs
+// are off.
+func (fs *FS) xattrNode(id uint64) (*inode, int, fuse.Errno) {
 	if !fs.opts.Xattr {
-		return nil, unix.ENOSYS
+		return nil, -1, unix.ENOSYS
 	}
-	return fs.node(id)
+	return fs.nodeFd(id)
 }
 
 // SetXattr sets attribute name of node id; flags are XATTR_CREATE or XATTR_REPLACE.
 func (fs *FS) SetXattr(ctx *fuse.Context, nodeID uint64, name string, value []byte, flags uint32) fuse.Errno {
-	n, e := fs.xattrNode(nodeID)
+	n, fd, e := fs.xattrNode(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	name, e = fs.opts.XattrMap.toHost(name)
 	if e != fuse.OK {
 		return e
 	}
-	return errno(unix.Setxattr(fs.procPathOf(n.fd), name, value, int(flags)))
+	return errno(unix.Setxattr(fs.procPathOf(int32(fd)), name, value, int(flags)))
 }
 
 // GetXattr copies the value of attribute name into dst, or reports its size when dst is empty.
 func (fs *FS) GetXattr(ctx *fuse.Context, nodeID uint64, name string, dst []byte) (int, fuse.Errno) {
-	n, e := fs.xattrNode(nodeID)
+	n, fd, e := fs.xattrNode(nodeID)
 	if e != fuse.OK {
 		return 0, e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	name, e = fs.opts.XattrMap.toHost(name)
 	if e != fuse.OK {
 		return 0, e
 	}
-	sz, err := unix.Getxattr(fs.procPathOf(n.fd), name, dst)
+	sz, err := unix.Getxattr(fs.procPathOf(int32(fd)), name, dst)
 	if err != nil {
 		return 0, errno(err)
 	}
@@ -53,27 +54,27 @@ func (fs *FS) GetXattr(ctx *fuse.Context, nodeID uint64, name string, dst []byte
 // ListXattr copies the NUL-separated attribute names of node id into dst, or reports their
 // size when dst is empty.
 func (fs *FS) ListXattr(ctx *fuse.Context, nodeID uint64, dst []byte) (int, fuse.Errno) {
-	n, e := fs.xattrNode(nodeID)
+	n, fd, e := fs.xattrNode(nodeID)
 	if e != fuse.OK {
 		return 0, e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	// Always through the filter: DAXXattr must not be listed, even without a map.
-	return fs.listMapped(n, dst)
+	return fs.listMapped(fd, dst)
 }
 
 // RemoveXattr removes attribute name of node id.
 func (fs *FS) RemoveXattr(ctx *fuse.Context, nodeID uint64, name string) fuse.Errno {
-	n, e := fs.xattrNode(nodeID)
+	n, fd, e := fs.xattrNode(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	name, e = fs.opts.XattrMap.toHost(name)
 	if e != fuse.OK {
 		return e
 	}
-	return errno(unix.Removexattr(fs.procPathOf(n.fd), name))
+	return errno(unix.Removexattr(fs.procPathOf(int32(fd)), name))
 }
 
 // SetXattrExt is SetXattr with SETXATTR_EXT's flags: with fuse.SetxattrACLKillSgid, setting
@@ -86,20 +87,20 @@ func (fs *FS) SetXattrExt(ctx *fuse.Context, nodeID uint64, name string, value [
 	if setxattrFlags&fuse.SetxattrACLKillSgid == 0 || !fs.opts.PosixACL || name != aclAccess {
 		return fuse.OK
 	}
-	n, e := fs.node(nodeID)
+	n, fd, e := fs.nodeFd(nodeID)
 	if e != fuse.OK {
 		return e
 	}
-	defer fs.nodes.put(n)
+	defer fs.putFd(n, fd)
 	var st unix.Stat_t
-	if err := unix.Fstat(int(n.fd), &st); err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
 		return errno(err)
 	}
 	if st.Mode&unix.S_ISGID == 0 || st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		return fuse.OK
 	}
 	var pn procName
-	return errno(fchmodat(fs.procfd, pn.of(n.fd), st.Mode&07777&^unix.S_ISGID))
+	return errno(fchmodat(fs.procfd, pn.of(int32(fd)), st.Mode&07777&^unix.S_ISGID))
 }
 
 // The POSIX ACL attributes.
@@ -122,11 +123,11 @@ func (fs *FS) createMode(dirfd int32, mode, umask uint32) uint32 {
 	return mode &^ umask
 }
 
-// listMapped is ListXattr through Options.XattrMap (nil: names unchanged) and the DAXXattr
-// filter: the host's whole list is read, so that the size of the guest's view is known even
-// when the guest only asks for it.
-func (fs *FS) listMapped(n *inode, dst []byte) (int, fuse.Errno) {
-	path := fs.procPathOf(n.fd)
+// listMapped is ListXattr of fd through Options.XattrMap (nil: names unchanged) and the
+// DAXXattr filter: the host's whole list is read, so that the size of the guest's view is known
+// even when the guest only asks for it.
+func (fs *FS) listMapped(fd int, dst []byte) (int, fuse.Errno) {
+	path := fs.procPathOf(int32(fd))
 	var list []byte
 	for range 8 { // the list may grow between the two calls
 		sz, err := unix.Listxattr(path, nil)
