@@ -129,6 +129,11 @@ type Config struct {
 	// Timeout, when set, replaces the mode's entry and attribute timeout (Cache.Timeout):
 	// the C virtiofsd's -o timeout=SECONDS. It does not change what file data is cached.
 	Timeout *time.Duration
+	// ProcSelfFd is the path by which the server reaches its /proc/self/fd directory, which it
+	// opens once and through which it re-opens nodes and reaches their extended attributes.
+	// Empty means "/proc/self/fd". A sandboxed kvfsd, whose root is the shared directory, sets
+	// it to "." with its working directory left in /proc/self/fd (see virtiofs/confine).
+	ProcSelfFd string
 }
 
 // maxTimeout bounds Timeout: the FUSE wire carries seconds as a u64 and nanoseconds as a u32,

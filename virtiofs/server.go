@@ -73,6 +73,7 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 		PosixACL:          cfg.PosixACL,
 		SecurityLabel:     cfg.SecurityLabel,
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
+		ProcSelfFd:        cfg.ProcSelfFd,
 	}
 	if cfg.XattrMap != "" {
 		o.XattrMap, _ = passthrough.ParseXattrMap(cfg.XattrMap) // Validate accepted it

@@ -39,6 +39,11 @@ type Options struct {
 	// AnnounceSubmounts sets fuse.AttrSubmount on directories that are mount points (another
 	// device or mount id than their parent) when the guest negotiated fuse.InitSubmounts.
 	AnnounceSubmounts bool
+	// ProcSelfFd is the path of the process's /proc/self/fd directory; empty means
+	// "/proc/self/fd". It is opened by New and, for extended attributes, which have only
+	// path-based calls, used as the prefix of "PATH/N": a relative path ("." with the working
+	// directory in /proc/self/fd) works where /proc is not reachable from the root.
+	ProcSelfFd string
 }
 
 // Stats is a snapshot of what an FS holds.
@@ -75,14 +80,18 @@ const procSelfFd = "/proc/self/fd"
 // New opens root (O_PATH|O_DIRECTORY; the administrator's path, so symlinks in it are followed)
 // as node 1. It sets the process umask to 0: see the package documentation.
 func New(root string, opts Options) (*FS, error) {
-	procfd, err := unix.Open(procSelfFd, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	procPath := opts.ProcSelfFd
+	if procPath == "" {
+		procPath = procSelfFd
+	}
+	procfd, err := unix.Open(procPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("passthrough: open %s: %w", procSelfFd, err)
+		return nil, fmt.Errorf("passthrough: open %s: %w", procPath, err)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(procfd, &sfs); err != nil || sfs.Type != unix.PROC_SUPER_MAGIC {
 		unix.Close(procfd)
-		return nil, fmt.Errorf("passthrough: %s is not procfs", procSelfFd)
+		return nil, fmt.Errorf("passthrough: %s is not procfs", procPath)
 	}
 	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -98,7 +107,7 @@ func New(root string, opts Options) (*FS, error) {
 	fs := &FS{
 		opts:     opts,
 		procfd:   procfd,
-		procPath: procSelfFd,
+		procPath: procPath,
 		uid:      uint32(unix.Geteuid()),
 		gid:      uint32(unix.Getegid()),
 	}
