@@ -200,11 +200,21 @@ func TestParse(t *testing.T) {
 		{name: "duplicate socket path", args: with("--socket-path=/other"), want: func(o *Options) { o.SocketPath = "/other" }},
 
 		// Nothing else is needed to print something and exit.
-		{name: "--print-capabilities", args: []string{"--print-capabilities"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, PrintCapabilities: true} }},
-		{name: "--help", args: []string{"--help"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true} }},
-		{name: "-h", args: []string{"-h"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true} }},
-		{name: "--version", args: []string{"--version"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Version: true} }},
-		{name: "-V", args: []string{"-V"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Version: true} }},
+		{name: "--print-capabilities", args: []string{"--print-capabilities"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, PrintCapabilities: true}
+		}},
+		{name: "--help", args: []string{"--help"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true}
+		}},
+		{name: "-h", args: []string{"-h"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true}
+		}},
+		{name: "--version", args: []string{"--version"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Version: true}
+		}},
+		{name: "-V", args: []string{"-V"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Version: true}
+		}},
 		{name: "--help with both sockets", args: []string{"--help", "--fd=3", "--socket-path=/s"}, want: func(o *Options) {
 			*o = Options{FD: 3, SocketPath: "/s", LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true}
 		}},

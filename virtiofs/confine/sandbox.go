@@ -138,7 +138,7 @@ func EnterNamespace(dir string) error {
 func enterNamespace(dir string) error {
 	var want unix.Stat_t
 	if err := unix.Stat(dir, &want); err != nil {
-		return fmt.Errorf("shared directory: %w", err)
+		return fmt.Errorf("shared directory %s: %w", dir, err)
 	}
 	// Slave, not private: mounts the host adds under the shared directory later must still
 	// reach us, and nothing we mount may reach the host.
@@ -188,7 +188,7 @@ func enterNamespace(dir string) error {
 func Chroot(dir string) error {
 	var want unix.Stat_t
 	if err := unix.Stat(dir, &want); err != nil {
-		return fmt.Errorf("--sandbox=chroot: shared directory: %w", err)
+		return fmt.Errorf("--sandbox=chroot: shared directory %s: %w", dir, err)
 	}
 	if err := unix.Chdir("/proc/self/fd"); err != nil {
 		return fmt.Errorf("--sandbox=chroot: move to /proc/self/fd: %w", err)
