@@ -1,5 +1,6 @@
 // Command kvfsd is a vhost-user virtio-fs back-end: it serves a host directory to one virtual
-// machine, and takes the command lines of both virtiofsd (see kvfsd --help).
+// machine, and takes the command lines of both virtiofsd (see kvfsd --help). Like virtiofsd, it
+// confines itself before serving unless told not to: see package virtiofs/confine.
 package main
 
 import (

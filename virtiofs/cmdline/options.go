@@ -7,7 +7,7 @@
 // dropped in where Kata Containers, QEMU's documentation or a hand-written script starts
 // virtiofsd. An option kvfsd knows but does not implement is refused with an error wrapping
 // [ErrNotSupported]; it is never accepted and ignored, because a caller that asks for, say, a
-// sandbox or live migration must not believe it got one.
+// read-only export or live migration must not believe it got one.
 //
 // Nothing here keeps package-level flag state, prints, or exits: [Parse] returns an [Options] and
 // the command decides what to do with it.

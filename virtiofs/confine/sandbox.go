@@ -77,7 +77,13 @@ func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Wri
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 
-	cmd := exec.Command("/proc/self/exe", args...)
+	// The executable's path rather than /proc/self/exe, so that the child's name (comm) is
+	// the binary's, as ps and the audit log show it.
+	exe, err := os.Executable()
+	if err != nil {
+		return 1, fmt.Errorf("--sandbox=namespace: %w", err)
+	}
+	cmd := exec.Command(exe, args...)
 	cmd.Args[0] = os.Args[0]
 	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(childListenFD))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
