@@ -88,7 +88,9 @@ func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Wri
 	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(childListenFD))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	cmd.ExtraFiles = []*os.File{l}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags, Pdeathsig: syscall.SIGKILL}
+	// A process group of its own: a terminal's ^C reaches the supervisor alone, which forwards
+	// it once.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags, Pdeathsig: syscall.SIGKILL, Setpgid: true}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
