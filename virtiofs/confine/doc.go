@@ -59,7 +59,8 @@
 // record of type 1326: read it with dmesg), or trap (SIGSYS is delivered; the Go runtime dies
 // printing the goroutine trace of the call). The list is [Syscalls], one table with a comment
 // per group (go test -v -run TestAllowlist ./virtiofs/confine/ prints it); it exists for
-// linux/amd64 only, and kvfsd refuses --seccomp=kill|log|trap elsewhere. The cmd/kvfsd tests
+// linux/amd64 only: elsewhere kvfsd's default is --seccomp=none ([DefaultAction]) and it fails
+// to start when asked for a filter. The cmd/kvfsd tests
 // prove it: the whole conformance suite, locks, extended attributes and ACLs run against a
 // kvfsd with --seccomp=kill, with and without a thread pool, and so does a real guest
 // (internal/vmtest).

@@ -5,6 +5,9 @@ import "golang.org/x/sys/unix"
 // auditArch is the AUDIT_ARCH of the system calls the filter allows.
 const auditArch = unix.AUDIT_ARCH_X86_64
 
+// DefaultAction is kvfsd's default --seccomp: kill where there is an allowlist.
+const DefaultAction = SeccompKill
+
 // allowlist is every system call kvfsd makes once it serves, by group. Setting up (mounts,
 // pivot_root, chroot, creating and binding the socket, the pidfile, opening the shared
 // directory) happens before the filter and is not here.

@@ -7,3 +7,6 @@ package confine
 const auditArch = 0
 
 var allowlist []Syscall
+
+// DefaultAction is kvfsd's default --seccomp: none, as there is no allowlist here.
+const DefaultAction = SeccompNone
