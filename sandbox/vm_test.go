@@ -277,6 +277,7 @@ while :; do sleep 1; done
 	if under, _ := mountsUnder(base); len(under) > 0 {
 		t.Errorf("mounts left: %q", under)
 	}
+	reapSandboxedServers(t)
 	if kids := childPids(t); len(kids) > 0 {
 		t.Errorf("children left: %v", kids)
 	}

@@ -139,6 +139,11 @@ type Config struct {
 	// mandatory, a guest that looks up many files does not hold a host descriptor per file.
 	// Handles need CAP_DAC_READ_SEARCH. See passthrough.FileHandleMode.
 	InodeFileHandles passthrough.FileHandleMode
+	// ProcSelfFd is the path by which the server reaches its /proc/self/fd directory, which it
+	// opens once and through which it re-opens nodes and reaches their extended attributes.
+	// Empty means "/proc/self/fd". A sandboxed kvfsd, whose root is the shared directory, sets
+	// it to "." with its working directory left in /proc/self/fd (see virtiofs/confine).
+	ProcSelfFd string
 }
 
 // maxTimeout bounds Timeout: the FUSE wire carries seconds as a u64 and nanoseconds as a u32,

@@ -136,6 +136,7 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
 		DAX:               cfg.DAX,
 		FileHandles:       cfg.InodeFileHandles,
+		ProcSelfFd:        cfg.ProcSelfFd,
 	}
 	if cfg.XattrMap != "" {
 		o.XattrMap, _ = passthrough.ParseXattrMap(cfg.XattrMap) // Validate accepted it

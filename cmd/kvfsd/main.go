@@ -1,5 +1,6 @@
 // Command kvfsd is a vhost-user virtio-fs back-end: it serves a host directory to one virtual
-// machine, and takes the command lines of both virtiofsd (see kvfsd --help).
+// machine, and takes the command lines of both virtiofsd (see kvfsd --help). Like virtiofsd, it
+// confines itself before serving unless told not to: see package virtiofs/confine.
 package main
 
 import (
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/cmdline"
+	"github.com/kvfs/kvfs/virtiofs/confine"
 )
 
 // version is set at link time: -ldflags "-X main.version=...".
@@ -50,20 +52,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		log.L.WithError(err).Warn("logging to stderr instead")
 	}
-	if err := serve(opts); err != nil {
+	if fd, ok := confine.Child(); ok {
+		// The sandboxed child of a --sandbox=namespace kvfsd: the supervisor made the socket.
+		opts.SocketPath, opts.SocketGroup, opts.FD = "", "", fd
+		return exitCode(serve(opts, false))
+	}
+	if opts.Sandbox == confine.SandboxNamespace {
+		return supervise(args, opts, stdout, stderr)
+	}
+	return exitCode(serve(opts, true))
+}
+
+func exitCode(err error) int {
+	if err != nil {
 		log.L.WithError(err).Error("kvfsd failed")
 		return 1
 	}
 	return 0
 }
 
-func serve(opts *cmdline.Options) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	// After the first signal, a second one gets its default action: a stuck shutdown can be
-	// interrupted.
-	context.AfterFunc(ctx, stop)
-
+// setNofileLimit applies --rlimit-nofile, or kvfsd's default limit.
+func setNofileLimit(opts *cmdline.Options) error {
 	ch, err := cmdline.SetNofileLimit(opts)
 	if err != nil {
 		return err
@@ -73,21 +82,78 @@ func serve(opts *cmdline.Options) error {
 	} else if ch.After != ch.Before {
 		log.L.Debugf("RLIMIT_NOFILE raised from %d to %d", ch.Before.Cur, ch.After.Cur)
 	}
+	return nil
+}
 
-	srv, err := virtiofs.NewServer(opts.Server)
-	if err != nil {
-		return err
+// supervise is --sandbox=namespace: this process creates the socket (so it can remove it and
+// its pidfile at the end, outside the sandbox) and runs kvfsd again, sandboxed, to serve on it.
+func supervise(args []string, opts *cmdline.Options, stdout, stderr io.Writer) int {
+	if err := setNofileLimit(opts); err != nil {
+		return exitCode(err)
 	}
-	defer srv.Close()
+	l, release, err := cmdline.Listen(opts)
+	if err != nil {
+		return exitCode(err)
+	}
+	defer release()
+	f, err := l.File()
+	if err != nil {
+		return exitCode(err)
+	}
+	defer f.Close()
+	status, err := confine.Supervise(args, f, os.Stdin, stdout, stderr)
+	if err != nil {
+		log.L.WithError(err).Error("kvfsd failed")
+	}
+	return status
+}
 
+// serve serves until the front-end disconnects or a signal comes: unconfined, chrooted, or as
+// the sandboxed child. The seccomp filter goes on last, when nothing but serving is left.
+// setRlimit is false in the sandboxed child, which inherits the limit its supervisor set.
+func serve(opts *cmdline.Options, setRlimit bool) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer stop()
+	// After the first signal, a second one gets its default action: a stuck shutdown can be
+	// interrupted.
+	context.AfterFunc(ctx, stop)
+
+	if setRlimit {
+		if err := setNofileLimit(opts); err != nil {
+			return err
+		}
+	}
 	l, release, err := cmdline.Listen(opts)
 	if err != nil {
 		return err
 	}
 	defer release()
 
-	// Kata's runtime-rs reads stderr for this line to know the socket is ready.
+	switch opts.Sandbox {
+	case confine.SandboxNamespace: // only the sandboxed child gets here (see run)
+		err = confine.EnterNamespace(opts.Server.SharedDir)
+	case confine.SandboxChroot:
+		err = confine.Chroot(opts.Server.SharedDir)
+	}
+	if err != nil {
+		return err
+	}
+	cfg := opts.Server
+	if opts.Sandbox != confine.SandboxNone {
+		cfg.SharedDir, cfg.ProcSelfFd = "/", confine.ProcSelfFd
+	}
+	srv, err := virtiofs.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	// Kata's runtime-rs reads stderr for this line to know the socket is ready. It is logged
+	// before the filter goes on, so that the logger has set itself up (a terminal check).
 	log.L.Info("Waiting for vhost-user socket connection...")
+	if err := confine.InstallSeccomp(opts.Seccomp); err != nil {
+		return err
+	}
 	err = srv.Serve(ctx, l)
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		log.L.Info("Signal received, shut down")

@@ -31,7 +31,9 @@ var guestChecks = []string{
 // (serverBinary) and runs guestcheck.sh inside the mounted share: with kvfsd's
 // defaults, and with the command line Kata passes (an inherited listening fd,
 // a thread pool of 1, submounts announced; --xattr as Kata adds it for guest
-// SELinux). A server given in $KVFS_SERVER runs with the C virtiofsd's options.
+// SELinux; and spelled out, the sandbox and seccomp filter of kvfsd's and
+// virtiofsd's defaults). A server given in $KVFS_SERVER runs with the C
+// virtiofsd's options.
 func TestGuestConformance(t *testing.T) {
 	g := Image(t)
 	server := serverBinary(t)
@@ -47,7 +49,8 @@ func TestGuestConformance(t *testing.T) {
 	if os.Getenv("KVFS_SERVER") == "" {
 		variants = append(variants, variant{"kata-argv", true, func(t *testing.T, share string) string {
 			socket, _ := StartServerWithListener(t, server, "--syslog", "--cache=auto", "--shared-dir="+share,
-				"--fd=3", "--thread-pool-size=1", "--announce-submounts", "--xattr")
+				"--fd=3", "--thread-pool-size=1", "--announce-submounts", "--xattr",
+				"--sandbox=namespace", "--seccomp=kill")
 			return socket
 		}})
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/virtiofs"
+	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
@@ -19,6 +20,8 @@ func defaults() Options {
 		SocketPath: "/sock",
 		FD:         -1,
 		LogLevel:   LogInfo,
+		Sandbox:    DefaultSandbox,
+		Seccomp:    DefaultSeccomp,
 	}
 }
 
@@ -79,6 +82,7 @@ func TestParse(t *testing.T) {
 			want: func(o *Options) {
 				o.LogLevel, o.SocketPath = LogDebug, "/tmp/virtiofs"
 				o.Server = virtiofs.Config{SharedDir: "/tmp/shared_dir", Cache: virtiofs.CacheNever}
+				o.Sandbox, o.Seccomp = confine.SandboxNone, confine.SeccompNone
 			},
 		},
 		{
@@ -187,9 +191,16 @@ func TestParse(t *testing.T) {
 		{name: "--syslog", args: with("--syslog"), want: func(o *Options) { o.Syslog = true }},
 		{name: "--rlimit-nofile", args: with("--rlimit-nofile=4096"), want: func(o *Options) { o.RlimitNofile, o.RlimitNofileSet = 4096, true }},
 		{name: "--rlimit-nofile 0", args: with("--rlimit-nofile", "0"), want: func(o *Options) { o.RlimitNofileSet = true }},
-		{name: "--sandbox none", args: with("--sandbox", "none"), want: func(*Options) {}},
-		{name: "-o sandbox=none", args: with("-o", "sandbox=none"), want: func(*Options) {}},
-		{name: "--seccomp none", args: with("--seccomp=none"), want: func(*Options) {}},
+		{name: "--sandbox none", args: with("--sandbox", "none"), want: func(o *Options) { o.Sandbox = confine.SandboxNone }},
+		{name: "-o sandbox=none", args: with("-o", "sandbox=none"), want: func(o *Options) { o.Sandbox = confine.SandboxNone }},
+		{name: "--sandbox namespace", args: with("--sandbox", "namespace"), want: func(o *Options) { o.Sandbox = confine.SandboxNamespace }},
+		{name: "--sandbox chroot", args: with("--sandbox=chroot"), want: func(o *Options) { o.Sandbox = confine.SandboxChroot }},
+		{name: "-o sandbox=chroot", args: with("-o", "sandbox=chroot"), want: func(o *Options) { o.Sandbox = confine.SandboxChroot }},
+		{name: "--seccomp none", args: with("--seccomp=none"), want: func(o *Options) { o.Seccomp = confine.SeccompNone }},
+		{name: "--seccomp kill", args: with("--seccomp=kill"), want: func(o *Options) { o.Seccomp = confine.SeccompKill }},
+		{name: "--seccomp log", args: with("--seccomp", "log"), want: func(o *Options) { o.Seccomp = confine.SeccompLog }},
+		{name: "--seccomp trap", args: with("--seccomp=trap"), want: func(o *Options) { o.Seccomp = confine.SeccompTrap }},
+		{name: "sandbox last wins", args: with("--sandbox=none", "-o", "sandbox=chroot"), want: func(o *Options) { o.Sandbox = confine.SandboxChroot }},
 		{name: "--inode-file-handles never", args: with("--inode-file-handles=never"), want: func(*Options) {}},
 		{name: "--inode-file-handles prefer", args: with("--inode-file-handles=prefer"), want: func(o *Options) { o.Server.InodeFileHandles = passthrough.FileHandlesPrefer }},
 		{name: "--inode-file-handles mandatory", args: with("--inode-file-handles", "mandatory"), want: func(o *Options) { o.Server.InodeFileHandles = passthrough.FileHandlesMandatory }},
@@ -201,13 +212,23 @@ func TestParse(t *testing.T) {
 		{name: "duplicate socket path", args: with("--socket-path=/other"), want: func(o *Options) { o.SocketPath = "/other" }},
 
 		// Nothing else is needed to print something and exit.
-		{name: "--print-capabilities", args: []string{"--print-capabilities"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, PrintCapabilities: true} }},
-		{name: "--help", args: []string{"--help"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Help: true} }},
-		{name: "-h", args: []string{"-h"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Help: true} }},
-		{name: "--version", args: []string{"--version"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Version: true} }},
-		{name: "-V", args: []string{"-V"}, want: func(o *Options) { *o = Options{FD: -1, LogLevel: LogInfo, Version: true} }},
+		{name: "--print-capabilities", args: []string{"--print-capabilities"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, PrintCapabilities: true}
+		}},
+		{name: "--help", args: []string{"--help"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true}
+		}},
+		{name: "-h", args: []string{"-h"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true}
+		}},
+		{name: "--version", args: []string{"--version"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Version: true}
+		}},
+		{name: "-V", args: []string{"-V"}, want: func(o *Options) {
+			*o = Options{FD: -1, LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Version: true}
+		}},
 		{name: "--help with both sockets", args: []string{"--help", "--fd=3", "--socket-path=/s"}, want: func(o *Options) {
-			*o = Options{FD: 3, SocketPath: "/s", LogLevel: LogInfo, Help: true}
+			*o = Options{FD: 3, SocketPath: "/s", LogLevel: LogInfo, Sandbox: DefaultSandbox, Seccomp: DefaultSeccomp, Help: true}
 		}},
 	}
 	for _, tt := range tests {
@@ -243,12 +264,6 @@ func TestParseErrors(t *testing.T) {
 		{name: "positional", args: with("/mnt"), want: []string{`unexpected argument "/mnt"`}},
 
 		// Not supported yet: the options the task lists by name.
-		{name: "--sandbox namespace", args: with("--sandbox", "namespace"), want: []string{`--sandbox: "namespace" is not supported yet`, "--sandbox none"}, is: ErrNotSupported},
-		{name: "--sandbox chroot", args: with("--sandbox=chroot"), want: []string{`--sandbox: "chroot" is not supported yet`}, is: ErrNotSupported},
-		{name: "-o sandbox=chroot", args: with("-o", "sandbox=chroot"), want: []string{`-o sandbox: "chroot" is not supported yet`}, is: ErrNotSupported},
-		{name: "--seccomp kill", args: with("--seccomp=kill"), want: []string{`--seccomp: "kill" is not supported yet`}, is: ErrNotSupported},
-		{name: "--seccomp log", args: with("--seccomp", "log"), want: []string{`--seccomp: "log" is not supported yet`}, is: ErrNotSupported},
-		{name: "--seccomp trap", args: with("--seccomp=trap"), want: []string{`--seccomp: "trap" is not supported yet`}, is: ErrNotSupported},
 		{name: "-o timeout negative", args: with("-o", "timeout=-1"), want: []string{`-o timeout: invalid timeout "-1"`}},
 		{name: "-o timeout not a number", args: with("-o", "timeout=1s"), want: []string{`-o timeout: invalid timeout "1s"`}},
 		{name: "-o timeout NaN", args: with("-o", "timeout=NaN"), want: []string{`-o timeout: invalid timeout "NaN"`}},
@@ -400,7 +415,7 @@ func TestUsageMentionsEveryOption(t *testing.T) {
 			t.Errorf("Usage does not mention -o %s", name)
 		}
 	}
-	for _, s := range []string{"-h", "-V", "-f", "-d", "last one wins", "does not sandbox itself"} {
+	for _, s := range []string{"-h", "-V", "-f", "-d", "last one wins", "does not sandbox\n                        itself", "pivot_root"} {
 		if !strings.Contains(u, s) {
 			t.Errorf("Usage does not mention %q", s)
 		}

@@ -94,6 +94,18 @@ File system:
                         (K, M, G suffixes); e.g. "on glob=*.so; on size>=2M"
 
 Process:
+  --sandbox=MODE, -o sandbox=MODE
+                        confine kvfsd before it serves: namespace (the
+                        default) runs it in new mount, PID, network and IPC
+                        namespaces with the shared directory as its root
+                        (pivot_root; needs root); chroot chroots into the
+                        shared directory (weaker); none does not sandbox
+                        itself: confine it from outside
+  --seccomp=ACTION      seccomp allowlist of the system calls kvfsd makes
+                        while serving, on all its threads; a call outside it:
+                        kill (the default) kills kvfsd, log allows and logs
+                        it (dmesg, audit type 1326), trap raises SIGSYS (the
+                        Go runtime dies with a trace); none: no filter
   --log-level=LEVEL, -o log_level=LEVEL (or -o loglevel=LEVEL)
                         error (or err), warn, info, debug, trace or off
                         (default info)
@@ -112,15 +124,8 @@ Process:
 
 Accepted, and what kvfsd does anyway:
   -f                    run in the foreground (kvfsd always does)
-  --sandbox=none, -o sandbox=none
-                        kvfsd does not sandbox itself yet: it enters no
-                        namespace and does not chroot or pivot_root; confine
-                        it from outside
-  --seccomp=none        kvfsd installs no seccomp filter yet
 
 Not supported yet (refused with an error, never ignored):
-  --sandbox=namespace|chroot, -o sandbox=namespace|chroot,
-  --seccomp=kill|log|trap,
   -o allow_direct_io, -o no_allow_direct_io,
   --allow-direct-io, -o modcaps=, --modcaps, -o allow_root,
   -o max_idle_threads=, --daemonize, --tag, --readonly, --allow-mmap,
@@ -128,6 +133,8 @@ Not supported yet (refused with an error, never ignored):
   --migration-mode, --migration-on-error, --migration-verify-handles,
   --migration-confirm-paths
 
-kvfsd exits with status 0 when the front-end disconnects, and on SIGTERM or
-SIGINT after closing the connection.
+kvfsd exits with status 0 when the front-end disconnects, and on SIGTERM,
+SIGINT or SIGHUP after closing the connection. With --sandbox=namespace the
+process started stays as the sandboxed server's supervisor: it forwards those
+signals and exits with the server's status (128+N if signal N killed it).
 `

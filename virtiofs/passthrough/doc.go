@@ -198,7 +198,8 @@
 //     explicit chmod, since the host kernel does not clear the bits for us (we hold CAP_FSETID).
 //     security.capability needs nothing: the host kernel removes it on every write and
 //     truncate, whoever the writer, as on a local file system.
-//   - Extended attributes go through the path "/proc/self/fd/N" with the following variants
+//   - Extended attributes go through the path "/proc/self/fd/N" (Options.ProcSelfFd+"/N": "./N"
+//     in a sandboxed kvfsd, whose working directory is its /proc/self/fd) with the following variants
 //     (getxattr, not lgetxattr): that follows the magic link to the inode itself, a symlink's own
 //     inode included, never the link's target; the l-variants would act on the /proc link.
 //     With Options.Xattr off the four xattr operations answer ENOSYS. With it on, a guest root

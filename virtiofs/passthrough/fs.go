@@ -48,6 +48,11 @@ type Options struct {
 	// FileHandles says whether nodes keep host file handles instead of O_PATH descriptors
 	// (see the package documentation, "File handles").
 	FileHandles FileHandleMode
+	// ProcSelfFd is the path of the process's /proc/self/fd directory; empty means
+	// "/proc/self/fd". It is opened by New and, for extended attributes, which have only
+	// path-based calls, used as the prefix of "PATH/N": a relative path ("." with the working
+	// directory in /proc/self/fd) works where /proc is not reachable from the root.
+	ProcSelfFd string
 }
 
 // Stats is a snapshot of what an FS holds.
@@ -93,14 +98,18 @@ func New(root string, opts Options) (*FS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("passthrough: %w", err)
 	}
-	procfd, err := unix.Open(procSelfFd, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	procPath := opts.ProcSelfFd
+	if procPath == "" {
+		procPath = procSelfFd
+	}
+	procfd, err := unix.Open(procPath, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("passthrough: open %s: %w", procSelfFd, err)
+		return nil, fmt.Errorf("passthrough: open %s: %w", procPath, err)
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(procfd, &sfs); err != nil || sfs.Type != unix.PROC_SUPER_MAGIC {
 		unix.Close(procfd)
-		return nil, fmt.Errorf("passthrough: %s is not procfs", procSelfFd)
+		return nil, fmt.Errorf("passthrough: %s is not procfs", procPath)
 	}
 	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -116,7 +125,7 @@ func New(root string, opts Options) (*FS, error) {
 	fs := &FS{
 		opts:     opts,
 		procfd:   procfd,
-		procPath: procSelfFd,
+		procPath: procPath,
 		uid:      uint32(unix.Geteuid()),
 		gid:      uint32(unix.Getegid()),
 	}

@@ -1,0 +1,67 @@
+// Package confine is kvfsd's self-confinement: the sandbox it enters before serving
+// (--sandbox=namespace|chroot|none) and the seccomp filter it installs on itself
+// (--seccomp=kill|log|trap|none). The library (package virtiofs) and the in-process servers of
+// package sandbox never use it: only the kvfsd command confines itself, since confinement is
+// for the whole process.
+//
+// # Threat model
+//
+// The guest is hostile and kvfsd parses everything it sends. Should a bug in kvfsd let the guest
+// run code in it anyway, confinement limits what that code reaches: in namespace mode the
+// process sees no file outside the shared directory (its mount namespace holds the shared
+// directory as its root and nothing else), no network (an empty network namespace), no other
+// process (a new PID namespace) and no System V IPC of the host; the seccomp filter then keeps it
+// to the system calls serving needs. Neither replaces the path checks of package passthrough:
+// they are a second wall.
+//
+// # Sandbox modes
+//
+// namespace (what the C and Rust virtiofsd do by default): kvfsd runs itself again as a child in
+// new mount, PID, network and IPC namespaces ([Supervise]); Go cannot unshare a mount namespace
+// for a process that already runs several threads, so the namespaces come from clone(2). The
+// child makes its mount tree a recursive slave of the host's (mounts the host adds below the
+// shared directory later, as Kata does for each container, still reach it), mounts a fresh proc,
+// keeps its working directory in that proc's /proc/self/fd, bind-mounts the shared directory
+// onto itself, pivot_roots into it and detaches the old root ([EnterNamespace]). The server then
+// serves "/" and reaches /proc/self/fd as "." (virtiofs.Config.ProcSelfFd): the detached proc
+// mount stays alive, and reachable, only through the working directory. The parent stays behind
+// as a small supervisor: it owns the vhost-user socket (it created it, and removes it and the
+// pidfile at the end), forwards SIGTERM, SIGINT and SIGHUP to the child, and exits with the
+// child's status; the child gets SIGKILL if the supervisor dies (Pdeathsig), and is then
+// reparented, as any orphan, to the nearest child subreaper or to init, which must reap it (as
+// with virtiofsd, which forks into its sandbox the same way). The supervisor does not serve and
+// carries no seccomp filter. The child is PID 1
+// of its namespace, so signals it does not handle are ignored; kvfsd handles SIGTERM, SIGINT and
+// SIGHUP. As PID 1 it would also inherit orphans, but kvfsd never forks, so there is nothing
+// to reap. The mode needs CAP_SYS_ADMIN (root): kvfsd does not map itself into a user
+// namespace.
+//
+// chroot (for where namespaces are not available, as in an unprivileged container): the process
+// chroots into the shared directory ([Chroot]) after moving its working directory into
+// /proc/self/fd. This is weaker, as it is in virtiofsd: the working directory and the
+// /proc/self/fd descriptor stay outside the root, so code that runs in kvfsd can walk out
+// through them with "..". The absolute paths it resolves, and ".." from inside the root, stay in
+// the shared directory. kvfsd cannot remove a socket it created with --socket-path, or its
+// pidfile, once chrooted; the next kvfsd on that path replaces them.
+//
+// none: no sandbox; kvfsd relies on whoever starts it.
+//
+// # Seccomp
+//
+// [InstallSeccomp] installs an allowlist filter on every thread of the process (TSYNC; threads
+// created later inherit it) with no_new_privs set. It must be installed last, after the
+// sandbox, the listening socket and the shared directory are set up: the list holds what serving
+// needs (the Go runtime, the vhost-user layer, the FUSE passthrough with its thread pool, locks,
+// extended attributes and credentials switches, logging), not what setting up needs (mount,
+// pivot_root, chroot, bind, listen, ...). A system call outside the list, from a 32-bit or x32
+// ABI, or from another architecture, gets the chosen action: kill (the process dies of
+// SIGSYS; the supervisor reports it), log (it is allowed and logged by the kernel as an audit
+// record of type 1326: read it with dmesg), or trap (SIGSYS is delivered; the Go runtime dies
+// printing the goroutine trace of the call). The list is [Syscalls], one table with a comment
+// per group (go test -v -run TestAllowlist ./virtiofs/confine/ prints it); it exists for
+// linux/amd64 only: elsewhere kvfsd's default is --seccomp=none ([DefaultAction]) and it fails
+// to start when asked for a filter. The cmd/kvfsd tests
+// prove it: the whole conformance suite, locks, extended attributes and ACLs run against a
+// kvfsd with --seccomp=kill, with and without a thread pool, and so does a real guest
+// (internal/vmtest).
+package confine
