@@ -235,6 +235,8 @@ func TestConfinedConformance(t *testing.T) {
 		// Kata's own command line (runtime-go, default extra args): the defaults apply.
 		{"kata argv defaults", true, []string{"--syslog", "--cache=auto", "--thread-pool-size=1", "--announce-submounts"}, "namespace", true},
 		{"chroot pool 4", false, []string{"--sandbox=chroot", "--seccomp=kill", "--thread-pool-size=4"}, "chroot", false},
+		// Nodes keep file handles: name_to_handle_at and open_by_handle_at under the filter.
+		{"namespace file handles", false, []string{"--sandbox=namespace", "--seccomp=kill", "--inode-file-handles=mandatory"}, "namespace", false},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			share := shareDir(t)
@@ -571,4 +573,64 @@ func TestSandboxErrors(t *testing.T) {
 			t.Errorf("--sandbox=%s on a missing directory: %v\n%s", mode, err, out)
 		}
 	}
+}
+
+// TestConfinedDAX maps files into a DAX window (the in-repo front-end plays Kata's DAX-capable
+// QEMU) through a confined kvfsd: the back-end channel, the policy's xattr and FS_XFLAG_DAX
+// checks (the one ioctl the filter allows) all run under seccomp kill.
+func TestConfinedDAX(t *testing.T) {
+	share := shareDir(t)
+	content := bytes.Repeat([]byte("confined-dax "), 100)
+	for _, name := range []string{"data", "plain"} {
+		if err := os.WriteFile(filepath.Join(share, name), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Setxattr(filepath.Join(share, "data"), "trusted.kvfs.dax", []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	d := startKvfsd(t, share, false, "--sandbox=namespace", "--seccomp=kill", "--inode-file-handles=mandatory")
+	checkConfined(t, d, share, "namespace")
+
+	const window, mapLen = 8 << 20, 2 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fe, err := frontend.Dial(ctx, d.sock, frontend.Options{DAXWindow: window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fuseclient.New(fe)
+	out, err := c.Init(ctx, fuseclient.LinuxInitFlags|fuseclient.DAXInitFlags)
+	if err != nil {
+		t.Fatalf("INIT: %v", err)
+	}
+	if f := uint64(out.Flags) | uint64(out.Flags2)<<32; f&fuseclient.DAXInitFlags != fuseclient.DAXInitFlags {
+		t.Fatalf("INIT flags %#x: no DAX negotiated", f)
+	}
+	data, err := c.Lookup(ctx, fuse.RootID, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Neither the xattr nor a rule decides for plain: kvfsd asks the host for FS_XFLAG_DAX.
+	plain, err := c.Lookup(ctx, fuse.RootID, "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data.Attr.Flags&fuse.AttrDAX == 0 || plain.Attr.Flags&fuse.AttrDAX != 0 {
+		t.Errorf("ATTR_DAX: data %v, plain %v; want data only", data.Attr.Flags, plain.Attr.Flags)
+	}
+	if err := c.SetupMapping(ctx, data.NodeID, fuse.SetupmappingNoFh, 0, mapLen, fuse.SetupmappingFlagRead, mapLen); err != nil {
+		t.Fatalf("SETUPMAPPING: %v", err)
+	}
+	if w := fe.DAXWindow(); !bytes.Equal(w[mapLen:mapLen+len(content)], content) {
+		t.Error("the window does not show the file's bytes")
+	}
+	if err := c.RemoveMapping(ctx, data.NodeID, []fuse.RemovemappingOne{{Moffset: mapLen, Len: mapLen}}); err != nil {
+		t.Fatalf("REMOVEMAPPING: %v", err)
+	}
+	if st := d.status(t); st["Seccomp"] != "2" {
+		t.Errorf("after DAX: Seccomp %q", st["Seccomp"])
+	}
+	fe.Close()
+	d.wait(t)
 }

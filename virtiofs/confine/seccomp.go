@@ -41,8 +41,11 @@ type Syscall struct {
 	Nr   uintptr
 	// Group is the table's group comment: why the call is allowed.
 	Group string
-	// AF, when not -1, is the only first argument allowed (socket's address family).
-	AF int
+	// ArgValue, when not -1, is the only value allowed for argument ArgIndex (counted from 0):
+	// socket's address family, ioctl's request. Only the argument's low 32 bits are compared:
+	// both are 32-bit in the kernel (int family, unsigned int cmd), which ignores the rest.
+	ArgIndex int
+	ArgValue int64
 }
 
 // Syscalls returns the allowlist, in table order.
@@ -61,7 +64,7 @@ const (
 	// Offsets in struct seccomp_data.
 	offNr   = 0
 	offArch = 4
-	offArg0 = 16 // low 32 bits on a little-endian machine
+	offArgs = 16 // args[0]; each is 8 bytes, its low 32 bits first on a little-endian machine
 
 	x32SyscallBit = 0x40000000
 )
@@ -100,15 +103,15 @@ func Filter(action Action) ([]unix.SockFilter, error) {
 		ret(deny),
 	}
 	for _, s := range allowlist {
-		if s.AF < 0 {
+		if s.ArgValue < 0 {
 			prog = append(prog, jeq(uint32(s.Nr), 0, 1), ret(retAllow))
 			continue
 		}
-		// if nr == s.Nr { if arg0 == AF { allow } else { deny } }; A is reloaded for the rest.
+		// if nr == s.Nr { if arg == value { allow } else { deny } }; A is reloaded for the rest.
 		prog = append(prog,
 			jeq(uint32(s.Nr), 0, 4),
-			stmt(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, offArg0),
-			jeq(uint32(s.AF), 0, 1),
+			stmt(unix.BPF_LD|unix.BPF_W|unix.BPF_ABS, uint32(offArgs+8*s.ArgIndex)),
+			jeq(uint32(s.ArgValue), 0, 1),
 			ret(retAllow),
 			ret(deny),
 		)

@@ -58,7 +58,7 @@ var allowlist = table(
 	// Logging to syslog: a reconnect after syslogd restarted creates an AF_UNIX socket again
 	// (only AF_UNIX: the filter checks socket's first argument).
 	"syslog",
-	scAF("socket", unix.SYS_SOCKET, unix.AF_UNIX), sc("connect", unix.SYS_CONNECT),
+	scArg("socket", unix.SYS_SOCKET, 0, unix.AF_UNIX), sc("connect", unix.SYS_CONNECT),
 
 	// The passthrough file system: lookups and attributes on O_PATH descriptors, re-opening
 	// through /proc/self/fd, directory changes, file data, sync.
@@ -83,6 +83,11 @@ var allowlist = table(
 	sc("preadv", unix.SYS_PREADV), sc("pwritev", unix.SYS_PWRITEV),
 	sc("preadv2", unix.SYS_PREADV2), sc("pwritev2", unix.SYS_PWRITEV2),
 	sc("fsync", unix.SYS_FSYNC), sc("fdatasync", unix.SYS_FDATASYNC), sc("syncfs", unix.SYS_SYNCFS),
+
+	// DAX, mode inode: a file's FS_XFLAG_DAX, read with this one ioctl request (the filter
+	// checks ioctl's second argument; any other request is denied).
+	"dax",
+	scArg("ioctl", unix.SYS_IOCTL, 1, fsIocFsgetxattr),
 
 	// Locks (-o posix_lock: open file description locks; -o flock).
 	"locks",

@@ -1,10 +1,12 @@
 package confine
 
 // sc is an allowed call without an argument check.
-func sc(name string, nr uintptr) Syscall { return Syscall{Name: name, Nr: nr, AF: -1} }
+func sc(name string, nr uintptr) Syscall { return Syscall{Name: name, Nr: nr, ArgValue: -1} }
 
-// scAF is an allowed call whose first argument must be af.
-func scAF(name string, nr uintptr, af int) Syscall { return Syscall{Name: name, Nr: nr, AF: af} }
+// scArg is an allowed call whose argument number arg (from 0) must be value.
+func scArg(name string, nr uintptr, arg int, value uint32) Syscall {
+	return Syscall{Name: name, Nr: nr, ArgIndex: arg, ArgValue: int64(value)}
+}
 
 // table builds the allowlist from group names, each followed by its calls.
 func table(items ...any) []Syscall {
@@ -23,3 +25,8 @@ func table(items ...any) []Syscall {
 	}
 	return out
 }
+
+// fsIocFsgetxattr is FS_IOC_FSGETXATTR, _IOR('X', 31, struct fsxattr), the same on every
+// architecture kvfsd builds for; x/sys/unix does not name it. passthrough's dax.go makes the
+// call.
+const fsIocFsgetxattr = 0x801c581f
