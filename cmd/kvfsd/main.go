@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/containerd/log"
@@ -108,10 +109,41 @@ func supervise(args []string, opts *cmdline.Options, stdout, stderr io.Writer) i
 	return status
 }
 
+// cpuProfileEnv names the file the serving kvfsd writes a CPU profile of its whole run to (see
+// --help). With --sandbox=namespace that is the sandboxed child, which inherits the environment;
+// the file is created before the sandbox is entered, so the path is the host's.
+const cpuProfileEnv = "KVFSD_CPUPROFILE"
+
+// startCPUProfile starts profiling into path, if not empty, and returns what ends it.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cpuProfileEnv, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", cpuProfileEnv, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			log.L.WithError(err).Errorf("%s: writing the profile", cpuProfileEnv)
+		}
+	}, nil
+}
+
 // serve serves until the front-end disconnects or a signal comes: unconfined, chrooted, or as
 // the sandboxed child. The seccomp filter goes on last, when nothing but serving is left.
 // setRlimit is false in the sandboxed child, which inherits the limit its supervisor set.
 func serve(opts *cmdline.Options, setRlimit bool) error {
+	stopProfile, err := startCPUProfile(os.Getenv(cpuProfileEnv))
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	// After the first signal, a second one gets its default action: a stuck shutdown can be

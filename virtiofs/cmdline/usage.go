@@ -137,4 +137,10 @@ kvfsd exits with status 0 when the front-end disconnects, and on SIGTERM,
 SIGINT or SIGHUP after closing the connection. With --sandbox=namespace the
 process started stays as the sandboxed server's supervisor: it forwards those
 signals and exits with the server's status (128+N if signal N killed it).
+
+Environment:
+  KVFSD_CPUPROFILE=FILE the serving process (the sandboxed child with
+                        --sandbox=namespace) writes a Go CPU profile of its
+                        whole run to FILE when it exits (for go tool pprof;
+                        the benchmark uses it)
 `
