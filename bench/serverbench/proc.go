@@ -122,6 +122,11 @@ type daemon struct {
 
 // startDaemon starts argv with its output going to the file logPath.
 func startDaemon(argv []string, logPath string) (*daemon, error) {
+	return startDaemonEnv(argv, nil, logPath)
+}
+
+// startDaemonEnv is startDaemon with env added to this process's environment.
+func startDaemonEnv(argv, env []string, logPath string) (*daemon, error) {
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -129,6 +134,9 @@ func startDaemon(argv []string, logPath string) (*daemon, error) {
 	defer lf.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

@@ -74,6 +74,60 @@ func reading(res *Results, rs []row) []string {
 	out = append(out, poolEffect(res)...)
 	out = append(out, cacheEffect(res)...)
 	out = append(out, limitGap(rs)...)
+	out = append(out, targets(res, rs)...)
+	return out
+}
+
+// Targets of the issue, at thread pool 0: kvfsd at least targetSpeedup × the C virtiofsd's
+// ops/s on every row, and at least targetLimit of the limit row's on metadata and 4 KiB I/O.
+const (
+	targetSpeedup = 1.3
+	targetLimit   = 0.6
+)
+
+// targets says, per target, where it is met and by how much it is missed, and why, from
+// kvfsd's CPU profiles.
+func targets(res *Results, rs []row) []string {
+	var met, missed []string
+	var small []string
+	for _, r := range rs {
+		if r.pool != 0 || r.substitute || !r.ops.ok() {
+			continue
+		}
+		l := fmt.Sprintf("%s (%s, %.2f×)", r.w.Name, r.cache, r.ops.med)
+		if r.ops.med < targetSpeedup {
+			l = fmt.Sprintf("%s (%s, %.2f×: %.0f%% short)", r.w.Name, r.cache, r.ops.med, 100*(1-r.ops.med/targetSpeedup))
+		}
+		if r.ops.med >= targetSpeedup {
+			met = append(met, l)
+		} else {
+			missed = append(missed, l)
+		}
+		if r.w.Bytes < 1<<20 && r.kLim.ok() && r.kLim.med < targetLimit && r.cache == "auto" {
+			small = append(small, fmt.Sprintf("%s %s", r.w.Name, pct(r.kLim)))
+		}
+	}
+	if len(met)+len(missed) == 0 {
+		return nil
+	}
+	var out []string
+	s := fmt.Sprintf("Target: kvfsd ≥ %.1f× the C virtiofsd's ops/s on every row at pool 0. Met in %s", targetSpeedup, nRows(len(met)))
+	if len(met) > 0 {
+		s += ": " + strings.Join(met, "; ")
+	}
+	s += fmt.Sprintf(". Missed in %s", nRows(len(missed)))
+	if len(missed) > 0 {
+		s += fmt.Sprintf(" (needed %.1f×): %s", targetSpeedup, strings.Join(missed, "; "))
+	}
+	out = append(out, s+".")
+	if len(small) > 0 {
+		out = append(out, fmt.Sprintf("Target: ≥ %.0f%% of the limit row on metadata and 4 KiB I/O (pool 0, cache auto). Missed: %s.", 100*targetLimit, strings.Join(small, "; ")))
+	}
+	for _, p := range res.Profiles {
+		if p.Err == "" {
+			out = append(out, profileWhy(res, p))
+		}
+	}
 	return out
 }
 
@@ -83,8 +137,8 @@ func poolEffect(res *Results) []string {
 	var parts, up, down []string
 	upOverlap := true
 	for _, w := range res.Workloads {
-		p0 := res.Samples[Setup{kvfsd, 0, "auto"}][w.Name]
-		p4 := res.Samples[Setup{kvfsd, 4, "auto"}][w.Name]
+		p0 := res.Samples[Setup{Server: kvfsd, Cache: "auto"}][w.Name]
+		p4 := res.Samples[Setup{Server: kvfsd, Pool: 4, Cache: "auto"}][w.Name]
 		r := pairedRatio(p4, p0, mOps)
 		if !r.ok() {
 			continue
@@ -105,8 +159,8 @@ func poolEffect(res *Results) []string {
 	if len(down) > 0 {
 		sw := ""
 		for _, name := range down {
-			p0 := res.Samples[Setup{kvfsd, 0, "auto"}][name]
-			p4 := res.Samples[Setup{kvfsd, 4, "auto"}][name]
+			p0 := res.Samples[Setup{Server: kvfsd, Cache: "auto"}][name]
+			p4 := res.Samples[Setup{Server: kvfsd, Pool: 4, Cache: "auto"}][name]
 			if r := pairedRatio(p4, p0, Sample.switchesPerOp); r.ok() && r.med > 1.3 {
 				sw = fmt.Sprintf(" There the pool makes kvfsd's threads switch %.1f× as often per operation (%s: %s against %s).",
 					r.med, name, num(summarize(p4).sw), num(summarize(p0).sw))
@@ -147,7 +201,7 @@ func switchEffect(res *Results, direct []row) []string {
 	out := []string{"Context switches per operation of kvfsd's and the C virtiofsd's threads (pool 0, cache auto): " + strings.Join(parts, "; ") + "."}
 	if len(more) > 0 {
 		out = append(out, "Where kvfsd spent more CPU per operation than the C virtiofsd in every round (pool 0, cache auto) it also switches more: "+strings.Join(more, "; ")+
-			". Hypothesis: the cost is Go's scheduler rather than the file system work: kvfsd's ring goroutine waits for kicks in a blocking poll(2), outside the netpoller, so its thread gives up its P while it sleeps and must get one back on every wake-up, and the runtime's sysmon may hand the P of a long system call (a 1 MiB copy) to another thread; the C virtiofsd has one plain thread per queue. To check it, compare `strace -f -c -p PID` of both servers under the same workload: when this benchmark was written, kvfsd's showed futex and nanosleep calls (about 3 and 9 per CREATE+RELEASE+UNLINK) that the C virtiofsd's did not.")
+			"."+schedulerNote(res))
 	}
 	return out
 }
@@ -159,7 +213,7 @@ func cacheEffect(res *Results) []string {
 	at := ""
 	for _, srv := range []string{kvfsd, virtiofsd} {
 		for _, w := range res.Workloads {
-			r := pairedRatio(res.Samples[Setup{srv, 0, "none"}][w.Name], res.Samples[Setup{srv, 0, "auto"}][w.Name], mOps)
+			r := pairedRatio(res.Samples[Setup{Server: srv, Cache: "none"}][w.Name], res.Samples[Setup{Server: srv, Cache: "auto"}][w.Name], mOps)
 			if r.ok() && (at == "" || math.Abs(r.med-1) > math.Abs(worst.med-1)) {
 				worst, at = r, fmt.Sprintf("%s, %s", srv, w.Name)
 			}
@@ -216,4 +270,37 @@ func listRows(rs []row, f func(row) ratio) string {
 		s = append(s, fmt.Sprintf("%s (%.2f)", r.label(), f(r).med))
 	}
 	return strings.Join(s, "; ")
+}
+
+// profileWhy explains, from kvfsd's CPU profile under one workload and that workload's figures,
+// where a request's time goes.
+func profileWhy(res *Results, p *Profile) string {
+	s := fmt.Sprintf("Why, from kvfsd's CPU profile under %s (below): of its CPU, %.0f%% is the notification path (the kick fd's poll and read, the call fd's write), %.0f%% the system calls of the file system work, %.0f%% the Go scheduler, %.0f%% allocation and GC, and %.0f%% its own Go code (virtqueue, FUSE, passthrough).",
+		p.Workload, 100*p.kind(kindNotify), 100*p.kind(kindSyscall), 100*p.kind(kindScheduler), 100*p.kind(kindGC), 100*p.kind(kindGo))
+	k := res.Samples[Setup{Server: kvfsd, Cache: "auto"}][p.Workload]
+	v := res.Samples[Setup{Server: virtiofsd, Cache: "auto"}][p.Workload]
+	l := res.Samples[Setup{Server: limit}][p.Workload]
+	if len(k) == 0 || len(v) == 0 || len(l) == 0 {
+		return s
+	}
+	kf, vf, lf := summarize(k), summarize(v), summarize(l)
+	return s + fmt.Sprintf(" In the rounds one operation took %s µs (p50) from the front-end's submission to its reply through kvfsd, which spent %s µs of CPU on it (the C virtiofsd: %s µs and %s µs), while the host's own system calls take %s µs: "+
+		"the server's CPU is a fraction of the latency, and the rest is the round trip through the virtqueue, the front-end process's own work, and the wake-ups of the two processes' threads on each kick and each interrupt, which both servers pay alike. "+
+		"Trimming kvfsd's own code (%.0f%% of its CPU) cannot make up the missing factor; what could is fewer wake-ups per request, which a busy-polling server or front-end buys with a CPU of its own, and this %d-CPU machine has none to spare (the experiments are in docs/performance.md).",
+		num(kf.p50), num(kf.cpu), num(vf.p50), num(vf.cpu), num(lf.p50), 100*(p.kind(kindGo)+p.kind(kindGC)), res.Machine.CPUs)
+}
+
+// schedulerNote is what kvfsd's profiles say about the scheduler's part in its extra CPU.
+func schedulerNote(res *Results) string {
+	var parts []string
+	for _, p := range res.Profiles {
+		if p.Err == "" {
+			parts = append(parts, fmt.Sprintf("%.0f%% under %s", 100*p.kind(kindScheduler), p.Workload))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " kvfsd's CPU profiles (below) put this share of its CPU in Go's scheduler (entering and leaving system calls, sysmon, waking and parking threads), work the C virtiofsd's plain threads do not do: " +
+		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking poll(2) was tried and cost more CPU and more switches per operation (docs/performance.md)."
 }

@@ -100,10 +100,14 @@ func rows(res *Results) []row {
 	lim := Setup{Server: limit}
 	for _, w := range res.Workloads {
 		for _, k := range res.Setups {
-			if k.Server != kvfsd {
+			if k.Server != kvfsd || !k.runs(w) {
 				continue
 			}
-			r := row{w: w, pool: k.Pool, cache: k.Cache, k: k, v: Setup{virtiofsd, k.Pool, k.Cache}}
+			v := Setup{Server: virtiofsd, Pool: k.Pool, Cache: k.Cache}
+			if k.Xattr != "" {
+				v.Xattr = "xattr" // the C virtiofsd with xattrs, and its own killpriv_v2 default
+			}
+			r := row{w: w, pool: k.Pool, cache: k.cacheLabel(), k: k, v: v}
 			if _, na := res.NA[r.v]; na && k.Pool != 0 {
 				r.v.Pool, r.substitute = 0, true
 			}
@@ -192,7 +196,10 @@ func Report(res *Results, chart string) string {
 		p("| server | pool | cache | ops/s | MiB/s | p50 µs | p99 µs | CPU µs/op | switches/op | rounds |\n")
 		p("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, su := range res.Setups {
-			name, pool, cache := su.Server, fmt.Sprint(su.Pool), su.Cache
+			if !su.runs(w) {
+				continue
+			}
+			name, pool, cache := su.Server, fmt.Sprint(su.Pool), su.cacheLabel()
 			if su.Server == limit {
 				name, pool, cache = "limit (host syscalls)", "–", "–"
 			}
@@ -208,6 +215,10 @@ func Report(res *Results, chart string) string {
 			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", name, pool, cache, num(f.ops), mib, num(f.p50), num(f.p99), num(f.cpu), num(f.sw), f.rounds)
 		}
 		p("\n")
+	}
+
+	if len(res.Profiles) > 0 {
+		writeProfiles(p, res)
 	}
 
 	p("### Workloads\n\n")
@@ -267,5 +278,34 @@ func num(x float64) string {
 		return fmt.Sprintf("%.1f", x)
 	default:
 		return fmt.Sprintf("%.2f", x)
+	}
+}
+
+// writeProfiles renders kvfsd's CPU profiles.
+func writeProfiles(p func(string, ...any), res *Results) {
+	p("### Where kvfsd's CPU goes (CPU profiles)\n\n")
+	p("After the rounds, a kvfsd of its own (pool 0, cache auto) ran each workload below for %v with `%s=FILE` set (see `kvfsd --help`): it writes a Go CPU profile of its whole run when it exits. ", res.Config.ProfileTime, cpuProfileEnv)
+	p("Each sample is put in the first kind its stack shows from the leaf up: the Go scheduler's own functions, allocation and GC, a system call made through package syscall (its time in the kernel included), or else kvfsd's own code. ")
+	if res.Config.ProfileDir != "" {
+		p("The raw profiles are in `%s` (`go tool pprof -top bin/kvfsd FILE`).\n\n", res.Config.ProfileDir)
+	} else {
+		p("Run with `-profile-dir DIR` to keep the raw profiles for `go tool pprof`.\n\n")
+	}
+	for _, pr := range res.Profiles {
+		if pr.Err != "" {
+			p("- **%s**: no profile (%s).\n\n", pr.Workload, pr.Err)
+			continue
+		}
+		p("#### %s\n\n", pr.Workload)
+		p("%s ops/s; %s µs of sampled CPU per operation.\n\n", num(float64(pr.Ops)/pr.Elapsed.Seconds()), num(pr.cpuPerOp()))
+		p("| kind of work | share of kvfsd's CPU |\n|---|---|\n")
+		for _, k := range pr.Kinds {
+			p("| %s | %.0f%% |\n", k.Kind, 100*k.Frac)
+		}
+		p("\n| function (heaviest by own time) | own | with callees |\n|---|---|---|\n")
+		for _, f := range pr.Top {
+			p("| `%s` | %.1f%% | %.1f%% |\n", f.Name, 100*f.Flat, 100*f.Cum)
+		}
+		p("\n")
 	}
 }

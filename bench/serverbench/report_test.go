@@ -75,8 +75,10 @@ func TestRoundOrder(t *testing.T) {
 		round int
 		want  string
 	}{
-		{0, "kvfsd-pool0-auto virtiofsd-pool0-auto kvfsd-pool4-auto virtiofsd-pool4-auto kvfsd-pool0-none virtiofsd-pool0-none kvfsd-pool4-none virtiofsd-pool4-none limit"},
-		{1, "virtiofsd-pool4-auto kvfsd-pool4-auto virtiofsd-pool0-none kvfsd-pool0-none virtiofsd-pool4-none kvfsd-pool4-none limit virtiofsd-pool0-auto kvfsd-pool0-auto"},
+		{0, "kvfsd-pool0-auto virtiofsd-pool0-auto kvfsd-pool4-auto virtiofsd-pool4-auto kvfsd-pool0-none virtiofsd-pool0-none kvfsd-pool4-none virtiofsd-pool4-none " +
+			"kvfsd-pool0-auto-xattr-killprivv2 kvfsd-pool0-auto-xattr-nokillprivv2 virtiofsd-pool0-auto-xattr limit"},
+		{1, "virtiofsd-pool4-auto kvfsd-pool4-auto virtiofsd-pool0-none kvfsd-pool0-none virtiofsd-pool4-none kvfsd-pool4-none " +
+			"virtiofsd-pool0-auto-xattr kvfsd-pool0-auto-xattr-nokillprivv2 kvfsd-pool0-auto-xattr-killprivv2 limit virtiofsd-pool0-auto kvfsd-pool0-auto"},
 	} {
 		if got := ids(roundOrder(targets, tc.round)); got != tc.want {
 			t.Errorf("round %d:\n got %s\nwant %s", tc.round, got, tc.want)

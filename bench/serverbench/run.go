@@ -18,6 +18,9 @@ type Setup struct {
 	Server string // "kvfsd", "virtiofsd" or "limit"
 	Pool   int    // --thread-pool-size
 	Cache  string // "auto" or "none"
+	// Xattr is "" (extended attributes off, both servers' default), or the -o options that turn
+	// them on, comma-separated: see xattrSetups.
+	Xattr string
 }
 
 const (
@@ -30,14 +33,32 @@ func (s Setup) id() string {
 	if s.Server == limit {
 		return limit
 	}
-	return fmt.Sprintf("%s-pool%d-%s", s.Server, s.Pool, s.Cache)
+	id := fmt.Sprintf("%s-pool%d-%s", s.Server, s.Pool, s.Cache)
+	if s.Xattr != "" {
+		id += "-" + strings.NewReplacer(",", "-", "_", "").Replace(s.Xattr)
+	}
+	return id
 }
 
 func (s Setup) String() string {
 	if s.Server == limit {
 		return "limit (host syscalls)"
 	}
-	return fmt.Sprintf("%s pool %d cache %s", s.Server, s.Pool, s.Cache)
+	return fmt.Sprintf("%s pool %d cache %s", s.Server, s.Pool, s.cacheLabel())
+}
+
+// cacheLabel is the cache mode, and the xattr options if any, as the tables show them.
+func (s Setup) cacheLabel() string {
+	if s.Xattr == "" {
+		return s.Cache
+	}
+	return s.Cache + ", -o " + strings.ReplaceAll(s.Xattr, ",", " -o ")
+}
+
+// runs reports whether the setup runs workload w: the xattr setups run only the xattr
+// workloads, the others only the rest, and the limit runs everything.
+func (s Setup) runs(w workload) bool {
+	return s.Server == limit || (s.Xattr != "") == w.Xattr
 }
 
 // setups are the configurations of issue 3, in report order.
@@ -45,10 +66,24 @@ func setups() []Setup {
 	var out []Setup
 	for _, cache := range []string{"auto", "none"} {
 		for _, pool := range []int{0, 4} {
-			out = append(out, Setup{kvfsd, pool, cache}, Setup{virtiofsd, pool, cache})
+			out = append(out, Setup{Server: kvfsd, Pool: pool, Cache: cache}, Setup{Server: virtiofsd, Pool: pool, Cache: cache})
 		}
 	}
+	out = append(out, xattrSetups()...)
 	return append(out, Setup{Server: limit})
+}
+
+// xattrSetups are the configurations with extended attributes on (pool 0, cache auto): kvfsd
+// with HANDLE_KILLPRIV_V2 offered (its default with xattrs) and without, and the C virtiofsd with
+// its own default (it offers killpriv_v2 only when told to). Whether the guest asks for
+// security.capability before each WRITE follows from what INIT negotiated (see
+// serverDriver.killprivCheck).
+func xattrSetups() []Setup {
+	return []Setup{
+		{Server: kvfsd, Cache: "auto", Xattr: "xattr,killpriv_v2"},
+		{Server: kvfsd, Cache: "auto", Xattr: "xattr,no_killpriv_v2"},
+		{Server: virtiofsd, Cache: "auto", Xattr: "xattr"},
+	}
 }
 
 // target is one setup being measured.
@@ -81,6 +116,7 @@ type Results struct {
 	Finished  time.Time
 	Workloads []workload
 	Setups    []Setup
+	Profiles  []*Profile                    // kvfsd's CPU profiles (see profileWorkload)
 	NA        map[Setup]string              // setups not measured, and why
 	NADetail  map[Setup]string              // what the kernel's audit log said about a seccomp kill
 	Samples   map[Setup]map[string][]Sample // by setup and workload name, one per round
@@ -170,7 +206,7 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 	for round := range cfg.Rounds {
 		for wi, w := range res.Workloads {
 			seed := uint64(round)<<8 | uint64(wi)
-			g := slices.DeleteFunc(roundOrder(targets, round), func(t *target) bool { return t.na != "" })
+			g := slices.DeleteFunc(roundOrder(targets, round), func(t *target) bool { return t.na != "" || !t.runs(w) })
 			samples, errs := measureGroup(g, w, cfg, seed)
 			for i, t := range g {
 				if errs[i] != nil {
@@ -184,6 +220,23 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 				res.Samples[t.Setup][w.Name] = append(res.Samples[t.Setup][w.Name], s)
 				logf("round %d/%d  %-24s %-30v %10.0f ops/s  p50 %8v  p99 %8v  cpu %6.2f µs/op",
 					round+1, cfg.Rounds, w.Name, t.Setup, s.opsPerSec(), s.P50, s.P99, s.cpuPerOp())
+			}
+		}
+	}
+	if cfg.ProfileTime > 0 {
+		for _, w := range res.Workloads {
+			if !slices.Contains(profiledWorkloads, w.Name) {
+				continue
+			}
+			keep := ""
+			if cfg.ProfileDir != "" {
+				keep = filepath.Join(cfg.ProfileDir, "kvfsd-"+strings.NewReplacer(" ", "-", "+", "-").Replace(w.Name)+".pprof")
+			}
+			p := profileWorkload(ctx, cfg, sh, runDir, w, cfg.ProfileTime, keep)
+			res.Profiles = append(res.Profiles, p)
+			if p.Err != "" {
+				res.Errors = append(res.Errors, fmt.Sprintf("profile of kvfsd under %s: %s", w.Name, p.Err))
+				logf("kvfsbench: profile of kvfsd under %s: %s", w.Name, p.Err)
 			}
 		}
 	}
@@ -232,7 +285,8 @@ func roundOrder(targets []*target, r int) []*target {
 	for _, t := range targets {
 		n := len(groups)
 		if n > 0 && t.Server != limit && groups[n-1][0].Server != limit &&
-			groups[n-1][0].Pool == t.Pool && groups[n-1][0].Cache == t.Cache {
+			groups[n-1][0].Pool == t.Pool && groups[n-1][0].Cache == t.Cache &&
+			(groups[n-1][0].Xattr == "") == (t.Xattr == "") {
 			groups[n-1] = append(groups[n-1], t)
 			continue
 		}
@@ -277,6 +331,11 @@ func start(ctx context.Context, cfg *Config, su Setup, sh *share, runDir string)
 	argv := []string{bin, "--socket-path=" + sock, "-o", "source=" + sh.dir, "-o", "cache=" + su.Cache}
 	if su.Pool > 0 {
 		argv = append(argv, "--thread-pool-size="+strconv.Itoa(su.Pool))
+	}
+	if su.Xattr != "" {
+		for _, o := range strings.Split(su.Xattr, ",") {
+			argv = append(argv, "-o", o)
+		}
 	}
 	d, err := startDaemon(argv, filepath.Join(runDir, su.id()+".log"))
 	if err != nil {

@@ -30,6 +30,9 @@ type serverDriver struct {
 
 	cursor int // next name of names to look up
 	seq    int // next name to create
+
+	killprivV2 bool // INIT negotiated HANDLE_KILLPRIV_V2
+	noGetxattr bool // the server answered GETXATTR with ENOSYS: a guest stops asking
 }
 
 // forgetBatch is how many nodes one BATCH_FORGET carries.
@@ -52,6 +55,7 @@ func dialServer(ctx context.Context, d *daemon, sock string, sh *share, createDi
 	if err != nil {
 		return nil, fmt.Errorf("INIT: %w", err)
 	}
+	s.killprivV2 = (uint64(init.Flags)|uint64(init.Flags2)<<32)&fuse.InitHandleKillprivV2 != 0
 	if init.MaxWrite < 1<<20 {
 		return nil, fmt.Errorf("INIT: max_write %d, the workloads need 1 MiB", init.MaxWrite)
 	}
@@ -235,8 +239,36 @@ func (s *serverDriver) newSlot(p ioParams) (*ioSlot, error) {
 	return sl, nil
 }
 
-// submit encodes a READ or WRITE at off into the slot and places it on the request queue.
-func (s *serverDriver) submit(sl *ioSlot, p ioParams, off int64) error {
+// killprivCheck is what a Linux 6.1 guest asks before a WRITE (cache=auto, no writeback cache):
+// file_remove_privs calls security_inode_need_killpriv, which reads security.capability with a
+// GETXATTR of size 0, on every write, unless the inode is marked S_NOSEC, which only happens on a
+// superblock with SB_NOSEC, which FUSE sets only when HANDLE_KILLPRIV_V2 was negotiated. A
+// server that answers ENOSYS is not asked again (fc->no_getxattr).
+func (s *serverDriver) killprivCheck(ctx context.Context) error {
+	if s.killprivV2 || s.noGetxattr {
+		return nil
+	}
+	_, _, err := s.c.Getxattr(ctx, s.data, "security.capability", 0)
+	switch {
+	case err == nil:
+		return errors.New("GETXATTR security.capability: the data file has one")
+	case errors.Is(err, unix.ENOSYS):
+		s.noGetxattr = true
+	case !errors.Is(err, unix.ENODATA):
+		return fmt.Errorf("GETXATTR security.capability: %w", err)
+	}
+	return nil
+}
+
+// submit encodes a READ or WRITE at off into the slot and places it on the request queue; a
+// WRITE with p.GuestKillpriv is preceded by the guest's killpriv check, timed with it.
+func (s *serverDriver) submit(ctx context.Context, sl *ioSlot, p ioParams, off int64) error {
+	sl.start = time.Now()
+	if p.Write && p.GuestKillpriv {
+		if err := s.killprivCheck(ctx); err != nil {
+			return err
+		}
+	}
 	var req []byte
 	if p.Write {
 		in := fuse.WriteIn{Fh: s.dataFh, Offset: uint64(off), Size: uint32(p.Size)}
@@ -253,7 +285,6 @@ func (s *serverDriver) submit(sl *ioSlot, p ioParams, off int64) error {
 	copy(sl.buf, fuse.AsBytes(&h))
 	copy(sl.buf[inHeaderSize:], req[inHeaderSize:])
 	sl.unique = h.Unique
-	sl.start = time.Now()
 	var err error
 	sl.p, err = s.fe.SubmitAsync(1, sl.readable, sl.writable)
 	return err
@@ -308,7 +339,7 @@ func (s *serverDriver) io(ctx context.Context, m *meter, p ioParams, seed uint64
 		}
 	}
 	for _, sl := range slots {
-		if err := s.submit(sl, p, offs.get()); err != nil {
+		if err := s.submit(ctx, sl, p, offs.get()); err != nil {
 			return err
 		}
 	}
@@ -331,7 +362,7 @@ func (s *serverDriver) io(ctx context.Context, m *meter, p ioParams, seed uint64
 			more = false
 		}
 		if more {
-			if err := s.submit(sl, p, offs.get()); err != nil {
+			if err := s.submit(ctx, sl, p, offs.get()); err != nil {
 				return err
 			}
 			inFlight++

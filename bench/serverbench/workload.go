@@ -13,6 +13,10 @@ type ioParams struct {
 	Size   int  // bytes per request
 	Depth  int  // requests kept in flight
 	Random bool // random Size-aligned offsets; otherwise sequential, wrapping at the end
+	// GuestKillpriv makes a WRITE cost what it costs a Linux guest whose server did not
+	// negotiate HANDLE_KILLPRIV_V2: a GETXATTR of security.capability before it (see
+	// serverDriver.killprivCheck).
+	GuestKillpriv bool
 }
 
 // offsets yields the offsets of an I/O workload over a file of fileSize bytes.
@@ -57,6 +61,7 @@ type workload struct {
 	Op    string // what one operation is
 	Bytes int64  // payload bytes per operation, for MiB/s; 0 where it means nothing
 	Depth int    // requests kept in flight (0 or 1: one at a time)
+	Xattr bool   // run on the setups with extended attributes on (only)
 	run   func(ctx context.Context, d driver, m *meter, seed uint64) error
 }
 
@@ -64,6 +69,17 @@ func ioWorkload(name, op string, p ioParams) workload {
 	return workload{Name: name, Op: op, Bytes: int64(p.Size), Depth: p.Depth,
 		run: func(ctx context.Context, d driver, m *meter, seed uint64) error { return d.io(ctx, m, p, seed) }}
 }
+
+// xattrWrite is WRITE 4 KiB random QD1 on the servers with extended attributes on, with the
+// guest's security.capability check.
+var xattrWrite = func() workload {
+	w := ioWorkload("WRITE 4 KiB random QD1, xattr",
+		"one 4 KiB WRITE at a random aligned offset, one request in flight, extended attributes on: "+
+			"unless HANDLE_KILLPRIV_V2 was negotiated, preceded by the GETXATTR of security.capability a Linux guest sends before each write (file_remove_privs; the C virtiofsd and kvfsd -o no_killpriv_v2 answer ENODATA)",
+		ioParams{Write: true, Size: 4 << 10, Depth: 1, Random: true, GuestKillpriv: true})
+	w.Xattr = true
+	return w
+}()
 
 // workloads returns the workloads of issue 3, over nFiles files and a data file.
 func workloads(nFiles int) []workload {
@@ -78,6 +94,7 @@ func workloads(nFiles int) []workload {
 		ioWorkload("READ 4 KiB random QD1", "one 4 KiB READ at a random aligned offset, one request in flight", ioParams{Size: k4, Depth: 1, Random: true}),
 		ioWorkload("READ 4 KiB random QD16", "one 4 KiB READ at a random aligned offset, 16 requests in flight", ioParams{Size: k4, Depth: 16, Random: true}),
 		ioWorkload("WRITE 4 KiB random QD1", "one 4 KiB WRITE at a random aligned offset, one request in flight", ioParams{Write: true, Size: k4, Depth: 1, Random: true}),
+		xattrWrite,
 		ioWorkload("WRITE 4 KiB random QD16", "one 4 KiB WRITE at a random aligned offset, 16 requests in flight", ioParams{Write: true, Size: k4, Depth: 16, Random: true}),
 		ioWorkload("READ 1 MiB sequential", "one 1 MiB READ, sequential through the file, one request in flight", ioParams{Size: m1, Depth: 1}),
 		ioWorkload("WRITE 1 MiB sequential", "one 1 MiB WRITE, sequential through the file, one request in flight", ioParams{Write: true, Size: m1, Depth: 1}),
