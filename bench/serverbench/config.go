@@ -57,7 +57,7 @@ func ParseFlags(argv []string, stderr io.Writer) (*Config, error) {
 	fs.DurationVar(&c.Warmup, "warmup", 150*time.Millisecond, "unmeasured time before each measurement")
 	fs.IntVar(&c.Files, "files", 10000, "`files` in the LOOKUP and READDIRPLUS directory")
 	mib := fs.Int("data-mib", 64, "size of the data file in `MiB`")
-	fs.DurationVar(&c.ProfileTime, "profile", 3*time.Second, "after the rounds, run kvfsd under a CPU profile for this `long` per profiled workload (0: none)")
+	fs.DurationVar(&c.ProfileTime, "profile", 5*time.Second, "after the rounds, run kvfsd under a CPU profile for this `long` per profiled workload (0: none)")
 	fs.StringVar(&c.ProfileDir, "profile-dir", "", "keep kvfsd's raw CPU profiles in `dir` (for go tool pprof)")
 	fs.StringVar(&c.Only, "run", "", "run only the workloads matching `regexp` (the memory measurement is named \"memory\": -run memory runs only it)")
 	fs.IntVar(&c.MemoryFiles, "memory-files", 100_000, "`files` the memory measurement looks up")

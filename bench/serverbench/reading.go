@@ -284,10 +284,16 @@ func profileWhy(res *Results, p *Profile) string {
 		return s
 	}
 	kf, vf, lf := summarize(k), summarize(v), summarize(l)
+	own := p.kind(kindGo) + p.kind(kindGC)
+	share := own * kf.cpu / kf.p50
+	verdict := fmt.Sprintf("removing all of it would not give %.1f×", targetSpeedup)
+	if share >= 1-1/targetSpeedup {
+		verdict = fmt.Sprintf("removing it could make up a factor of %.1f", targetSpeedup)
+	}
 	return s + fmt.Sprintf(" In the rounds one operation took %s µs (p50) from the front-end's submission to its reply through kvfsd, which spent %s µs of CPU on it (the C virtiofsd: %s µs and %s µs), while the host's own system calls take %s µs: "+
 		"the server's CPU is a fraction of the latency, and the rest is the round trip through the virtqueue, the front-end process's own work, and the wake-ups of the two processes' threads on each kick and each interrupt, which both servers pay alike. "+
-		"Trimming kvfsd's own code (%.0f%% of its CPU) cannot make up the missing factor; what could is fewer wake-ups per request, which a busy-polling server or front-end buys with a CPU of its own, and this %d-CPU machine has none to spare (the experiments are in docs/performance.md).",
-		num(kf.p50), num(kf.cpu), num(vf.p50), num(vf.cpu), num(lf.p50), 100*(p.kind(kindGo)+p.kind(kindGC)), res.Machine.CPUs)
+		"kvfsd's own code with allocation and GC (%.0f%% of its CPU, %s µs per operation) is %.0f%% of that latency: %s. What could is fewer wake-ups per request, which a busy-polling server or front-end buys with a CPU of its own, and this %d-CPU machine has none to spare (the experiments are in docs/performance.md).",
+		num(kf.p50), num(kf.cpu), num(vf.p50), num(vf.cpu), num(lf.p50), 100*own, num(own*kf.cpu), 100*share, verdict, res.Machine.CPUs)
 }
 
 // schedulerNote is what kvfsd's profiles say about the scheduler's part in its extra CPU.

@@ -85,3 +85,31 @@ func TestRoundOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestReadingTargets(t *testing.T) {
+	res := fakeResults()
+	// kvfsd's CREATE+RELEASE+UNLINK ops/s: 1.2× the C virtiofsd's, short of 1.3×.
+	for _, su := range res.Setups {
+		if su.Server == kvfsd && su.Pool == 0 && su.Xattr == "" {
+			for i := range res.Samples[su]["CREATE+RELEASE+UNLINK"] {
+				res.Samples[su]["CREATE+RELEASE+UNLINK"][i].Ops = 2400
+			}
+		}
+	}
+	res.Machine.CPUs = 2
+	res.Profiles = []*Profile{{Workload: "LOOKUP+GETATTR", Ops: 1000, Elapsed: time.Second, CPU: 10 * time.Millisecond,
+		Kinds: []Share{{kindNotify, 0.4}, {kindSyscall, 0.3}, {kindScheduler, 0.1}, {kindGC, 0.05}, {kindGo, 0.15}},
+		Top:   []Func{{"internal/runtime/syscall/linux.Syscall6", 0.6, 0.6}}}}
+	md := Report(res, "")
+	for _, want := range []string{
+		"Met in 2 rows: LOOKUP+GETATTR (auto, 2.00×); LOOKUP+GETATTR (none, 2.00×).",
+		"CREATE+RELEASE+UNLINK (auto, 1.20×: 8% short)",
+		"of its CPU, 40% is the notification path",
+		"10% the Go scheduler, 5% allocation and GC, and 15% its own Go code",
+		"| `internal/runtime/syscall/linux.Syscall6` | 60.0% | 60.0% |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
