@@ -217,11 +217,11 @@ func doLookup(s *Server, r *request) Errno {
 	if !ok {
 		return unix.EINVAL
 	}
-	var out EntryOut
-	if e := s.fs.Lookup(&r.Context, r.NodeID, name, &out); e != OK {
+	out := &r.hot.entry
+	if e := s.fs.Lookup(&r.Context, r.NodeID, name, out); e != OK {
 		return e
 	}
-	setBody(r, &out)
+	setBody(r, out)
 	return OK
 }
 
@@ -252,13 +252,12 @@ func doBatchForget(s *Server, r *request) Errno {
 }
 
 func doGetattr(s *Server, r *request) Errno {
-	var in GetattrIn
-	arg(r, &in) // absent before 7.9; zero means no handle
-	var out AttrOut
-	if e := s.fs.GetAttr(&r.Context, r.NodeID, &in, &out); e != OK {
+	in, out := &r.hot.getattr, &r.hot.attr
+	arg(r, in) // absent before 7.9; zero means no handle
+	if e := s.fs.GetAttr(&r.Context, r.NodeID, in, out); e != OK {
 		return e
 	}
-	setBody(r, &out)
+	setBody(r, out)
 	return OK
 }
 
@@ -479,15 +478,15 @@ func create(r *request, op func(*EntryOut, *OpenOut) Errno) Errno {
 }
 
 func doRead(s *Server, r *request) Errno {
-	var in ReadIn
-	if !arg(r, &in) {
+	in := &r.hot.read
+	if !arg(r, in) {
 		return unix.EINVAL
 	}
 	size := min(int(in.Size), MaxWrite, r.outSpace())
 	in.Size = uint32(size)
 	dst := subIovecs(r.iovBuf[:0], r.out, outHeaderSize, size)
 	r.iovBuf = dst
-	n, e := s.fs.Read(&r.Context, r.NodeID, &in, dst)
+	n, e := s.fs.Read(&r.Context, r.NodeID, in, dst)
 	if e != OK {
 		return e
 	}
@@ -500,11 +499,11 @@ func doRead(s *Server, r *request) Errno {
 }
 
 func doWrite(s *Server, r *request) Errno {
-	var in WriteIn
-	if !arg(r, &in) {
+	in := &r.hot.write
+	if !arg(r, in) {
 		return unix.EINVAL
 	}
-	n, e := s.fs.Write(&r.Context, r.NodeID, &in, r.payload)
+	n, e := s.fs.Write(&r.Context, r.NodeID, in, r.payload)
 	if e != OK {
 		return e
 	}

@@ -136,6 +136,17 @@ type request struct {
 	argBuf  []byte
 	bodyBuf []byte
 	iovBuf  [][]byte
+
+	// hot holds the arguments and replies of the most frequent requests. Their addresses go
+	// to the FileSystem interface, which makes a local variable escape to the heap on every
+	// request; fields of the pooled request are on the heap already.
+	hot struct {
+		entry   EntryOut
+		attr    AttrOut
+		getattr GetattrIn
+		read    ReadIn
+		write   WriteIn
+	}
 }
 
 // Handle serves one request: in are the device-readable buffers, out the device-writable ones.
