@@ -180,7 +180,7 @@ func profileWorkload(ctx context.Context, cfg *Config, sh *share, runDir string,
 	if keep != "" {
 		path = keep
 	}
-	sock := filepath.Join(runDir, "profile.sock")
+	sock := filepath.Join(runDir, "profile-"+slug+".sock")
 	argv := []string{cfg.Kvfsd, "--socket-path=" + sock, "-o", "source=" + sh.dir, "-o", "cache=auto"}
 	dm, err := startDaemonEnv(argv, []string{cpuProfileEnv + "=" + path}, filepath.Join(runDir, "profile-"+slug+".log"))
 	if err != nil {

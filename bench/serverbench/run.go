@@ -134,6 +134,11 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 			fmt.Fprintf(cfg.Log, format+"\n", args...)
 		}
 	}
+	if cfg.ProfileTime > 0 && cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("-profile-dir: %w", err)
+		}
+	}
 	base := cfg.Dir
 	if base == "" {
 		base = defaultDir()
