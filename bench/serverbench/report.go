@@ -285,7 +285,7 @@ func num(x float64) string {
 func writeProfiles(p func(string, ...any), res *Results) {
 	p("### Where kvfsd's CPU goes (CPU profiles)\n\n")
 	p("After the rounds, a kvfsd of its own (pool 0, cache auto) ran each workload below for %v with `%s=FILE` set (see `kvfsd --help`): it writes a Go CPU profile of its whole run when it exits. ", res.Config.ProfileTime, cpuProfileEnv)
-	p("Each sample is put in the first kind its stack shows from the leaf up: the Go scheduler's own functions, allocation and GC, a system call made through package syscall (its time in the kernel included), or else kvfsd's own code. ")
+	p("Each sample is put in the first kind its stack shows from the leaf up: the Go scheduler's own functions, allocation and GC, a system call made through package syscall (its time in the kernel included: the notification path's when the vhost-user package made it, the file system's otherwise), or else kvfsd's own code. ")
 	if res.Config.ProfileDir != "" {
 		p("The raw profiles are in `%s` (`go tool pprof -top bin/kvfsd FILE`).\n\n", res.Config.ProfileDir)
 	} else {
