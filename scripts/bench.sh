@@ -49,11 +49,21 @@ case $only in
 	;;
 esac
 
+# kvfsbench rewrites the whole document: with BENCH_ONLY=server keep the guest section (always
+# the last one) and put it back after.
+guest_section=
+if [ "$only" = server ] && [ -f docs/benchmarks.md ]; then
+	guest_section=$(sed -n '/^## Guest level: /,$p' docs/benchmarks.md)
+fi
+
 if [ "$only" != guest ]; then
 	bin/kvfsbench -invoked "$how" -rev "$rev" \
 		-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
 		-rounds 8 -duration 750ms -slices 6 -warmup 150ms -files 10000 -data-mib 64 \
 		-out docs/benchmarks.md -chart docs/benchmarks-server.png "$@"
+fi
+if [ -n "$guest_section" ]; then
+	printf '\n%s\n' "$guest_section" >>docs/benchmarks.md
 fi
 
 if [ "$only" != server ]; then

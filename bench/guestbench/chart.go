@@ -113,7 +113,7 @@ func Chart(res *Results) ([]byte, error) {
 // chartLabel shortens a workload label to the chart's font and width.
 func chartLabel(l string) string {
 	r := strings.NewReplacer(" KiB", "K", " MiB", "M", ", O_DIRECT", "", "libaio QD16", "LIBAIO16",
-		"(buffered)", "", "list the directory", "LIST DIR", "bs=1M ", "", "+ fsync", "", "(tcc, cold)", "TCC")
+		"(buffered)", "", "list the directory", "LIST DIR", "bs=1M ", "", "+ fsync", "")
 	return strings.ToUpper(strings.Join(strings.Fields(r.Replace(l)), " "))
 }
 

@@ -48,24 +48,44 @@ mount_all() {
 	done
 }
 
-# fio_run TEST RW ENGINE BS DEPTH DIRECT: one time-based fio job on $m's data file; the result
-# is IOPS, or MiB/s for 1 MiB blocks.
+# fio_job TEST RW ENGINE BS DEPTH DIRECT appends a job on $m's data file to the job file.
+fio_job() {
+	cat >>"$jobs" <<-JOB
+		[$1@$m]
+		filename=$B/$m/fio.dat
+		rw=$2
+		ioengine=$3
+		bs=$4
+		iodepth=$5
+		direct=$6
+	JOB
+}
+
+# fio_run runs the job file, one job after the other (fio starts once: loading it and its
+# libraries costs seconds under TCG), and prints a result per job: IOPS, or MiB/s for 1 MiB
+# blocks.
 fio_run() {
-	out=$(fio --name="$1" --filename="$B/$m/fio.dat" --size="${FIO_MIB}M" --rw="$2" \
-		--ioengine="$3" --bs="$4" --iodepth="$5" --direct="$6" --fallocate=none \
-		--runtime="$FIO_RUNTIME" --time_based --output-format=terse --terse-version=3 2>&1)
-	line=$(echo "$out" | grep '^3;fio-' | tail -n 1)
-	if [ -z "$line" ]; then
-		err "$1" "$out"
-		return
-	fi
-	# Terse v3: field 7/48 are read/write KiB/s, 8/49 read/write IOPS, 5 the error.
-	v=$(echo "$line" | awk -F';' -v bs="$4" '$5 != 0 { exit 1 }
-		{ if (bs == "1M") printf "%.3f\n", ($7 + $48) / 1024; else printf "%.1f\n", $8 + $49 }') || {
-		err "$1" "$line"
-		return
-	}
-	result "$1" "$v"
+	out=$(fio --output-format=terse --terse-version=3 "$jobs" 2>&1)
+	status=$?
+	# Terse v3: field 3 is the job's name, 5 its error, 7/48 read/write KiB/s, 8/49 IOPS.
+	res=$(echo "$out" | awk -F';' -v run="$run" '
+		/^3;fio-/ {
+			split($3, nm, "@")
+			if ($5 != 0) {
+				printf "GB-ERR run=%s mount=%s test=%s fio error %s\n", run, nm[2], nm[1], $5
+			} else if (nm[1] ~ /-1m$/) {
+				printf "GB run=%s mount=%s test=%s value=%.3f\n", run, nm[2], nm[1], ($7 + $48) / 1024
+			} else {
+				printf "GB run=%s mount=%s test=%s value=%.1f\n", run, nm[2], nm[1], $8 + $49
+			}
+		}')
+	echo "$res"
+	case $res in *GB-ERR*) fail=1 ;; esac
+	[ $status -eq 0 ] || err fio "exit status $status: $out"
+	# A job fio did not report at all.
+	for name in $(grep '^\[' "$jobs" | grep -v '^\[global\]' | tr -d '[]'); do
+		echo "$out" | grep -q "^3;fio-[^;]*;$name;" || err "$name" "not reported by fio"
+	done
 }
 
 meta() {
@@ -155,6 +175,8 @@ while [ $run -le "$RUNS" ]; do
 	order=$(rotate $((run - 1)) $MOUNTS)
 	kporder=$(rotate $((run - 1)) $KP_MOUNTS)
 	echo "GB-RUN run=$run order=$(echo $order | tr ' ' ,) t=$(now)"
+	jobs=/tmp/fio-run$run.job
+	printf '[global]\nsize=%sM\nfallocate=none\nruntime=%s\ntime_based\nstonewall\n' "$FIO_MIB" "$FIO_RUNTIME" >"$jobs"
 	# 4 KiB: psync and libaio with O_DIRECT (every I/O reaches the server), mmap through the
 	# page cache (the only way it works).
 	for rw in read randread write randwrite; do
@@ -165,13 +187,19 @@ while [ $run -le "$RUNS" ]; do
 			mmap) depth=1 direct=0 ;;
 			esac
 			for m in $order; do
-				fio_run "$rw-$engine-4k" "$rw" "$engine" 4k "$depth" "$direct"
+				fio_job "$rw-$engine-4k" "$rw" "$engine" 4k "$depth" "$direct"
 			done
 		done
 	done
 	for m in $order; do
-		fio_run read-psync-1m read psync 1M 1 1
+		fio_job read-psync-1m read psync 1M 1 1
 	done
+	# KILLPRIV_V2: buffered writes, as an application makes them.
+	for m in $kporder; do
+		fio_job killpriv-randwrite-psync-4k randwrite psync 4k 1 0
+	done
+	m=-
+	fio_run
 	for m in $order; do
 		meta
 	done
@@ -180,9 +208,6 @@ while [ $run -le "$RUNS" ]; do
 	done
 	for m in $order; do
 		cbuild
-	done
-	for m in $kporder; do
-		fio_run killpriv-randwrite-psync-4k randwrite psync 4k 1 0
 	done
 	run=$((run + 1))
 done

@@ -40,7 +40,7 @@ func Section(rep *Report, chart string) string {
 	p("9p: `-fsdev local,security_model=passthrough` (owners and modes are the host's, as with the virtio-fs servers; `mapped` would keep them in xattrs at extra cost), ")
 	p("mounted with `-o %s` (cache=mmap is what Kata used for 9p; it caches nothing but mmap'd pages).\n", NinePOptions)
 	p("- **Method:** %d runs in one boot. In a run every workload goes over the mounts back to back (interleaved), and the order of the mounts rotates from run to run. ", cfg.Runs)
-	p("fio jobs are time-based, %d s each, on a %d MiB file laid out before the first run; psync and libaio (iodepth 16) use O_DIRECT, so that every I/O reaches the server; mmap goes through the page cache (fio drops the file's cached pages before each job). ", cfg.FioRuntime, cfg.FioMiB)
+	p("fio jobs are time-based, %d s each, on a %d MiB file per share laid out before the first run, all jobs of a run in one fio invocation, one after the other (fio's start-up, loading its many libraries, costs seconds under TCG); psync and libaio (iodepth 16) use O_DIRECT, so that every I/O reaches the server; mmap goes through the page cache (fio drops the file's cached pages before each job). ", cfg.FioRuntime, cfg.FioMiB)
 	p("The metadata workload creates %d empty files, then drops the guest's caches and stats each, lists the directory and deletes them (`kvfs-gbench meta`); ", cfg.MetaFiles)
 	p("dd writes %d MiB with bs=1M and conv=fsync, then reads it back after `echo 3 > /proc/sys/vm/drop_caches`; ", cfg.DDMiB)
 	p("the C build compiles %d generated files and a main with tcc, links and runs the program, from dropped caches. ", cfg.CFiles)

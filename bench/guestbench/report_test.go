@@ -39,7 +39,7 @@ func TestSection(t *testing.T) {
 		// Medians 1200/1000/450 IOPS; ratios 1.20 (0.90–1.50) and 2.50 (2.00–3.00).
 		"| randread 4 KiB psync, O_DIRECT | IOPS | 1200 | 1000 | 450 | 1.20 (0.90–1.50) | 2.50 (2.00–3.00) |",
 		// Times: medians 3 and 2.5 s, ratio virtiofsd ÷ kvfsd per run 1.5 and 0.5.
-		"| C build (tcc, cold) | s | 3.000 | 2.500 | – | 1.00 (0.50–1.50) | – |",
+		"| C build with tcc, cold | s | 3.000 | 2.500 | – | 1.00 (0.50–1.50) | – |",
 		"| --xattr (killpriv_v2 on) | 1100 | 2 | 5000 | 0.00 |",
 		"| --xattr -o no_killpriv_v2 | 450 | 2000 | 2000 | 1.00 |",
 		"IOPS with killpriv_v2 ÷ without, per run: 2.50 (2.00–3.00).",

@@ -55,11 +55,11 @@ func fioTests() []Test {
 	return append(ts,
 		Test{"read-psync-1m", "seqread 1 MiB psync, O_DIRECT", MiBPerSec},
 		Test{"create", "create files", Seconds},
-		Test{"stat", "stat files (cold)", Seconds},
-		Test{"list", "list the directory (cold)", Seconds},
+		Test{"stat", "stat files, cold", Seconds},
+		Test{"list", "list the directory, cold", Seconds},
 		Test{"delete", "delete files", Seconds},
 		Test{"dd-write", "dd bs=1M write + fsync", Seconds},
 		Test{"dd-read", "dd bs=1M cold read", Seconds},
-		Test{"cbuild", "C build (tcc, cold)", Seconds},
+		Test{"cbuild", "C build with tcc, cold", Seconds},
 	)
 }
