@@ -5,11 +5,12 @@
 #   packaging/guest/build.sh [--bench] OUTDIR
 #
 # Writes OUTDIR/vmlinuz and OUTDIR/initramfs.gz. Does nothing when both are
-# newer than this script, init and tools/*.c (and bench/*), or were built from inputs with
-# the same contents (OUTDIR/inputs.sha256). Downloaded kernel packages are
-# kept in OUTDIR/debs. Missing host packages, QEMU included, are installed with
-# apt-get (as root); apt-get update runs only when an apt-get command needs it.
-# Concurrent runs on the same OUTDIR wait for each other.
+# newer than this script, init and tools/*.c (and bench/*.c for --bench), or
+# were built from inputs with the same contents (OUTDIR/inputs.sha256).
+# Downloaded kernel packages are kept in OUTDIR/debs. Missing host packages,
+# QEMU included, are installed with apt-get (as root); apt-get update runs only
+# when an apt-get command needs it. Concurrent runs on the same OUTDIR wait for
+# each other.
 #
 # --bench builds the guest benchmark's image (bench/guestbench) instead, into an
 # OUTDIR of its own: the same, plus the 9p modules, fio and tcc with the shared
