@@ -1,10 +1,20 @@
 #!/bin/bash
-# The server-level benchmark (bench/serverbench): kvfsd against the C virtiofsd through the
-# in-repo front-end, interleaved in rounds, and a "limit" row of the same system calls made
-# directly on the host. Writes docs/benchmarks.md and its chart docs/benchmarks-server.png.
-# Takes about 8 minutes on 2 cores. Runs as root (both servers need it); scripts/deps.sh
-# installs the C virtiofsd. Arguments are passed on to kvfsbench, after the defaults below:
-#   scripts/bench.sh -rounds 2 -duration 300ms -run 'READ|WRITE'   # a quick look
+# The benchmarks; writes docs/benchmarks.md and its charts.
+#
+# 1. Server level (bench/serverbench): kvfsd against the C virtiofsd through the in-repo
+#    front-end, interleaved in rounds, and a "limit" row of the same system calls made directly
+#    on the host. Writes docs/benchmarks.md and docs/benchmarks-server.png; about 8 minutes on 2
+#    cores. Arguments are passed on to kvfsbench, after the defaults below:
+#      scripts/bench.sh -rounds 2 -duration 300ms -run 'READ|WRITE'   # a quick look
+# 2. Guest level (bench/guestbench): one QEMU guest with kvfsd, the C virtiofsd and 9p mounted
+#    at once, fio, dd, a metadata workload and a C build in it, and kvfsd's KILLPRIV_V2 on and
+#    off. Adds its section to docs/benchmarks.md and writes docs/benchmarks-guest.png; about 12
+#    minutes under TCG. $GUEST_ARGS are passed on to kvfsguestbench.
+#
+# BENCH_ONLY=server or BENCH_ONLY=guest runs one part only; the other's section stays as it is.
+#   BENCH_ONLY=guest GUEST_ARGS='-runs 1 -fio-runtime 1 -files 200' scripts/bench.sh   # a quick look
+# Runs as root (both servers and the guest's 9p passthrough need it); scripts/deps.sh installs the
+# C virtiofsd, QEMU, fio and tcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +32,7 @@ if [ ! -x "$virtiofsd" ]; then
 fi
 
 mkdir -p bin docs
-go build -o bin/ ./cmd/kvfsd ./bench/cmd/kvfsbench
+go build -o bin/ ./cmd/kvfsd ./bench/cmd/kvfsbench ./bench/cmd/kvfsguestbench
 
 # What the report records: how the benchmark was started, and kvfsd's source revision.
 how=scripts/bench.sh
@@ -30,7 +40,39 @@ how=scripts/bench.sh
 [ $# -gt 0 ] && how+=$(printf ' %q' "$@")
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
-exec bin/kvfsbench -invoked "$how" -rev "$rev" \
-	-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
-	-rounds 8 -duration 750ms -slices 6 -warmup 150ms -files 10000 -data-mib 64 \
-	-out docs/benchmarks.md -chart docs/benchmarks-server.png "$@"
+only=${BENCH_ONLY:-}
+case $only in
+"" | server | guest) ;;
+*)
+	echo "bench.sh: BENCH_ONLY must be server or guest, not $only" >&2
+	exit 1
+	;;
+esac
+
+# kvfsbench rewrites the whole document: with BENCH_ONLY=server keep the guest section (always
+# the last one) and put it back after.
+guest_section=
+if [ "$only" = server ] && [ -f docs/benchmarks.md ]; then
+	guest_section=$(sed -n '/^## Guest level: /,$p' docs/benchmarks.md)
+fi
+
+if [ "$only" != guest ]; then
+	bin/kvfsbench -invoked "$how" -rev "$rev" \
+		-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
+		-rounds 8 -duration 750ms -slices 6 -warmup 150ms -files 10000 -data-mib 64 \
+		-out docs/benchmarks.md -chart docs/benchmarks-server.png "$@"
+fi
+if [ -n "$guest_section" ]; then
+	printf '\n%s\n' "$guest_section" >>docs/benchmarks.md
+fi
+
+if [ "$only" != server ]; then
+	ghow=$how
+	[ -n "$only" ] && ghow="BENCH_ONLY=$only $ghow"
+	[ -n "${GUEST_ARGS:-}" ] && ghow="GUEST_ARGS='$GUEST_ARGS' $ghow"
+	# shellcheck disable=SC2086 # GUEST_ARGS is a list of arguments
+	bin/kvfsguestbench -invoked "$ghow" -rev "$rev" \
+		-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
+		-runs 3 -fio-runtime 2 -fio-mib 64 -files 2000 -dd-mib 64 -c-files 24 \
+		-out docs/benchmarks.md -chart docs/benchmarks-guest.png ${GUEST_ARGS:-}
+fi

@@ -4,12 +4,13 @@
 #   - QEMU 7.2 and the C virtiofsd (qemu-system-x86, qemu-system-common): guests and the
 #     reference server the tests compare against;
 #   - busybox-static, cpio, kmod, gcc, libc6-dev: the guest image (packaging/guest/build.sh);
+#   - fio, tcc: the guest benchmark's image (packaging/guest/build.sh --bench copies them in);
 #   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
 #     its Go plugins);
 #   - a Go toolchain new enough for go.mod.
 set -euo pipefail
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev protobuf-compiler"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc protobuf-compiler"
 
 missing=()
 for p in $packages; do

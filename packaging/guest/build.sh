@@ -2,14 +2,20 @@
 # Build the kvfs test guest: Debian 12's kernel and a small initramfs made of
 # static busybox, the virtio-fs modules, a static helper and packaging/guest/init.
 #
-#   packaging/guest/build.sh OUTDIR
+#   packaging/guest/build.sh [--bench] OUTDIR
 #
 # Writes OUTDIR/vmlinuz and OUTDIR/initramfs.gz. Does nothing when both are
-# newer than this script, init and tools/*.c, or were built from inputs with
-# the same contents (OUTDIR/inputs.sha256). Downloaded kernel packages are
-# kept in OUTDIR/debs. Missing host packages, QEMU included, are installed with
-# apt-get (as root); apt-get update runs only when an apt-get command needs it.
-# Concurrent runs on the same OUTDIR wait for each other.
+# newer than this script, init and tools/*.c (and bench/*.c for --bench), or
+# were built from inputs with the same contents (OUTDIR/inputs.sha256).
+# Downloaded kernel packages are kept in OUTDIR/debs. Missing host packages,
+# QEMU included, are installed with apt-get (as root); apt-get update runs only
+# when an apt-get command needs it. Concurrent runs on the same OUTDIR wait for
+# each other.
+#
+# --bench builds the guest benchmark's image (bench/guestbench) instead, into an
+# OUTDIR of its own: the same, plus the 9p modules, fio and tcc with the shared
+# libraries they load, glibc's headers and start files for tcc, and the static
+# helpers in bench/*.c. The default image does not change.
 set -euo pipefail
 
 prog=build.sh
@@ -22,7 +28,12 @@ say() {
 	echo "$prog: $*" >&2
 }
 
-[ $# -eq 1 ] || die "usage: $0 OUTDIR"
+bench=
+if [ "${1:-}" = --bench ]; then
+	bench=1
+	shift
+fi
+[ $# -eq 1 ] || die "usage: $0 [--bench] OUTDIR"
 
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$1" || die "cannot create output directory $1"
@@ -36,11 +47,19 @@ modules="virtio_pci_legacy_dev virtio_pci_modern_dev virtio_ring virtio virtio_p
 host_packages="busybox-static cpio kmod gcc libc6-dev qemu-system-x86"
 
 inputs=("$here/build.sh" "$here/init" "$here"/tools/*.c)
+if [ -n "$bench" ]; then
+	modules+=" 9pnet 9pnet_virtio 9p"
+	host_packages+=" fio tcc"
+	inputs+=("$here"/bench/*.c)
+fi
 
 # inputs_hash identifies the contents of the inputs, so that a fresh checkout
 # (new modification times, same contents) does not force a rebuild.
 inputs_hash() {
-	(cd "$here" && sha256sum "${inputs[@]#"$here"/}") | sha256sum | cut -d' ' -f1
+	{
+		(cd "$here" && sha256sum "${inputs[@]#"$here"/}")
+		[ -z "$bench" ] || echo bench
+	} | sha256sum | cut -d' ' -f1
 }
 
 up_to_date() {
@@ -204,6 +223,50 @@ order=$(awk -v want="$modules" '
 	}' "$moddir/modules.builtin" "$moddir/modules.dep") ||
 	die "cannot resolve modules ($modules) from $moddir/modules.dep"
 
+# --- bench image additions -------------------------------------------------
+
+# copy_host FILE copies a host file to the same path in the initramfs tree,
+# following symbolic links (/usr/lib there is a link to /lib).
+copy_host() {
+	mkdir -p "$(dirname "$root$1")"
+	cp -L "$1" "$root$1" || die "cannot copy $1"
+}
+
+# copy_with_libs BINARY copies a dynamically linked program to /bin and the
+# shared libraries ldd lists for it to their paths.
+copy_with_libs() {
+	local lib
+	cp -L "$1" "$root/bin/$(basename "$1")" || die "cannot copy $1"
+	for lib in $(ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
+		[ -e "$root$lib" ] || copy_host "$lib"
+	done
+}
+
+add_bench_tools() {
+	local f c name
+	mkdir -p "$root/lib64" "$root/usr/include"
+	ln -s ../lib "$root/usr/lib"
+	copy_with_libs /usr/bin/fio
+	copy_with_libs /usr/bin/tcc
+	# tcc links against the dynamic linker by its name in the library directory.
+	ln -sf /lib64/ld-linux-x86-64.so.2 "$root/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+	# tcc's own headers and runtime, and what it needs of glibc's development
+	# files to compile and link against libc: headers, start files, libc.so
+	# (a linker script) and libc_nonshared.a. No static libraries otherwise.
+	cp -r /usr/lib/x86_64-linux-gnu/tcc "$root/lib/x86_64-linux-gnu/" || die "cannot copy tcc's files"
+	while read -r f; do
+		[ -f "$f" ] || continue
+		case $f in
+		/usr/include/* | */crt1.o | */crti.o | */crtn.o | */libc.so | */libc_nonshared.a) copy_host "$f" ;;
+		esac
+	done < <(dpkg -L libc6-dev linux-libc-dev)
+	for c in "$here"/bench/*.c; do
+		name=$(basename "$c" .c)
+		gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/$name" "$c" ||
+			die "cannot build $c (gcc -static)"
+	done
+}
+
 # --- initramfs tree ---------------------------------------------------------
 
 root=$work/root
@@ -239,6 +302,10 @@ for m in $order; do
 done
 cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$moddir/modules.order" "$root/lib/modules/$kver/" 2>/dev/null || true
 depmod -b "$root" "$kver" || die "depmod -b on the initramfs tree failed"
+
+if [ -n "$bench" ]; then
+	add_bench_tools
+fi
 
 # The kernel opens /dev/console for init before /init can mount devtmpfs.
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
