@@ -11,12 +11,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Host is what the benchmarks (this one and bench/guestbench) record of the machine they ran
+// on.
+type Host struct {
+	CPUs     int
+	CPUModel string
+	Kernel   string // uname: system, release, machine
+	MemTotal string
+}
+
+// DescribeHost reads the host's description from /proc and uname.
+func DescribeHost() Host {
+	h := Host{CPUs: runtime.NumCPU(), CPUModel: "unknown"}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				h.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		h.Kernel = unix.ByteSliceToString(u.Sysname[:]) + " " + unix.ByteSliceToString(u.Release[:]) +
+			" " + unix.ByteSliceToString(u.Machine[:])
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				if kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64); err == nil {
+					h.MemTotal = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+				}
+			}
+		}
+	}
+	return h
+}
+
 // Machine describes where the benchmark ran.
 type Machine struct {
-	CPUs       int
-	CPUModel   string
-	Kernel     string
-	MemTotal   string
+	Host
 	Go         string
 	Virtiofsd  string // first line of --version
 	Kvfsd      string
@@ -26,39 +60,18 @@ type Machine struct {
 }
 
 func describeMachine(cfg *Config, sh *share) Machine {
-	m := Machine{CPUModel: "unknown", Go: runtime.Version(), FSType: sh.fsType, LoadBefore: loadAvg()}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPUModel = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	m.CPUs = runtime.NumCPU()
-	var u unix.Utsname
-	if unix.Uname(&u) == nil {
-		m.Kernel = unix.ByteSliceToString(u.Sysname[:]) + " " + unix.ByteSliceToString(u.Release[:]) +
-			" " + unix.ByteSliceToString(u.Machine[:])
-	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				if kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64); err == nil {
-					m.MemTotal = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
-				}
-			}
-		}
-	}
-	m.Virtiofsd = firstLine(cfg.Virtiofsd, "--version")
-	m.Kvfsd = firstLine(cfg.Kvfsd, "--version")
+	m := Machine{Host: DescribeHost(), Go: runtime.Version(), FSType: sh.fsType, LoadBefore: LoadAvg()}
+	m.Virtiofsd = FirstLine(cfg.Virtiofsd, "--version")
+	m.Kvfsd = FirstLine(cfg.Kvfsd, "--version")
 	if cfg.Rev != "" {
 		m.Kvfsd += " (source " + cfg.Rev + ")"
 	}
 	return m
 }
 
-func firstLine(bin string, args ...string) string {
+// FirstLine runs bin with args and returns the first line of its output (a version), or
+// "unknown (why)".
+func FirstLine(bin string, args ...string) string {
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	if err != nil && len(out) == 0 {
 		return "unknown (" + err.Error() + ")"
@@ -67,7 +80,8 @@ func firstLine(bin string, args ...string) string {
 	return line
 }
 
-func loadAvg() string {
+// LoadAvg is the host's load average over 1, 5 and 15 minutes, as /proc/loadavg gives it.
+func LoadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "unknown"

@@ -183,7 +183,7 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 		}
 		if len(res.Workloads) == 0 {
 			res.Finished = time.Now()
-			res.Machine.LoadAfter = loadAvg()
+			res.Machine.LoadAfter = LoadAvg()
 			return res, nil
 		}
 	}
@@ -246,7 +246,7 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 		}
 	}
 	res.Finished = time.Now()
-	res.Machine.LoadAfter = loadAvg()
+	res.Machine.LoadAfter = LoadAvg()
 	return res, nil
 }
 
