@@ -23,7 +23,7 @@ import (
 
 // startServer serves dir with kvfsd in-process on a fresh socket and returns the socket path
 // and a channel that yields Serve's result.
-func startServer(t *testing.T, cfg virtiofs.Config) (string, *virtiofs.Server, <-chan error) {
+func startServer(t testing.TB, cfg virtiofs.Config) (string, *virtiofs.Server, <-chan error) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "vhost-fs.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
@@ -41,7 +41,7 @@ func startServer(t *testing.T, cfg virtiofs.Config) (string, *virtiofs.Server, <
 }
 
 // shareDir makes an empty shared directory with a sibling the suite watches.
-func shareDir(t *testing.T) string {
+func shareDir(t testing.TB) string {
 	dir := filepath.Join(t.TempDir(), "share")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func shareDir(t *testing.T) string {
 	return dir
 }
 
-func dial(t *testing.T, sock string) (*frontend.Frontend, *fuseclient.Client) {
+func dial(t testing.TB, sock string) (*frontend.Frontend, *fuseclient.Client) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
