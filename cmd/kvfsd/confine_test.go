@@ -324,6 +324,13 @@ func checkConfined(t *testing.T, d *daemon, share, sandbox string) {
 	if err := unix.Statfs(proc+"/cwd/../../../..", &fs); err != nil || fs.Type != unix.PROC_SUPER_MAGIC {
 		t.Errorf("%s/cwd/../../../..: %v, type %#x; want the proc file system", proc, err, fs.Type)
 	}
+	// That proc is read-only and holds no /proc/sys: no host sysctl can be reached through it.
+	if fs.Flags&unix.ST_RDONLY == 0 {
+		t.Errorf("%s/cwd/../..: the server's proc is writable (flags %#x)", proc, fs.Flags)
+	}
+	if _, err := os.Stat(proc + "/cwd/../../sys"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s/cwd/../../sys: %v, want it missing (proc subset=pid)", proc, err)
+	}
 	checkUnreachable(t, d.server, share)
 }
 

@@ -153,8 +153,20 @@ func enterNamespace(dir string) error {
 	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("make / a recursive slave mount: %w", err)
 	}
-	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount proc: %w", err)
+	// The proc the server keeps (its working directory, see below) is read-only and, where the
+	// kernel has subset=pid (Linux 5.8), holds only process directories: code running in kvfsd
+	// can walk up from its working directory to this proc's root, and a writable proc with
+	// /proc/sys there would let it, as root, change the host's sysctls (kernel.core_pattern).
+	// Reopening files through /proc/self/fd/N still writes: the link leads to the file's own
+	// mount.
+	const procFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY
+	if err := unix.Mount("proc", "/proc", "proc", procFlags, "subset=pid"); err == unix.EINVAL {
+		err = unix.Mount("proc", "/proc", "proc", procFlags, "")
+		if err != nil {
+			return fmt.Errorf("mount proc: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("mount proc (subset=pid): %w", err)
 	}
 	procfd, err := unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
