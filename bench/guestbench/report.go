@@ -112,7 +112,7 @@ func reading(rep *Report) []string {
 	if behind[MountVirtiofsd]+behind[Mount9p] == 0 {
 		out = append(out, "Goal (no guest-level median of kvfsd below the C virtiofsd's or 9p's): met in this run.")
 	} else {
-		out = append(out, fmt.Sprintf("Goal (no guest-level median of kvfsd below the C virtiofsd's or 9p's): not met in this run: below the C virtiofsd in %d workloads, below 9p in %d (listed next).",
+		out = append(out, fmt.Sprintf("Goal (no guest-level median of kvfsd below the C virtiofsd's or 9p's): not met in this run: below the C virtiofsd in %d workloads, below 9p in %d (listed next). Why, from kvfsd's CPU profile over a whole guest run and two runs compared: docs/performance.md, \"The guest level\".",
 			behind[MountVirtiofsd], behind[Mount9p]))
 	}
 	for _, other := range []struct{ mount, name string }{{MountVirtiofsd, "the C virtiofsd"}, {Mount9p, "9p"}} {
