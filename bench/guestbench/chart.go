@@ -2,7 +2,6 @@ package guestbench
 
 import (
 	"bytes"
-	"fmt"
 	"image"
 	"image/color"
 	"image/png"
@@ -31,17 +30,12 @@ func Chart(res *Results) ([]byte, error) {
 		vv, vp float64
 	}
 	var rs []row
-	span := 1.0
+	var ratios []float64
 	for _, t := range Tests {
 		r := row{label: chartLabel(t.Label), vv: res.Speedup(MountKvfsd, MountVirtiofsd, t).Med, vp: res.Speedup(MountKvfsd, Mount9p, t).Med}
-		for _, x := range []float64{r.vv, r.vp} {
-			if x > 0 && !math.IsInf(x, 0) {
-				span = max(span, math.Ceil(math.Abs(math.Log2(x))))
-			}
-		}
+		ratios = append(ratios, r.vv, r.vp)
 		rs = append(rs, r)
 	}
-	span = min(span, 4)
 	width := margin + labelW + plotW + valueW + margin
 	height := headerH + len(rs)*rowH + footerH
 	img := image.NewRGBA(image.Rect(0, 0, width, height))
@@ -54,10 +48,8 @@ func Chart(res *Results) ([]byte, error) {
 		pC   = color.RGBA{60, 160, 90, 255}
 	)
 	x0 := margin + labelW
-	xOf := func(r float64) int {
-		l := math.Max(-span, math.Min(span, math.Log2(r)))
-		return x0 + int(math.Round((l+span)/(2*span)*float64(plotW)))
-	}
+	ax := sb.NewLogAxis(x0, plotW, ratios)
+
 	sb.DrawText(img, margin, margin, s, ink, "KVFSD IN A QEMU (TCG) GUEST, MEDIAN OF RUNS (LOG SCALE)")
 	sb.FillRect(img, image.Rect(margin, margin+24, margin+14, margin+24+barH), vC)
 	sb.DrawText(img, margin+20, margin+22, s, ink, "VS C VIRTIOFSD")
@@ -70,35 +62,13 @@ func Chart(res *Results) ([]byte, error) {
 	vx := x0 + plotW + 28
 	sb.DrawText(img, vx, top-26, s, vC, "VFSD")
 	sb.DrawText(img, vx+6*sb.GlyphAdvance*s, top-26, s, pC, "9P")
-	for e := -span; e <= span; e++ {
-		x := xOf(math.Pow(2, e))
-		c := grid
-		if e == 0 {
-			c = axis
-		}
-		sb.FillRect(img, image.Rect(x, top-6, x+1, bottom), c)
-		lbl := fmt.Sprintf("%g", math.Pow(2, e))
-		if e < 0 {
-			lbl = fmt.Sprintf("1/%g", math.Pow(2, -e))
-		}
-		sb.DrawText(img, x-len(lbl)*sb.GlyphAdvance*s/2, top-26, s, ink, lbl)
-		sb.DrawText(img, x-len(lbl)*sb.GlyphAdvance*s/2, bottom+8, s, ink, lbl)
-	}
+	ax.DrawGrid(img, top, bottom, s, grid, axis, ink)
+
 	y := top
 	for _, r := range rs {
 		sb.DrawText(img, margin, y+(rowH-sb.GlyphHeight*s)/2-2, s, ink, r.label)
-		bar := func(v float64, yy int, c color.RGBA) {
-			if !(v > 0) || math.IsInf(v, 0) {
-				return
-			}
-			a, b := xOf(1), xOf(v)
-			if b < a {
-				a, b = b, a
-			}
-			sb.FillRect(img, image.Rect(a, yy, max(b, a+1), yy+barH), c)
-		}
-		bar(r.vv, y+3, vC)
-		bar(r.vp, y+3+barH+2, pC)
+		ax.DrawBar(img, r.vv, y+3, barH, vC)
+		ax.DrawBar(img, r.vp, y+3+barH+2, barH, pC)
 		sb.DrawText(img, vx, y+(rowH-sb.GlyphHeight*s)/2-2, s, vC, chartNum(r.vv))
 		sb.DrawText(img, vx+6*sb.GlyphAdvance*s, y+(rowH-sb.GlyphHeight*s)/2-2, s, pC, chartNum(r.vp))
 		y += rowH

@@ -27,17 +27,10 @@ func Chart(res *Results) ([]byte, error) {
 		headerH = 110
 		footerH = 40
 	)
-	// The scale: powers of two either side of 1, enough for the largest ratio (at most 16×).
-	span := 1.0
+	var ratios []float64
 	for _, r := range rs {
-		for _, x := range []float64{r.ops.med, 1 / r.cpu.med} {
-			if x > 0 && !math.IsInf(x, 0) && !math.IsNaN(x) {
-				span = max(span, math.Ceil(math.Abs(math.Log2(x))))
-			}
-		}
+		ratios = append(ratios, r.ops.med, 1/r.cpu.med)
 	}
-	span = min(span, 4)
-
 	groups := 0
 	for i := range rs {
 		if i == 0 || rs[i].w.Name != rs[i-1].w.Name {
@@ -59,10 +52,7 @@ func Chart(res *Results) ([]byte, error) {
 		cpuSub = color.RGBA{240, 200, 150, 255}
 	)
 	x0 := margin + labelW
-	xOf := func(r float64) int {
-		l := math.Max(-span, math.Min(span, math.Log2(r)))
-		return x0 + int(math.Round((l+span)/(2*span)*float64(plotW)))
-	}
+	ax := NewLogAxis(x0, plotW, ratios)
 
 	text(img, margin, margin, s, ink, "KVFSD ÷ C VIRTIOFSD, SERVER LEVEL (LOG SCALE)")
 	fill(img, image.Rect(margin, margin+24, margin+14, margin+24+barH), opsC)
@@ -76,17 +66,7 @@ func Chart(res *Results) ([]byte, error) {
 	vx := x0 + plotW + 28
 	text(img, vx, top-26, s, opsC, "OPS")
 	text(img, vx+6*glyphA*s, top-26, s, cpuC, "CPU")
-	for e := -span; e <= span; e++ {
-		x := xOf(math.Pow(2, e))
-		c := grid
-		if e == 0 {
-			c = axis
-		}
-		fill(img, image.Rect(x, top-6, x+1, bottom), c)
-		lbl := tick(e)
-		text(img, x-len(lbl)*glyphA*s/2, top-26, s, ink, lbl)
-		text(img, x-len(lbl)*glyphA*s/2, bottom+8, s, ink, lbl)
-	}
+	ax.DrawGrid(img, top, bottom, s, grid, axis, ink)
 
 	y := top
 	for i, r := range rs {
@@ -105,18 +85,8 @@ func Chart(res *Results) ([]byte, error) {
 		if r.substitute {
 			oc, cc = opsSub, cpuSub
 		}
-		bar := func(v float64, yy int, c color.RGBA) {
-			if !(v > 0) || math.IsInf(v, 0) {
-				return
-			}
-			a, b := xOf(1), xOf(v)
-			if b < a {
-				a, b = b, a
-			}
-			fill(img, image.Rect(a, yy, max(b, a+1), yy+barH), c)
-		}
-		bar(r.ops.med, y+3, oc)
-		bar(1/r.cpu.med, y+3+barH+2, cc)
+		ax.DrawBar(img, r.ops.med, y+3, barH, oc)
+		ax.DrawBar(img, 1/r.cpu.med, y+3+barH+2, barH, cc)
 		text(img, vx, y+(rowH-glyphH*s)/2-2, s, opsC, ratioText(r.ops.med))
 		text(img, vx+6*glyphA*s, y+(rowH-glyphH*s)/2-2, s, cpuC, ratioText(1/r.cpu.med))
 		y += rowH
@@ -128,8 +98,6 @@ func Chart(res *Results) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
-
-func tick(e float64) string { return fmt.Sprintf("%g", math.Pow(2, e)) }
 
 func ratioText(v float64) string {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
