@@ -15,6 +15,7 @@
 //	console.log     the guest's serial console (DefaultVM)
 //	qemu.log        QEMU's stdout and stderr
 //	server.log      an external server's stdout and stderr
+//	control.sock    the control API of the sandbox's owner (a shim), if it serves one
 //
 // shared/ is made as Kata makes it — bind mounts/ to shared/, remount it MS_BIND|MS_REMOUNT|
 // MS_RDONLY, make it MS_SLAVE — after first binding mounts/ onto itself and making it

@@ -26,6 +26,10 @@ const (
 	serverLogName = "server.log"
 )
 
+// ControlSocketName is the control API socket a sandbox's owner serves in the sandbox
+// directory (BASE/<id>/control.sock), where kvfsctl finds it without being told.
+const ControlSocketName = "control.sock"
+
 // Directory modes. Only root (the owner, the server, QEMU as root) looks inside.
 const (
 	sandboxDirMode = 0o750
