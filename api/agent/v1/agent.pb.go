@@ -79,8 +79,13 @@ func (*PingRequest) Descriptor() ([]byte, []int) {
 type PingResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// version is the agent's version; kernel the guest kernel's release (uname -r).
-	Version       string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	Kernel        string `protobuf:"bytes,2,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Kernel  string `protobuf:"bytes,2,opt,name=kernel,proto3" json:"kernel,omitempty"`
+	// init_started_ns is the guest's CLOCK_BOOTTIME when the agent started as init (the
+	// kernel's boot time), uptime_ns the same clock when it answered: with the host's own
+	// times they split a VM's start into QEMU and firmware, kernel boot and agent start-up.
+	InitStartedNs uint64 `protobuf:"varint,3,opt,name=init_started_ns,json=initStartedNs,proto3" json:"init_started_ns,omitempty"`
+	UptimeNs      uint64 `protobuf:"varint,4,opt,name=uptime_ns,json=uptimeNs,proto3" json:"uptime_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -127,6 +132,20 @@ func (x *PingResponse) GetKernel() string {
 		return x.Kernel
 	}
 	return ""
+}
+
+func (x *PingResponse) GetInitStartedNs() uint64 {
+	if x != nil {
+		return x.InitStartedNs
+	}
+	return 0
+}
+
+func (x *PingResponse) GetUptimeNs() uint64 {
+	if x != nil {
+		return x.UptimeNs
+	}
+	return 0
 }
 
 // Stdio says which of a process's standard streams the host connects. A stream not asked for
@@ -1857,10 +1876,12 @@ var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
 const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"\x18api/agent/v1/agent.proto\x12\rkvfs.agent.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
-	"\vPingRequest\"@\n" +
+	"\vPingRequest\"\x85\x01\n" +
 	"\fPingResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
-	"\x06kernel\x18\x02 \x01(\tR\x06kernel\"i\n" +
+	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12&\n" +
+	"\x0finit_started_ns\x18\x03 \x01(\x04R\rinitStartedNs\x12\x1b\n" +
+	"\tuptime_ns\x18\x04 \x01(\x04R\buptimeNs\"i\n" +
 	"\x05Stdio\x12\x1a\n" +
 	"\bterminal\x18\x01 \x01(\bR\bterminal\x12\x14\n" +
 	"\x05stdin\x18\x02 \x01(\bR\x05stdin\x12\x16\n" +
