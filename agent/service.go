@@ -482,34 +482,38 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 		return nil, err
 	}
 	c := &container{id: id, bundle: filepath.Join(s.cfg.StateDir, id), cgroup: spec.Linux.CgroupsPath, execs: make(map[string]*process)}
-	c.op.Lock()
-	defer c.op.Unlock()
-	s.mu.Lock()
-	if s.shutting {
-		s.mu.Unlock()
-		return nil, errShuttingDown
-	}
-	if _, ok := s.containers[id]; ok {
-		s.mu.Unlock()
-		return nil, errf(codes.AlreadyExists, "container %q already exists", id)
-	}
-	s.containers[id] = c
-	s.mu.Unlock()
-	defer func() {
-		if err != nil {
-			s.mu.Lock()
-			c.gone = true
-			delete(s.containers, id)
-			s.mu.Unlock()
-			os.RemoveAll(c.bundle)
-		}
-	}()
-
 	p, err := newProcess(c, "", req.Stdio)
 	if err != nil {
 		return nil, err
 	}
 	c.init = p
+	c.op.Lock()
+	defer c.op.Unlock()
+	s.mu.Lock()
+	err = s.checkNewLocked(id)
+	if err == nil {
+		s.containers[id] = c
+	}
+	s.mu.Unlock()
+	if err != nil {
+		p.closeChildIO()
+		s.mu.Lock()
+		s.releaseLocked(p)
+		s.mu.Unlock()
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			s.mu.Lock()
+			c.gone = true
+			delete(s.containers, id)
+			// Whoever waits for this init hears that it is gone.
+			s.exitLocked(p, 255, time.Now())
+			s.mu.Unlock()
+			os.RemoveAll(c.bundle)
+		}
+	}()
+
 	if err := writeBundle(c.bundle, spec); err != nil {
 		p.closeChildIO()
 		return nil, errf(codes.Internal, "bundle: %v", err)
@@ -534,6 +538,17 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	go s.cfg.Cgroups.WatchOOM(ctxOOM, c.cgroup, func() { s.queueOOM(id) })
 	s.log.WithFields(logrus.Fields{"container": id, "pid": cr.Pid}).Info("container created")
 	return &apiv1.CreateContainerResponse{Pid: uint32(cr.Pid)}, nil
+}
+
+// checkNewLocked says whether a container id can be created now.
+func (s *Service) checkNewLocked(id string) error {
+	if s.shutting {
+		return errShuttingDown
+	}
+	if _, ok := s.containers[id]; ok {
+		return errf(codes.AlreadyExists, "container %q already exists", id)
+	}
+	return nil
 }
 
 func writeBundle(dir string, spec *specs.Spec) error {

@@ -31,8 +31,11 @@ import (
 const bootTimeout = 4 * time.Minute
 
 // TestAgentInGuest boots the agent's image in a sandbox (in-process kvfsd, the agent on a
-// virtio-serial port) and drives it over ttrpc as the shim does: two containers with runc in
-// the guest, their root filesystems busybox directories bound into the share.
+// virtio-serial port) and drives it over ttrpc as the shim does: containers run by runc in the
+// guest, their root filesystems busybox directories bound into the share. c1 writes to both
+// streams, exits 3 and leaves a file in its root; c3 is OOM-killed under a memory limit; c2
+// runs long enough for execs (stdin, a terminal), ListPids, Stats, an update, pause and resume,
+// a reconnection of the host, and SIGKILL. Shutdown then powers the VM off.
 func TestAgentInGuest(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (mounts, QEMU)")
@@ -132,6 +135,34 @@ func TestAgentInGuest(t *testing.T) {
 	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c1"})
 	call("delete c1", err)
 
+	// c3: a memory limit it exceeds; the OOM kill is reported.
+	oomSpec := specJSON(t, "c3", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+	var sp specs.Spec
+	call("spec", json.Unmarshal(oomSpec, &sp))
+	limit, swap := int64(32<<20), int64(32<<20)
+	sp.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit, Swap: &swap}}
+	oomSpec, err = json.Marshal(&sp)
+	call("spec", err)
+	if err := s.Bind(roots["c1"], "c3", false); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{ContainerId: "c3", Spec: oomSpec})
+	call("create c3", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c3"})
+	call("start c3", err)
+	oom, err := ag.GetOOMEvent(rctx, &apiv1.GetOOMEventRequest{})
+	call("OOM event", err)
+	if oom.ContainerId != "c3" {
+		t.Errorf("OOM event for %q, want c3", oom.ContainerId)
+	}
+	w, err = ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c3"})
+	call("wait c3", err)
+	if w.ExitStatus != 128+uint32(syscall.SIGKILL) {
+		t.Errorf("c3 exit status %d, want 137 (OOM-killed)", w.ExitStatus)
+	}
+	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c3"})
+	call("delete c3", err)
+
 	// c2: a long-running init, execs into it, its cgroup.
 	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{
 		ContainerId: "c2", Spec: specJSON(t, "c2", "sleep", "1000"),
@@ -185,6 +216,16 @@ func TestAgentInGuest(t *testing.T) {
 	}
 	if m.GetPids().GetCurrent() == 0 || m.GetMemory().GetUsage() == 0 {
 		t.Errorf("stats: pids %v memory %v", m.GetPids(), m.GetMemory())
+	}
+
+	_, err = ag.UpdateContainer(rctx, &apiv1.UpdateContainerRequest{ContainerId: "c2", Resources: []byte(`{"pids":{"limit":42}}`)})
+	call("update", err)
+	sr, err = ag.Stats(rctx, &apiv1.StatsRequest{ContainerId: "c2"})
+	call("stats after update", err)
+	v, err = typeurl.UnmarshalAny(sr.Stats)
+	call("decode stats", err)
+	if m, _ := v.(*stats.Metrics); m.GetPids().GetLimit() != 42 {
+		t.Errorf("pids after an update to a limit of 42: %v", m.GetPids())
 	}
 
 	_, err = ag.PauseContainer(rctx, &apiv1.PauseContainerRequest{ContainerId: "c2"})
