@@ -8,7 +8,8 @@
 // the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
 // /dev/shm, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller enabled for the
 // containers, loads the modules in /etc/kvfs/modules (finit_module), mounts the virtio-fs tag
-// of the kernel command line (kvfs.tag=) at /run/kvfs/shared and serves, on the virtio-serial
+// of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up (the containers
+// share the VM's network namespace) and serves, on the virtio-serial
 // port io.kvfs.agent.0 or a vsock port (kvfs.agent=). Every line it logs on the console starts
 // with "kvfs-agent:". Shutdown kills and deletes the containers; Main then lets the answer
 // leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a

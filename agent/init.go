@@ -143,6 +143,28 @@ func loadModule(path string) error {
 	return nil
 }
 
+// LoopbackUp brings the loopback interface up: the containers share the VM's network
+// namespace (the shim drops theirs), and programs expect localhost to answer.
+func LoopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("lo: SIOCGIFFLAGS: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("lo: SIOCSIFFLAGS: %w", err)
+	}
+	return nil
+}
+
 // KernelRelease answers uname -r.
 func KernelRelease() string {
 	var u unix.Utsname

@@ -107,6 +107,9 @@ func run(log *logrus.Entry, pid1 bool) error {
 		if err := MountShare(params.Tag, apiv1.SharedDir); err != nil {
 			return err
 		}
+		if err := LoopbackUp(); err != nil {
+			return err
+		}
 	}
 
 	reaper := NewReaper()

@@ -173,7 +173,7 @@ func TestAgentInGuest(t *testing.T) {
 	initPid := st.Pid
 
 	_, err = ag.ExecProcess(rctx, &apiv1.ExecProcessRequest{
-		ContainerId: "c2", ExecId: "e1", Process: processJSON(t, "sh", "-c", "echo exec-out; cat"),
+		ContainerId: "c2", ExecId: "e1", Process: processJSON(t, "sh", "-c", "echo exec-out; ip link show lo | grep -q UP || echo lo is down; cat"),
 		Stdio: &apiv1.Stdio{Stdin: true, Stdout: true},
 	})
 	call("exec e1", err)
