@@ -315,9 +315,7 @@ func newProcess(c *container, execID string, stdio *apiv1.Stdio) (_ *process, er
 	}
 	p := &process{c: c, execID: execID, terminal: stdio.Terminal, exited: make(chan struct{})}
 	if p.terminal {
-		if stdio.Stderr {
-			return nil, errf(codes.InvalidArgument, "stdio: a terminal has no stderr")
-		}
+		// stdin and stdout are the pty; stderr goes there too (stdio.stderr is unused).
 		p.childIO.Terminal = true
 		p.stdout, p.stderr = newOutStream(), newOutStream()
 		p.stderr.attach(nil)
@@ -758,6 +756,8 @@ func (s *Service) DeleteProcess(ctx context.Context, req *apiv1.DeleteProcessReq
 			return nil, errf(codes.FailedPrecondition, "process %q of container %q is running", req.ExecId, c.id)
 		}
 		delete(c.execs, req.ExecId)
+		// An exec deleted before it started never runs: whoever waits for it hears 255.
+		s.exitLocked(p, 255, time.Now())
 		s.releaseLocked(p)
 		return &apiv1.DeleteProcessResponse{}, nil
 	}

@@ -473,6 +473,43 @@ func TestStateRules(t *testing.T) {
 	}
 }
 
+// TestDeleteUnstartedExec: an exec deleted before its start wakes its waiters and readers.
+func TestDeleteUnstartedExec(t *testing.T) {
+	fx := newFixture(t)
+	fx.create(t, "c", nil, "sleep")
+	fx.start(t, "c", "")
+	if _, err := fx.svc.ExecProcess(fx.ctx, &apiv1.ExecProcessRequest{ContainerId: "c", ExecId: "e",
+		Process: []byte(`{"args":["cat"]}`), Stdio: &apiv1.Stdio{Terminal: true, Stdout: true}}); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan uint32, 1)
+	read := make(chan bool, 1)
+	go func() {
+		w, err := fx.svc.WaitProcess(fx.ctx, &apiv1.WaitProcessRequest{ContainerId: "c", ExecId: "e"})
+		if err != nil {
+			t.Error(err)
+		}
+		waited <- w.GetExitStatus()
+	}()
+	go func() {
+		r, err := fx.svc.ReadStdout(fx.ctx, &apiv1.ReadStreamRequest{ContainerId: "c", ExecId: "e", Max: 10})
+		if err != nil {
+			t.Error(err)
+		}
+		read <- r.GetEof()
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if _, err := fx.svc.DeleteProcess(fx.ctx, &apiv1.DeleteProcessRequest{ContainerId: "c", ExecId: "e"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := <-waited; st != 255 {
+		t.Errorf("wait of a deleted unstarted exec: %d, want 255", st)
+	}
+	if eof := <-read; !eof {
+		t.Error("read of a deleted unstarted exec: no eof")
+	}
+}
+
 func TestDeleteCreatedForces(t *testing.T) {
 	fx := newFixture(t)
 	fx.create(t, "c", nil, "sleep")

@@ -106,7 +106,7 @@ func (s *outStream) Read(ctx context.Context, done <-chan struct{}, max int) ([]
 			s.mu.Unlock()
 			return data, false, nil
 		}
-		if s.ended {
+		if s.ended || s.discard {
 			s.mu.Unlock()
 			return nil, true, nil
 		}
@@ -122,8 +122,9 @@ func (s *outStream) Read(ctx context.Context, done <-chan struct{}, max int) ([]
 	}
 }
 
-// Discard drops what is buffered and what is still to come: the process was deleted. The
-// stream's reader keeps draining it to its end, so the process never blocks on a full pipe.
+// Discard drops what is buffered and what is still to come: the process was deleted. Reads
+// answer eof from now on; the stream's reader keeps draining it to its end, so the process
+// never blocks on a full pipe.
 func (s *outStream) Discard() {
 	s.mu.Lock()
 	s.discard = true
