@@ -25,6 +25,9 @@
 // drain, so what a process wrote is still there after it exited: WaitProcess answers after the
 // exit, the reads answer the rest and then eof.
 //
+// [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
+// ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.
+//
 // The [Reaper] reaps every child with wait4(-1) on SIGCHLD and is go-runc's process monitor,
 // so runc's own commands get their exits and every other exit reaches
 // [Service.ProcessExited]. A process can exit before runc has told its pid; while a create or

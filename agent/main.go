@@ -131,7 +131,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := ttrpc.NewServer()
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(Interceptor(log)))
 	if err != nil {
 		return err
 	}

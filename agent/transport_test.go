@@ -2,14 +2,19 @@ package agent
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containerd/ttrpc"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
@@ -101,7 +106,7 @@ func TestSerialListenerSessions(t *testing.T) {
 
 	// The next host gets a connection on the same files, and ttrpc works on it.
 	fx := newFixture(t)
-	srv, err := ttrpc.NewServer()
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(Interceptor(fx.svc.log)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,3 +155,26 @@ func (o *oneConn) Accept() (net.Conn, error) {
 }
 func (o *oneConn) Close() error   { o.once.Do(func() { close(o.done) }); return nil }
 func (o *oneConn) Addr() net.Addr { return serialAddr("test") }
+
+// TestInterceptorRecovers: a panicking request answers Internal and the server goes on.
+func TestInterceptorRecovers(t *testing.T) {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	log.SetLevel(logrus.DebugLevel)
+	ic := Interceptor(logrus.NewEntry(log))
+	info := &ttrpc.UnaryServerInfo{FullMethod: "/kvfs.agent.v1.Agent/Ping"}
+	_, err := ic(context.Background(), nil, info, func(context.Context, func(any) error) (any, error) {
+		var m map[string]int
+		m["x"] = 1
+		return nil, nil
+	})
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "assignment to entry in nil map") {
+		t.Errorf("a panic answered %v", err)
+	}
+	resp, err := ic(context.Background(), nil, info, func(context.Context, func(any) error) (any, error) {
+		return "ok", nil
+	})
+	if resp != "ok" || err != nil {
+		t.Errorf("a normal request answered %v, %v", resp, err)
+	}
+}
