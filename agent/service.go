@@ -106,7 +106,8 @@ type process struct {
 	stderr   *outStream
 	exited   chan struct{} // closed when the process has exited
 
-	// The process's ends of its pipes (non-terminal), until it has been started.
+	// childIO holds the process's ends of its pipes (non-terminal) until runc has them;
+	// guarded by c.op (made before the process is published).
 	childIO ProcessIO
 
 	state      procState       // guarded by Service.mu
@@ -615,17 +616,7 @@ func (s *Service) StartProcess(ctx context.Context, req *apiv1.StartProcessReque
 	c.op.Lock()
 	defer c.op.Unlock()
 	s.mu.Lock()
-	p, err := s.processLocked(c, req.ExecId)
-	if err == nil && p.state != stateCreated {
-		err = errf(codes.FailedPrecondition, "process %q of container %q is %s, not created", req.ExecId, c.id, p.state)
-	}
-	if err == nil && c.paused {
-		err = errf(codes.FailedPrecondition, "container %q is paused", c.id)
-	}
-	if err == nil && p != c.init && c.init.state != stateRunning {
-		err = errf(codes.FailedPrecondition, "container %q is %s, not running", c.id, c.init.state)
-	}
-	pid := p.pidOrZeroLocked()
+	p, pid, err := s.startableLocked(c, req.ExecId)
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -671,11 +662,21 @@ func (s *Service) StartProcess(ctx context.Context, req *apiv1.StartProcessReque
 	return &apiv1.StartProcessResponse{Pid: uint32(cr.Pid)}, nil
 }
 
-func (p *process) pidOrZeroLocked() int {
-	if p == nil {
-		return 0
+// startableLocked finds a process that StartProcess may start, and its pid (the init's, known
+// since create).
+func (s *Service) startableLocked(c *container, eid string) (*process, int, error) {
+	p, err := s.processLocked(c, eid)
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case p.state != stateCreated:
+		return nil, 0, errf(codes.FailedPrecondition, "process %q of container %q is %s, not created", eid, c.id, p.state)
+	case c.paused:
+		return nil, 0, errf(codes.FailedPrecondition, "container %q is paused", c.id)
+	case p != c.init && c.init.state != stateRunning:
+		return nil, 0, errf(codes.FailedPrecondition, "container %q is %s, not running", c.id, c.init.state)
 	}
-	return p.pid
+	return p, p.pid, nil
 }
 
 // SignalProcess signals a process, or with all every process of the container.
