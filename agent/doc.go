@@ -33,6 +33,20 @@
 // [Service.ProcessExited]. A process can exit before runc has told its pid; while a create or
 // exec is in flight, exits of unknown pids are kept and matched when the pid is known.
 //
+// # Transport
+//
+// A virtio-serial port is one byte stream for the VM's whole life; the host's sessions on it
+// (each connection to QEMU's chardev socket) are not framed. While no host is connected, a
+// read answers end of file at once and poll reports POLLHUP; when one connects, both stop. The
+// serial listener (ListenSerial) therefore polls the port every 10 ms: Accept waits for a host,
+// each session is one net.Conn handed to ttrpc, and a session ends when the host goes away
+// (its read sees end of file, or the poll sees POLLHUP), leaving the port open for the next.
+// The kernel keeps no trace of a disconnection followed at once by a reconnection, so a host
+// that comes back within about 10 ms may be taken for the same session (ttrpc then refuses its
+// first requests: their stream ids start again at 1). A host should keep one connection and
+// give Ping a long deadline at boot rather than redial in a tight loop. vsock (ListenVsock)
+// has real connections and none of this.
+//
 // # Threat model
 //
 // The guest is hostile to the host, not the other way round: the host (the shim) is trusted,
