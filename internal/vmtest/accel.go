@@ -97,3 +97,10 @@ func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
 }
+
+// Accel answers the accelerator Boot would use for guests of g's kernel, and why: g must be
+// an Image guest (the KVM probe boots it). A guest built otherwise, such as AgentImage's,
+// takes the verdict reached with Image's guest of the same kernel.
+func Accel(ctx context.Context, g Guest) (accel, why string) {
+	return chooseAccel(ctx, g, DefaultQEMU)
+}

@@ -8,6 +8,9 @@
 //     initramfs made by packaging/guest/build.sh. The guest's /init mounts the
 //     share, runs one script from it, prints "KVFS-EXIT <status>" on the
 //     serial console and powers off.
+//   - [AgentImage] builds the pod VM's guest ("build.sh --agent"): the same
+//     kernel, kvfs-agent as /init, runc and busybox. [Accel] answers the
+//     accelerator choice for guests of that kernel.
 //   - [StartServer] runs a virtiofsd-compatible server (the C virtiofsd or
 //     kvfsd) on a temporary socket.
 //   - [Boot] turns [Options] into a QEMU command line ([Options.QEMUArgs] is
@@ -20,7 +23,8 @@
 // Environment:
 //
 //	KVFS_SERVER  server binary for TestGuestConformance
-//	KVFS_CACHE   where Image keeps the guest (default /var/cache/kvfs/guest)
+//	KVFS_CACHE   where Image keeps the guest (default /var/cache/kvfs/guest);
+//	             AgentImage uses $KVFS_CACHE/agent-guest (default /var/cache/kvfs/agent-guest)
 //	KVFS_ACCEL   "kvm" or "tcg" to skip the accelerator probe in Boot
 //
 // KVM: an openable /dev/kvm is not proof that KVM works (on some nested

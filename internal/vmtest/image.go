@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,10 @@ type Guest struct {
 // otherwise. It outlives test runs so that the kernel is downloaded once.
 const DefaultCacheDir = "/var/cache/kvfs/guest"
 
+// DefaultAgentCacheDir is where AgentImage keeps the agent's guest unless
+// $KVFS_CACHE says otherwise.
+const DefaultAgentCacheDir = "/var/cache/kvfs/agent-guest"
+
 // imageMu serialises builds within one test binary; build.sh itself takes a
 // lock for builds from several test binaries at once.
 var imageMu sync.Mutex
@@ -32,6 +37,20 @@ var imageMu sync.Mutex
 // meant to run in CI, so they never skip.
 func Image(t testing.TB) Guest {
 	t.Helper()
+	return build(t, cacheDir())
+}
+
+// AgentImage returns the pod VM's guest, whose /init is kvfs-agent: built with
+// "packaging/guest/build.sh --agent" into $KVFS_CACHE/agent-guest (default
+// /var/cache/kvfs/agent-guest), rebuilt when the agent, runc or the script
+// changed. Like Image, it fails the test when the guest cannot be built.
+func AgentImage(t testing.TB) Guest {
+	t.Helper()
+	return build(t, agentCacheDir(), "--agent")
+}
+
+func build(t testing.TB, dir string, flags ...string) Guest {
+	t.Helper()
 	imageMu.Lock()
 	defer imageMu.Unlock()
 
@@ -39,12 +58,12 @@ func Image(t testing.TB) Guest {
 	if err != nil {
 		t.Fatalf("vmtest: %v", err)
 	}
-	dir := cacheDir()
 	script := filepath.Join(root, "packaging", "guest", "build.sh")
+	args := append(append([]string{script}, flags...), dir)
 	start := time.Now()
-	out, err := exec.Command("bash", script, dir).CombinedOutput()
+	out, err := exec.Command("bash", args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("vmtest: building the guest image failed (bash %s %s): %v\n%s", script, dir, err, out)
+		t.Fatalf("vmtest: building the guest image failed (bash %s): %v\n%s", strings.Join(args, " "), err, out)
 	}
 	g := Guest{
 		Kernel: filepath.Join(dir, "vmlinuz"),
@@ -59,6 +78,14 @@ func Image(t testing.TB) Guest {
 		t.Logf("vmtest: guest image built in %v:\n%s", d.Round(time.Millisecond), out)
 	}
 	return g
+}
+
+// agentCacheDir is $KVFS_CACHE/agent-guest, else DefaultAgentCacheDir.
+func agentCacheDir() string {
+	if d := os.Getenv("KVFS_CACHE"); d != "" {
+		return filepath.Join(d, "agent-guest")
+	}
+	return DefaultAgentCacheDir
 }
 
 // cacheDir is $KVFS_CACHE, else DefaultCacheDir when it can be created,

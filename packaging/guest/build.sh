@@ -2,7 +2,7 @@
 # Build the kvfs test guest: Debian 12's kernel and a small initramfs made of
 # static busybox, the virtio-fs modules, a static helper and packaging/guest/init.
 #
-#   packaging/guest/build.sh [--bench] OUTDIR
+#   packaging/guest/build.sh [--bench|--agent] OUTDIR
 #
 # Writes OUTDIR/vmlinuz and OUTDIR/initramfs.gz. Does nothing when both are
 # newer than this script, init and tools/*.c (and bench/*.c for --bench), or
@@ -16,6 +16,17 @@
 # OUTDIR of its own: the same, plus the 9p modules, fio and tcc with the shared
 # libraries they load, glibc's headers and start files for tcc, and the static
 # helpers in bench/*.c. The default image does not change.
+#
+# --agent builds the pod VM's image, into an OUTDIR of its own: the same kernel,
+# the virtio, virtio-fs, virtio-serial and vsock guest modules (listed in
+# /etc/kvfs/modules), static busybox with its applets in /bin, Debian's runc
+# with the shared libraries and dynamic loader it needs, and kvfs-agent built
+# from this repository (CGO_ENABLED=0 go build -trimpath) as /init. Neither init
+# nor tools/*.c go in. It is rebuilt when the contents of build.sh, the agent
+# binary, the runc package's version or the kernel package change (the check
+# builds the agent first: go's build cache makes that quick). The archive is
+# reproducible: every file's time is SOURCE_DATE_EPOCH (default 0), cpio's input
+# sorted and --reproducible, gzip -n.
 set -euo pipefail
 
 prog=build.sh
@@ -29,11 +40,18 @@ say() {
 }
 
 bench=
-if [ "${1:-}" = --bench ]; then
+agent=
+case ${1:-} in
+--bench)
 	bench=1
 	shift
-fi
-[ $# -eq 1 ] || die "usage: $0 [--bench] OUTDIR"
+	;;
+--agent)
+	agent=1
+	shift
+	;;
+esac
+[ $# -eq 1 ] || die "usage: $0 [--bench|--agent] OUTDIR"
 
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$1" || die "cannot create output directory $1"
@@ -52,6 +70,14 @@ if [ -n "$bench" ]; then
 	host_packages+=" fio tcc"
 	inputs+=("$here"/bench/*.c)
 fi
+if [ -n "$agent" ]; then
+	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport"
+	host_packages+=" runc"
+	inputs=("$here/build.sh")
+	repo=$(cd "$here/../.." && pwd)
+	epoch=${SOURCE_DATE_EPOCH:-0}
+	[[ $epoch =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$epoch is not a number of seconds"
+fi
 
 # inputs_hash identifies the contents of the inputs, so that a fresh checkout
 # (new modification times, same contents) does not force a rebuild.
@@ -59,12 +85,22 @@ inputs_hash() {
 	{
 		(cd "$here" && sha256sum "${inputs[@]#"$here"/}")
 		[ -z "$bench" ] || echo bench
+		if [ -n "$agent" ]; then
+			echo "agent $(sha256sum <"$agent_bin" | cut -d' ' -f1)"
+			dpkg-query -W -f='${Package} ${Version}\n' runc
+			# The kernel packages in use: their file names carry their versions.
+			(cd "$out/debs" 2>/dev/null && compgen -G 'linux-image-*.deb' | LC_ALL=C sort) || echo "no kernel yet"
+			echo "epoch $epoch"
+		fi
 	} | sha256sum | cut -d' ' -f1
 }
 
 up_to_date() {
 	local f newer=1
 	[ -s "$out/vmlinuz" ] && [ -s "$out/initramfs.gz" ] || return 1
+	# The agent image also depends on the agent's sources and the runc package, which
+	# have no single file to compare times with: only its hash decides.
+	[ -z "$agent" ] || newer=
 	for f in "${inputs[@]}"; do
 		[ "$out/vmlinuz" -nt "$f" ] && [ "$out/initramfs.gz" -nt "$f" ] || newer=
 	done
@@ -127,6 +163,20 @@ for b in /bin/busybox /usr/bin/busybox; do
 	fi
 done
 [ -n "$busybox" ] || die "busybox-static is installed but no busybox binary was found"
+
+if [ -n "$agent" ]; then
+	gobin=$(command -v go || true)
+	[ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
+	[ -n "$gobin" ] || die "go is not installed (needed to build kvfs-agent)"
+	runc_bin=$(command -v runc || true)
+	[ -n "$runc_bin" ] || runc_bin=/usr/sbin/runc
+	[ -x "$runc_bin" ] || die "the runc package is installed but no runc binary was found"
+	agent_bin=$out/kvfs-agent
+	say "building kvfs-agent"
+	(cd "$repo" && CGO_ENABLED=0 "$gobin" build -trimpath -buildvcs=false -o "$agent_bin.tmp" ./cmd/kvfs-agent) >&2 ||
+		die "go build ./cmd/kvfs-agent failed"
+	mv -f "$agent_bin.tmp" "$agent_bin"
+fi
 
 if up_to_date; then
 	say "up to date: $out"
@@ -281,13 +331,19 @@ for applet in $("$root/bin/busybox" --list); do
 	[ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
 done
 
-install -m 0755 "$here/init" "$root/init"
+if [ -n "$agent" ]; then
+	install -m 0755 "$agent_bin" "$root/init"
+	say "adding $runc_bin and its libraries"
+	copy_with_libs "$runc_bin"
+else
+	install -m 0755 "$here/init" "$root/init"
 
-for c in "$here"/tools/*.c; do
-	name=$(basename "$c" .c)
-	gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/$name" "$c" ||
-		die "cannot build $c (gcc -static)"
-done
+	for c in "$here"/tools/*.c; do
+		name=$(basename "$c" .c)
+		gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/$name" "$c" ||
+			die "cannot build $c (gcc -static)"
+	done
+fi
 
 : >"$root/etc/kvfs/modules"
 for m in $order; do
@@ -311,9 +367,16 @@ fi
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
 
 say "packing initramfs ($(echo "$order" | wc -w) modules, kernel $kver)"
-(cd "$root" && find . -print0 | LC_ALL=C sort -z |
-	cpio --null --create --format=newc --owner=0:0 --quiet) |
-	gzip -9 >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+if [ -n "$agent" ]; then
+	find "$root" -exec touch -h -d "@$epoch" {} + || die "cannot set the files' times"
+	(cd "$root" && find . -print0 | LC_ALL=C sort -z |
+		cpio --null --create --format=newc --owner=0:0 --reproducible --quiet) |
+		gzip -9 -n >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+else
+	(cd "$root" && find . -print0 | LC_ALL=C sort -z |
+		cpio --null --create --format=newc --owner=0:0 --quiet) |
+		gzip -9 >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+fi
 cp "$vmlinuz" "$out/vmlinuz.tmp"
 mv -f "$out/vmlinuz.tmp" "$out/vmlinuz"
 mv -f "$out/initramfs.gz.tmp" "$out/initramfs.gz"

@@ -1,0 +1,42 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseCmdline(t *testing.T) {
+	good := []struct {
+		line string
+		want BootParams
+	}{
+		{"console=ttyS0 quiet panic=-1 kvfs.tag=kataShared kvfs.agent=serial",
+			BootParams{Tag: "kataShared", Transport: TransportSerial}},
+		{"kvfs.tag=t", BootParams{Tag: "t", Transport: TransportSerial}},
+		{"kvfs.tag=t kvfs.agent=vsock", BootParams{Tag: "t", Transport: TransportVsock, VsockPort: 1024}},
+		{"kvfs.tag=t kvfs.agent=vsock:5000 kvfs.debug=1\n", BootParams{Tag: "t", Transport: TransportVsock, VsockPort: 5000, Debug: true}},
+		{"kvfs.agent=vsock:7 kvfs.agent=serial kvfs.tag=a kvfs.tag=b kvfs.debug=1 kvfs.debug=0 ro",
+			BootParams{Tag: "b", Transport: TransportSerial}},
+	}
+	for _, g := range good {
+		got, err := ParseCmdline(g.line)
+		if err != nil || got != g.want {
+			t.Errorf("ParseCmdline(%q) = %+v, %v; want %+v", g.line, got, err, g.want)
+		}
+	}
+	bad := []struct{ line, want string }{
+		{"console=ttyS0", "no kvfs.tag="},
+		{"kvfs.tag=", "kvfs.tag: empty"},
+		{"kvfs.tag=t kvfs.agent=tcp", "kvfs.agent=tcp"},
+		{"kvfs.tag=t kvfs.agent=serial:3", "kvfs.agent=serial:3"},
+		{"kvfs.tag=t kvfs.agent=vsock:0", "kvfs.agent=vsock:0"},
+		{"kvfs.tag=t kvfs.agent=vsock:99999999999", "vsock port"},
+		{"kvfs.tag=t kvfs.debug=yes", "kvfs.debug=yes"},
+	}
+	for _, b := range bad {
+		_, err := ParseCmdline(b.line)
+		if err == nil || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("ParseCmdline(%q) = %v, want an error saying %q", b.line, err, b.want)
+		}
+	}
+}

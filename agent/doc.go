@@ -1,0 +1,69 @@
+// Package agent is kvfs-agent, the init of a kvfs pod's VM: it serves the agent API
+// (api/agent/v1) to the host's shim over ttrpc and runs the pod's containers with runc in the
+// guest.
+//
+// # What it does
+//
+// As PID 1 (Main) it leaves the initramfs for a bind mount of it (runc's pivot_root refuses
+// the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
+// /dev/shm, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller enabled for the
+// containers, loads the modules in /etc/kvfs/modules (finit_module), mounts the virtio-fs tag
+// of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up (the containers
+// share the VM's network namespace) and serves, on the virtio-serial
+// port io.kvfs.agent.0 or a vsock port (kvfs.agent=). Every line it logs on the console starts
+// with "kvfs-agent:". Shutdown kills and deletes the containers; Main then lets the answer
+// leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a
+// child subreaper, so the container processes still come back to it).
+//
+// [Service] implements the API on a [Runtime] ([RuncRuntime]: runc create, start, exec, kill,
+// delete, ps, pause, resume, update through go-runc) and [Cgroups] ([Cgroup2]: metrics and OOM
+// kills from the container's cgroup). Each container's bundle is
+// /run/kvfs/containers/<id>/config.json, written from the request's spec. A process's stdio
+// are pipes the agent holds the other ends of, /dev/null for a stream the host did not ask for,
+// or a pty whose master runc passes back over a console socket. Its output is read into a
+// bounded buffer (1 MiB; past it the process blocks on write) that ReadStdout and ReadStderr
+// drain, so what a process wrote is still there after it exited: WaitProcess answers after the
+// exit, the reads answer the rest and then eof.
+//
+// [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
+// ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.
+//
+// The [Reaper] reaps every child with wait4(-1) on SIGCHLD and is go-runc's process monitor,
+// so runc's own commands get their exits and every other exit reaches
+// [Service.ProcessExited]. A process can exit before runc has told its pid; while a create or
+// exec is in flight, exits of unknown pids are kept and matched when the pid is known.
+//
+// # Transport
+//
+// A virtio-serial port is one byte stream for the VM's whole life; the host's sessions on it
+// (each connection to QEMU's chardev socket) are not framed. While no host is connected, a
+// read answers end of file at once and poll reports POLLHUP; when one connects, both stop. The
+// serial listener (ListenSerial) therefore polls the port every 10 ms: Accept waits for a host,
+// each session is one net.Conn handed to ttrpc, and a session ends when the host goes away
+// (its read sees end of file, or the poll sees POLLHUP), leaving the port open for the next.
+// The kernel keeps no trace of a disconnection followed at once by a reconnection, so a host
+// that comes back within about 10 ms may be taken for the same session (ttrpc then refuses its
+// first requests: their stream ids start again at 1). A host should keep one connection and
+// give Ping a long deadline at boot rather than redial in a tight loop. vsock (ListenVsock)
+// has real connections and none of this.
+//
+// # Threat model
+//
+// The guest is hostile to the host, not the other way round: the host (the shim) is trusted,
+// it owns the VM. The agent still checks what it is asked, so that a confused or buggy host
+// gets an error rather than a broken guest: ids are one path component (no "/", no "." or
+// "..", no leading "-" that runc would parse as a flag, no control characters, at most 255
+// bytes), a spec's root must be below the share and it may carry no hooks, JSON documents are
+// bounded (4 MiB), a read answers at most 1 MiB, signals are 1 to 64. The containers are not
+// trusted: what they write reaches the host only as stream data, bounded by the host's reads.
+// A host that vanishes (a shim restart) costs its connection, never the agent: the next
+// connection on the port is served.
+//
+// # Lock order
+//
+// container.op, then Service.mu. container.op serialises the runtime calls that change one
+// container (create, start, exec start, pause, resume, update, delete) and is held across
+// them; Service.mu guards the maps and every process's state and is never held across a
+// runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu and serialConn.mu are leaves.
+// ProcessExited takes Service.mu only.
+package agent

@@ -1,0 +1,175 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	runc "github.com/containerd/go-runc"
+	"github.com/containerd/ttrpc"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+// Version is the agent's version, answered by Ping.
+const Version = "0.1.0"
+
+const (
+	// portWait bounds the wait for the virtio-serial port to appear after its module loaded.
+	portWait = 10 * time.Second
+	// serverDrain bounds how long Shutdown's answer may take to leave before the power-off.
+	serverDrain = 2 * time.Second
+	modulesList = "/etc/kvfs/modules"
+)
+
+// logFormat writes "kvfs-agent: level message key=value ..." lines: the console's format.
+type logFormat struct{}
+
+func (logFormat) Format(e *logrus.Entry) ([]byte, error) {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "kvfs-agent: %s %s", e.Level, e.Message)
+	keys := make([]string, 0, len(e.Data))
+	for k := range e.Data {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, " %s=%v", k, e.Data[k])
+	}
+	b.WriteByte('\n')
+	return b.Bytes(), nil
+}
+
+// Main is kvfs-agent: the init of a pod's VM. As PID 1 it sets the system up (mounts,
+// modules, the share), serves the agent API on the transport the kernel command line names
+// until Shutdown, and powers the machine off; it never returns then. Run otherwise (as a
+// child subreaper) it only serves, and answers an exit status when Shutdown is done.
+func Main() int {
+	log := logrus.New()
+	log.SetOutput(os.Stderr)
+	log.SetFormatter(logFormat{})
+	entry := logrus.NewEntry(log)
+	pid1 := os.Getpid() == 1
+	err := run(entry, pid1)
+	if !pid1 {
+		if err != nil {
+			entry.WithError(err).Error("exiting")
+			return 1
+		}
+		return 0
+	}
+	if err != nil {
+		entry.WithError(err).Error("fatal")
+	}
+	if err := PowerOff(apiv1.SharedDir); err != nil {
+		entry.WithError(err).Error("power-off failed")
+	}
+	// Init returning panics the kernel; with panic=-1 and QEMU's -no-reboot that ends the VM.
+	return 1
+}
+
+func run(log *logrus.Entry, pid1 bool) error {
+	start := time.Now()
+	if pid1 {
+		os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
+		if err := LeaveInitramfs(); err != nil {
+			return err
+		}
+		if err := MountSystem(); err != nil {
+			return err
+		}
+	} else if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("becoming a child subreaper: %w", err)
+	}
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return err
+	}
+	params, err := ParseCmdline(string(cmdline))
+	if err != nil {
+		return err
+	}
+	if params.Debug {
+		log.Logger.SetLevel(logrus.DebugLevel)
+	}
+	log.WithField("kernel", KernelRelease()).Info("starting")
+	if pid1 {
+		if err := LoadModules(modulesList, filepath.Join("/lib/modules", KernelRelease())); err != nil {
+			return err
+		}
+		if err := MountShare(params.Tag, apiv1.SharedDir); err != nil {
+			return err
+		}
+		if err := LoopbackUp(); err != nil {
+			return err
+		}
+	}
+
+	reaper := NewReaper()
+	runc.Monitor = reaper
+	svc, err := NewService(Config{
+		Runtime: &RuncRuntime{BundleDir: DefaultStateDir},
+		Cgroups: Cgroup2{Root: DefaultCgroupRoot, Log: log},
+		Version: Version,
+		Log:     log,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go reaper.Run(ctx, svc.ProcessExited)
+
+	l, err := listen(params)
+	if err != nil {
+		return err
+	}
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(Interceptor(log)))
+	if err != nil {
+		return err
+	}
+	apiv1.RegisterAgentService(srv, svc)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, l) }()
+	log.WithFields(logrus.Fields{"transport": params.Transport, "addr": l.Addr().String(),
+		"after": time.Since(start).Round(time.Millisecond)}).Info("serving")
+
+	select {
+	case <-svc.Done():
+	case err := <-served:
+		return fmt.Errorf("serving: %w", err)
+	}
+	dctx, dcancel := context.WithTimeout(ctx, serverDrain)
+	defer dcancel()
+	if err := srv.Shutdown(dctx); err != nil {
+		log.WithError(err).Warn("the last answers may not have left")
+	}
+	log.Info("shut down")
+	return nil
+}
+
+// listen opens the transport of params: the virtio-serial port (waiting for it to appear) or
+// the vsock port.
+func listen(params BootParams) (net.Listener, error) {
+	if params.Transport == TransportVsock {
+		return ListenVsock(params.VsockPort)
+	}
+	deadline := time.Now().Add(portWait)
+	for {
+		dev, err := FindSerialPort(DefaultVirtioPorts, apiv1.SerialPortName)
+		if err == nil {
+			return ListenSerial(dev)
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

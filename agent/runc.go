@@ -1,0 +1,213 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+
+	runc "github.com/containerd/go-runc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// Defaults of RuncRuntime.
+const (
+	DefaultRuncRoot    = "/run/runc"
+	DefaultRuncCommand = "runc"
+)
+
+// RuncRuntime is the Runtime of the guest: Debian's runc, driven through go-runc. Its
+// commands are started and waited for by go-runc's Monitor, which must be the agent's
+// [Reaper] (set runc.Monitor) when the agent reaps every child.
+type RuncRuntime struct {
+	// Command is the runc binary (default DefaultRuncCommand, found in PATH).
+	Command string
+	// Root is runc's state directory (--root; default DefaultRuncRoot).
+	Root string
+	// BundleDir holds the containers' bundles (the service's StateDir); runc's log of each
+	// container is BundleDir/<id>/log.json.
+	BundleDir string
+}
+
+func (r *RuncRuntime) runc(id string) *runc.Runc {
+	cmd, root := r.Command, r.Root
+	if cmd == "" {
+		cmd = DefaultRuncCommand
+	}
+	if root == "" {
+		root = DefaultRuncRoot
+	}
+	return &runc.Runc{
+		Command:   cmd,
+		Root:      root,
+		Log:       r.logPath(id),
+		LogFormat: runc.JSON,
+	}
+}
+
+func (r *RuncRuntime) logPath(id string) string {
+	return filepath.Join(r.BundleDir, id, "log.json")
+}
+
+// failed adds runc's last error message from its log to err.
+func (r *RuncRuntime) failed(id string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if msg := lastRuncError(r.logPath(id)); msg != "" {
+		return fmt.Errorf("%w: %s", err, msg)
+	}
+	return err
+}
+
+// lastRuncError answers the message of the last error in runc's JSON log, or "".
+func lastRuncError(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var last string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+		}
+		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.Level == "error" || e.Level == "fatal") {
+			last = e.Msg
+		}
+	}
+	return last
+}
+
+// fileIO hands a ProcessIO's files to a runc command.
+type fileIO struct{ p ProcessIO }
+
+func (f fileIO) Close() error          { return nil }
+func (f fileIO) Stdin() io.WriteCloser { return nil }
+func (f fileIO) Stdout() io.ReadCloser { return nil }
+func (f fileIO) Stderr() io.ReadCloser { return nil }
+func (f fileIO) Set(cmd *exec.Cmd) {
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = f.p.Stdin, f.p.Stdout, f.p.Stderr
+}
+
+// Create runs runc create with the process's stdio or a console socket for its pty.
+func (r *RuncRuntime) Create(ctx context.Context, id, bundle string, stdio ProcessIO) (Created, error) {
+	pidFile := filepath.Join(bundle, "init.pid")
+	opts := &runc.CreateOpts{PidFile: pidFile}
+	var sock *runc.Socket
+	if stdio.Terminal {
+		var err error
+		if sock, err = runc.NewTempConsoleSocket(); err != nil {
+			return Created{}, fmt.Errorf("console socket: %w", err)
+		}
+		defer sock.Close()
+		opts.ConsoleSocket = sock
+	} else {
+		opts.IO = fileIO{stdio}
+	}
+	if err := r.runc(id).Create(ctx, id, bundle, opts); err != nil {
+		return Created{}, r.failed(id, err)
+	}
+	cr, err := created(pidFile, sock)
+	if err != nil {
+		// runc made the container: do not leave it behind unknown.
+		_ = r.runc(id).Delete(context.Background(), id, &runc.DeleteOpts{Force: true})
+	}
+	return cr, err
+}
+
+// created reads the pid runc wrote and receives the pty master of a terminal process.
+func created(pidFile string, sock *runc.Socket) (Created, error) {
+	pid, err := runc.ReadPidFile(pidFile)
+	if err != nil {
+		return Created{}, fmt.Errorf("pid file: %w", err)
+	}
+	cr := Created{Pid: pid}
+	if sock != nil {
+		if cr.Console, err = sock.ReceiveMaster(); err != nil {
+			// The process exists: kill it rather than leave it without its terminal.
+			_ = unix.Kill(pid, unix.SIGKILL)
+			return Created{}, fmt.Errorf("receiving the pty master: %w", err)
+		}
+	}
+	return cr, nil
+}
+
+// Start runs runc start.
+func (r *RuncRuntime) Start(ctx context.Context, id string) error {
+	return r.failed(id, r.runc(id).Start(ctx, id))
+}
+
+// Exec runs runc exec --detach.
+func (r *RuncRuntime) Exec(ctx context.Context, id, execID string, p *specs.Process, stdio ProcessIO) (Created, error) {
+	dir, err := os.MkdirTemp(filepath.Join(r.BundleDir, id), "exec-")
+	if err != nil {
+		return Created{}, err
+	}
+	defer os.RemoveAll(dir)
+	pidFile := filepath.Join(dir, "pid")
+	opts := &runc.ExecOpts{PidFile: pidFile, Detach: true}
+	var sock *runc.Socket
+	if stdio.Terminal {
+		if sock, err = runc.NewTempConsoleSocket(); err != nil {
+			return Created{}, fmt.Errorf("console socket: %w", err)
+		}
+		defer sock.Close()
+		opts.ConsoleSocket = sock
+	} else {
+		opts.IO = fileIO{stdio}
+	}
+	if err := r.runc(id).Exec(ctx, id, *p, opts); err != nil {
+		return Created{}, r.failed(id, fmt.Errorf("exec %s: %w", execID, err))
+	}
+	cr, err := created(pidFile, sock)
+	if err != nil {
+		return Created{}, fmt.Errorf("exec %s: %w", execID, err)
+	}
+	return cr, nil
+}
+
+// Kill runs runc kill [--all].
+func (r *RuncRuntime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	return r.failed(id, r.runc(id).Kill(ctx, id, int(sig), &runc.KillOpts{All: all}))
+}
+
+// Signal signals an exec by pid, as containerd's runc shim does.
+func (r *RuncRuntime) Signal(pid int, sig syscall.Signal) error {
+	return unix.Kill(pid, sig)
+}
+
+// Delete runs runc delete [--force].
+func (r *RuncRuntime) Delete(ctx context.Context, id string, force bool) error {
+	return r.failed(id, r.runc(id).Delete(ctx, id, &runc.DeleteOpts{Force: force}))
+}
+
+// Ps runs runc ps.
+func (r *RuncRuntime) Ps(ctx context.Context, id string) ([]int, error) {
+	pids, err := r.runc(id).Ps(ctx, id)
+	return pids, r.failed(id, err)
+}
+
+// Pause runs runc pause.
+func (r *RuncRuntime) Pause(ctx context.Context, id string) error {
+	return r.failed(id, r.runc(id).Pause(ctx, id))
+}
+
+// Resume runs runc resume.
+func (r *RuncRuntime) Resume(ctx context.Context, id string) error {
+	return r.failed(id, r.runc(id).Resume(ctx, id))
+}
+
+// Update runs runc update.
+func (r *RuncRuntime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
+	return r.failed(id, r.runc(id).Update(ctx, id, res))
+}

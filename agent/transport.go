@@ -1,0 +1,268 @@
+package agent
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/vsock"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultVirtioPorts is where the kernel lists virtio-serial ports.
+const DefaultVirtioPorts = "/sys/class/virtio-ports"
+
+// hostPollInterval is how often a serial listener looks whether the host has connected:
+// the port gives no event for it (while the host is away, poll answers POLLHUP at once).
+const hostPollInterval = 10 * time.Millisecond
+
+// FindSerialPort answers the device (/dev/vportNpM) of the virtio-serial port called name,
+// looked up in sysDir (DefaultVirtioPorts).
+func FindSerialPort(sysDir, name string) (string, error) {
+	entries, err := os.ReadDir(sysDir)
+	if err != nil {
+		return "", fmt.Errorf("virtio-serial ports: %w", err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(sysDir, e.Name(), "name"))
+		if err != nil {
+			continue
+		}
+		if strings.TrimSpace(string(b)) == name {
+			return filepath.Join("/dev", e.Name()), nil
+		}
+	}
+	return "", fmt.Errorf("no virtio-serial port named %q in %s", name, sysDir)
+}
+
+// ListenSerial opens the virtio-serial port dev and answers a listener whose connections are
+// the host's sessions on it.
+func ListenSerial(dev string) (net.Listener, error) {
+	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return newSerialListener(f, f, func() (bool, error) { return hostConnected(f) }), nil
+}
+
+// hostConnected polls the port once: POLLHUP means no host program has the port's chardev
+// open (the host end of the socket is not connected).
+func hostConnected(f *os.File) (bool, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var revents int16
+	var perr error
+	if err := rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
+		for {
+			_, perr = unix.Poll(fds, 0)
+			if perr != unix.EINTR {
+				break
+			}
+		}
+		revents = fds[0].Revents
+	}); err != nil {
+		return false, err
+	}
+	if perr != nil {
+		return false, perr
+	}
+	return revents&unix.POLLHUP == 0, nil
+}
+
+// ListenVsock listens on a vsock port of the guest.
+func ListenVsock(port uint32) (net.Listener, error) {
+	return vsock.Listen(port, nil)
+}
+
+// serialListener turns one long-lived byte stream (a virtio-serial port) into a sequence of
+// connections: one at a time, each from when the host is there until it goes away (end of
+// file) or ttrpc closes it. The port itself stays open across them; a connection's Close
+// only interrupts its reads and writes (a deadline), so a new host session gets a fresh
+// connection on the same file.
+//
+// Lock order: serialConn.mu is a leaf.
+type serialListener struct {
+	r, w      *os.File
+	connected func() (bool, error)
+	free      chan struct{} // holds a token while no connection is handed out
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func newSerialListener(r, w *os.File, connected func() (bool, error)) *serialListener {
+	l := &serialListener{r: r, w: w, connected: connected, free: make(chan struct{}, 1), closed: make(chan struct{})}
+	l.free <- struct{}{}
+	return l
+}
+
+// Accept waits until the previous connection is done and the host is connected.
+func (l *serialListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.free:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	for {
+		ok, err := l.connected()
+		if err != nil {
+			l.free <- struct{}{}
+			return nil, fmt.Errorf("serial port: %w", err)
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-time.After(hostPollInterval):
+		case <-l.closed:
+			l.free <- struct{}{}
+			return nil, net.ErrClosed
+		}
+	}
+	if err := setDeadline(l.r, l.w, time.Time{}); err != nil {
+		l.free <- struct{}{}
+		return nil, err
+	}
+	c := &serialConn{l: l, done: make(chan struct{})}
+	go c.watchHost()
+	return c, nil
+}
+
+func setDeadline(r, w *os.File, t time.Time) error {
+	if err := r.SetDeadline(t); err != nil {
+		return fmt.Errorf("serial port: %w", err)
+	}
+	if w != r {
+		if err := w.SetDeadline(t); err != nil {
+			return fmt.Errorf("serial port: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close ends Accept; the port is closed once its connection is done.
+func (l *serialListener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		go func() {
+			<-l.free
+			l.r.Close()
+			if l.w != l.r {
+				l.w.Close()
+			}
+		}()
+	})
+	return nil
+}
+
+func (l *serialListener) Addr() net.Addr { return serialAddr(l.r.Name()) }
+
+type serialAddr string
+
+func (a serialAddr) Network() string { return "virtio-serial" }
+func (a serialAddr) String() string  { return string(a) }
+
+// serialConn is one host session on the port.
+type serialConn struct {
+	l        *serialListener
+	done     chan struct{} // closed by Close
+	mu       sync.Mutex
+	closed   bool // guarded by mu
+	inflight int  // guarded by mu: reads and writes under way
+	released bool // guarded by mu: the listener's token was given back
+}
+
+func (c *serialConn) enter() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return net.ErrClosed
+	}
+	c.inflight++
+	return nil
+}
+
+func (c *serialConn) leave() {
+	c.mu.Lock()
+	c.inflight--
+	c.releaseLocked()
+	c.mu.Unlock()
+}
+
+// releaseLocked gives the port back to the listener once the connection is closed and no
+// read or write of it is left on the file.
+func (c *serialConn) releaseLocked() {
+	if c.closed && c.inflight == 0 && !c.released {
+		c.released = true
+		c.l.free <- struct{}{}
+	}
+}
+
+// watchHost closes the connection when the host goes away. A read of the port answers end
+// of file then, but only if it runs before the host is back: the kernel takes both changes
+// without a trace, and a reader woken late would carry on with the next host session as if
+// it were this one. So the port is polled while a connection is open; a host that reconnects
+// within hostPollInterval of going away can still be taken for the same session.
+func (c *serialConn) watchHost() {
+	t := time.NewTicker(hostPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		if ok, err := c.l.connected(); err != nil || !ok {
+			c.Close()
+			return
+		}
+	}
+}
+
+// Read reads from the port; end of file is the host going away.
+func (c *serialConn) Read(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	return c.l.r.Read(b)
+}
+
+func (c *serialConn) Write(b []byte) (int, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	return c.l.w.Write(b)
+}
+
+// Close interrupts the connection's reads and writes; the port stays open for the next.
+func (c *serialConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	// Under mu: a read that ends now gives the token back only after the deadline is set,
+	// so the next Accept's clearing of it comes after.
+	err := setDeadline(c.l.r, c.l.w, time.Now())
+	c.releaseLocked()
+	return err
+}
+
+func (c *serialConn) LocalAddr() net.Addr  { return c.l.Addr() }
+func (c *serialConn) RemoteAddr() net.Addr { return serialAddr("host") }
+
+// The port's deadlines are the listener's (a closed connection's reads end at once);
+// ttrpc sets none.
+func (c *serialConn) SetDeadline(t time.Time) error      { return os.ErrNoDeadline }
+func (c *serialConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline }
+func (c *serialConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }

@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+// pipeConn is the host's end of a port made of two pipes.
+type pipeConn struct{ r, w *os.File }
+
+func (c pipeConn) Read(b []byte) (int, error)         { return c.r.Read(b) }
+func (c pipeConn) Write(b []byte) (int, error)        { return c.w.Write(b) }
+func (c pipeConn) Close() error                       { return nil }
+func (c pipeConn) LocalAddr() net.Addr                { return serialAddr("host") }
+func (c pipeConn) RemoteAddr() net.Addr               { return serialAddr("guest") }
+func (c pipeConn) SetDeadline(t time.Time) error      { return os.ErrNoDeadline }
+func (c pipeConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline }
+func (c pipeConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }
+
+// TestSerialListenerSessions plays a port with two pipes and a host that comes and goes: the
+// listener waits for the host, serves it, notices it left, and serves the next host on the
+// same files with a fresh ttrpc connection.
+func TestSerialListenerSessions(t *testing.T) {
+	toGuestR, toGuestW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	toHostR, toHostW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
+	var connected atomic.Bool
+	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return connected.Load(), nil })
+
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	select {
+	case <-accepted:
+		t.Fatal("Accept returned while the host is away")
+	case <-time.After(100 * time.Millisecond):
+	}
+	connected.Store(true)
+	var first net.Conn
+	select {
+	case first = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not return once the host came")
+	}
+	// A second Accept waits for the first connection to end.
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- c
+	}()
+	select {
+	case <-accepted:
+		t.Fatal("a second connection while the first is open")
+	case <-time.After(100 * time.Millisecond):
+	}
+	// A read blocked on the port ends when the host goes away; the port stays open.
+	readDone := make(chan error, 1)
+	go func() {
+		_, err := first.Read(make([]byte, 1))
+		readDone <- err
+	}()
+	connected.Store(false)
+	select {
+	case err := <-readDone:
+		if err == nil {
+			t.Error("read succeeded after the host left")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a read still blocks after the host left")
+	}
+	if _, err := first.Write([]byte("x")); err == nil {
+		t.Error("write on a closed connection succeeded")
+	}
+	select {
+	case <-accepted:
+		t.Fatal("Accept returned while the host is away")
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	// The next host gets a connection on the same files, and ttrpc works on it.
+	fx := newFixture(t)
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(Interceptor(fx.svc.log)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiv1.RegisterAgentService(srv, fx.svc)
+	connected.Store(true)
+	var second net.Conn
+	select {
+	case second = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection for the second host")
+	}
+	one := &oneConn{c: second, done: make(chan struct{})}
+	go srv.Serve(context.Background(), one)
+	defer srv.Close()
+	client := ttrpc.NewClient(pipeConn{r: toHostR, w: toGuestW})
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := apiv1.NewAgentClient(client).Ping(ctx, &apiv1.PingRequest{})
+	if err != nil || r.Version != "test" {
+		t.Fatalf("ping over the second session: %v, %v", r, err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Accept(); err != net.ErrClosed {
+		t.Errorf("Accept after Close: %v", err)
+	}
+}
+
+// oneConn is a listener that hands out one connection, then waits.
+type oneConn struct {
+	c    net.Conn
+	done chan struct{}
+	used bool
+	once sync.Once
+}
+
+func (o *oneConn) Accept() (net.Conn, error) {
+	if !o.used {
+		o.used = true
+		return o.c, nil
+	}
+	<-o.done
+	return nil, net.ErrClosed
+}
+func (o *oneConn) Close() error   { o.once.Do(func() { close(o.done) }); return nil }
+func (o *oneConn) Addr() net.Addr { return serialAddr("test") }
+
+// TestInterceptorRecovers: a panicking request answers Internal and the server goes on.
+func TestInterceptorRecovers(t *testing.T) {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	log.SetLevel(logrus.DebugLevel)
+	ic := Interceptor(logrus.NewEntry(log))
+	info := &ttrpc.UnaryServerInfo{FullMethod: "/kvfs.agent.v1.Agent/Ping"}
+	_, err := ic(context.Background(), nil, info, func(context.Context, func(any) error) (any, error) {
+		var m map[string]int
+		m["x"] = 1
+		return nil, nil
+	})
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "assignment to entry in nil map") {
+		t.Errorf("a panic answered %v", err)
+	}
+	resp, err := ic(context.Background(), nil, info, func(context.Context, func(any) error) (any, error) {
+		return "ok", nil
+	})
+	if resp != "ok" || err != nil {
+		t.Errorf("a normal request answered %v, %v", resp, err)
+	}
+}

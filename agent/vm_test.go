@@ -1,0 +1,446 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/sandbox"
+)
+
+// bootTimeout bounds a boot of the agent's guest under TCG (20-40 s here, more when other
+// guests run at the same time).
+const bootTimeout = 4 * time.Minute
+
+// TestAgentInGuest boots the agent's image in a sandbox (in-process kvfsd, the agent on a
+// virtio-serial port) and drives it over ttrpc as the shim does: containers run by runc in the
+// guest, their root filesystems busybox directories bound into the share. c1 writes to both
+// streams, exits 3 and leaves a file in its root; c3 is OOM-killed under a memory limit; c2
+// runs long enough for execs (stdin, a terminal), ListPids, Stats, an update, pause and resume,
+// a reconnection of the host, and SIGKILL. Shutdown then powers the VM off.
+func TestAgentInGuest(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mounts, QEMU)")
+	}
+	if testing.Short() {
+		t.Skip("boots a guest under QEMU (skipped with -short)")
+	}
+	g := vmtest.AgentImage(t)
+	accel := testAccel(t)
+	ctx := context.Background()
+
+	base, err := os.MkdirTemp("", "kvfs-ag-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	cfg := sandbox.DefaultConfig()
+	cfg.BaseDir = base
+	s, err := sandbox.Create(ctx, "agent", sandbox.Options{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	roots := map[string]string{}
+	for _, id := range []string{"c1", "c2"} {
+		roots[id] = busyboxRoot(t)
+		if err := s.Bind(roots[id], id, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	agentSock := filepath.Join(s.Dir(), "agent.sock")
+	vm := s.DefaultVM()
+	vm.Accel, vm.Kernel, vm.Initrd = accel, g.Kernel, g.Initrd
+	vm.Cmdline = "console=ttyS0 quiet panic=-1 kvfs.tag=" + s.Config().Device.Tag + " kvfs.agent=serial"
+	vm.ExtraArgs = []string{
+		"-device", "virtio-serial-pci,id=kvfs-serial0",
+		"-chardev", "socket,id=kvfs-agent0,path=" + agentSock + ",server=on,wait=off",
+		"-device", "virtserialport,bus=kvfs-serial0.0,chardev=kvfs-agent0,name=" + apiv1.SerialPortName,
+	}
+	diag := func() string {
+		b, _ := os.ReadFile(s.ConsolePath())
+		q, _ := os.ReadFile(filepath.Join(s.Dir(), "qemu.log"))
+		return "--- console ---\n" + string(b) + "\n--- qemu.log ---\n" + string(q)
+	}
+	start := time.Now()
+	if err := s.Start(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+
+	ag, closeAgent := dialAgent(t, agentSock, s.VMExited(), diag)
+	bootCtx, cancel := context.WithTimeout(ctx, bootTimeout)
+	pong, err := ag.Ping(bootCtx, &apiv1.PingRequest{})
+	cancel()
+	if err != nil {
+		t.Fatalf("ping: %v\n%s", err, diag())
+	}
+	t.Logf("accel %s: QEMU start to Ping answered: %v (agent %s, kernel %s)", accel,
+		time.Since(start).Round(time.Millisecond), pong.Version, pong.Kernel)
+
+	call := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, diag())
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+
+	// c1: output on both streams, an exit status, a file written into the share.
+	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{
+		ContainerId: "c1",
+		Spec:        specJSON(t, "c1", "sh", "-c", "echo hello; echo err >&2; echo from-guest > /written.txt; exit 3"),
+		Stdio:       &apiv1.Stdio{Stdout: true, Stderr: true},
+	})
+	call("create c1", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c1"})
+	call("start c1", err)
+	if out := readAll(t, rctx, ag.ReadStdout, "c1", ""); out != "hello\n" {
+		t.Errorf("c1 stdout %q", out)
+	}
+	if out := readAll(t, rctx, ag.ReadStderr, "c1", ""); out != "err\n" {
+		t.Errorf("c1 stderr %q", out)
+	}
+	w, err := ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c1"})
+	call("wait c1", err)
+	if w.ExitStatus != 3 {
+		t.Errorf("c1 exit status %d, want 3", w.ExitStatus)
+	}
+	if b, err := os.ReadFile(filepath.Join(roots["c1"], "written.txt")); err != nil || string(b) != "from-guest\n" {
+		t.Errorf("the file the container wrote, on the host: %q, %v", b, err)
+	}
+	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c1"})
+	call("delete c1", err)
+
+	// c3: a memory limit it exceeds; the OOM kill is reported.
+	oomSpec := specJSON(t, "c3", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+	var sp specs.Spec
+	call("spec", json.Unmarshal(oomSpec, &sp))
+	limit, swap := int64(32<<20), int64(32<<20)
+	sp.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit, Swap: &swap}}
+	oomSpec, err = json.Marshal(&sp)
+	call("spec", err)
+	if err := s.Bind(roots["c1"], "c3", false); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{ContainerId: "c3", Spec: oomSpec})
+	call("create c3", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c3"})
+	call("start c3", err)
+	oom, err := ag.GetOOMEvent(rctx, &apiv1.GetOOMEventRequest{})
+	call("OOM event", err)
+	if oom.ContainerId != "c3" {
+		t.Errorf("OOM event for %q, want c3", oom.ContainerId)
+	}
+	w, err = ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c3"})
+	call("wait c3", err)
+	if w.ExitStatus != 128+uint32(syscall.SIGKILL) {
+		t.Errorf("c3 exit status %d, want 137 (OOM-killed)", w.ExitStatus)
+	}
+	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c3"})
+	call("delete c3", err)
+
+	// c2: a long-running init, execs into it, its cgroup.
+	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{
+		ContainerId: "c2", Spec: specJSON(t, "c2", "sleep", "1000"),
+	})
+	call("create c2", err)
+	st, err := ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c2"})
+	call("start c2", err)
+	initPid := st.Pid
+
+	_, err = ag.ExecProcess(rctx, &apiv1.ExecProcessRequest{
+		ContainerId: "c2", ExecId: "e1", Process: processJSON(t, "sh", "-c", "echo exec-out; ip link show lo | grep -q UP || echo lo is down; cat"),
+		Stdio: &apiv1.Stdio{Stdin: true, Stdout: true},
+	})
+	call("exec e1", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c2", ExecId: "e1"})
+	call("start e1", err)
+	_, err = ag.WriteStdin(rctx, &apiv1.WriteStdinRequest{ContainerId: "c2", ExecId: "e1", Data: []byte("from-stdin\n")})
+	call("write stdin", err)
+	_, err = ag.CloseStdin(rctx, &apiv1.CloseStdinRequest{ContainerId: "c2", ExecId: "e1"})
+	call("close stdin", err)
+	if out := readAll(t, rctx, ag.ReadStdout, "c2", "e1"); out != "exec-out\nfrom-stdin\n" {
+		t.Errorf("e1 stdout %q", out)
+	}
+	w, err = ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c2", ExecId: "e1"})
+	call("wait e1", err)
+	if w.ExitStatus != 0 {
+		t.Errorf("e1 exit status %d", w.ExitStatus)
+	}
+	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c2", ExecId: "e1"})
+	call("delete e1", err)
+
+	pids, err := ag.ListPids(rctx, &apiv1.ListPidsRequest{ContainerId: "c2"})
+	call("list pids", err)
+	var sawInit bool
+	for _, p := range pids.Processes {
+		if p.Pid == initPid && p.IsKnown && p.ExecId == "" {
+			sawInit = true
+		}
+	}
+	if !sawInit {
+		t.Errorf("ListPids %v does not name the init (pid %d)", pids.Processes, initPid)
+	}
+
+	sr, err := ag.Stats(rctx, &apiv1.StatsRequest{ContainerId: "c2"})
+	call("stats", err)
+	v, err := typeurl.UnmarshalAny(sr.Stats)
+	call("decode stats", err)
+	m, ok := v.(*stats.Metrics)
+	if !ok {
+		t.Fatalf("stats are a %T (%s)", v, sr.Stats.GetTypeUrl())
+	}
+	if m.GetPids().GetCurrent() == 0 || m.GetMemory().GetUsage() == 0 {
+		t.Errorf("stats: pids %v memory %v", m.GetPids(), m.GetMemory())
+	}
+
+	_, err = ag.UpdateContainer(rctx, &apiv1.UpdateContainerRequest{ContainerId: "c2", Resources: []byte(`{"pids":{"limit":42}}`)})
+	call("update", err)
+	sr, err = ag.Stats(rctx, &apiv1.StatsRequest{ContainerId: "c2"})
+	call("stats after update", err)
+	v, err = typeurl.UnmarshalAny(sr.Stats)
+	call("decode stats", err)
+	if m, _ := v.(*stats.Metrics); m.GetPids().GetLimit() != 42 {
+		t.Errorf("pids after an update to a limit of 42: %v", m.GetPids())
+	}
+
+	_, err = ag.PauseContainer(rctx, &apiv1.PauseContainerRequest{ContainerId: "c2"})
+	call("pause", err)
+	_, err = ag.ExecProcess(rctx, &apiv1.ExecProcessRequest{
+		ContainerId: "c2", ExecId: "paused", Process: processJSON(t, "true")})
+	call("exec while paused", err)
+	if _, err := ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c2", ExecId: "paused"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("start while paused: %v, want FailedPrecondition", err)
+	}
+	_, err = ag.ResumeContainer(rctx, &apiv1.ResumeContainerRequest{ContainerId: "c2"})
+	call("resume", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c2", ExecId: "paused"})
+	call("start after resume", err)
+	w, err = ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c2", ExecId: "paused"})
+	call("wait after resume", err)
+	if w.ExitStatus != 0 {
+		t.Errorf("exec after resume: exit status %d", w.ExitStatus)
+	}
+
+	// A terminal: the window size set by ResizePty is what stty reads.
+	_, err = ag.ExecProcess(rctx, &apiv1.ExecProcessRequest{
+		ContainerId: "c2", ExecId: "tty", Process: processJSON(t, "sh", "-c", "read x; stty size"),
+		Stdio: &apiv1.Stdio{Terminal: true, Stdin: true, Stdout: true},
+	})
+	call("exec tty", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c2", ExecId: "tty"})
+	call("start tty", err)
+	_, err = ag.ResizePty(rctx, &apiv1.ResizePtyRequest{ContainerId: "c2", ExecId: "tty", Width: 123, Height: 45})
+	call("resize", err)
+	_, err = ag.WriteStdin(rctx, &apiv1.WriteStdinRequest{ContainerId: "c2", ExecId: "tty", Data: []byte("go\n")})
+	call("write tty", err)
+	if out := readAll(t, rctx, ag.ReadStdout, "c2", "tty"); !strings.Contains(out, "45 123") {
+		t.Errorf("terminal output %q does not have the size 45 123", out)
+	}
+	w, err = ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c2", ExecId: "tty"})
+	call("wait tty", err)
+	if w.ExitStatus != 0 {
+		t.Errorf("tty exit status %d", w.ExitStatus)
+	}
+
+	// The shim may restart: a new connection on the same port is served. A new shim process
+	// takes far longer to come than the agent's 10 ms look at the port; the pause stands for
+	// that (see serialConn.watchHost).
+	closeAgent()
+	time.Sleep(100 * time.Millisecond)
+	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
+	defer closeAgent()
+	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
+	call("ping after reconnecting", err)
+
+	_, err = ag.SignalProcess(rctx, &apiv1.SignalProcessRequest{ContainerId: "c2", Signal: uint32(syscall.SIGKILL)})
+	call("kill c2", err)
+	w, err = ag.WaitProcess(rctx, &apiv1.WaitProcessRequest{ContainerId: "c2"})
+	call("wait c2", err)
+	if w.ExitStatus != 128+uint32(syscall.SIGKILL) {
+		t.Errorf("c2 exit status %d, want 137", w.ExitStatus)
+	}
+	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c2"})
+	call("delete c2", err)
+
+	_, err = ag.Shutdown(rctx, &apiv1.ShutdownRequest{})
+	call("shutdown", err)
+	select {
+	case <-s.VMExited():
+	case <-time.After(time.Minute):
+		t.Fatalf("QEMU still runs a minute after Shutdown\n%s", diag())
+	}
+	console, _ := os.ReadFile(s.ConsolePath())
+	if !bytes.Contains(console, []byte("kvfs-agent: info shut down")) {
+		t.Errorf("the console does not show the agent's shutdown\n%s", console)
+	}
+	t.Logf("done after %v", time.Since(start).Round(time.Millisecond))
+}
+
+func testAccel(t *testing.T) string {
+	if a := os.Getenv("KVFS_ACCEL"); a != "" {
+		return a
+	}
+	if sandbox.DetectAccel() == sandbox.AccelTCG {
+		return sandbox.AccelTCG
+	}
+	accel, why := vmtest.Accel(context.Background(), vmtest.Image(t))
+	t.Logf("accel %s: %s", accel, why)
+	return accel
+}
+
+// dialAgent connects to the agent's chardev socket, which QEMU creates as it starts.
+func dialAgent(t *testing.T, sock string, exited <-chan struct{}, diag func() string) (apiv1.AgentService, func()) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := net.Dial("unix", sock)
+		if err == nil {
+			c := ttrpc.NewClient(conn)
+			return apiv1.NewAgentClient(c), func() { c.Close() }
+		}
+		select {
+		case <-exited:
+			t.Fatalf("QEMU exited\n%s", diag())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dial %s: %v\n%s", sock, err, diag())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type readFunc func(context.Context, *apiv1.ReadStreamRequest) (*apiv1.ReadStreamResponse, error)
+
+// readAll reads a stream to its end.
+func readAll(t *testing.T, ctx context.Context, read readFunc, cid, eid string) string {
+	t.Helper()
+	var b bytes.Buffer
+	for {
+		r, err := read(ctx, &apiv1.ReadStreamRequest{ContainerId: cid, ExecId: eid, Max: 4096})
+		if err != nil {
+			t.Fatalf("read %s/%s: %v (so far %q)", cid, eid, err, b.String())
+		}
+		b.Write(r.Data)
+		if r.Eof {
+			return b.String()
+		}
+	}
+}
+
+// busyboxRoot makes a container root file system: static busybox, its applets, a minimal
+// /etc and the mount points.
+func busyboxRoot(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{"bin", "etc", "proc", "sys", "dev", "tmp", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bb := "/bin/busybox"
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatalf("busybox-static: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range strings.Fields(string(out)) {
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil && !errors.Is(err, os.ErrExist) {
+			t.Fatal(err)
+		}
+	}
+	files := map[string]string{
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+		"etc/group":  "root:x:0:\n",
+		"etc/hosts":  "127.0.0.1 localhost\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func process(args ...string) *specs.Process {
+	return &specs.Process{
+		Args: args,
+		Env:  []string{"PATH=/bin", "HOME=/root", "TERM=xterm"},
+		Cwd:  "/",
+		Capabilities: &specs.LinuxCapabilities{
+			Bounding:  []string{"CAP_KILL", "CAP_CHOWN"},
+			Effective: []string{"CAP_KILL", "CAP_CHOWN"},
+			Permitted: []string{"CAP_KILL", "CAP_CHOWN"},
+		},
+		NoNewPrivileges: true,
+	}
+}
+
+func processJSON(t *testing.T, args ...string) []byte {
+	b, err := json.Marshal(process(args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// specJSON is the spec a shim sends: the root in the share, the usual namespaces and mounts,
+// a cgroup of its own.
+func specJSON(t *testing.T, id string, args ...string) []byte {
+	spec := &specs.Spec{
+		Version:  specs.Version,
+		Process:  process(args...),
+		Root:     &specs.Root{Path: apiv1.SharedDir + "/" + id},
+		Hostname: id,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/kvfs/" + id,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+			},
+		},
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
