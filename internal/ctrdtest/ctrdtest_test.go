@@ -1,0 +1,290 @@
+package ctrdtest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pelletier/go-toml/v2"
+	"golang.org/x/sys/unix"
+)
+
+// TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
+func TestDepsVersion(t *testing.T) {
+	b, err := os.ReadFile("../../scripts/deps.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^containerd_version=(\S+)$`).FindSubmatch(b)
+	if m == nil || string(m[1]) != ContainerdVersion {
+		t.Fatalf("scripts/deps.sh installs containerd %q; ContainerdVersion is %s", m, ContainerdVersion)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	parse := func(b []byte) map[string]any {
+		t.Helper()
+		var m map[string]any
+		if err := toml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		return m
+	}
+	b, err := config("/tmp/ctrd-x", "debug", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := parse(b)
+	for path, want := range map[string]any{
+		"version":     int64(4),
+		"root":        "/tmp/ctrd-x/root",
+		"state":       "/tmp/ctrd-x/state",
+		"debug.level": "debug",
+		"plugins.io.containerd.server.v1.grpc.address":  "/tmp/ctrd-x/containerd.sock",
+		"plugins.io.containerd.server.v1.ttrpc.address": "/tmp/ctrd-x/containerd.sock.ttrpc",
+		"plugins.io.containerd.server.v1.debug.address": "",
+	} {
+		p := strings.Split(path, ".")
+		if p[0] == "plugins" {
+			p = []string{"plugins", strings.Join(p[1:len(p)-1], "."), p[len(p)-1]}
+		}
+		if got := lookup(m, p); got != want {
+			t.Errorf("%s = %#v, want %#v", path, got, want)
+		}
+	}
+
+	// Extra TOML: tables merged, values replaced.
+	extra := `
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+[plugins.'io.containerd.server.v1.grpc']
+  max_recv_message_size = 1024
+[plugins.'io.containerd.runtime.v2.task']
+  platforms = ["linux/amd64"]
+`
+	b, err = config("/tmp/ctrd-x", "info", extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = parse(b)
+	if got := lookup(m, []string{"plugins", "io.containerd.server.v1.grpc", "address"}); got != "/tmp/ctrd-x/containerd.sock" {
+		t.Errorf("merged grpc address %v", got)
+	}
+	if got := lookup(m, []string{"plugins", "io.containerd.server.v1.grpc", "max_recv_message_size"}); got != int64(1024) {
+		t.Errorf("merged max_recv_message_size %v", got)
+	}
+	if got := lookup(m, []string{"plugins", "io.containerd.runtime.v2.task", "platforms"}); fmt.Sprint(got) != "[linux/amd64]" {
+		t.Errorf("added table: %v", got)
+	}
+	if got := lookup(m, []string{"disabled_plugins"}); fmt.Sprint(got) != "[io.containerd.nri.v1.nri]" {
+		t.Errorf("replaced list: %v", got)
+	}
+
+	for _, tc := range []struct{ extra, want string }{
+		{`root = "/var/lib/containerd"`, "may not set root"},
+		{"[plugins.'io.containerd.server.v1.ttrpc']\naddress = '/run/x.sock'", "may not set plugins.io.containerd.server.v1.ttrpc.address"},
+		{"version = 3", "may not set version"},
+		{"[debug]\nlevel = [", "Options.Config"},
+		{"debug = 'x'", "debug: a table in one config and a value in the other"},
+	} {
+		if _, err := config("/tmp/ctrd-x", "info", tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error with %q", tc.extra, err, tc.want)
+		}
+	}
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: containerd, runc and mounts")
+	}
+}
+
+// TestRuncShim runs busybox through containerd's own runc shim: the harness's end-to-end proof.
+func TestRuncShim(t *testing.T) {
+	requireRoot(t)
+	c := Start(t, Options{})
+	image := ImportBusybox(t, c)
+
+	// The CRI and NRI are off.
+	plugins := c.Ctr(t, "plugins", "list")
+	for _, p := range disabledPlugins {
+		typ, id, _ := strings.Cut(strings.TrimPrefix(p, "io.containerd."), ".v1.")
+		if regexp.MustCompile(`(?m)^io\.containerd\.` + regexp.QuoteMeta(typ) + `\.v1\s+` + regexp.QuoteMeta(id) + `\s`).MatchString(plugins) {
+			t.Errorf("plugin %s is loaded:\n%s", p, plugins)
+		}
+	}
+	if !strings.Contains(plugins, "overlayfs") {
+		t.Errorf("no overlayfs snapshotter:\n%s", plugins)
+	}
+
+	before := c.Snapshot(t)
+	r := c.RunCtr(t, "run", "--rm", "--runtime", "io.containerd.runc.v2", image, "t1", "echo", "hello")
+	if r.ExitCode != 0 || r.Stdout != "hello\n" {
+		t.Errorf("echo hello: exit %d, stdout %q, stderr %q", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	r = c.RunCtr(t, "run", "--rm", "--runtime", "io.containerd.runc.v2", image, "t2", "sh", "-c", "echo out; echo err >&2; exit 3")
+	if r.ExitCode != 3 || r.Stdout != "out\n" || !strings.Contains(r.Stderr, "err\n") {
+		t.Errorf("exit 3: exit %d, stdout %q, stderr %q", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	// The image's files, as a process in it sees them.
+	out := c.Ctr(t, "run", "--rm", image, "t3", "sh", "-c", "id -u; readlink /bin/ls; cat /etc/passwd | head -1; ls -d /proc/1")
+	if want := "0\nbusybox\nroot:x:0:0:root:/root:/bin/sh\n/proc/1\n"; out != want {
+		t.Errorf("in the container: %q, want %q", out, want)
+	}
+	c.CheckNoLeaks(t, before)
+	if s := c.Snapshot(t); len(s.Processes) != 0 || len(s.Cgroups) != 0 {
+		t.Errorf("after the runs: %+v", s)
+	}
+}
+
+// TestLeakCheck: a container left running shows as leaks (its shim, its process, its root
+// file system's mount, its cgroups, runc's state), and once it is deleted none remain.
+func TestLeakCheck(t *testing.T) {
+	requireRoot(t)
+	c := Start(t, Options{})
+	image := ImportBusybox(t, c)
+	before := c.Snapshot(t)
+	c.Ctr(t, "run", "--detach", image, "sleeper", "sleep", "600")
+
+	now := c.Snapshot(t)
+	leaks := strings.Join(diff(before, now), "\n")
+	for _, re := range []string{
+		`(?m)^process pid \d+ \(\S*containerd-shim-runc-v2 -namespace ` + c.Namespace() + ` -id sleeper -address ` + regexp.QuoteMeta(c.Address()) + `\)$`,
+		`(?m)^process pid \d+ \(sleep 600\)$`,
+		`(?m)^mount ` + regexp.QuoteMeta(c.Dir()) + `/state/\S+/sleeper/rootfs$`,
+		`(?m)^cgroup or runc state /sys/fs/cgroup/memory/` + c.Namespace() + `/sleeper$`,
+		`(?m)^cgroup or runc state /run/containerd/runc/` + c.Namespace() + `/sleeper$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(leaks) {
+			t.Errorf("leaks: no match for %s in:\n%s", re, leaks)
+		}
+	}
+
+	c.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "sleeper")
+	c.Ctr(t, "tasks", "delete", "sleeper")
+	c.Ctr(t, "containers", "delete", "sleeper")
+	c.CheckNoLeaks(t, before)
+}
+
+// TestCleanupRemovesLeftovers: what a test leaves running is deleted through containerd at
+// cleanup, without failing the test, and nothing of it survives.
+func TestCleanupRemovesLeftovers(t *testing.T) {
+	requireRoot(t)
+	var (
+		dir  string
+		left []Process
+	)
+	t.Run("leave a container", func(t *testing.T) {
+		c := Start(t, Options{})
+		image := ImportBusybox(t, c)
+		c.Ctr(t, "run", "--detach", image, "left", "sleep", "600")
+		dir = c.Dir()
+		left = c.Snapshot(t).Processes
+		if len(left) != 2 {
+			t.Errorf("want the shim and sleep, got %v", left)
+		}
+	})
+	for _, p := range left {
+		if q, err := readProcess(p.PID); err == nil && q.Start == p.Start && q.State != 'Z' {
+			t.Errorf("%s outlived the cleanup", p)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s: %v after the cleanup", dir, err)
+	}
+}
+
+// recorder is a testing.TB that keeps its errors and cleanups instead of acting on them, so
+// that the cleanup's failure reports can be checked.
+type recorder struct {
+	testing.TB
+	mu       sync.Mutex
+	errors   []string
+	cleanups []func()
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.errors) > 0 || r.TB.Failed()
+}
+
+func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+func (r *recorder) runCleanups() {
+	for _, f := range slices.Backward(r.cleanups) {
+		f()
+	}
+}
+
+// TestCleanupReclaimsLeaks: a process and a mount that outlive containerd fail the test and
+// are taken back — the process killed, the mount unmounted — and the directory is removed.
+func TestCleanupReclaimsLeaks(t *testing.T) {
+	requireRoot(t)
+	leakDir, err := os.MkdirTemp("", "ctrd-leak-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(leakDir)
+	r := &recorder{TB: t}
+	c := Start(r, Options{LeakDirs: []string{leakDir}})
+
+	// A process naming the directory, with a child, as a VM of a sandbox there would be.
+	marker := filepath.Join(leakDir, "vm")
+	proc := exec.Command("/bin/sh", "-c", "sleep 600; :", marker)
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Wait()
+	mnt := filepath.Join(leakDir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+
+	r.runCleanups()
+	errs := strings.Join(r.errors, "\n")
+	for _, re := range []string{
+		`leak after the test's containerd stopped: process pid ` + fmt.Sprint(proc.Process.Pid) + ` \(/bin/sh -c sleep 600; : ` + regexp.QuoteMeta(marker) + `\)`,
+		`leak after the test's containerd stopped: process pid \d+ \(sleep 600\)`,
+		`leak after the test's containerd stopped: mount ` + regexp.QuoteMeta(mnt) + `\n`,
+		`leak after the test's containerd stopped: entry ` + regexp.QuoteMeta(mnt) + `\n`,
+	} {
+		if !regexp.MustCompile(re).MatchString(errs + "\n") {
+			t.Errorf("cleanup's errors: no match for %s in:\n%s", re, errs)
+		}
+	}
+	if len(r.errors) != 4 {
+		t.Errorf("cleanup reported %d errors, want 4:\n%s", len(r.errors), errs)
+	}
+	if err := proc.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("the leaked process: %v, want killed", err)
+	}
+	ms, err := mountPoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.point == mnt {
+			t.Errorf("%s is still mounted", mnt)
+		}
+	}
+	if _, err := os.Stat(c.Dir()); !os.IsNotExist(err) {
+		t.Errorf("%s: %v after the cleanup", c.Dir(), err)
+	}
+}
