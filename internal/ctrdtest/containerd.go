@@ -112,9 +112,16 @@ func Start(t testing.TB, opts Options) *Containerd {
 	c.cmd.Dir = dir
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	c.cmd.Env = append(c.environ(), opts.Env...)
-	// Its own process group, so that a ^C to the test does not reach it first, and killed if
-	// the test binary dies.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Its own mount namespace (private: nothing propagates either way), so that what it and
+	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
+	// machine's mount table, where other tests count mounts, and goes with the last of its
+	// processes. Its own process group, so that a ^C to the test does not reach it first; and
+	// killed if the test binary dies.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{
+		Unshareflags: syscall.CLONE_NEWNS,
+		Setpgid:      true,
+		Pdeathsig:    syscall.SIGKILL,
+	}
 	if err := c.cmd.Start(); err != nil {
 		logf.Close()
 		os.RemoveAll(dir)

@@ -1,7 +1,10 @@
 package ctrdtest
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,9 +13,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/pelletier/go-toml/v2"
-	"golang.org/x/sys/unix"
 )
 
 // TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
@@ -166,6 +172,17 @@ func TestLeakCheck(t *testing.T) {
 		}
 	}
 
+	// The root file system is mounted in containerd's mount namespace, not the test's.
+	host, err := mountPoints("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range host {
+		if under(m.point, c.Dir()) {
+			t.Errorf("%s is mounted in the test's mount namespace", m.point)
+		}
+	}
+
 	c.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "sleeper")
 	c.Ctr(t, "tasks", "delete", "sleeper")
 	c.Ctr(t, "containers", "delete", "sleeper")
@@ -229,8 +246,9 @@ func (r *recorder) runCleanups() {
 	}
 }
 
-// TestCleanupReclaimsLeaks: a process and a mount that outlive containerd fail the test and
-// are taken back — the process killed, the mount unmounted — and the directory is removed.
+// TestCleanupReclaimsLeaks: a process and a mount that outlive the test fail it and are taken
+// back — the process killed, the mount gone with containerd's mount namespace — and the
+// directory is removed.
 func TestCleanupReclaimsLeaks(t *testing.T) {
 	requireRoot(t)
 	leakDir, err := os.MkdirTemp("", "ctrd-leak-")
@@ -252,18 +270,22 @@ func TestCleanupReclaimsLeaks(t *testing.T) {
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
+	// A mount in containerd's mount namespace, as a shim's would be.
+	if out, err := exec.Command("nsenter", "--target", fmt.Sprint(c.PID()), "--mount",
+		"mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mounting in containerd's namespace: %v: %s", err, out)
 	}
-	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	if !slices.Contains(c.Snapshot(t).Mounts, mnt) {
+		t.Errorf("the snapshot does not see %s", mnt)
+	}
 
 	r.runCleanups()
 	errs := strings.Join(r.errors, "\n")
 	for _, re := range []string{
-		`leak after the test's containerd stopped: process pid ` + fmt.Sprint(proc.Process.Pid) + ` \(/bin/sh -c sleep 600; : ` + regexp.QuoteMeta(marker) + `\)`,
-		`leak after the test's containerd stopped: process pid \d+ \(sleep 600\)`,
-		`leak after the test's containerd stopped: mount ` + regexp.QuoteMeta(mnt) + `\n`,
-		`leak after the test's containerd stopped: entry ` + regexp.QuoteMeta(mnt) + `\n`,
+		`leak after the test: process pid ` + fmt.Sprint(proc.Process.Pid) + ` \(/bin/sh -c sleep 600; : ` + regexp.QuoteMeta(marker) + `\)`,
+		`leak after the test: process pid \d+ \(sleep 600\)`,
+		`leak after the test: mount ` + regexp.QuoteMeta(mnt) + `\n`,
+		`leak after the test: entry ` + regexp.QuoteMeta(mnt) + `\n`,
 	} {
 		if !regexp.MustCompile(re).MatchString(errs + "\n") {
 			t.Errorf("cleanup's errors: no match for %s in:\n%s", re, errs)
@@ -275,16 +297,144 @@ func TestCleanupReclaimsLeaks(t *testing.T) {
 	if err := proc.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Errorf("the leaked process: %v, want killed", err)
 	}
-	ms, err := mountPoints()
+	// The mount went with containerd's namespace: it never was in the test's.
+	ms, err := mountPoints("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
 		if m.point == mnt {
-			t.Errorf("%s is still mounted", mnt)
+			t.Errorf("%s is mounted in the test's namespace", mnt)
 		}
 	}
 	if _, err := os.Stat(c.Dir()); !os.IsNotExist(err) {
 		t.Errorf("%s: %v after the cleanup", c.Dir(), err)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestClientCloseIO: through the Go client, a container's cat reads what is written to its
+// stdin and exits only when CloseIO closes it.
+func TestClientCloseIO(t *testing.T) {
+	requireRoot(t)
+	c := Start(t, Options{})
+	name := ImportBusybox(t, c)
+	cl := c.Client(t)
+	ctx := context.Background()
+	img, err := cl.GetImage(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := cl.NewContainer(ctx, "cat",
+		client.WithNewSnapshot("cat", img),
+		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("cat")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil {
+			t.Errorf("deleting the container: %v", err)
+		}
+	}()
+	stdinR, stdinW := io.Pipe()
+	var stdout, stderr syncBuffer
+	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, &stdout, &stderr), cio.WithFIFODir(c.FIFODir())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited, err := task.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdinW, "hello from stdin\n"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); stdout.String() != "hello from stdin\n"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("cat's output %q, stderr %q", stdout.String(), stderr.String())
+		}
+	}
+	select {
+	case st := <-exited:
+		t.Fatalf("cat exited before its stdin was closed: %v", st.Error())
+	case <-time.After(300 * time.Millisecond):
+	}
+	stdinW.Close()
+	if err := task.CloseIO(ctx, client.WithStdinCloser); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case st := <-exited:
+		if code, _, err := st.Result(); code != 0 || err != nil {
+			t.Errorf("cat: exit %d, %v", code, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cat did not exit after CloseIO")
+	}
+	if _, err := task.Delete(ctx); err != nil {
+		t.Errorf("deleting the task: %v", err)
+	}
+}
+
+// TestTwoContainerds: two test containerds at once (as tests of several packages run) keep
+// apart, even with the same container ID: runc's state and the cgroups are per namespace.
+func TestTwoContainerds(t *testing.T) {
+	requireRoot(t)
+	a, b := Start(t, Options{}), Start(t, Options{})
+	if a.Namespace() == b.Namespace() || a.Dir() == b.Dir() {
+		t.Fatalf("both in %s, %s", a.Namespace(), a.Dir())
+	}
+	for _, c := range []*Containerd{a, b} {
+		image := ImportBusybox(t, c)
+		c.Ctr(t, "run", "--detach", image, "same", "sleep", "600")
+	}
+	for _, c := range []*Containerd{a, b} {
+		out := c.Ctr(t, "tasks", "list")
+		if !regexp.MustCompile(`(?m)^same\s+\d+\s+RUNNING$`).MatchString(out) {
+			t.Errorf("%s: tasks:\n%s", c.Namespace(), out)
+		}
+		var shims int
+		for _, p := range c.Snapshot(t).Processes {
+			if strings.Contains(p.Cmdline, "containerd-shim-runc-v2") {
+				shims++
+				if !strings.Contains(p.Cmdline, "-namespace "+c.Namespace()+" ") {
+					t.Errorf("%s: another's shim: %s", c.Namespace(), p)
+				}
+			}
+		}
+		if shims != 1 {
+			t.Errorf("%s: %d shims", c.Namespace(), shims)
+		}
+	}
+	before := b.Snapshot(t)
+	a.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "same")
+	a.Ctr(t, "tasks", "delete", "same")
+	a.Ctr(t, "containers", "delete", "same")
+	// b's container is untouched by a's deletion of the same ID.
+	b.CheckNoLeaks(t, before)
+	if l := diff(b.Snapshot(t), before); len(l) != 0 {
+		t.Errorf("b lost: %q", l)
+	}
+	b.Ctr(t, "tasks", "delete", "--force", "same")
+	b.Ctr(t, "containers", "delete", "same")
 }

@@ -18,12 +18,19 @@
 // /etc/containerd/conf.d) into the directory. The shims' sockets are containerd's usual
 // /run/containerd/s/HASH, the hash taken over the containerd's address.
 //
+// containerd runs in a private mount namespace of its own, which its shims inherit: the
+// containers' root file systems and the sandboxes' binds are mounted there, out of the
+// machine's mount table (where other tests count mounts), and go when its last process does.
+// A test that looks at such a mount from outside does so through /proc/PID/root or nsenter
+// with PID().
+//
 // The binaries are scripts/deps.sh's (Binaries): containerd ContainerdVersion, ctr and the
 // runc shim in ${KVFS_CACHE:-/var/cache/kvfs}/bin; runc is Debian's.
 //
 // What leaks is whatever the containerd holds after the test that it did not hold at the
 // start: its shims and their descendants (container processes, VMs) and any process naming
-// its directory or a LeakDir, mounts under them, cgroups and runc state in its namespace,
+// its directory or a LeakDir, mounts under them (in the test's mount namespace and in
+// containerd's), cgroups and runc state in its namespace,
 // entries of the LeakDirs, and more of containerd's open descriptors of a kind. CheckNoLeaks
 // checks that against a Snapshot during the test (after a series of runs, say); Start's
 // cleanup checks it against the start once containerd is stopped, fails the test for each

@@ -22,7 +22,8 @@ type Snapshot struct {
 	// the processes whose command line names the containerd's directory or a LeakDir.
 	// containerd itself is not among them.
 	Processes []Process
-	// Mounts are the mount points under the containerd's directory and the LeakDirs.
+	// Mounts are the mount points under the containerd's directory and the LeakDirs, in the
+	// test's mount namespace and in containerd's.
 	Mounts []string
 	// Cgroups are the cgroups in the containerd's namespace (ctr makes /NAMESPACE/ID in each
 	// hierarchy) and the runc state directories in it (/run/containerd/runc/NAMESPACE/ID).
@@ -271,16 +272,27 @@ func readProcess(pid int) (Process, error) {
 	}, nil
 }
 
-// mounts lists the mount points under the watched directories, deepest first.
+// mounts lists the mount points under the watched directories, deepest first: the test's own
+// (its mount namespace) and, while containerd runs, those in containerd's mount namespace,
+// where its shims mount.
 func (c *Containerd) mounts() ([]string, error) {
-	all, err := mountPoints()
+	all, err := mountPoints("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
+	}
+	select {
+	case <-c.exited:
+	default:
+		theirs, err := mountPoints(fmt.Sprintf("/proc/%d/mountinfo", c.PID()))
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, theirs...)
 	}
 	var out []string
 	for _, mp := range all {
 		for _, d := range c.watched() {
-			if under(mp.point, d) {
+			if under(mp.point, d) && !slices.Contains(out, mp.point) {
 				out = append(out, mp.point)
 				break
 			}
@@ -292,9 +304,9 @@ func (c *Containerd) mounts() ([]string, error) {
 
 type mountPoint struct{ point, fstype string }
 
-// mountPoints reads /proc/self/mountinfo.
-func mountPoints() ([]mountPoint, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+// mountPoints reads a mountinfo file.
+func mountPoints(mountinfo string) ([]mountPoint, error) {
+	b, err := os.ReadFile(mountinfo)
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +316,7 @@ func mountPoints() ([]mountPoint, error) {
 		f := strings.Fields(line)
 		sep := slices.Index(f, "-")
 		if len(f) < 5 || sep < 0 || sep+1 >= len(f) {
-			return nil, fmt.Errorf("/proc/self/mountinfo: bad line %q", line)
+			return nil, fmt.Errorf("%s: bad line %q", mountinfo, line)
 		}
 		out = append(out, mountPoint{point: unescapeMount(f[4]), fstype: f[sep+1]})
 	}
@@ -333,7 +345,7 @@ func unescapeMount(s string) string {
 // namespaceDirs are the directories that hold what runc and ctr make for the namespace: one
 // per cgroup hierarchy, and runc's state directory.
 func (c *Containerd) namespaceDirs() ([]string, error) {
-	all, err := mountPoints()
+	all, err := mountPoints("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
