@@ -125,7 +125,7 @@ func TestRuncShim(t *testing.T) {
 			t.Errorf("plugin %s is loaded:\n%s", p, plugins)
 		}
 	}
-	if !strings.Contains(plugins, "overlayfs") {
+	if !regexp.MustCompile(`(?m)^io\.containerd\.snapshotter\.v1\s+overlayfs\s+\S+\s+ok\s*$`).MatchString(plugins) {
 		t.Errorf("no overlayfs snapshotter:\n%s", plugins)
 	}
 
@@ -437,4 +437,59 @@ func TestTwoContainerds(t *testing.T) {
 	}
 	b.Ctr(t, "tasks", "delete", "--force", "same")
 	b.Ctr(t, "containers", "delete", "same")
+}
+
+func TestDiff(t *testing.T) {
+	before := Snapshot{
+		Processes: []Process{{PID: 10, Start: 100, Cmdline: "shim a"}},
+		Mounts:    []string{"/tmp/ctrd-1/m"},
+		Cgroups:   []string{"/sys/fs/cgroup/memory/ns/a"},
+		Entries:   []string{"/tmp/sb/a"},
+		FDs:       map[string]int{"socket": 3, "/tmp/ctrd-1/root": 1},
+	}
+	if l := diff(before, before); len(l) != 0 {
+		t.Errorf("a snapshot differs from itself: %q", l)
+	}
+	now := Snapshot{
+		Processes: []Process{
+			{PID: 10, Start: 100, Cmdline: "shim a"},
+			{PID: 10, Start: 200, Cmdline: "qemu reused pid"}, // the pid names another process now
+			{PID: 11, Start: 300, Cmdline: "qemu"},
+		},
+		Mounts:  []string{"/tmp/ctrd-1/m", "/tmp/sb/b/mounts"},
+		Cgroups: []string{"/sys/fs/cgroup/memory/ns/b"},
+		Entries: []string{"/tmp/sb/a", "/tmp/sb/b"},
+		FDs:     map[string]int{"socket": 4, "/tmp/ctrd-1/root": 1, "pipe": 1},
+	}
+	want := []string{
+		"process pid 10 (qemu reused pid)",
+		"process pid 11 (qemu)",
+		"mount /tmp/sb/b/mounts",
+		"cgroup or runc state /sys/fs/cgroup/memory/ns/b",
+		"entry /tmp/sb/b",
+		"containerd's descriptors to pipe: 1, were 0",
+		"containerd's descriptors to socket: 4, were 3",
+	}
+	if got := diff(before, now); !slices.Equal(got, want) {
+		t.Errorf("diff:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// What went away is no leak; descriptors are not compared once containerd has exited.
+	if l := diff(now, Snapshot{}); len(l) != 0 {
+		t.Errorf("fewer things held: %q", l)
+	}
+}
+
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/plain`:            "/plain",
+		`/with\040space`:    "/with space",
+		`/tab\011and\012nl`: "/tab\tand\nnl",
+		`/back\134slash`:    `/back\slash`,
+		`/short\04`:         `/short\04`,
+		`/not\999octal`:     `/not\999octal`,
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
