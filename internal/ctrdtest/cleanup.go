@@ -68,7 +68,13 @@ func (c *Containerd) cleanup(t testing.TB) {
 		}
 		t.Logf("ctrdtest: containerd's log (%s):\n%s", c.logPath, log)
 	}
-	left, err := c.mounts()
+	mounts, err := c.mounts()
+	var left []string
+	for _, m := range mounts {
+		if under(m, c.dir) {
+			left = append(left, m)
+		}
+	}
 	if err != nil || len(left) > 0 {
 		t.Errorf("ctrdtest: %s is kept: mounts are left under it (%q) or unknown (%v)", c.dir, left, err)
 		return

@@ -158,8 +158,15 @@ func TestLeakCheck(t *testing.T) {
 	before := c.Snapshot(t)
 	c.Ctr(t, "run", "--detach", image, "sleeper", "sleep", "600")
 
-	now := c.Snapshot(t)
-	leaks := strings.Join(diff(before, now), "\n")
+	// runc start returns once the container's init is told to exec; it may still be
+	// "runc init" for a moment.
+	var leaks string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		leaks = strings.Join(diff(before, c.Snapshot(t)), "\n")
+		if strings.Contains(leaks, "(sleep 600)") || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, re := range []string{
 		`(?m)^process pid \d+ \(\S*containerd-shim-runc-v2 -namespace ` + c.Namespace() + ` -id sleeper -address ` + regexp.QuoteMeta(c.Address()) + `\)$`,
 		`(?m)^process pid \d+ \(sleep 600\)$`,
@@ -202,8 +209,14 @@ func TestCleanupRemovesLeftovers(t *testing.T) {
 		image := ImportBusybox(t, c)
 		c.Ctr(t, "run", "--detach", image, "left", "sleep", "600")
 		dir = c.Dir()
-		left = c.Snapshot(t).Processes
-		if len(left) != 2 {
+		sleeping := func(p Process) bool { return p.Cmdline == "sleep 600" }
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			left = c.Snapshot(t).Processes
+			if len(left) == 2 && slices.ContainsFunc(left, sleeping) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(left) != 2 || !slices.ContainsFunc(left, sleeping) {
 			t.Errorf("want the shim and sleep, got %v", left)
 		}
 	})
@@ -490,6 +503,25 @@ func TestUnescapeMount(t *testing.T) {
 	} {
 		if got := unescapeMount(in); got != want {
 			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		cmdline string
+		want    bool
+	}{
+		{"shim -address /tmp/ctrd-12/containerd.sock", true},
+		{"kvfs --base-dir /tmp/ctrd-12", true},
+		{"qemu -chardev socket,path=/tmp/ctrd-12/sb/x.sock,id=c", true},
+		{"shim -address /tmp/ctrd-123/containerd.sock", false},
+		{"cp /tmp/ctrd-12.bak /tmp/ctrd-12_x", false},
+		{"/tmp/ctrd-123 /tmp/ctrd-12:x", true},
+		{"sleep 600", false},
+	} {
+		if got := names(tc.cmdline, "/tmp/ctrd-12"); got != tc.want {
+			t.Errorf("names(%q) = %v, want %v", tc.cmdline, got, tc.want)
 		}
 	}
 }

@@ -17,9 +17,9 @@ import (
 
 // Snapshot is what a containerd holds at one moment, as the leak check sees it.
 type Snapshot struct {
-	// Processes are containerd's shims (found by the -address argument containerd gives
-	// them), the descendants of containerd and of the shims (container processes, VMs), and
-	// the processes whose command line names the containerd's directory or a LeakDir.
+	// Processes are those whose command line names the containerd's directory (its shims,
+	// by the -address argument containerd gives them) or a LeakDir (a VM of a sandbox
+	// there), and the descendants of containerd and of those (container processes, VMs).
 	// containerd itself is not among them.
 	Processes []Process
 	// Mounts are the mount points under the containerd's directory and the LeakDirs, in the
@@ -175,7 +175,6 @@ func (c *Containerd) processes() ([]Process, error) {
 		self, queue = 0, nil // the pid may name another process by now
 	default:
 	}
-	shimArg := " -address " + c.Address() + " "
 	mine := map[int]bool{}
 	children := map[int][]int{}
 	for _, p := range all {
@@ -183,11 +182,8 @@ func (c *Containerd) processes() ([]Process, error) {
 		if p.PID == self || p.PID == os.Getpid() {
 			continue
 		}
-		if strings.Contains(p.Cmdline+" ", shimArg) {
-			mine[p.PID] = true
-		}
 		for _, d := range c.watched() {
-			if strings.Contains(p.Cmdline, d) {
+			if names(p.Cmdline, d) {
 				mine[p.PID] = true
 			}
 		}
@@ -213,6 +209,26 @@ func (c *Containerd) processes() ([]Process, error) {
 		}
 	}
 	return out, nil
+}
+
+// names reports whether the command line holds the path dir or a path under it: dir not
+// followed by more of a file name (so /tmp/ctrd-12 is not named by /tmp/ctrd-123/x).
+func names(cmdline, dir string) bool {
+	for i := 0; ; {
+		j := strings.Index(cmdline[i:], dir)
+		if j < 0 {
+			return false
+		}
+		end := i + j + len(dir)
+		if end == len(cmdline) || !isNameByte(cmdline[end]) {
+			return true
+		}
+		i = i + j + 1
+	}
+}
+
+func isNameByte(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '.' || b == '_' || b == '-'
 }
 
 // allProcesses reads /proc. A process that exits while it is read is left out.
