@@ -525,3 +525,27 @@ func TestNames(t *testing.T) {
 		}
 	}
 }
+
+// TestShimDirs: a shim in Options.ShimDirs is found before the installed one, and the
+// environment of Options.Env reaches it.
+func TestShimDirs(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	wrapper := "#!/bin/sh\necho \"$KVFS_TEST_MARK $*\" >>" + calls + "\nexec " + Binaries(t).RuncShim + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "containerd-shim-runc-v2"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := Start(t, Options{ShimDirs: []string{dir}, Env: []string{"KVFS_TEST_MARK=marked"}})
+	image := ImportBusybox(t, c)
+	if out := c.Ctr(t, "run", "--rm", image, "t1", "echo", "hello"); out != "hello\n" {
+		t.Errorf("echo hello: %q", out)
+	}
+	b, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatalf("the shim in ShimDirs was not run: %v", err)
+	}
+	if !regexp.MustCompile(`(?m)^marked .*-id t1 .*start$`).Match(b) {
+		t.Errorf("the shim's invocations:\n%s", b)
+	}
+}
