@@ -7,10 +7,18 @@
 #   - fio, tcc: the guest benchmark's image (packaging/guest/build.sh --bench copies them in);
 #   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
 #     its Go plugins);
-#   - a Go toolchain new enough for go.mod.
+#   - runc: the OCI runtime of containerd's own runc shim, which the containerd tests run first;
+#   - a Go toolchain new enough for go.mod;
+#   - containerd, ctr and containerd-shim-runc-v2 of the version below, built with
+#     go install into ${KVFS_CACHE:-/var/cache/kvfs}/bin (never on the machine's PATH, so a
+#     system containerd is not shadowed); internal/ctrdtest runs them from there. A stamp file
+#     there records the version, so a second run does nothing.
 set -euo pipefail
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc protobuf-compiler"
+# internal/ctrdtest.ContainerdVersion must name the same version (TestDepsVersion checks it).
+containerd_version=v2.4.2
+
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc protobuf-compiler runc"
 
 missing=()
 for p in $packages; do
@@ -36,4 +44,33 @@ if ! command -v go >/dev/null; then
 	exit 1
 fi
 have=$(go env GOVERSION)
-echo "deps.sh: ok (go ${have#go}, go.mod wants $want)"
+
+# containerd: built into a temporary directory, moved into bin/ once all three built, and the
+# stamp written last, so an interrupted run leaves no stamp and the next run starts again.
+bindir=${KVFS_CACHE:-/var/cache/kvfs}/bin
+stamp=$bindir/.containerd-version
+ctrd_bins="containerd ctr containerd-shim-runc-v2"
+ctrd_ok=1
+[ "$(cat "$stamp" 2>/dev/null)" = "$containerd_version" ] || ctrd_ok=0
+for b in $ctrd_bins; do
+	[ -x "$bindir/$b" ] || ctrd_ok=0
+done
+if [ $ctrd_ok = 0 ]; then
+	echo "deps.sh: installing containerd $containerd_version into $bindir (a few minutes)"
+	mkdir -p "$bindir"
+	rm -f "$stamp"
+	tmp=$(mktemp -d "$bindir/.new.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	pkgs=()
+	for b in $ctrd_bins; do
+		pkgs+=("github.com/containerd/containerd/v2/cmd/$b@$containerd_version")
+	done
+	GOBIN=$tmp go install "${pkgs[@]}"
+	for b in $ctrd_bins; do
+		mv -f "$tmp/$b" "$bindir/$b"
+	done
+	rm -rf "$tmp"
+	trap - EXIT
+	echo "$containerd_version" >"$stamp"
+fi
+echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version in $bindir)"

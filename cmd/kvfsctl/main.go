@@ -1,6 +1,7 @@
-// Command kvfsctl talks to a kvfs process's control socket: it lists and stops sandboxes,
-// shows their virtio-fs servers' statistics (as tables, JSON or Prometheus text), and sets the
-// process's log level. See kvfsctl --help.
+// Command kvfsctl talks to the control sockets of kvfs processes (the daemon's and each shim's,
+// found without being told): it lists and stops sandboxes, shows their virtio-fs servers'
+// statistics (as tables, JSON or Prometheus text), and sets a process's log level. See
+// kvfsctl --help.
 package main
 
 import (

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/sandbox"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
@@ -32,7 +33,13 @@ const (
 	exitUsage = 2 // bad arguments
 )
 
-const usage = `Usage: kvfsctl [--address PATH] [--json] [--timeout DURATION] COMMAND [ARGS]
+const usage = `Usage: kvfsctl [--address PATH | --base-dir DIR] [--json] [--timeout DURATION] COMMAND [ARGS]
+
+Without --address, kvfsctl talks to every kvfs process it finds: the daemon, at
+` + DefaultAddress + `, and each shim, at DIR/<id>/` + sandbox.ControlSocketName + ` (DIR: --base-dir).
+list merges their sandboxes; status, metrics, stop and dax-policy go to the one that has
+the sandbox; log-level goes to the daemon. A socket that does not answer is skipped with a
+note on stderr.
 
 Commands:
   list                              list the sandboxes
@@ -50,7 +57,9 @@ Options:
 
 // options are the global flags.
 type options struct {
-	address string
+	address string // the one socket to talk to; "" to find them
+	baseDir string // where shims' sockets are found
+	daemon  string // the daemon's socket, found or not
 	json    bool
 	timeout time.Duration
 }
@@ -67,10 +76,17 @@ func usagef(format string, args ...any) error {
 // Run runs kvfsctl with args (without the program name) and returns the exit code: 0, 1 if
 // the call failed, 2 for bad arguments.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runWithDaemon(ctx, args, stdout, stderr, DefaultAddress)
+}
+
+// runWithDaemon is Run with the daemon's socket at daemon (tests put it in a temporary
+// directory).
+func runWithDaemon(ctx context.Context, args []string, stdout, stderr io.Writer, daemon string) int {
 	fs := flag.NewFlagSet("kvfsctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var opts options
-	fs.StringVar(&opts.address, "address", DefaultAddress, "the control socket")
+	opts := options{daemon: daemon}
+	fs.StringVar(&opts.address, "address", "", "the one control socket to talk to (default: every one found)")
+	fs.StringVar(&opts.baseDir, "base-dir", DefaultBaseDir, "where to find the shims' sockets, DIR/<id>/"+sandbox.ControlSocketName)
 	fs.BoolVar(&opts.json, "json", false, "print JSON")
 	fs.DurationVar(&opts.timeout, "timeout", 30*time.Second, "how long a call may take")
 	printUsage := func(w io.Writer) {
@@ -88,7 +104,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		printUsage(stderr)
 		return exitUsage
 	}
-	err := run(ctx, opts, fs.Args(), stdout)
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	if set["address"] && set["base-dir"] {
+		err = usagef("--address and --base-dir exclude each other: --base-dir says where to find sockets")
+	} else {
+		err = run(ctx, opts, fs.Args(), stdout, stderr)
+	}
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -119,15 +142,25 @@ type command struct {
 	usage string
 	check func(o options, args []string) error
 	run   func(ctx context.Context, c control.ControlService, o options, args []string, w io.Writer) error
+	// sandbox, for a command on one sandbox, is the sandbox's ID in the (checked) arguments:
+	// without --address the command goes to the socket that has it.
+	sandbox func(args []string) string
 }
 
 var commands = map[string]command{
-	"list":       {"list", nargs(0), runList},
-	"status":     {"status ID", nargs(1), runStatus},
-	"metrics":    {"metrics ID", checkMetrics, runMetrics},
-	"stop":       {"stop ID", nargs(1), runStop},
-	"log-level":  {"log-level LEVEL", nargs(1), runLogLevel},
-	"dax-policy": {daxUsage, checkDAX, runDAXPolicy},
+	"list":       {"list", nargs(0), runList, nil},
+	"status":     {"status ID", nargs(1), runStatus, firstArg},
+	"metrics":    {"metrics ID", checkMetrics, runMetrics, firstArg},
+	"stop":       {"stop ID", nargs(1), runStop, firstArg},
+	"log-level":  {"log-level LEVEL", nargs(1), runLogLevel, nil},
+	"dax-policy": {daxUsage, checkDAX, runDAXPolicy, daxSandbox},
+}
+
+func firstArg(args []string) string { return args[0] }
+
+func daxSandbox(args []string) string {
+	req, _ := parseDAXArgs(args) // checked by checkDAX
+	return req.GetId()
 }
 
 func nargs(n int) func(options, []string) error {
@@ -154,16 +187,17 @@ func checkDAX(_ options, args []string) error {
 	return err
 }
 
-func run(ctx context.Context, opts options, args []string, w io.Writer) error {
+func run(ctx context.Context, opts options, args []string, w, stderr io.Writer) error {
 	if opts.timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
 	if len(args) == 0 {
 		return usagef("no command")
 	}
-	cmd, ok := commands[args[0]]
+	name := args[0]
+	cmd, ok := commands[name]
 	if !ok {
-		return usagef("unknown command %q", args[0])
+		return usagef("unknown command %q", name)
 	}
 	args = args[1:]
 	if err := cmd.check(opts, args); err != nil {
@@ -174,7 +208,22 @@ func run(ctx context.Context, opts options, args []string, w io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
 	defer cancel()
-	c, closer, err := dial(ctx, opts.address)
+	address := opts.address
+	switch {
+	case address != "":
+	case cmd.sandbox != nil:
+		e, err := owner(ctx, opts, cmd.sandbox(args), stderr)
+		if err != nil {
+			return err
+		}
+		defer e.close()
+		return cmd.run(ctx, e.client, opts, args, w)
+	case name == "list":
+		return printList(w, opts, listAll(ctx, opts, stderr))
+	default:
+		address = opts.daemon
+	}
+	c, closer, err := dial(ctx, address)
 	if err != nil {
 		return err
 	}
@@ -198,6 +247,10 @@ func runList(ctx context.Context, c control.ControlService, o options, _ []strin
 	if err != nil {
 		return err
 	}
+	return printList(w, o, resp)
+}
+
+func printList(w io.Writer, o options, resp *control.ListSandboxesResponse) error {
 	if o.json {
 		return writeJSON(w, listJSON(resp))
 	}

@@ -1,0 +1,126 @@
+package ctrdtest
+
+import (
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// disabledPlugins are off in every test containerd: the CRI (its image and runtime services,
+// its gRPC service and the pause-container sandbox controller), so that it needs no CNI, and
+// NRI, whose socket would be the machine's /var/run/nri/nri.sock.
+var disabledPlugins = []string{
+	"io.containerd.grpc.v1.cri",
+	"io.containerd.cri.v1.images",
+	"io.containerd.cri.v1.runtime",
+	"io.containerd.podsandbox.controller.v1.podsandbox",
+	"io.containerd.nri.v1.nri",
+}
+
+// Socket names in the containerd's directory.
+const (
+	grpcSocket  = "containerd.sock"
+	ttrpcSocket = "containerd.sock.ttrpc"
+)
+
+// config is containerd's config.toml for a containerd whose every path is under dir, with
+// extra (TOML) merged in: tables are merged key by key, other values replaced. extra may not
+// change what keeps the containerd to its directory: the version, root, state, temp,
+// imports and the server addresses.
+//
+// The config is version 4, containerd 2.4's own: version 3 still loads but is migrated at
+// each start with a warning (in version 4 the gRPC, ttrpc, debug and metrics servers are
+// configured as the plugins io.containerd.server.v1.*).
+func config(dir, logLevel, extra string) ([]byte, error) {
+	cfg := map[string]any{
+		"version":          int64(4),
+		"root":             filepath.Join(dir, "root"),
+		"state":            filepath.Join(dir, "state"),
+		"temp":             filepath.Join(dir, "tmp"),
+		"imports":          []any{}, // not the default /etc/containerd/conf.d/*.toml
+		"disabled_plugins": toAny(disabledPlugins),
+		"debug":            map[string]any{"level": logLevel},
+		"plugins": map[string]any{
+			"io.containerd.server.v1.grpc":           map[string]any{"address": filepath.Join(dir, grpcSocket)},
+			"io.containerd.server.v1.ttrpc":          map[string]any{"address": filepath.Join(dir, ttrpcSocket)},
+			"io.containerd.server.v1.debug":          map[string]any{"address": ""},
+			"io.containerd.server.v1.metrics":        map[string]any{"address": ""},
+			"io.containerd.internal.v1.opt":          map[string]any{"path": filepath.Join(dir, "opt")},
+			"io.containerd.image-verifier.v1.bindir": map[string]any{"bin_dir": filepath.Join(dir, "image-verifier")},
+		},
+	}
+	fixed := [][]string{
+		{"version"}, {"root"}, {"state"}, {"temp"}, {"imports"},
+		{"plugins", "io.containerd.server.v1.grpc", "address"},
+		{"plugins", "io.containerd.server.v1.ttrpc", "address"},
+		{"plugins", "io.containerd.internal.v1.opt", "path"},
+	}
+	if extra != "" {
+		var add map[string]any
+		if err := toml.Unmarshal([]byte(extra), &add); err != nil {
+			return nil, fmt.Errorf("ctrdtest: Options.Config: %w", err)
+		}
+		want := make([]any, len(fixed))
+		for i, p := range fixed {
+			want[i] = lookup(cfg, p)
+		}
+		if err := merge(cfg, add, nil); err != nil {
+			return nil, fmt.Errorf("ctrdtest: Options.Config: %w", err)
+		}
+		for i, p := range fixed {
+			if !reflect.DeepEqual(lookup(cfg, p), want[i]) {
+				return nil, fmt.Errorf("ctrdtest: Options.Config may not set %s: the harness sets it", strings.Join(p, "."))
+			}
+		}
+	}
+	return toml.Marshal(cfg)
+}
+
+// merge merges src into dst: a table into a table key by key, anything else replaced. A table
+// replacing a value that is not one, or the reverse, is an error naming the key.
+func merge(dst, src map[string]any, at []string) error {
+	for k, v := range src {
+		path := append(at[:len(at):len(at)], k)
+		old, ok := dst[k]
+		if !ok {
+			dst[k] = v
+			continue
+		}
+		om, oldTable := old.(map[string]any)
+		nm, newTable := v.(map[string]any)
+		switch {
+		case oldTable && newTable:
+			if err := merge(om, nm, path); err != nil {
+				return err
+			}
+		case oldTable != newTable:
+			return fmt.Errorf("%s: a table in one config and a value in the other", strings.Join(path, "."))
+		default:
+			dst[k] = v
+		}
+	}
+	return nil
+}
+
+func lookup(m map[string]any, path []string) any {
+	var v any = m
+	for _, k := range path {
+		t, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = t[k]
+	}
+	return v
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}

@@ -1,0 +1,282 @@
+package ctrdtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Options configure a test containerd.
+type Options struct {
+	// ShimDirs go first on containerd's PATH, in this order, before the directory of the
+	// installed binaries (Bins.Dir) and the test's own PATH: containerd finds a runtime's
+	// shim binary there (containerd-shim-kvfs-v2 for io.containerd.kvfs.v2), and the shims
+	// inherit the PATH.
+	ShimDirs []string
+	// Config is TOML merged into the generated config.toml: tables merged key by key, other
+	// values replaced (see config). It may not set the version, root, state, temp, imports
+	// or the server addresses.
+	Config string
+	// Env is added to containerd's environment, and so to its shims'.
+	Env []string
+	// LeakDirs are more directories the leak check covers (a sandbox base directory, say):
+	// the mounts under them, the processes whose command line names them, and their entries.
+	LeakDirs []string
+	// LogLevel is containerd's log level; "info" when empty.
+	LogLevel string
+	// CtrTimeout bounds each ctr that Ctr and RunCtr run; 3 minutes when zero (a VM
+	// booted under TCG takes tens of seconds).
+	CtrTimeout time.Duration
+}
+
+// Containerd is a private containerd: its own directory, config, sockets and namespace.
+type Containerd struct {
+	bins      Bins
+	opts      Options
+	dir       string
+	namespace string
+	logPath   string
+	cmd       *exec.Cmd
+	exited    chan struct{} // closed when cmd has been waited for
+	waitErr   error         // cmd.Wait's result, set before exited is closed
+	start     Snapshot      // taken once containerd answers: cleanup checks against it
+	image     string        // the busybox archive, once built
+}
+
+// shortTempDir is where the containerd's directory is made: unix socket paths must fit in 107
+// bytes, and a test's own t.TempDir() can be longer than that.
+const shortTempDir = "/tmp"
+
+// Start starts a containerd for the test and returns once it answers. The test's cleanup
+// removes what the test left (tasks are killed and deleted, containers removed, with a
+// note in the log), stops containerd, and then fails the test for any process of it that
+// outlived that (a shim, a VM, a container's process: they are killed), any mount left under
+// its directory or Options.LeakDirs (unmounted), and any cgroup or runc state left in its
+// namespace; and removes the directory. containerd's log is printed when the test failed.
+func Start(t testing.TB, opts Options) *Containerd {
+	t.Helper()
+	bins := Binaries(t)
+	if opts.LogLevel == "" {
+		opts.LogLevel = "info"
+	}
+	if opts.CtrTimeout == 0 {
+		opts.CtrTimeout = 3 * time.Minute
+	}
+	dir, err := os.MkdirTemp(shortTempDir, "ctrd-")
+	if err != nil {
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	c := &Containerd{
+		bins:      bins,
+		opts:      opts,
+		dir:       dir,
+		namespace: namespaceFor(t),
+		logPath:   filepath.Join(dir, "containerd.log"),
+		exited:    make(chan struct{}),
+	}
+	// Processes in containers not running as root still reach their bundle through it.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	cfg, err := config(dir, opts.LogLevel, opts.Config)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o700); err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	c.cmd = exec.Command(bins.Containerd, "--config", cfgPath)
+	c.cmd.Dir = dir
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	c.cmd.Env = append(c.environ(), opts.Env...)
+	// Its own mount namespace (private: nothing propagates either way), so that what it and
+	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
+	// machine's mount table, where other tests count mounts, and goes with the last of its
+	// processes. Its own process group, so that a ^C to the test does not reach it first; and
+	// killed if the test binary dies.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{
+		Unshareflags: syscall.CLONE_NEWNS,
+		Setpgid:      true,
+		Pdeathsig:    syscall.SIGKILL,
+	}
+	if err := c.cmd.Start(); err != nil {
+		logf.Close()
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: starting containerd: %v", err)
+	}
+	logf.Close()
+	go func() {
+		c.waitErr = c.cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() { c.cleanup(t) })
+	if err := c.waitReady(30 * time.Second); err != nil {
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	c.start = c.Snapshot(t)
+	return c
+}
+
+// namespaceFor is a containerd namespace for the test, unique on the machine: runc keeps its
+// state in /run/containerd/runc/NAMESPACE and ctr puts containers in the cgroup
+// /NAMESPACE/ID, both shared by every containerd on the machine.
+func namespaceFor(t testing.TB) string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	return "kvfstest-" + hex.EncodeToString(b[:])
+}
+
+// environ is the environment of containerd and ctr: the test's, with PATH made of
+// Options.ShimDirs, the installed binaries and the test's PATH (with the system directories,
+// where runc is, added if missing), TMPDIR in the containerd's directory, and no CONTAINERD_*
+// variables (ctr would take its snapshotter or runtime from them).
+func (c *Containerd) environ() []string {
+	var env []string
+	path := ""
+	for _, kv := range os.Environ() {
+		switch {
+		case strings.HasPrefix(kv, "PATH="):
+			path = strings.TrimPrefix(kv, "PATH=")
+		case strings.HasPrefix(kv, "TMPDIR="), strings.HasPrefix(kv, "CONTAINERD_"):
+		default:
+			env = append(env, kv)
+		}
+	}
+	dirs := append(append([]string{}, c.opts.ShimDirs...), c.bins.Dir)
+	dirs = append(dirs, filepath.SplitList(path)...)
+	for _, sys := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		if !contains(dirs, sys) {
+			dirs = append(dirs, sys)
+		}
+	}
+	return append(env, "PATH="+strings.Join(dirs, string(filepath.ListSeparator)), "TMPDIR="+filepath.Join(c.dir, "tmp"))
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// waitReady polls `ctr version` until containerd answers, it exits, or the timeout passes.
+func (c *Containerd) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		out, err := c.CtrCmd(ctx, "version").CombinedOutput()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-c.exited:
+			return fmt.Errorf("containerd exited at start: %v", c.waitErr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("containerd did not answer within %v: ctr version: %v: %s", timeout, err, bytes.TrimSpace(out))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Address is containerd's gRPC socket.
+func (c *Containerd) Address() string { return filepath.Join(c.dir, grpcSocket) }
+
+// TTRPCAddress is containerd's ttrpc socket (where shims publish events).
+func (c *Containerd) TTRPCAddress() string { return filepath.Join(c.dir, ttrpcSocket) }
+
+// Namespace is the containerd namespace ctr uses: unique to this containerd.
+func (c *Containerd) Namespace() string { return c.namespace }
+
+// Dir is the containerd's directory: config.toml, containerd.log, root/, state/, the sockets.
+// Files a test makes for it (runtime configs, image archives) can go here too.
+func (c *Containerd) Dir() string { return c.dir }
+
+// PID is containerd's process ID.
+func (c *Containerd) PID() int { return c.cmd.Process.Pid }
+
+// Log is containerd's log so far.
+func (c *Containerd) Log() string {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil {
+		return fmt.Sprintf("(containerd's log: %v)", err)
+	}
+	return string(b)
+}
+
+// CtrCmd is the command `ctr --address ADDRESS --namespace NAMESPACE args...`, with the
+// containerd's environment, killed when ctx is done.
+func (c *Containerd) CtrCmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, c.bins.Ctr, append([]string{"--address", c.Address(), "--namespace", c.namespace}, args...)...)
+	cmd.Env = c.environ()
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// Result is what a ctr run gave.
+type Result struct {
+	Stdout, Stderr string
+	// ExitCode is ctr's exit status; `ctr run` exits with the container's.
+	ExitCode int
+}
+
+// RunCtr runs ctr with args and returns its output and exit status. It fails the test if
+// ctr cannot be started, is killed by a signal, or outlasts Options.CtrTimeout.
+func (c *Containerd) RunCtr(t testing.TB, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.CtrTimeout)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := c.CtrCmd(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("ctrdtest: ctr %s: timed out after %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), c.opts.CtrTimeout, &stdout, &stderr)
+	case errors.As(err, &ee) && ee.ExitCode() >= 0:
+	case err != nil:
+		t.Fatalf("ctrdtest: ctr %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, &stdout, &stderr)
+	}
+	return Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: cmd.ProcessState.ExitCode()}
+}
+
+// Ctr runs ctr with args and returns its standard output; it fails the test unless ctr
+// exits 0.
+func (c *Containerd) Ctr(t testing.TB, args ...string) string {
+	t.Helper()
+	r := c.RunCtr(t, args...)
+	if r.ExitCode != 0 {
+		t.Fatalf("ctrdtest: ctr %s: exit status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return r.Stdout
+}

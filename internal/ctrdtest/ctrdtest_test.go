@@ -1,0 +1,551 @@
+package ctrdtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/pelletier/go-toml/v2"
+)
+
+// TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
+func TestDepsVersion(t *testing.T) {
+	b, err := os.ReadFile("../../scripts/deps.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^containerd_version=(\S+)$`).FindSubmatch(b)
+	if m == nil || string(m[1]) != ContainerdVersion {
+		t.Fatalf("scripts/deps.sh installs containerd %q; ContainerdVersion is %s", m, ContainerdVersion)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	parse := func(b []byte) map[string]any {
+		t.Helper()
+		var m map[string]any
+		if err := toml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		return m
+	}
+	b, err := config("/tmp/ctrd-x", "debug", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := parse(b)
+	for path, want := range map[string]any{
+		"version":     int64(4),
+		"root":        "/tmp/ctrd-x/root",
+		"state":       "/tmp/ctrd-x/state",
+		"debug.level": "debug",
+		"plugins.io.containerd.server.v1.grpc.address":  "/tmp/ctrd-x/containerd.sock",
+		"plugins.io.containerd.server.v1.ttrpc.address": "/tmp/ctrd-x/containerd.sock.ttrpc",
+		"plugins.io.containerd.server.v1.debug.address": "",
+	} {
+		p := strings.Split(path, ".")
+		if p[0] == "plugins" {
+			p = []string{"plugins", strings.Join(p[1:len(p)-1], "."), p[len(p)-1]}
+		}
+		if got := lookup(m, p); got != want {
+			t.Errorf("%s = %#v, want %#v", path, got, want)
+		}
+	}
+
+	// Extra TOML: tables merged, values replaced.
+	extra := `
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+[plugins.'io.containerd.server.v1.grpc']
+  max_recv_message_size = 1024
+[plugins.'io.containerd.runtime.v2.task']
+  platforms = ["linux/amd64"]
+`
+	b, err = config("/tmp/ctrd-x", "info", extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = parse(b)
+	if got := lookup(m, []string{"plugins", "io.containerd.server.v1.grpc", "address"}); got != "/tmp/ctrd-x/containerd.sock" {
+		t.Errorf("merged grpc address %v", got)
+	}
+	if got := lookup(m, []string{"plugins", "io.containerd.server.v1.grpc", "max_recv_message_size"}); got != int64(1024) {
+		t.Errorf("merged max_recv_message_size %v", got)
+	}
+	if got := lookup(m, []string{"plugins", "io.containerd.runtime.v2.task", "platforms"}); fmt.Sprint(got) != "[linux/amd64]" {
+		t.Errorf("added table: %v", got)
+	}
+	if got := lookup(m, []string{"disabled_plugins"}); fmt.Sprint(got) != "[io.containerd.nri.v1.nri]" {
+		t.Errorf("replaced list: %v", got)
+	}
+
+	for _, tc := range []struct{ extra, want string }{
+		{`root = "/var/lib/containerd"`, "may not set root"},
+		{"[plugins.'io.containerd.server.v1.ttrpc']\naddress = '/run/x.sock'", "may not set plugins.io.containerd.server.v1.ttrpc.address"},
+		{"version = 3", "may not set version"},
+		{"[debug]\nlevel = [", "Options.Config"},
+		{"debug = 'x'", "debug: a table in one config and a value in the other"},
+	} {
+		if _, err := config("/tmp/ctrd-x", "info", tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error with %q", tc.extra, err, tc.want)
+		}
+	}
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: containerd, runc and mounts")
+	}
+}
+
+// TestRuncShim runs busybox through containerd's own runc shim: the harness's end-to-end proof.
+func TestRuncShim(t *testing.T) {
+	requireRoot(t)
+	c := Start(t, Options{})
+	image := ImportBusybox(t, c)
+
+	// The CRI and NRI are off.
+	plugins := c.Ctr(t, "plugins", "list")
+	for _, p := range disabledPlugins {
+		typ, id, _ := strings.Cut(strings.TrimPrefix(p, "io.containerd."), ".v1.")
+		if regexp.MustCompile(`(?m)^io\.containerd\.` + regexp.QuoteMeta(typ) + `\.v1\s+` + regexp.QuoteMeta(id) + `\s`).MatchString(plugins) {
+			t.Errorf("plugin %s is loaded:\n%s", p, plugins)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^io\.containerd\.snapshotter\.v1\s+overlayfs\s+\S+\s+ok\s*$`).MatchString(plugins) {
+		t.Errorf("no overlayfs snapshotter:\n%s", plugins)
+	}
+
+	before := c.Snapshot(t)
+	r := c.RunCtr(t, "run", "--rm", "--runtime", "io.containerd.runc.v2", image, "t1", "echo", "hello")
+	if r.ExitCode != 0 || r.Stdout != "hello\n" {
+		t.Errorf("echo hello: exit %d, stdout %q, stderr %q", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	r = c.RunCtr(t, "run", "--rm", "--runtime", "io.containerd.runc.v2", image, "t2", "sh", "-c", "echo out; echo err >&2; exit 3")
+	if r.ExitCode != 3 || r.Stdout != "out\n" || !strings.Contains(r.Stderr, "err\n") {
+		t.Errorf("exit 3: exit %d, stdout %q, stderr %q", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	// The image's files, as a process in it sees them.
+	out := c.Ctr(t, "run", "--rm", image, "t3", "sh", "-c", "id -u; readlink /bin/ls; cat /etc/passwd | head -1; ls -d /proc/1")
+	if want := "0\nbusybox\nroot:x:0:0:root:/root:/bin/sh\n/proc/1\n"; out != want {
+		t.Errorf("in the container: %q, want %q", out, want)
+	}
+	c.CheckNoLeaks(t, before)
+	if s := c.Snapshot(t); len(s.Processes) != 0 || len(s.Cgroups) != 0 {
+		t.Errorf("after the runs: %+v", s)
+	}
+}
+
+// TestLeakCheck: a container left running shows as leaks (its shim, its process, its root
+// file system's mount, its cgroups, runc's state), and once it is deleted none remain.
+func TestLeakCheck(t *testing.T) {
+	requireRoot(t)
+	c := Start(t, Options{})
+	image := ImportBusybox(t, c)
+	before := c.Snapshot(t)
+	c.Ctr(t, "run", "--detach", image, "sleeper", "sleep", "600")
+
+	// runc start returns once the container's init is told to exec; it may still be
+	// "runc init" for a moment.
+	var leaks string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		leaks = strings.Join(diff(before, c.Snapshot(t)), "\n")
+		if strings.Contains(leaks, "(sleep 600)") || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, re := range []string{
+		`(?m)^process pid \d+ \(\S*containerd-shim-runc-v2 -namespace ` + c.Namespace() + ` -id sleeper -address ` + regexp.QuoteMeta(c.Address()) + `\)$`,
+		`(?m)^process pid \d+ \(sleep 600\)$`,
+		`(?m)^mount ` + regexp.QuoteMeta(c.Dir()) + `/state/\S+/sleeper/rootfs$`,
+		`(?m)^cgroup or runc state /sys/fs/cgroup/memory/` + c.Namespace() + `/sleeper$`,
+		`(?m)^cgroup or runc state /run/containerd/runc/` + c.Namespace() + `/sleeper$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(leaks) {
+			t.Errorf("leaks: no match for %s in:\n%s", re, leaks)
+		}
+	}
+
+	// The root file system is mounted in containerd's mount namespace, not the test's.
+	host, err := mountPoints("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range host {
+		if under(m.point, c.Dir()) {
+			t.Errorf("%s is mounted in the test's mount namespace", m.point)
+		}
+	}
+
+	c.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "sleeper")
+	c.Ctr(t, "tasks", "delete", "sleeper")
+	c.Ctr(t, "containers", "delete", "sleeper")
+	c.CheckNoLeaks(t, before)
+}
+
+// TestCleanupRemovesLeftovers: what a test leaves running is deleted through containerd at
+// cleanup, without failing the test, and nothing of it survives.
+func TestCleanupRemovesLeftovers(t *testing.T) {
+	requireRoot(t)
+	var (
+		dir  string
+		left []Process
+	)
+	t.Run("leave a container", func(t *testing.T) {
+		c := Start(t, Options{})
+		image := ImportBusybox(t, c)
+		c.Ctr(t, "run", "--detach", image, "left", "sleep", "600")
+		dir = c.Dir()
+		sleeping := func(p Process) bool { return p.Cmdline == "sleep 600" }
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			left = c.Snapshot(t).Processes
+			if len(left) == 2 && slices.ContainsFunc(left, sleeping) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(left) != 2 || !slices.ContainsFunc(left, sleeping) {
+			t.Errorf("want the shim and sleep, got %v", left)
+		}
+	})
+	for _, p := range left {
+		if q, err := readProcess(p.PID); err == nil && q.Start == p.Start && q.State != 'Z' {
+			t.Errorf("%s outlived the cleanup", p)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s: %v after the cleanup", dir, err)
+	}
+}
+
+// recorder is a testing.TB that keeps its errors and cleanups instead of acting on them, so
+// that the cleanup's failure reports can be checked.
+type recorder struct {
+	testing.TB
+	mu       sync.Mutex
+	errors   []string
+	cleanups []func()
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.errors) > 0 || r.TB.Failed()
+}
+
+func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+
+func (r *recorder) runCleanups() {
+	for _, f := range slices.Backward(r.cleanups) {
+		f()
+	}
+}
+
+// TestCleanupReclaimsLeaks: a process and a mount that outlive the test fail it and are taken
+// back — the process killed, the mount gone with containerd's mount namespace — and the
+// directory is removed.
+func TestCleanupReclaimsLeaks(t *testing.T) {
+	requireRoot(t)
+	leakDir, err := os.MkdirTemp("", "ctrd-leak-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(leakDir)
+	r := &recorder{TB: t}
+	c := Start(r, Options{LeakDirs: []string{leakDir}})
+
+	// A process naming the directory, with a child, as a VM of a sandbox there would be.
+	marker := filepath.Join(leakDir, "vm")
+	proc := exec.Command("/bin/sh", "-c", "sleep 600; :", marker)
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Wait()
+	mnt := filepath.Join(leakDir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A mount in containerd's mount namespace, as a shim's would be.
+	if out, err := exec.Command("nsenter", "--target", fmt.Sprint(c.PID()), "--mount",
+		"mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mounting in containerd's namespace: %v: %s", err, out)
+	}
+	if !slices.Contains(c.Snapshot(t).Mounts, mnt) {
+		t.Errorf("the snapshot does not see %s", mnt)
+	}
+
+	r.runCleanups()
+	errs := strings.Join(r.errors, "\n")
+	for _, re := range []string{
+		`leak after the test: process pid ` + fmt.Sprint(proc.Process.Pid) + ` \(/bin/sh -c sleep 600; : ` + regexp.QuoteMeta(marker) + `\)`,
+		`leak after the test: process pid \d+ \(sleep 600\)`,
+		`leak after the test: mount ` + regexp.QuoteMeta(mnt) + `\n`,
+		`leak after the test: entry ` + regexp.QuoteMeta(mnt) + `\n`,
+	} {
+		if !regexp.MustCompile(re).MatchString(errs + "\n") {
+			t.Errorf("cleanup's errors: no match for %s in:\n%s", re, errs)
+		}
+	}
+	if len(r.errors) != 4 {
+		t.Errorf("cleanup reported %d errors, want 4:\n%s", len(r.errors), errs)
+	}
+	if err := proc.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("the leaked process: %v, want killed", err)
+	}
+	// The mount went with containerd's namespace: it never was in the test's.
+	ms, err := mountPoints("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.point == mnt {
+			t.Errorf("%s is mounted in the test's namespace", mnt)
+		}
+	}
+	if _, err := os.Stat(c.Dir()); !os.IsNotExist(err) {
+		t.Errorf("%s: %v after the cleanup", c.Dir(), err)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestClientCloseIO: through the Go client, a container's cat reads what is written to its
+// stdin and exits only when CloseIO closes it.
+func TestClientCloseIO(t *testing.T) {
+	requireRoot(t)
+	c := Start(t, Options{})
+	name := ImportBusybox(t, c)
+	cl := c.Client(t)
+	ctx := context.Background()
+	img, err := cl.GetImage(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := cl.NewContainer(ctx, "cat",
+		client.WithNewSnapshot("cat", img),
+		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("cat")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ctr.Delete(ctx, client.WithSnapshotCleanup); err != nil {
+			t.Errorf("deleting the container: %v", err)
+		}
+	}()
+	stdinR, stdinW := io.Pipe()
+	var stdout, stderr syncBuffer
+	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, &stdout, &stderr), cio.WithFIFODir(c.FIFODir())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited, err := task.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdinW, "hello from stdin\n"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); stdout.String() != "hello from stdin\n"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("cat's output %q, stderr %q", stdout.String(), stderr.String())
+		}
+	}
+	select {
+	case st := <-exited:
+		t.Fatalf("cat exited before its stdin was closed: %v", st.Error())
+	case <-time.After(300 * time.Millisecond):
+	}
+	stdinW.Close()
+	if err := task.CloseIO(ctx, client.WithStdinCloser); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case st := <-exited:
+		if code, _, err := st.Result(); code != 0 || err != nil {
+			t.Errorf("cat: exit %d, %v", code, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cat did not exit after CloseIO")
+	}
+	if _, err := task.Delete(ctx); err != nil {
+		t.Errorf("deleting the task: %v", err)
+	}
+}
+
+// TestTwoContainerds: two test containerds at once (as tests of several packages run) keep
+// apart, even with the same container ID: runc's state and the cgroups are per namespace.
+func TestTwoContainerds(t *testing.T) {
+	requireRoot(t)
+	a, b := Start(t, Options{}), Start(t, Options{})
+	if a.Namespace() == b.Namespace() || a.Dir() == b.Dir() {
+		t.Fatalf("both in %s, %s", a.Namespace(), a.Dir())
+	}
+	for _, c := range []*Containerd{a, b} {
+		image := ImportBusybox(t, c)
+		c.Ctr(t, "run", "--detach", image, "same", "sleep", "600")
+	}
+	for _, c := range []*Containerd{a, b} {
+		out := c.Ctr(t, "tasks", "list")
+		if !regexp.MustCompile(`(?m)^same\s+\d+\s+RUNNING$`).MatchString(out) {
+			t.Errorf("%s: tasks:\n%s", c.Namespace(), out)
+		}
+		var shims int
+		for _, p := range c.Snapshot(t).Processes {
+			if strings.Contains(p.Cmdline, "containerd-shim-runc-v2") {
+				shims++
+				if !strings.Contains(p.Cmdline, "-namespace "+c.Namespace()+" ") {
+					t.Errorf("%s: another's shim: %s", c.Namespace(), p)
+				}
+			}
+		}
+		if shims != 1 {
+			t.Errorf("%s: %d shims", c.Namespace(), shims)
+		}
+	}
+	before := b.Snapshot(t)
+	a.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "same")
+	a.Ctr(t, "tasks", "delete", "same")
+	a.Ctr(t, "containers", "delete", "same")
+	// b's container is untouched by a's deletion of the same ID.
+	b.CheckNoLeaks(t, before)
+	if l := diff(b.Snapshot(t), before); len(l) != 0 {
+		t.Errorf("b lost: %q", l)
+	}
+	b.Ctr(t, "tasks", "delete", "--force", "same")
+	b.Ctr(t, "containers", "delete", "same")
+}
+
+func TestDiff(t *testing.T) {
+	before := Snapshot{
+		Processes: []Process{{PID: 10, Start: 100, Cmdline: "shim a"}},
+		Mounts:    []string{"/tmp/ctrd-1/m"},
+		Cgroups:   []string{"/sys/fs/cgroup/memory/ns/a"},
+		Entries:   []string{"/tmp/sb/a"},
+		FDs:       map[string]int{"socket": 3, "/tmp/ctrd-1/root": 1},
+	}
+	if l := diff(before, before); len(l) != 0 {
+		t.Errorf("a snapshot differs from itself: %q", l)
+	}
+	now := Snapshot{
+		Processes: []Process{
+			{PID: 10, Start: 100, Cmdline: "shim a"},
+			{PID: 10, Start: 200, Cmdline: "qemu reused pid"}, // the pid names another process now
+			{PID: 11, Start: 300, Cmdline: "qemu"},
+		},
+		Mounts:  []string{"/tmp/ctrd-1/m", "/tmp/sb/b/mounts"},
+		Cgroups: []string{"/sys/fs/cgroup/memory/ns/b"},
+		Entries: []string{"/tmp/sb/a", "/tmp/sb/b"},
+		FDs:     map[string]int{"socket": 4, "/tmp/ctrd-1/root": 1, "pipe": 1},
+	}
+	want := []string{
+		"process pid 10 (qemu reused pid)",
+		"process pid 11 (qemu)",
+		"mount /tmp/sb/b/mounts",
+		"cgroup or runc state /sys/fs/cgroup/memory/ns/b",
+		"entry /tmp/sb/b",
+		"containerd's descriptors to pipe: 1, were 0",
+		"containerd's descriptors to socket: 4, were 3",
+	}
+	if got := diff(before, now); !slices.Equal(got, want) {
+		t.Errorf("diff:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// What went away is no leak; descriptors are not compared once containerd has exited.
+	if l := diff(now, Snapshot{}); len(l) != 0 {
+		t.Errorf("fewer things held: %q", l)
+	}
+}
+
+func TestUnescapeMount(t *testing.T) {
+	for in, want := range map[string]string{
+		`/plain`:            "/plain",
+		`/with\040space`:    "/with space",
+		`/tab\011and\012nl`: "/tab\tand\nnl",
+		`/back\134slash`:    `/back\slash`,
+		`/short\04`:         `/short\04`,
+		`/not\999octal`:     `/not\999octal`,
+	} {
+		if got := unescapeMount(in); got != want {
+			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		cmdline string
+		want    bool
+	}{
+		{"shim -address /tmp/ctrd-12/containerd.sock", true},
+		{"kvfs --base-dir /tmp/ctrd-12", true},
+		{"qemu -chardev socket,path=/tmp/ctrd-12/sb/x.sock,id=c", true},
+		{"shim -address /tmp/ctrd-123/containerd.sock", false},
+		{"cp /tmp/ctrd-12.bak /tmp/ctrd-12_x", false},
+		{"/tmp/ctrd-123 /tmp/ctrd-12:x", true},
+		{"sleep 600", false},
+	} {
+		if got := names(tc.cmdline, "/tmp/ctrd-12"); got != tc.want {
+			t.Errorf("names(%q) = %v, want %v", tc.cmdline, got, tc.want)
+		}
+	}
+}
+
+// TestShimDirs: a shim in Options.ShimDirs is found before the installed one, and the
+// environment of Options.Env reaches it.
+func TestShimDirs(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	wrapper := "#!/bin/sh\necho \"$KVFS_TEST_MARK $*\" >>" + calls + "\nexec " + Binaries(t).RuncShim + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "containerd-shim-runc-v2"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := Start(t, Options{ShimDirs: []string{dir}, Env: []string{"KVFS_TEST_MARK=marked"}})
+	image := ImportBusybox(t, c)
+	if out := c.Ctr(t, "run", "--rm", image, "t1", "echo", "hello"); out != "hello\n" {
+		t.Errorf("echo hello: %q", out)
+	}
+	b, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatalf("the shim in ShimDirs was not run: %v", err)
+	}
+	if !regexp.MustCompile(`(?m)^marked .*-id t1 .*start$`).Match(b) {
+		t.Errorf("the shim's invocations:\n%s", b)
+	}
+}
