@@ -82,7 +82,8 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 	}
 	timeout := sb.Config().Agent.BootTimeoutDuration()
 	start := time.Now()
-	client, pong, err := connectAgent(ctx, sb, dial, timeout, p.died)
+	client, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
+		sb.VMExited(), timeout, p.died)
 	if err != nil {
 		return nil, fmt.Errorf("the guest agent of sandbox %s (console: %s): %w", sb.ID(), sb.ConsolePath(), err)
 	}
@@ -97,19 +98,20 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 // wait at once. onClose is called if the connection it returns closes later. Over virtio-serial, a connection made before the guest opened its port is
 // fine: what is written waits in QEMU until it does; so a connection is kept while it lives
 // and Ping waits on it.
-func connectAgent(ctx context.Context, sb *sandbox.Sandbox, dial Dialer, timeout time.Duration, onClose func(error)) (*ttrpc.Client, *agent.PingResponse, error) {
+func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, error), vmExited <-chan struct{},
+	timeout time.Duration, onClose func(error)) (*ttrpc.Client, *agent.PingResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
 		select {
-		case <-sb.VMExited():
+		case <-vmExited:
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	var last error
 	for {
-		conn, err := dial(ctx, sb)
+		conn, err := dial(ctx)
 		if err == nil {
 			closed := make(chan struct{})
 			var accepted atomic.Bool
@@ -132,7 +134,7 @@ func connectAgent(ctx context.Context, sb *sandbox.Sandbox, dial Dialer, timeout
 		}
 		select {
 		case <-ctx.Done():
-			if isClosed(sb.VMExited()) {
+			if isClosed(vmExited) {
 				return nil, nil, fmt.Errorf("the VM exited before the agent answered (last: %v)", last)
 			}
 			return nil, nil, fmt.Errorf("no answer within agent.boot_timeout %v (last: %v)", timeout, last)

@@ -10,8 +10,8 @@
 //     arguments (k v), CONTAINER_ID and CONTAINER_NAMESPACE in its environment, the read ends of
 //     a stdout and a stderr pipe as fds 3 and 4, and the write end of a ready pipe as fd 5;
 //     Open returns once it has closed fd 5 (binary-v2: written a byte). Close closes the
-//     pipes, so the binary reads EOF, then sends it SIGTERM and waits up to BinaryExitTimeout
-//     before SIGKILL.
+//     pipes, so the binary reads EOF; if it has not exited a second later, it gets SIGTERM,
+//     and SIGKILL after BinaryExitTimeout more.
 //
 // With a terminal there is no stderr: the process's pty carries both streams.
 //
@@ -234,7 +234,7 @@ func stopBinary(cmd *exec.Cmd, exited chan error) error {
 	select {
 	case <-exited:
 		return nil // it ended by itself on EOF
-	case <-time.After(100 * time.Millisecond):
+	case <-time.After(time.Second):
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
