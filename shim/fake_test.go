@@ -36,16 +36,16 @@ type fakeAgent struct {
 }
 
 type fakeProc struct {
-	stdio   *agent.Stdio
-	pid     uint32
-	started bool
-	stdout  *fakeStream
-	stderr  *fakeStream
-	stdin   []byte
+	stdio    *agent.Stdio
+	pid      uint32
+	started  bool
+	stdout   *fakeStream
+	stderr   *fakeStream
+	stdin    []byte
 	stdinEOF chan struct{}
-	exited  chan struct{}
-	status  uint32
-	tail    []byte // written to stdout drainDelay after the exit
+	exited   chan struct{}
+	status   uint32
+	tail     []byte // written to stdout drainDelay after the exit
 }
 
 type fakeStream struct {
@@ -453,4 +453,3 @@ func (f *fakeShutdown) Shutdown()                                    { f.once.Do
 func (f *fakeShutdown) RegisterCallback(func(context.Context) error) {}
 func (f *fakeShutdown) Done() <-chan struct{}                        { return f.done }
 func (f *fakeShutdown) Err() error                                   { return nil }
-
