@@ -403,7 +403,8 @@ func (s *Service) acquirePod(ctx context.Context, req PodRequest) (Pod, context.
 	}
 }
 
-// watchPod ends every process with status 255 when the pod dies.
+// watchPod ends every process with status 255 when the pod dies: their agent calls are
+// cancelled, and each exit watcher then runs the exit sequence with that status.
 func (s *Service) watchPod(pod Pod) {
 	<-pod.Done()
 	s.mu.Lock()
@@ -412,28 +413,8 @@ func (s *Service) watchPod(pod Pod) {
 		return // stopped by us
 	}
 	s.podCancel()
-	var list []*container
-	for _, c := range s.containers {
-		list = append(list, c)
-	}
 	s.mu.Unlock()
 	log.G(s.ctx).WithError(pod.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends with exit status %d", exitVMDied)
-	now := time.Now()
-	for _, c := range list {
-		c.mu.Lock()
-		procs := []*process{c.init}
-		for _, p := range c.execs {
-			procs = append(procs, p)
-		}
-		c.mu.Unlock()
-		// Created processes have no exit watcher that could notice: end them here.
-		for _, p := range procs {
-			st, _, _ := p.snapshot()
-			if st == stateCreated {
-				go s.exited(c, p, exit{status: exitVMDied, at: now})
-			}
-		}
-	}
 }
 
 // oomLoop publishes TaskOOM for each OOM kill the agent reports, until the pod ends.

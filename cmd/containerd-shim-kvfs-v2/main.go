@@ -13,5 +13,11 @@ import (
 )
 
 func main() {
-	cshim.RunShim(context.Background(), shim.NewManager(shim.RuntimeName))
+	// The containers' processes are the guest's: the shim's only children are QEMU and
+	// logging binaries, which their owners wait for. containerd's reaper (wait on every
+	// SIGCHLD) would steal their exit statuses, and a subreaper would collect orphans no one
+	// waits for.
+	cshim.RunShim(context.Background(), shim.NewManager(shim.RuntimeName), func(c *cshim.Config) {
+		c.NoReaper, c.NoSubreaper = true, true
+	})
 }
