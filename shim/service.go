@@ -429,6 +429,9 @@ func (s *Service) oomLoop(pod Pod, podCtx context.Context) {
 				log.G(s.ctx).WithError(err).Warn("the agent reports no OOM events")
 				return
 			}
+			if agentErrIs(err, codes.Unavailable, errdefs.ErrUnavailable) {
+				return // the agent is shutting down
+			}
 			log.G(s.ctx).WithError(err).Warn("waiting for OOM events")
 			select {
 			case <-podCtx.Done():
@@ -873,10 +876,10 @@ func (s *Service) stopPodIfEmpty() {
 	pod, cancel := s.pod, s.podCancel
 	s.pod, s.podCtx, s.podCancel = nil, nil, nil
 	s.mu.Unlock()
+	cancel() // no process is left: this ends the OOM loop before the agent goes
 	if err := pod.Stop(s.ctx); err != nil {
 		log.G(s.ctx).WithError(err).Error("stopping the pod")
 	}
-	cancel()
 }
 
 // State reports a process's state.
@@ -1132,8 +1135,8 @@ func (s *Service) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	var errs []error
 	if pod != nil {
-		errs = append(errs, pod.Stop(ctx))
 		cancel()
+		errs = append(errs, pod.Stop(ctx))
 	}
 	if c, ok := s.opts.Publisher.(interface{ Close() error }); ok {
 		errs = append(errs, c.Close())
