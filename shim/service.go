@@ -244,14 +244,16 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		s.stopPodIfEmpty()
 	}()
 
-	pod, podCtx, err := s.acquirePod(ctx, PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations})
-	if err != nil {
-		return nil, err
-	}
+	// The record comes first: if this shim dies while booting the pod, the delete action
+	// still finds the sandbox to clean up.
 	if err := writeBundleRecord(r.Bundle, bundleRecord{SandboxID: sandboxID, BaseDir: cfg.BaseDir}); err != nil {
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })
+	pod, podCtx, err := s.acquirePod(ctx, PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations})
+	if err != nil {
+		return nil, err
+	}
 
 	rootfs := filepath.Join(r.Bundle, "rootfs")
 	if len(r.Rootfs) > 0 {
