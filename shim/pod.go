@@ -49,9 +49,15 @@ func DialAgent(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", sb.AgentSocketPath())
 }
 
-// StartVMPod is the PodStarter of the real shim: DialAgent over ttrpc.
+// StartVMPod is the PodStarter of the real shim: VMPodStarter(DialAgent).
 func StartVMPod(ctx context.Context, req PodRequest) (Pod, error) {
 	return startVMPod(ctx, req, DialAgent)
+}
+
+// VMPodStarter is StartVMPod with another way to reach the agent (ttrpc over what dial
+// returns).
+func VMPodStarter(dial Dialer) PodStarter {
+	return func(ctx context.Context, req PodRequest) (Pod, error) { return startVMPod(ctx, req, dial) }
 }
 
 func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr error) {

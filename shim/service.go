@@ -796,7 +796,19 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if err != nil {
 		return nil, err
 	}
-	if st, _, _ := p.snapshot(); st == stateCreated {
+	forgotten := false // the agent has forgotten p already
+	if st, _, _ := p.snapshot(); st == stateCreated && p.execID != "" {
+		// A never-started exec has no process in the guest to kill: the agent forgets it,
+		// and its waiters are released as if it had been killed.
+		if podCtx.Err() == nil {
+			if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
+				return nil, err
+			}
+		}
+		forgotten = true
+		s.exited(c, p, exit{status: 128 + uint32(syscall.SIGKILL), at: time.Now()})
+	} else if st == stateCreated {
+		// A created init is runc's created container: killing it ends it.
 		actx, cancel := agentCtx(ctx, podCtx)
 		_, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: uint32(syscall.SIGKILL)})
 		cancel()
@@ -822,12 +834,9 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 			return nil, fmt.Errorf("container %s still has execs %q: %w", c.id, live, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if podCtx.Err() == nil {
-		actx, cancel := agentCtx(ctx, podCtx)
-		_, err := pod.Agent().DeleteProcess(actx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
-		cancel()
-		if err != nil && podCtx.Err() == nil && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
-			return nil, fmt.Errorf("the agent deleting %s: %w", p.name(), err)
+	if podCtx.Err() == nil && !forgotten {
+		if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
+			return nil, err
 		}
 	}
 	if err := p.transition(opDelete, stateDeleted); err != nil {
@@ -851,6 +860,17 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.publish(&eventstypes.TaskDelete{ContainerID: c.id, Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)})
 	s.stopPodIfEmpty()
 	return resp, nil
+}
+
+// agentDelete asks the agent to forget p; a process it does not know is already forgotten.
+func (s *Service) agentDelete(ctx context.Context, pod Pod, podCtx context.Context, p *process) error {
+	actx, cancel := agentCtx(ctx, podCtx)
+	defer cancel()
+	_, err := pod.Agent().DeleteProcess(actx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+	if err != nil && podCtx.Err() == nil && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
+		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
+	}
+	return nil
 }
 
 func (s *Service) unbindAll(pod Pod, c *container) {

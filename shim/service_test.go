@@ -397,6 +397,20 @@ func TestExecAndKillAll(t *testing.T) {
 	}
 	_, err := h.svc.Exec(h.ctx, &taskAPI.ExecProcessRequest{ID: "c1", ExecID: "e1", Spec: procAny(t)})
 	wantKind(t, "Exec with an id in use", err, errdefs.ErrAlreadyExists)
+	// A never-started exec is deleted without a signal: the agent forgets it.
+	if _, err := h.svc.Exec(h.ctx, &taskAPI.ExecProcessRequest{ID: "c1", ExecID: "never", Spec: procAny(t)}); err != nil {
+		t.Fatal(err)
+	}
+	nsig := len(h.agent.signals)
+	if d := h.delete("c1", "never"); d.ExitStatus != 137 {
+		t.Errorf("Delete of a created exec: %+v", d)
+	}
+	if len(h.agent.signals) != nsig || h.agent.deleted[len(h.agent.deleted)-1] != [2]string{"c1", "never"} {
+		t.Errorf("the agent got signals %v, deleted %v", h.agent.signals[nsig:], h.agent.deleted)
+	}
+	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "c1", ExecID: "never"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("State of the deleted exec: %v", err)
+	}
 	pids, err := h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
 	if err != nil {
 		t.Fatal(err)
@@ -433,8 +447,8 @@ func TestExecAndKillAll(t *testing.T) {
 		t.Errorf("the agent still has %d processes, want e2's", len(h.agent.procs))
 	}
 	got := strings.Join(eventTypes(h.rec.all()), " ")
-	want := "Create Start exec-added:e1 exec-started:e1 exec-added:e2 exec-started:e2"
-	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "exit:c1 Delete") || strings.Count(got, "exit:") != 3 {
+	want := "Create Start exec-added:e1 exec-started:e1 exec-added:e2 exec-started:e2 exec-added:never exit:never"
+	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "exit:c1 Delete") || strings.Count(got, "exit:") != 4 {
 		t.Errorf("events %q", got)
 	}
 }
@@ -863,5 +877,21 @@ func TestRootfsMount(t *testing.T) {
 	}
 	if out, _ := exec.Command("findmnt", "-rn", filepath.Join(b, "rootfs")).Output(); len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("mount left: %s", out)
+	}
+}
+
+// TestDeleteCreated: a created container's Delete kills it first, then deletes it.
+func TestDeleteCreated(t *testing.T) {
+	h := newHarness(t)
+	h.createSimple("c1")
+	d := h.delete("c1", "")
+	if d.ExitStatus != 137 {
+		t.Errorf("Delete answered %+v", d)
+	}
+	if s := h.agent.signals; len(s) != 1 || s[0].Signal != 9 || s[0].ContainerId != "c1" {
+		t.Errorf("signals %v", s)
+	}
+	if got := strings.Join(eventTypes(h.rec.all()), " "); got != "Create exit:c1 Delete" {
+		t.Errorf("events %q", got)
 	}
 }
