@@ -898,10 +898,12 @@ func (s *Service) stopPodIfEmpty() {
 	pod, cancel := s.pod, s.podCancel
 	s.pod, s.podCtx, s.podCancel = nil, nil, nil
 	s.mu.Unlock()
-	cancel() // no process is left: this ends the OOM loop before the agent goes
+	// The agent's Shutdown answers the pending GetOOMEvent (Unavailable), which ends the
+	// OOM loop; the context goes after.
 	if err := pod.Stop(s.ctx); err != nil {
 		log.G(s.ctx).WithError(err).Error("stopping the pod")
 	}
+	cancel()
 }
 
 // State reports a process's state.
