@@ -33,6 +33,8 @@ type fakeAgent struct {
 	specs      map[string][]byte
 	oom        chan string
 	drainDelay time.Duration // how long after the exit the last output chunk comes
+	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
+	oversize int
 }
 
 type fakeProc struct {
@@ -221,6 +223,9 @@ func (a *fakeAgent) ReadStdout(ctx context.Context, r *agent.ReadStreamRequest) 
 	p, err := a.proc(r.ContainerId, r.ExecId)
 	if err != nil {
 		return nil, err
+	}
+	if a.oversize > 0 {
+		return &agent.ReadStreamResponse{Data: make([]byte, a.oversize)}, nil
 	}
 	return p.stdout.read(ctx, r.Max)
 }

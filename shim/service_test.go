@@ -895,3 +895,66 @@ func TestDeleteCreated(t *testing.T) {
 		t.Errorf("events %q", got)
 	}
 }
+
+// TestConcurrentCreates: while the first Create boots the pod, a second one for the same pod
+// waits for the boot, and calls about other things are answered at once: no service lock is
+// held across the boot.
+func TestConcurrentCreates(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	booting := make(chan struct{})
+	inner := h.svc.opts.StartPod
+	h.svc.opts.StartPod = func(ctx context.Context, req PodRequest) (Pod, error) {
+		close(booting)
+		<-release
+		return inner(ctx, req)
+	}
+	errs := make(chan error, 2)
+	for _, id := range []string{"c1", "c2"} {
+		b := h.bundle(id, inPod("pod"))
+		go func() {
+			_, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: id, Bundle: b})
+			errs <- err
+		}()
+	}
+	<-booting
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "other"})
+		h.svc.Connect(h.ctx, &taskAPI.ConnectRequest{ID: "c1"})
+		_, err := h.svc.Start(h.ctx, &taskAPI.StartRequest{ID: "c1"})
+		wantKind(t, "Start while its Create boots the pod", err, errdefs.ErrFailedPrecondition)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("calls were blocked by the pod's boot")
+	}
+	close(release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(h.pods) != 1 {
+		t.Errorf("%d pods booted, want 1", len(h.pods))
+	}
+}
+
+// TestHostileOutput: an agent that answers more output than asked is cut off; the process's
+// exit still completes.
+func TestHostileOutput(t *testing.T) {
+	h := newHarness(t)
+	h.agent.oversize = readMax + 1
+	outPath, outFd := h.fifo("out")
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", nil), Stdout: outPath})
+	h.start("c1", "")
+	h.agent.exit("c1", "", 0)
+	if w := h.wait("c1", ""); w.ExitStatus != 0 {
+		t.Errorf("exit %d", w.ExitStatus)
+	}
+	if out, eof := drain(outFd); len(out) != 0 || !eof {
+		t.Errorf("%d bytes of the oversized answer reached the fifo (closed %v)", len(out), eof)
+	}
+}
