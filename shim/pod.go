@@ -89,7 +89,7 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 	timeout := sb.Config().Agent.BootTimeoutDuration()
 	start := time.Now()
 	client, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
-		sb.VMExited(), timeout, p.died)
+		sb.VMExited(), timeout, p.connectionClosed)
 	if err != nil {
 		return nil, fmt.Errorf("the guest agent of sandbox %s (console: %s): %w", sb.ID(), sb.ConsolePath(), err)
 	}
@@ -170,6 +170,18 @@ func (p *VMPod) died(why error) {
 	}
 	p.mu.Unlock()
 	p.doneOnce.Do(func() { close(p.done) })
+}
+
+// connectionClosed is the agent connection's end. It usually means the VM died: the VM's
+// exit, noticed a moment later, is the better reason, so it is given a second to come.
+func (p *VMPod) connectionClosed(why error) {
+	go func() {
+		select {
+		case <-p.done:
+		case <-time.After(time.Second):
+			p.died(why)
+		}
+	}()
 }
 
 // watch turns the sandbox's failure or the VM's exit into Done.

@@ -503,7 +503,12 @@ func (s *Service) watch(pod Pod, podCtx context.Context, c *container, p *proces
 		case err != nil && podCtx.Err() != nil:
 			e = exit{status: exitVMDied, at: time.Now()}
 		case err != nil:
-			log.G(s.ctx).WithError(err).WithField("process", p.name()).Errorf("the agent's wait failed: exit status %d", exitVMDied)
+			// A lost connection is usually the pod's death, reported (and logged) just after.
+			select {
+			case <-pod.Done():
+			case <-time.After(2 * time.Second):
+				log.G(s.ctx).WithError(err).WithField("process", p.name()).Errorf("the agent's wait failed: exit status %d", exitVMDied)
+			}
 			e = exit{status: exitVMDied, at: time.Now()}
 		default:
 			e = exit{status: resp.ExitStatus, at: time.Now()}
