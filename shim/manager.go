@@ -158,9 +158,9 @@ func shimCommand(ctx context.Context, id string, params *bootapi.BootstrapParams
 }
 
 // Stop implements shim.Shim: the delete action, run in a bundle after its shim died. It
-// unmounts the container's rootfs and cleans up the sandbox the bundle names (its VM killed,
-// mounts detached, directory removed) unless a live shim still owns it, and answers exit
-// status 137 (SIGKILL), as runc's shim does.
+// unmounts the container's rootfs, cleans up the sandbox the bundle names (its VM killed,
+// mounts detached, directory removed) unless a live shim still owns it, removes the dead
+// shim's socket, and answers exit status 137 (SIGKILL), as runc's shim does.
 func (m Manager) Stop(ctx context.Context, id string) (cshim.StopStatus, error) {
 	cwd, err := os.Getwd()
 	if err != nil {
@@ -169,6 +169,12 @@ func (m Manager) Stop(ctx context.Context, id string) (cshim.StopStatus, error) 
 	bundle := filepath.Join(filepath.Dir(cwd), id)
 	if err := Cleanup(ctx, bundle); err != nil {
 		log.G(ctx).WithError(err).Warn("cleaning up after the shim")
+	}
+	// A shim that was killed left its socket: remove it unless a shim serves it.
+	if addr, err := cshim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !cshim.CanConnect(addr) {
+		if err := cshim.RemoveSocket(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Warn("removing the dead shim's socket")
+		}
 	}
 	return cshim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil
 }

@@ -202,6 +202,15 @@ func TestCleanup(t *testing.T) {
 	if err := writeBundleRecord(bundle, bundleRecord{SandboxID: "pod1", BaseDir: base}); err != nil {
 		t.Fatal(err)
 	}
+	// The dead shim's socket (nothing listens) goes; a served one would stay.
+	dead := filepath.Join(dir, "dead.sock")
+	l, err := net.Listen("unix", dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	os.WriteFile(filepath.Join(bundle, "address"), []byte("unix://"+dead), 0o600)
 	other := filepath.Join(dir, "bundles", "other")
 	os.MkdirAll(other, 0o755)
 	t.Chdir(other)
@@ -220,6 +229,31 @@ func TestCleanup(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(bundle, bundleRecordName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the record is left: %v", err)
+	}
+	if _, err := os.Lstat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead shim's socket is left: %v", err)
+	}
+	live := filepath.Join(dir, "live.sock")
+	ll, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ll.Close()
+	go func() {
+		for {
+			c, err := ll.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	os.WriteFile(filepath.Join(bundle, "address"), []byte("unix://"+live), 0o600)
+	if _, err := NewManager(RuntimeName).Stop(namespaces.WithNamespace(context.Background(), "default"), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(live); err != nil {
+		t.Errorf("a served socket was removed: %v", err)
 	}
 	// Nothing to do a second time.
 	if err := Cleanup(context.Background(), bundle); err != nil {
