@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pelletier/go-toml/v2"
 
@@ -47,6 +48,7 @@ type Config struct {
 	Server      ServerConfig     `toml:"server" json:"server"`
 	Device      DeviceConfig     `toml:"device" json:"device"`
 	VM          VMConfig         `toml:"vm" json:"vm"`
+	Agent       AgentConfig      `toml:"agent" json:"agent"`
 	Annotations AnnotationConfig `toml:"annotations" json:"annotations"`
 }
 
@@ -111,6 +113,26 @@ type VMConfig struct {
 	// directory (a tmpfs) instead of a memfd. The memfd is the default: it is not limited by
 	// the size of /dev/shm, whose exhaustion makes a running guest die of SIGBUS.
 	FileMemPath string `toml:"file_mem_path" json:"file_mem_path"`
+	// Kernel and Initrd boot the guest (the kvfs guest image: its agent is /init).
+	Kernel string `toml:"kernel" json:"kernel"`
+	Initrd string `toml:"initrd" json:"initrd"`
+	// KernelParams are appended to the kernel command line DefaultVM builds.
+	KernelParams string `toml:"kernel_params" json:"kernel_params"`
+}
+
+// AgentConfig is the [agent] table: how the shim reaches the guest agent.
+type AgentConfig struct {
+	// Transport is AgentSerial (a virtio-serial port, the default) or AgentVsock.
+	Transport string `toml:"transport" json:"transport"`
+	// BootTimeout bounds the time from starting the VM to the agent's first answer: a
+	// duration in Go's syntax ("120s", "2m").
+	BootTimeout string `toml:"boot_timeout" json:"boot_timeout"`
+}
+
+// BootTimeoutDuration is BootTimeout parsed; 0 if it does not parse (Validate reports that).
+func (a AgentConfig) BootTimeoutDuration() time.Duration {
+	d, _ := time.ParseDuration(a.BootTimeout)
+	return d
 }
 
 // AnnotationConfig is the [annotations] table.
@@ -149,6 +171,13 @@ func DefaultConfig() *Config {
 			Memory:          "2G",
 			MemoryPlacement: PlacementNUMA,
 			HugepagePath:    "/dev/hugepages",
+			Kernel:          "/usr/share/kvfs/guest/vmlinuz",
+			Initrd:          "/usr/share/kvfs/guest/initramfs.gz",
+		},
+		Agent: AgentConfig{
+			Transport: AgentSerial,
+			// A boot under TCG takes 10 to 30 s on a loaded machine; KVM boots in about 1 s.
+			BootTimeout: "2m0s",
 		},
 		Annotations: AnnotationConfig{Prefix: "io.kvfs.config."},
 	}
@@ -376,6 +405,7 @@ const (
 	maxInProcessRequestQueues = 16
 	maxTagLen                 = 36 // the tag field of struct virtio_fs_config
 	maxQueueSize              = 1024
+	maxBootTimeout            = time.Hour
 )
 
 // configKeys is every leaf key, in file order. It is filled in init because the check of
@@ -592,6 +622,46 @@ func allKeys() []configKey {
 					return nil
 				}
 				return checkAbsPath(c.VM.FileMemPath)
+			},
+		},
+		{
+			name: "vm.kernel", show: func(c *Config) string { return strconv.Quote(c.VM.Kernel) },
+			check: func(c *Config) error { return checkAbsPath(c.VM.Kernel) },
+		},
+		{
+			name: "vm.initrd", show: func(c *Config) string { return strconv.Quote(c.VM.Initrd) },
+			check: func(c *Config) error {
+				if c.VM.Initrd == "" {
+					return nil
+				}
+				return checkAbsPath(c.VM.Initrd)
+			},
+		},
+		{
+			name: "vm.kernel_params", show: func(c *Config) string { return strconv.Quote(c.VM.KernelParams) },
+			check: func(c *Config) error { return checkNoNUL(c.VM.KernelParams) },
+		},
+		{
+			name: "agent.transport", show: func(c *Config) string { return strconv.Quote(c.Agent.Transport) },
+			check: func(c *Config) error {
+				switch c.Agent.Transport {
+				case AgentSerial, AgentVsock:
+					return nil
+				}
+				return fmt.Errorf("want %s or %s", AgentSerial, AgentVsock)
+			},
+		},
+		{
+			name: "agent.boot_timeout", show: func(c *Config) string { return strconv.Quote(c.Agent.BootTimeout) },
+			check: func(c *Config) error {
+				d, err := time.ParseDuration(c.Agent.BootTimeout)
+				if err != nil {
+					return errors.New(`want a duration such as "120s" or "2m"`)
+				}
+				if d <= 0 || d > maxBootTimeout {
+					return fmt.Errorf("want more than 0 and at most %s", maxBootTimeout)
+				}
+				return nil
 			},
 		},
 		{

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pelletier/go-toml/v2"
 )
@@ -122,6 +123,16 @@ func TestParseConfigErrors(t *testing.T) {
 		{"enable an unknown annotation", "[annotations]\nenabled = [\"server.cahce\"]\n", "annotations.enabled", []string{`no configuration key "server.cahce"`}},
 		{"enable a file-only key", "[annotations]\nenabled = [\"base_dir\"]\n", "annotations.enabled", []string{"base_dir cannot be set by annotation"}},
 		{"syntax", "[server\n", "", []string{"config: ", "line 1"}},
+		{"relative kernel", "[vm]\nkernel = \"vmlinuz\"\n", "vm.kernel", []string{`vm.kernel = "vmlinuz": not an absolute path`}},
+		{"no kernel", "[vm]\nkernel = \"\"\n", "vm.kernel", []string{`vm.kernel = "": empty path`}},
+		{"relative initrd", "[vm]\ninitrd = \"x/initramfs.gz\"\n", "vm.initrd", []string{`vm.initrd = "x/initramfs.gz": not an absolute path`}},
+		{"newline in kernel params", "[vm]\nkernel_params = \"a\\nb\"\n", "vm.kernel_params", []string{"vm.kernel_params", "NUL or newline"}},
+		{"unknown agent transport", "[agent]\ntransport = \"tcp\"\n", "agent.transport", []string{`agent.transport = "tcp": want serial or vsock`}},
+		{"unknown agent key", "[agent]\ntimeout = \"1s\"\n", "agent.timeout", []string{"agent.timeout", "unknown key"}},
+		{"boot timeout not a duration", "[agent]\nboot_timeout = \"soon\"\n", "agent.boot_timeout", []string{"agent.boot_timeout", "want a duration"}},
+		{"boot timeout a number", "[agent]\nboot_timeout = 120\n", "agent.boot_timeout", []string{"agent.boot_timeout"}},
+		{"boot timeout zero", "[agent]\nboot_timeout = \"0s\"\n", "agent.boot_timeout", []string{`agent.boot_timeout = "0s": want more than 0`}},
+		{"boot timeout too long", "[agent]\nboot_timeout = \"2h\"\n", "agent.boot_timeout", []string{"at most 1h0m0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,6 +153,18 @@ func TestParseConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestParseConfigAgent(t *testing.T) {
+	c, err := ParseConfig([]byte("[vm]\nkernel = \"/g/vmlinuz\"\ninitrd = \"\"\nkernel_params = \"kvfs.debug=1\"\n" +
+		"[agent]\ntransport = \"vsock\"\nboot_timeout = \"30s\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.VM.Kernel != "/g/vmlinuz" || c.VM.Initrd != "" || c.VM.KernelParams != "kvfs.debug=1" ||
+		c.Agent.Transport != AgentVsock || c.Agent.BootTimeoutDuration() != 30*time.Second {
+		t.Errorf("got %+v %+v", c.VM, c.Agent)
 	}
 }
 

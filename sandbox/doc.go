@@ -16,6 +16,9 @@
 //	qemu.log        QEMU's stdout and stderr
 //	server.log      an external server's stdout and stderr
 //	control.sock    the control API of the sandbox's owner (a shim), if it serves one
+//	agent.sock      the host side of the guest agent's virtio-serial port (DefaultVM with
+//	                agent.transport = "serial"): QEMU listens (server=on,wait=off), the shim
+//	                connects
 //
 // shared/ is made as Kata makes it — bind mounts/ to shared/, remount it MS_BIND|MS_REMOUNT|
 // MS_RDONLY, make it MS_SLAVE — after first binding mounts/ onto itself and making it
@@ -123,4 +126,18 @@
 // default (memory-backend-memfd,share=on): Kata's shared file in /dev/shm counts against
 // /dev/shm's size, and a full /dev/shm makes a running guest die of SIGBUS.
 // testdata/defaults.toml lists every key with its default.
+//
+// # The guest agent
+//
+// DefaultVM boots vm.kernel and vm.initrd (the kvfs guest image, whose /init is the agent;
+// defaults /usr/share/kvfs/guest/vmlinuz and initramfs.gz) with the command line
+// "console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial" (or
+// kvfs.agent=vsock:1024) followed by vm.kernel_params, and gives it the agent channel of
+// agent.transport: a virtio-serial port named io.kvfs.agent.0 whose host side is agent.sock
+// (VM.Agent, AgentSerial), or a vhost-vsock-pci device with the guest CID GuestCID(id)
+// (AgentVsock; needs /dev/vhost-vsock). agent.boot_timeout bounds the owner's wait for the
+// agent's first answer. The agent is as untrusted as the rest of the guest.
+//
+// Cleanup(baseDir, id) tears down one sandbox a dead owner left behind, as Recover would,
+// without adopting it: the shim's delete action after its long-lived process died.
 package sandbox

@@ -24,6 +24,7 @@ const (
 	consoleName   = "console.log"
 	qemuLogName   = "qemu.log"
 	serverLogName = "server.log"
+	agentSockName = "agent.sock" // the agent's virtio-serial port: QEMU listens, the shim connects
 )
 
 // ControlSocketName is the control API socket a sandbox's owner serves in the sandbox

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 )
 
 // Accelerators.
@@ -21,6 +23,8 @@ const (
 	fsCharID    = "kvfs-fs0-chr"
 	fsDeviceID  = "kvfs-fs0"
 	consoleID   = "kvfs-console0"
+	serialID    = "kvfs-serial0"
+	agentCharID = "kvfs-agent0"
 	minMemBytes = 128 << 20
 	// maxSocketPath is the longest path connect(2) takes: sun_path holds 108 bytes with the NUL.
 	maxSocketPath = 107
@@ -50,6 +54,8 @@ type VM struct {
 	FS FSDevice
 	// Console is a file that receives the guest's serial console; empty for none.
 	Console string
+	// Agent is the channel to the guest agent; the zero value adds none.
+	Agent AgentDevice
 	// ExtraArgs are appended as they are: more devices, -d flags, ...
 	ExtraArgs []string
 }
@@ -79,6 +85,26 @@ type FSDevice struct {
 	QueueSize int
 	// NumRequestQueues is the number of request queues, at least 1.
 	NumRequestQueues int
+}
+
+// Agent transports: how the shim reaches the guest agent (api/agent/v1).
+const (
+	// AgentSerial is a virtio-serial port named agent.SerialPortName whose host side is a
+	// unix socket QEMU listens on (server=on,wait=off): the shim connects to it.
+	AgentSerial = "serial"
+	// AgentVsock is a vhost-vsock-pci device; the agent listens on agent.DefaultVsockPort.
+	// It needs /dev/vhost-vsock on the host.
+	AgentVsock = "vsock"
+)
+
+// AgentDevice is the channel between the host and the guest agent.
+type AgentDevice struct {
+	// Transport is AgentSerial, AgentVsock, or empty for no agent channel.
+	Transport string
+	// Socket is the unix socket of the serial port (AgentSerial).
+	Socket string
+	// GuestCID is the guest's vsock context id (AgentVsock): 3 to 2^32-2, unique on the host.
+	GuestCID uint32
 }
 
 // Args returns QEMU's arguments for vm, without the binary, or what is wrong with vm.
@@ -137,6 +163,16 @@ func (vm *VM) Args() ([]string, error) {
 		"-device", dev,
 	)
 
+	switch vm.Agent.Transport {
+	case AgentSerial:
+		args = append(args,
+			"-device", "virtio-serial-pci,id="+serialID,
+			"-chardev", "socket,id="+agentCharID+",path="+qemuOpt(vm.Agent.Socket)+",server=on,wait=off",
+			"-device", "virtserialport,bus="+serialID+".0,chardev="+agentCharID+",name="+agent.SerialPortName,
+		)
+	case AgentVsock:
+		args = append(args, "-device", "vhost-vsock-pci,guest-cid="+strconv.FormatUint(uint64(vm.Agent.GuestCID), 10))
+	}
 	if vm.Kernel != "" {
 		args = append(args, "-kernel", vm.Kernel)
 		if vm.Initrd != "" {
@@ -173,6 +209,7 @@ func (vm *VM) validate() error {
 		{"virtio-fs queue size " + strconv.Itoa(vm.FS.QueueSize), checkQueueSize(vm.FS.QueueSize)},
 		{"virtio-fs num-request-queues " + strconv.Itoa(vm.FS.NumRequestQueues), checkNumRequestQueues(vm.FS.NumRequestQueues)},
 		{"kernel", checkBoot(vm)},
+		{"agent transport " + strconv.Quote(vm.Agent.Transport), checkAgentDevice(vm.Agent)},
 		{"console " + strconv.Quote(vm.Console), checkNoNUL(vm.Console)},
 	}
 	for _, c := range checks {
@@ -277,6 +314,25 @@ func checkBoot(vm *VM) error {
 		return err
 	}
 	return checkNoNUL(vm.Cmdline)
+}
+
+func checkAgentDevice(a AgentDevice) error {
+	switch a.Transport {
+	case "":
+		return nil
+	case AgentSerial:
+		if err := checkSocketPath(a.Socket); err != nil {
+			return fmt.Errorf("socket %q: %w", a.Socket, err)
+		}
+		return nil
+	case AgentVsock:
+		// 0, 1 and 2 are the hypervisor, the loopback and the host; 2^32-1 is VMADDR_CID_ANY.
+		if a.GuestCID < 3 || a.GuestCID == math.MaxUint32 {
+			return fmt.Errorf("guest CID %d: want 3 to %d", a.GuestCID, uint32(math.MaxUint32-1))
+		}
+		return nil
+	}
+	return fmt.Errorf("want %s, %s or empty", AgentSerial, AgentVsock)
 }
 
 func checkNoNUL(s string) error {

@@ -106,6 +106,37 @@ func TestVMArgs(t *testing.T) {
 				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), []string{"-device", "virtio-serial-pci"}),
 		},
 		{
+			name: "agent over a virtio-serial port, before the boot arguments",
+			modify: func(vm *VM) {
+				vm.Agent = AgentDevice{Transport: AgentSerial, Socket: "/run/kvfs/sandboxes/p1/agent.sock"}
+			},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{
+					"-device", "virtio-serial-pci,id=kvfs-serial0",
+					"-chardev", "socket,id=kvfs-agent0,path=/run/kvfs/sandboxes/p1/agent.sock,server=on,wait=off",
+					"-device", "virtserialport,bus=kvfs-serial0.0,chardev=kvfs-agent0,name=io.kvfs.agent.0",
+				}, boot),
+		},
+		{
+			name:   "agent serial socket with a comma",
+			modify: func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentSerial, Socket: "/run/a,b/agent.sock"} },
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{
+					"-device", "virtio-serial-pci,id=kvfs-serial0",
+					"-chardev", "socket,id=kvfs-agent0,path=/run/a,,b/agent.sock,server=on,wait=off",
+					"-device", "virtserialport,bus=kvfs-serial0.0,chardev=kvfs-agent0,name=io.kvfs.agent.0",
+				}, boot),
+		},
+		{
+			name:   "agent over vsock",
+			modify: func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1234} },
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{"-device", "vhost-vsock-pci,guest-cid=1234"}, boot),
+		},
+		{
 			name:   "memory units: 1G, 1024MiB and 1073741824 are the same",
 			modify: func(vm *VM) { vm.Memory.Size = "1024MiB" },
 			want: slices.Concat(head, []string{"-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "1", "-m", "1024M"},
@@ -155,6 +186,13 @@ func TestVMArgsErrors(t *testing.T) {
 		{"no socket", func(vm *VM) { vm.FS.Socket = "" }, `virtio-fs socket "": empty`},
 		{"initrd without kernel", func(vm *VM) { vm.Kernel = "" }, "needs a kernel"},
 		{"newline in command line", func(vm *VM) { vm.Cmdline = "a\nb" }, "NUL or newline"},
+		{"unknown agent transport", func(vm *VM) { vm.Agent.Transport = "tcp" }, `agent transport "tcp": want serial, vsock or empty`},
+		{"serial agent without a socket", func(vm *VM) { vm.Agent.Transport = AgentSerial }, `socket "": empty`},
+		{"serial agent socket too long", func(vm *VM) {
+			vm.Agent = AgentDevice{Transport: AgentSerial, Socket: "/" + strings.Repeat("s", 110)}
+		}, "longer than the 107"},
+		{"vsock CID of the host", func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 2} }, "guest CID 2: want 3 to"},
+		{"vsock CID any", func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1<<32 - 1} }, "guest CID 4294967295"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

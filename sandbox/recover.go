@@ -198,3 +198,68 @@ func cleanupRecovered(id, dir string, lock *os.File, vm, srv Process, reason str
 	lock.Close()
 	return Cleaned{ID: id, Reason: reason, Err: errors.Join(errs...)}
 }
+
+// ErrInUse is returned by Cleanup for a sandbox whose owner is alive.
+var ErrInUse = errors.New("in use by a live owner")
+
+// Cleanup tears down the sandbox id under baseDir that its owner left behind (a shim that
+// died): the VM and an external server, if still running and recognised as the recorded
+// processes (pid, start time, boot id: a reused pid is never signalled), are stopped; the
+// mounts are detached and the directory removed, as Stop does. It is Recover for one sandbox
+// that never adopts. A sandbox whose owner.lock is held by a live owner is left alone
+// (ErrInUse); one that does not exist is nothing to do (nil).
+func Cleanup(ctx context.Context, baseDir, id string) error {
+	if err := checkAbsPath(baseDir); err != nil {
+		return fmt.Errorf("cleanup: base directory %q: %w", baseDir, err)
+	}
+	if err := checkID(id); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	base, err := filepath.EvalSymlinks(baseDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	dir := filepath.Join(base, id)
+	fi, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("cleanup sandbox %s: %w", id, err)
+	case !fi.IsDir():
+		return fmt.Errorf("cleanup sandbox %s: %s is not a directory (symlinks are never followed)", id, dir)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, lockName), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("cleanup sandbox %s: %w", id, err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return fmt.Errorf("cleanup sandbox %s: %w (%v)", id, ErrInUse, err)
+	}
+	var vm, srv Process
+	reason := "its owner is gone"
+	if st, err := readState(dir); err != nil {
+		reason = "no usable state: " + err.Error()
+	} else {
+		if st.Server != nil && st.Server.Daemon != InProcess {
+			if p, err := adoptExternal(*st.Server); err == nil {
+				srv = p.proc
+			}
+		}
+		if st.VM != nil && st.VM.Process != nil {
+			if p, err := adopt(*st.VM.Process); err == nil {
+				vm = p
+			}
+		}
+	}
+	c := cleanupRecovered(id, dir, lock, vm, srv, reason)
+	log.G(ctx).WithField("sandbox", id).WithField("reason", reason).WithError(c.Err).Info("cleanup")
+	if c.Err != nil {
+		return fmt.Errorf("cleanup sandbox %s: %w", id, c.Err)
+	}
+	return nil
+}

@@ -166,3 +166,52 @@ func TestRecover(t *testing.T) {
 		t.Errorf("children %v, want only the sleeper %d (no zombie servers)", kids, sleeper.Process.Pid)
 	}
 }
+
+// TestCleanup leaves a sandbox behind (an external server still running, a bind) as a dead
+// shim would, and checks that Cleanup stops the server, detaches the mounts and removes the
+// directory; that it leaves a live owner's sandbox alone; and that a missing one is no error.
+func TestCleanup(t *testing.T) {
+	requireRoot(t)
+	becomeSubreaper(t)
+	base := testBase(t)
+	ctx := context.Background()
+	src := t.TempDir()
+
+	left := runHelperProcess(t, helperSpec{Config: externalConfig(t, base), ID: "left",
+		Binds: []helperBind{{Src: src, Name: "rootfs"}, {Src: src, Name: "vol", ReadOnly: true}}})
+	st, err := readState(filepath.Join(base, "left"))
+	if err != nil || st.Server == nil || st.Server.Process == nil {
+		t.Fatalf("state %+v, %v", st, err)
+	}
+	live, err := Create(ctx, "live", Options{Config: testConfig(base)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, live)
+
+	if err := Cleanup(ctx, base, "left"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(base, "left")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("directory left: %v", err)
+	}
+	if under, _ := mountsUnder(filepath.Join(base, "left")); len(under) > 0 {
+		t.Errorf("mounts left: %q", under)
+	}
+	reapSandboxedServers(t)
+	if !processGone(*st.Server.Process) {
+		t.Errorf("the server (pid %d) still runs", left.Stats.Server.PID)
+	}
+	if err := Cleanup(ctx, base, "live"); !errors.Is(err, ErrInUse) {
+		t.Errorf("Cleanup of a live sandbox: %v, want ErrInUse", err)
+	}
+	if _, err := os.Stat(live.SharedDir()); err != nil {
+		t.Errorf("the live sandbox was touched: %v", err)
+	}
+	if err := Cleanup(ctx, base, "never"); err != nil {
+		t.Errorf("Cleanup of a missing sandbox: %v", err)
+	}
+	if err := Cleanup(ctx, base, "../x"); err == nil || !strings.Contains(err.Error(), "invalid sandbox id") {
+		t.Errorf("Cleanup of a bad id: %v", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
@@ -245,6 +247,10 @@ func (s *Sandbox) SharedDir() string { return filepath.Join(s.dir, sharedName) }
 // SocketPath is the vhost-user socket the VM connects to.
 func (s *Sandbox) SocketPath() string { return filepath.Join(s.dir, socketName) }
 
+// AgentSocketPath is the host side of the guest agent's virtio-serial port (transport
+// serial): QEMU listens on it, the shim connects.
+func (s *Sandbox) AgentSocketPath() string { return filepath.Join(s.dir, agentSockName) }
+
 // ConsolePath is where DefaultVM sends the guest's serial console.
 func (s *Sandbox) ConsolePath() string { return filepath.Join(s.dir, consoleName) }
 
@@ -288,8 +294,11 @@ func (s *Sandbox) fsDevice() FSDevice {
 	}
 }
 
-// DefaultVM returns the VM the configuration describes, connected to this sandbox and with its
-// console in ConsolePath. The caller adds the kernel, initrd and command line.
+// DefaultVM returns the VM the configuration describes, connected to this sandbox, with its
+// console in ConsolePath, the configured guest kernel and initrd, the agent channel of
+// agent.transport, and the kernel command line the guest agent reads:
+//
+//	console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial|vsock:1024 [vm.kernel_params]
 func (s *Sandbox) DefaultVM() VM {
 	c := s.cfg.VM
 	accel := c.Accel
@@ -305,7 +314,29 @@ func (s *Sandbox) DefaultVM() VM {
 	if c.Hugepages {
 		vm.Memory.Path = c.HugepagePath
 	}
+	vm.Kernel, vm.Initrd = c.Kernel, c.Initrd
+	transport := agent.CmdlineTransport + "=" + AgentSerial
+	switch s.cfg.Agent.Transport {
+	case AgentVsock:
+		vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: GuestCID(s.id)}
+		transport = fmt.Sprintf("%s=%s:%d", agent.CmdlineTransport, AgentVsock, agent.DefaultVsockPort)
+	default:
+		vm.Agent = AgentDevice{Transport: AgentSerial, Socket: s.AgentSocketPath()}
+	}
+	vm.Cmdline = fmt.Sprintf("console=ttyS0 quiet panic=-1 %s=%s %s", agent.CmdlineTag, s.cfg.Device.Tag, transport)
+	if c.KernelParams != "" {
+		vm.Cmdline += " " + c.KernelParams
+	}
 	return vm
+}
+
+// GuestCID is the vsock context id DefaultVM gives the guest of sandbox id: a hash of the id
+// in 3 to 2^31-1, so that sandboxes on one host rarely collide (QEMU refuses a CID in use, and
+// the start then fails with that error).
+func GuestCID(id string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return 3 + h.Sum32()%(1<<31-4)
 }
 
 // DetectAccel returns AccelKVM if /dev/kvm can be opened, else AccelTCG.

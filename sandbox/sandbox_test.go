@@ -536,3 +536,51 @@ func TestStart(t *testing.T) {
 		t.Errorf("the VM got %v, want SIGTERM", sig)
 	}
 }
+
+// TestDefaultVMAgent checks what DefaultVM adds for the guest agent: the configured kernel and
+// initrd, the command line the agent reads, and the agent channel of each transport.
+func TestDefaultVMAgent(t *testing.T) {
+	requireRoot(t)
+	base := testBase(t)
+	ctx := context.Background()
+	c := testConfig(base)
+	c.Device.Tag = "podfs"
+	c.VM.Kernel, c.VM.Initrd = "/g/vmlinuz", "/g/initramfs.gz"
+	s, err := Create(ctx, "agentvm", Options{Config: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, s)
+	vm := s.DefaultVM()
+	if vm.Kernel != "/g/vmlinuz" || vm.Initrd != "/g/initramfs.gz" {
+		t.Errorf("kernel %q initrd %q", vm.Kernel, vm.Initrd)
+	}
+	if want := "console=ttyS0 quiet panic=-1 kvfs.tag=podfs kvfs.agent=serial"; vm.Cmdline != want {
+		t.Errorf("cmdline %q, want %q", vm.Cmdline, want)
+	}
+	if want := (AgentDevice{Transport: AgentSerial, Socket: filepath.Join(s.Dir(), "agent.sock")}); vm.Agent != want ||
+		s.AgentSocketPath() != want.Socket {
+		t.Errorf("agent %+v (AgentSocketPath %q), want %+v", vm.Agent, s.AgentSocketPath(), want)
+	}
+
+	c.Agent.Transport = AgentVsock
+	c.VM.KernelParams = "kvfs.debug=1 loglevel=7"
+	v, err := Create(ctx, "agentvsock", Options{Config: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, v)
+	vm = v.DefaultVM()
+	if want := "console=ttyS0 quiet panic=-1 kvfs.tag=podfs kvfs.agent=vsock:1024 kvfs.debug=1 loglevel=7"; vm.Cmdline != want {
+		t.Errorf("cmdline %q, want %q", vm.Cmdline, want)
+	}
+	if vm.Agent.Transport != AgentVsock || vm.Agent.GuestCID != GuestCID("agentvsock") || vm.Agent.GuestCID < 3 {
+		t.Errorf("agent %+v", vm.Agent)
+	}
+	if GuestCID("a") == GuestCID("b") {
+		t.Errorf("GuestCID gives a and b the same CID")
+	}
+	if _, err := vm.Args(); err != nil {
+		t.Errorf("Args: %v", err)
+	}
+}

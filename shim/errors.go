@@ -1,0 +1,79 @@
+package shim
+
+import (
+	"context"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// errorEdge is the task service as ttrpc serves it: errdefs kinds become gRPC status codes
+// here, once.
+type errorEdge struct{ s *Service }
+
+func grpcErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errgrpc.ToGRPC(err)
+}
+
+func edge[Req, Resp any](f func(context.Context, Req) (Resp, error)) func(context.Context, Req) (Resp, error) {
+	return func(ctx context.Context, r Req) (Resp, error) {
+		resp, err := f(ctx, r)
+		return resp, grpcErr(err)
+	}
+}
+
+func (e errorEdge) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	return edge(e.s.State)(ctx, r)
+}
+func (e errorEdge) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
+	return edge(e.s.Create)(ctx, r)
+}
+func (e errorEdge) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	return edge(e.s.Start)(ctx, r)
+}
+func (e errorEdge) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	return edge(e.s.Delete)(ctx, r)
+}
+func (e errorEdge) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	return edge(e.s.Pids)(ctx, r)
+}
+func (e errorEdge) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Pause)(ctx, r)
+}
+func (e errorEdge) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Resume)(ctx, r)
+}
+func (e errorEdge) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Checkpoint)(ctx, r)
+}
+func (e errorEdge) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Kill)(ctx, r)
+}
+func (e errorEdge) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Exec)(ctx, r)
+}
+func (e errorEdge) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*emptypb.Empty, error) {
+	return edge(e.s.ResizePty)(ctx, r)
+}
+func (e errorEdge) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
+	return edge(e.s.CloseIO)(ctx, r)
+}
+func (e errorEdge) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Update)(ctx, r)
+}
+func (e errorEdge) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	return edge(e.s.Wait)(ctx, r)
+}
+func (e errorEdge) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	return edge(e.s.Stats)(ctx, r)
+}
+func (e errorEdge) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	return edge(e.s.Connect)(ctx, r)
+}
+func (e errorEdge) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
+	return edge(e.s.Shutdown)(ctx, r)
+}

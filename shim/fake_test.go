@@ -1,0 +1,460 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+// fakeAgent is an in-memory agent.AgentService: processes that run until the test (or a
+// signal) ends them, with output the test writes. It exists only in tests.
+type fakeAgent struct {
+	mu         sync.Mutex
+	procs      map[[2]string]*fakeProc // guarded by mu
+	nextPid    uint32
+	signals    []*agent.SignalProcessRequest
+	paused     []string
+	resumed    []string
+	updates    [][]byte
+	shutdowns  int
+	deleted    [][2]string
+	specs      map[string][]byte
+	oom        chan string
+	drainDelay time.Duration // how long after the exit the last output chunk comes
+	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
+	oversize int
+}
+
+type fakeProc struct {
+	stdio    *agent.Stdio
+	pid      uint32
+	started  bool
+	stdout   *fakeStream
+	stderr   *fakeStream
+	stdin    []byte
+	stdinEOF chan struct{}
+	exited   chan struct{}
+	status   uint32
+	tail     []byte // written to stdout drainDelay after the exit
+}
+
+type fakeStream struct {
+	mu   sync.Mutex
+	data []byte
+	eof  bool
+	wake chan struct{}
+}
+
+func newStream() *fakeStream { return &fakeStream{wake: make(chan struct{}, 1)} }
+
+func (s *fakeStream) write(b []byte, eof bool) {
+	s.mu.Lock()
+	s.data = append(s.data, b...)
+	s.eof = s.eof || eof
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *fakeStream) read(ctx context.Context, max uint32) (*agent.ReadStreamResponse, error) {
+	for {
+		s.mu.Lock()
+		if len(s.data) > 0 {
+			n := min(int(max), len(s.data))
+			d := slices.Clone(s.data[:n])
+			s.data = s.data[n:]
+			s.mu.Unlock()
+			return &agent.ReadStreamResponse{Data: d}, nil
+		}
+		if s.eof {
+			s.mu.Unlock()
+			return &agent.ReadStreamResponse{Eof: true}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.wake:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func newFakeAgent() *fakeAgent {
+	return &fakeAgent{procs: map[[2]string]*fakeProc{}, nextPid: 100, specs: map[string][]byte{}, oom: make(chan string, 4)}
+}
+
+func (a *fakeAgent) proc(cid, eid string) (*fakeProc, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.procs[[2]string{cid, eid}]
+	if p == nil {
+		return nil, fmt.Errorf("no process %s/%s: %w", cid, eid, errdefs.ErrNotFound)
+	}
+	return p, nil
+}
+
+func (a *fakeAgent) add(cid, eid string, st *agent.Stdio) *fakeProc {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.nextPid++
+	p := &fakeProc{stdio: st, pid: a.nextPid, stdout: newStream(), stderr: newStream(), stdinEOF: make(chan struct{}), exited: make(chan struct{})}
+	a.procs[[2]string{cid, eid}] = p
+	return p
+}
+
+// exit ends a process with status: WaitProcess answers; its output ends (after drainDelay,
+// with its tail).
+func (a *fakeAgent) exit(cid, eid string, status uint32) {
+	p, err := a.proc(cid, eid)
+	if err != nil {
+		panic(err)
+	}
+	a.mu.Lock()
+	select {
+	case <-p.exited:
+		a.mu.Unlock()
+		return
+	default:
+	}
+	p.status = status
+	close(p.exited)
+	delay, tail := a.drainDelay, p.tail
+	a.mu.Unlock()
+	go func() {
+		time.Sleep(delay)
+		p.stdout.write(tail, true)
+		p.stderr.write(nil, true)
+	}()
+}
+
+func (a *fakeAgent) Ping(context.Context, *agent.PingRequest) (*agent.PingResponse, error) {
+	return &agent.PingResponse{Version: "fake", Kernel: "none"}, nil
+}
+
+func (a *fakeAgent) CreateContainer(_ context.Context, r *agent.CreateContainerRequest) (*agent.CreateContainerResponse, error) {
+	a.mu.Lock()
+	a.specs[r.ContainerId] = r.Spec
+	a.mu.Unlock()
+	p := a.add(r.ContainerId, "", r.Stdio)
+	return &agent.CreateContainerResponse{Pid: p.pid}, nil
+}
+
+func (a *fakeAgent) ExecProcess(_ context.Context, r *agent.ExecProcessRequest) (*agent.ExecProcessResponse, error) {
+	if _, err := a.proc(r.ContainerId, ""); err != nil {
+		return nil, err
+	}
+	a.add(r.ContainerId, r.ExecId, r.Stdio)
+	return &agent.ExecProcessResponse{}, nil
+}
+
+func (a *fakeAgent) StartProcess(_ context.Context, r *agent.StartProcessRequest) (*agent.StartProcessResponse, error) {
+	p, err := a.proc(r.ContainerId, r.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p.started {
+		return nil, fmt.Errorf("started twice: %w", errdefs.ErrFailedPrecondition)
+	}
+	p.started = true
+	return &agent.StartProcessResponse{Pid: p.pid}, nil
+}
+
+func (a *fakeAgent) SignalProcess(_ context.Context, r *agent.SignalProcessRequest) (*agent.SignalProcessResponse, error) {
+	a.mu.Lock()
+	a.signals = append(a.signals, &agent.SignalProcessRequest{ContainerId: r.ContainerId, ExecId: r.ExecId, Signal: r.Signal, All: r.All})
+	var targets [][2]string
+	for k := range a.procs {
+		if k[0] == r.ContainerId && (r.All || k[1] == r.ExecId) {
+			targets = append(targets, k)
+		}
+	}
+	a.mu.Unlock()
+	if r.Signal == uint32(syscall.SIGKILL) || r.Signal == uint32(syscall.SIGTERM) {
+		for _, k := range targets {
+			a.exit(k[0], k[1], 128+r.Signal)
+		}
+	}
+	return &agent.SignalProcessResponse{}, nil
+}
+
+func (a *fakeAgent) WaitProcess(ctx context.Context, r *agent.WaitProcessRequest) (*agent.WaitProcessResponse, error) {
+	p, err := a.proc(r.ContainerId, r.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return &agent.WaitProcessResponse{Pid: p.pid, ExitStatus: p.status, ExitedAt: timestamppb.Now()}, nil
+}
+
+func (a *fakeAgent) DeleteProcess(_ context.Context, r *agent.DeleteProcessRequest) (*agent.DeleteProcessResponse, error) {
+	if _, err := a.proc(r.ContainerId, r.ExecId); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	delete(a.procs, [2]string{r.ContainerId, r.ExecId})
+	a.deleted = append(a.deleted, [2]string{r.ContainerId, r.ExecId})
+	a.mu.Unlock()
+	return &agent.DeleteProcessResponse{}, nil
+}
+
+func (a *fakeAgent) ReadStdout(ctx context.Context, r *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error) {
+	p, err := a.proc(r.ContainerId, r.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	if a.oversize > 0 {
+		return &agent.ReadStreamResponse{Data: make([]byte, a.oversize)}, nil
+	}
+	return p.stdout.read(ctx, r.Max)
+}
+
+func (a *fakeAgent) ReadStderr(ctx context.Context, r *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error) {
+	p, err := a.proc(r.ContainerId, r.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	return p.stderr.read(ctx, r.Max)
+}
+
+func (a *fakeAgent) WriteStdin(_ context.Context, r *agent.WriteStdinRequest) (*agent.WriteStdinResponse, error) {
+	p, err := a.proc(r.ContainerId, r.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	p.stdin = append(p.stdin, r.Data...)
+	a.mu.Unlock()
+	return &agent.WriteStdinResponse{}, nil
+}
+
+func (a *fakeAgent) CloseStdin(_ context.Context, r *agent.CloseStdinRequest) (*agent.CloseStdinResponse, error) {
+	p, err := a.proc(r.ContainerId, r.ExecId)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	select {
+	case <-p.stdinEOF:
+	default:
+		close(p.stdinEOF)
+	}
+	return &agent.CloseStdinResponse{}, nil
+}
+
+var resizes = make(chan *agent.ResizePtyRequest, 8)
+
+func (a *fakeAgent) ResizePty(_ context.Context, r *agent.ResizePtyRequest) (*agent.ResizePtyResponse, error) {
+	resizes <- r
+	return &agent.ResizePtyResponse{}, nil
+}
+
+func (a *fakeAgent) ListPids(_ context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	resp := &agent.ListPidsResponse{}
+	for k, p := range a.procs {
+		if k[0] == r.ContainerId {
+			resp.Processes = append(resp.Processes, &agent.ProcessInfo{Pid: p.pid, ExecId: k[1], IsKnown: true})
+		}
+	}
+	resp.Processes = append(resp.Processes, &agent.ProcessInfo{Pid: 7})
+	return resp, nil
+}
+
+func (a *fakeAgent) Stats(_ context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {
+	v, err := typeurl.MarshalAnyToProto(&eventstypes.TaskOOM{ContainerID: "stats-of-" + r.ContainerId})
+	if err != nil {
+		return nil, err
+	}
+	return &agent.StatsResponse{Stats: v}, nil
+}
+
+func (a *fakeAgent) UpdateContainer(_ context.Context, r *agent.UpdateContainerRequest) (*agent.UpdateContainerResponse, error) {
+	a.mu.Lock()
+	a.updates = append(a.updates, r.Resources)
+	a.mu.Unlock()
+	return &agent.UpdateContainerResponse{}, nil
+}
+
+func (a *fakeAgent) PauseContainer(_ context.Context, r *agent.PauseContainerRequest) (*agent.PauseContainerResponse, error) {
+	a.mu.Lock()
+	a.paused = append(a.paused, r.ContainerId)
+	a.mu.Unlock()
+	return &agent.PauseContainerResponse{}, nil
+}
+
+func (a *fakeAgent) ResumeContainer(_ context.Context, r *agent.ResumeContainerRequest) (*agent.ResumeContainerResponse, error) {
+	a.mu.Lock()
+	a.resumed = append(a.resumed, r.ContainerId)
+	a.mu.Unlock()
+	return &agent.ResumeContainerResponse{}, nil
+}
+
+func (a *fakeAgent) GetOOMEvent(ctx context.Context, _ *agent.GetOOMEventRequest) (*agent.GetOOMEventResponse, error) {
+	select {
+	case id := <-a.oom:
+		return &agent.GetOOMEventResponse{ContainerId: id}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {
+	a.mu.Lock()
+	a.shutdowns++
+	a.mu.Unlock()
+	return &agent.ShutdownResponse{}, nil
+}
+
+// fakePod is a Pod around a fakeAgent.
+type fakePod struct {
+	agent   *fakeAgent
+	req     PodRequest
+	mu      sync.Mutex
+	binds   map[string]HostBind
+	stopped int
+	done    chan struct{}
+	err     error
+}
+
+func (p *fakePod) Agent() agent.AgentService { return p.agent }
+
+func (p *fakePod) Bind(src, name string, ro bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.binds[name]; ok {
+		return fmt.Errorf("bind %s twice", name)
+	}
+	p.binds[name] = HostBind{Source: src, Name: name, ReadOnly: ro}
+	return nil
+}
+
+func (p *fakePod) Unbind(name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.binds[name]; !ok {
+		return fmt.Errorf("unbind %s: not bound", name)
+	}
+	delete(p.binds, name)
+	return nil
+}
+
+func (p *fakePod) Done() <-chan struct{} { return p.done }
+func (p *fakePod) Err() error            { return p.err }
+
+func (p *fakePod) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	p.stopped++
+	p.mu.Unlock()
+	_, err := p.agent.Shutdown(ctx, &agent.ShutdownRequest{})
+	return err
+}
+
+func (p *fakePod) die(err error) {
+	p.err = err
+	close(p.done)
+}
+
+func (p *fakePod) bound() map[string]HostBind {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := map[string]HostBind{}
+	for k, v := range p.binds {
+		m[k] = v
+	}
+	return m
+}
+
+// recorder is an events.Publisher that keeps the events in order.
+type recorder struct {
+	mu     sync.Mutex
+	events []any
+	wake   chan struct{}
+	// onPublish, if set, runs synchronously in Publish, before the event is recorded.
+	onPublish func(any)
+}
+
+var _ events.Publisher = (*recorder)(nil)
+
+func newRecorder() *recorder { return &recorder{wake: make(chan struct{}, 1)} }
+
+func (r *recorder) Publish(_ context.Context, _ string, e events.Event) error {
+	if r.onPublish != nil {
+		r.onPublish(e)
+	}
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (r *recorder) all() []any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+// waitFor waits until an event satisfies match and returns its index.
+func (r *recorder) waitFor(t *testing.T, what string, match func(any) bool) int {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		for i, e := range r.all() {
+			if match(e) {
+				return i
+			}
+		}
+		select {
+		case <-r.wake:
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("no %s event; got %s", what, describe(r.all()))
+		}
+	}
+}
+
+func describe(evs []any) string {
+	var s []string
+	for _, e := range evs {
+		s = append(s, fmt.Sprintf("%T%+v", e, e))
+	}
+	return fmt.Sprint(s)
+}
+
+// fakeShutdown is a shutdown.Service.
+type fakeShutdown struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func (f *fakeShutdown) Shutdown()                                    { f.once.Do(func() { close(f.done) }) }
+func (f *fakeShutdown) RegisterCallback(func(context.Context) error) {}
+func (f *fakeShutdown) Done() <-chan struct{}                        { return f.done }
+func (f *fakeShutdown) Err() error                                   { return nil }

@@ -1,0 +1,218 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	cshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+
+	"github.com/kvfs/kvfs/sandbox"
+)
+
+// RuntimeName is the runtime type containerd knows the shim by.
+const RuntimeName = "io.containerd.kvfs.v2"
+
+// Manager is the shim's bootstrap side (containerd's pkg/shim.Shim): the short-lived start
+// and delete actions, and -info.
+type Manager struct {
+	name string
+}
+
+var _ cshim.Shim = Manager{}
+
+// NewManager returns the manager of runtime name.
+func NewManager(name string) Manager { return Manager{name: name} }
+
+// Name implements shim.Shim.
+func (m Manager) Name() string { return m.name }
+
+// groupAnnotations is the part of a bundle's config.json Start reads.
+type groupAnnotations struct {
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Start implements shim.Shim: one shim per pod. The container's sandbox (SandboxID) names
+// the shim's socket; if a shim already serves it, its address is the answer, else a new shim
+// process is started on a new socket, in a session of its own, the listening socket passed as
+// fd 3.
+func (m Manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ *bootapi.BootstrapResult, retErr error) {
+	id := params.GetInstanceID()
+	b, err := os.ReadFile("config.json")
+	if err != nil {
+		return nil, fmt.Errorf("the bundle's spec: %w", err)
+	}
+	var spec groupAnnotations
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, fmt.Errorf("the bundle's spec: %w", err)
+	}
+	grouping, err := SandboxID(id, spec.Annotations)
+	if err != nil {
+		return nil, err
+	}
+	socketDir := params.GetSocketDir()
+	if socketDir == "" {
+		socketDir = filepath.Join(defaults.DefaultStateDir, "s")
+	}
+	address, err := cshim.CreateSocketAddress(ctx, socketDir, params.GetContainerdGrpcAddress(), grouping, false)
+	if err != nil {
+		return nil, err
+	}
+	result := &bootapi.BootstrapResult{Version: 3, Protocol: "ttrpc", Address: address}
+
+	l, err := cshim.NewSocket(address)
+	if err != nil {
+		if !cshim.SocketEaddrinuse(err) {
+			return nil, fmt.Errorf("create the shim socket: %w", err)
+		}
+		if cshim.CanConnect(address) {
+			// The pod's shim serves already: this container joins it.
+			if err := os.WriteFile("address", []byte(address), 0o600); err != nil {
+				return nil, err
+			}
+			return result, nil
+		}
+		if err := cshim.RemoveSocket(address); err != nil {
+			return nil, fmt.Errorf("remove a stale shim socket: %w", err)
+		}
+		if l, err = cshim.NewSocket(address); err != nil {
+			return nil, fmt.Errorf("create the shim socket: %w", err)
+		}
+	}
+	// This process exits soon; closing its copy of the listener must not unlink the socket the
+	// shim serves.
+	l.SetUnlinkOnClose(false)
+	defer func() {
+		l.Close()
+		if retErr != nil {
+			_ = cshim.RemoveSocket(address)
+		}
+	}()
+	f, err := l.File()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+
+	cmd, err := shimCommand(ctx, id, params)
+	if err != nil {
+		return nil, err
+	}
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the shim: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = cmd.Process.Kill()
+		}
+	}()
+	go func() { _ = cmd.Wait() }()
+	if err := os.WriteFile("address", []byte(address), 0o600); err != nil {
+		return nil, err
+	}
+	if err := cshim.AdjustOOMScore(cmd.Process.Pid); err != nil {
+		log.G(ctx).WithError(err).Warn("adjusting the shim's OOM score")
+	}
+	return result, nil
+}
+
+func shimCommand(ctx context.Context, id string, params *bootapi.BootstrapParams) (*exec.Cmd, error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-namespace", ns, "-id", id, "-address", params.GetContainerdGrpcAddress()}
+	if params.GetLogLevel() <= bootapi.LogLevel_LOG_LEVEL_DEBUG {
+		args = append(args, "-debug")
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Dir = cwd
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd, nil
+}
+
+// Stop implements shim.Shim: the delete action, run in a bundle after its shim died. It
+// unmounts the container's rootfs, cleans up the sandbox the bundle names (its VM killed,
+// mounts detached, directory removed) unless a live shim still owns it, removes the dead
+// shim's socket, and answers exit status 137 (SIGKILL), as runc's shim does.
+func (m Manager) Stop(ctx context.Context, id string) (cshim.StopStatus, error) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		return cshim.StopStatus{}, err
+	}
+	bundle := filepath.Join(filepath.Dir(cwd), id)
+	if err := Cleanup(ctx, bundle); err != nil {
+		log.G(ctx).WithError(err).Warn("cleaning up after the shim")
+	}
+	// A shim that was killed left its socket: remove it unless a shim serves it.
+	if addr, err := cshim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !cshim.CanConnect(addr) {
+		if err := cshim.RemoveSocket(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
+			log.G(ctx).WithError(err).Warn("removing the dead shim's socket")
+		}
+	}
+	return cshim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil
+}
+
+// Cleanup undoes on the host what a dead shim left of the container in bundle: the rootfs
+// mount, and the sandbox the bundle names, unless its owner lives.
+func Cleanup(ctx context.Context, bundle string) error {
+	var errs []error
+	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), 0); err != nil {
+		errs = append(errs, fmt.Errorf("unmount the rootfs: %w", err))
+	}
+	rec, err := readBundleRecord(bundle)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		// Create never got as far as the sandbox.
+	case err != nil:
+		errs = append(errs, err)
+	default:
+		if err := sandbox.Cleanup(ctx, rec.BaseDir, rec.SandboxID); err != nil && !errors.Is(err, sandbox.ErrInUse) {
+			errs = append(errs, err)
+		}
+		_ = os.Remove(filepath.Join(bundle, bundleRecordName))
+	}
+	return errors.Join(errs...)
+}
+
+// Info implements shim.Shim: the runtime's name and version, and the options it was given.
+func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
+	info := &types.RuntimeInfo{Name: m.name, Version: &types.RuntimeVersion{Version: Version}}
+	opts, err := cshim.ReadRuntimeOptions[*runtimeoptions.Options](optionsR)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("read the runtime options (runtimeoptions.v1.Options): %w", err)
+	default:
+		if info.Options, err = typeurl.MarshalAnyToProto(opts); err != nil {
+			return nil, err
+		}
+	}
+	return info, nil
+}

@@ -1,0 +1,96 @@
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Version is the shim's version, answered by Connect and -info.
+const Version = "0.1.0"
+
+// CRI's annotations that group a pod's containers.
+const (
+	AnnotationSandboxID     = "io.kubernetes.cri.sandbox-id"
+	AnnotationContainerType = "io.kubernetes.cri.container-type"
+	containerTypeSandbox    = "sandbox"
+	containerTypeContainer  = "container"
+)
+
+// SandboxID decides which pod a container belongs to, from its spec's annotations: the
+// sandbox CRI names, or, without CRI's annotations (ctr, nerdctl), a pod of its own named
+// after the container. A CRI container (type "container") without a sandbox id is an error.
+func SandboxID(containerID string, annotations map[string]string) (string, error) {
+	typ := annotations[AnnotationContainerType]
+	sb := annotations[AnnotationSandboxID]
+	switch {
+	case typ == containerTypeSandbox && sb != "" && sb != containerID:
+		return "", fmt.Errorf("sandbox container %s names another sandbox %q", containerID, sb)
+	case sb != "":
+		return sb, nil
+	case typ == containerTypeContainer:
+		return "", fmt.Errorf("container %s is a CRI container (%s=%s) without %s", containerID, AnnotationContainerType, typ, AnnotationSandboxID)
+	case typ != "" && typ != containerTypeSandbox:
+		return "", fmt.Errorf("container %s: unknown %s %q", containerID, AnnotationContainerType, typ)
+	}
+	return containerID, nil
+}
+
+// ConfigSource decodes Create's options: a runtimeoptions.Options (what ctr
+// --runtime-config-path and CRI's ConfigPath send) gives the path of the sandbox
+// configuration, or its body. No options: both empty.
+func ConfigSource(opts *anypb.Any) (path string, body []byte, err error) {
+	if opts == nil || (opts.GetTypeUrl() == "" && len(opts.GetValue()) == 0) {
+		return "", nil, nil
+	}
+	v, err := typeurl.UnmarshalAny(opts)
+	if err != nil {
+		return "", nil, fmt.Errorf("runtime options (%s): %v", opts.GetTypeUrl(), err)
+	}
+	ro, ok := v.(*runtimeoptions.Options)
+	if !ok {
+		return "", nil, fmt.Errorf("runtime options of type %s: want %s (ConfigPath)", opts.GetTypeUrl(), "runtimeoptions.v1.Options")
+	}
+	if p := ro.GetConfigPath(); p != "" && !filepath.IsAbs(p) {
+		return "", nil, fmt.Errorf("runtime options: ConfigPath %q is not an absolute path", p)
+	}
+	return ro.GetConfigPath(), ro.GetConfigBody(), nil
+}
+
+// bundleRecord is what a container's bundle tells the delete action (Manager.Stop), which
+// runs after the shim died: which sandbox to clean up.
+type bundleRecord struct {
+	SandboxID string `json:"sandbox_id"`
+	BaseDir   string `json:"base_dir"`
+}
+
+const bundleRecordName = "kvfs-sandbox.json"
+
+func writeBundleRecord(bundle string, r bundleRecord) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, bundleRecordName), b, 0o600)
+}
+
+func readBundleRecord(bundle string) (*bundleRecord, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, bundleRecordName))
+	if err != nil {
+		return nil, err
+	}
+	var r bundleRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(bundle, bundleRecordName), err)
+	}
+	if r.SandboxID == "" || r.BaseDir == "" {
+		return nil, errors.New(filepath.Join(bundle, bundleRecordName) + ": incomplete")
+	}
+	return &r, nil
+}

@@ -1,0 +1,262 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/mdlayher/vsock"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
+)
+
+// agentShutdownTimeout bounds the agent's Shutdown at the pod's stop; the VM is killed after.
+const agentShutdownTimeout = 10 * time.Second
+
+// VMPod is a pod in a QEMU VM: a sandbox (layout, in-process kvfsd, VM) whose guest agent is
+// reached over agent.sock (or vsock), and the sandbox's control API on control.sock.
+type VMPod struct {
+	sb     *sandbox.Sandbox
+	ctl    *sandbox.ControlServer
+	client *ttrpc.Client
+	agent  agent.AgentService
+
+	done     chan struct{}
+	doneOnce sync.Once
+	mu       sync.Mutex
+	err      error // guarded by mu
+	stopping bool  // guarded by mu
+}
+
+// Dialer connects to the guest agent of a started sandbox.
+type Dialer func(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error)
+
+// DialAgent connects to sb's agent over its configured transport: agent.sock for serial
+// (QEMU listens there once it runs), vsock port agent.DefaultVsockPort at the guest's CID.
+func DialAgent(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error) {
+	if sb.Config().Agent.Transport == sandbox.AgentVsock {
+		return vsock.Dial(sandbox.GuestCID(sb.ID()), agent.DefaultVsockPort, nil)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", sb.AgentSocketPath())
+}
+
+// StartVMPod is the PodStarter of the real shim: VMPodStarter(DialAgent).
+func StartVMPod(ctx context.Context, req PodRequest) (Pod, error) {
+	return startVMPod(ctx, req, DialAgent)
+}
+
+// VMPodStarter is StartVMPod with another way to reach the agent (ttrpc over what dial
+// returns).
+func VMPodStarter(dial Dialer) PodStarter {
+	return func(ctx context.Context, req PodRequest) (Pod, error) { return startVMPod(ctx, req, dial) }
+}
+
+func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr error) {
+	sb, err := sandbox.Create(ctx, req.ID, sandbox.Options{Config: req.Config, Annotations: req.Annotations})
+	if err != nil {
+		return nil, err
+	}
+	p := &VMPod{sb: sb, done: make(chan struct{})}
+	defer func() {
+		if retErr != nil {
+			p.teardown(ctx)
+		}
+	}()
+	m := sandbox.NewManager()
+	if err := m.Add(sb); err != nil {
+		return nil, err
+	}
+	if p.ctl, err = sandbox.NewControlServer(m, filepath.Join(sb.Dir(), sandbox.ControlSocketName)); err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := p.ctl.Serve(context.WithoutCancel(ctx)); err != nil {
+			log.G(ctx).WithError(err).Error("serving the sandbox's control API")
+		}
+	}()
+	if err := sb.Start(ctx, sb.DefaultVM()); err != nil {
+		return nil, err
+	}
+	timeout := sb.Config().Agent.BootTimeoutDuration()
+	start := time.Now()
+	client, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
+		sb.VMExited(), timeout, p.connectionClosed)
+	if err != nil {
+		return nil, fmt.Errorf("the guest agent of sandbox %s (console: %s): %w", sb.ID(), sb.ConsolePath(), err)
+	}
+	p.client, p.agent = client, agent.NewAgentClient(client)
+	log.G(ctx).WithFields(log.Fields{"sandbox": sb.ID(), "agent": pong.GetVersion(), "kernel": pong.GetKernel(),
+		"boot": time.Since(start).Round(time.Millisecond)}).Info("the guest agent answers")
+	go p.watch()
+	return p, nil
+}
+
+// connectAgent dials until the agent answers Ping, within timeout; the VM's exit ends the
+// wait at once. onClose is called if the connection it returns closes later. Over virtio-serial, a connection made before the guest opened its port is
+// fine: what is written waits in QEMU until it does; so a connection is kept while it lives
+// and Ping waits on it.
+func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, error), vmExited <-chan struct{},
+	timeout time.Duration, onClose func(error)) (*ttrpc.Client, *agent.PingResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-vmExited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var last error
+	for {
+		conn, err := dial(ctx)
+		if err == nil {
+			closed := make(chan struct{})
+			var accepted atomic.Bool
+			client := ttrpc.NewClient(conn, ttrpc.WithOnClose(func() {
+				close(closed)
+				if accepted.Load() {
+					onClose(errors.New("the connection to the guest agent closed"))
+				}
+			}))
+			resp, err := agent.NewAgentClient(client).Ping(ctx, &agent.PingRequest{})
+			if err == nil {
+				accepted.Store(true)
+				return client, resp, nil
+			}
+			client.Close()
+			<-closed
+			last = err
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if isClosed(vmExited) {
+				return nil, nil, fmt.Errorf("the VM exited before the agent answered (last: %v)", last)
+			}
+			return nil, nil, fmt.Errorf("no answer within agent.boot_timeout %v (last: %v)", timeout, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// died records why the pod ended, unless it is being stopped.
+func (p *VMPod) died(why error) {
+	p.mu.Lock()
+	if p.stopping {
+		p.mu.Unlock()
+		return
+	}
+	if p.err == nil {
+		p.err = why
+	}
+	p.mu.Unlock()
+	p.doneOnce.Do(func() { close(p.done) })
+}
+
+// connectionClosed is the agent connection's end. It usually means the VM died: the VM's
+// exit, noticed a moment later, is the better reason, so it is given a second to come.
+func (p *VMPod) connectionClosed(why error) {
+	go func() {
+		select {
+		case <-p.done:
+		case <-time.After(time.Second):
+			p.died(why)
+		}
+	}()
+}
+
+// watch turns the sandbox's failure or the VM's exit into Done.
+func (p *VMPod) watch() {
+	select {
+	case <-p.sb.Done():
+		if err := p.sb.Err(); err != nil {
+			p.died(err)
+		} else {
+			p.died(errors.New("the sandbox was stopped"))
+		}
+	case <-p.sb.VMExited():
+		exit := "unknown"
+		if st := p.sb.Stats(); st.VM != nil {
+			exit = st.VM.Exit
+		}
+		p.died(fmt.Errorf("QEMU exited (%s); its log: %s, the guest console: %s", exit,
+			filepath.Join(p.sb.Dir(), "qemu.log"), p.sb.ConsolePath()))
+	case <-p.done:
+	}
+}
+
+// Agent implements Pod.
+func (p *VMPod) Agent() agent.AgentService { return p.agent }
+
+// Bind implements Pod.
+func (p *VMPod) Bind(src, name string, readOnly bool) error { return p.sb.Bind(src, name, readOnly) }
+
+// Unbind implements Pod.
+func (p *VMPod) Unbind(name string) error { return p.sb.Unbind(name) }
+
+// Done implements Pod.
+func (p *VMPod) Done() <-chan struct{} { return p.done }
+
+// Err implements Pod.
+func (p *VMPod) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// Stop implements Pod: the agent's Shutdown (it powers the guest off), then the sandbox's
+// Stop (the VM, the server, the layout), then the control socket.
+func (p *VMPod) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	p.stopping = true
+	p.mu.Unlock()
+	if p.agent != nil && !isClosed(p.done) {
+		sctx, cancel := context.WithTimeout(ctx, agentShutdownTimeout)
+		if _, err := p.agent.Shutdown(sctx, &agent.ShutdownRequest{}); err != nil {
+			log.G(ctx).WithError(err).Warn("the agent's shutdown")
+		} else {
+			select {
+			case <-p.sb.VMExited():
+			case <-sctx.Done():
+			}
+		}
+		cancel()
+	}
+	return p.teardown(ctx)
+}
+
+func (p *VMPod) teardown(ctx context.Context) error {
+	var errs []error
+	if p.client != nil {
+		p.client.Close()
+	}
+	if p.ctl != nil {
+		if err := p.ctl.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := p.sb.Stop(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	p.doneOnce.Do(func() { close(p.done) })
+	return errors.Join(errs...)
+}

@@ -1,0 +1,262 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
+	cshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/tmp", "kvfs-shim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// TestConnectAgent dials an agent that starts serving late, as a booting guest does: the
+// connection is retried until Ping answers; a VM that exits first ends the wait with that
+// reason; no answer within the timeout is an error naming it.
+func TestConnectAgent(t *testing.T) {
+	sock := filepath.Join(shortTempDir(t), "agent.sock")
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		srv, _ := ttrpc.NewServer()
+		agent.RegisterAgentService(srv, newFakeAgent())
+		t.Cleanup(func() { srv.Close() })
+		srv.Serve(context.Background(), l)
+	}()
+	var closed atomic.Int32
+	start := time.Now()
+	client, pong, err := connectAgent(context.Background(), dial, nil, 10*time.Second, func(error) { closed.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pong.Version != "fake" || time.Since(start) < 300*time.Millisecond {
+		t.Errorf("Ping %+v after %v", pong, time.Since(start))
+	}
+	if _, err := agent.NewAgentClient(client).Ping(context.Background(), &agent.PingRequest{}); err != nil {
+		t.Errorf("the returned client: %v", err)
+	}
+	client.Close()
+	waitUntil(t, "onClose runs for the accepted connection", func() bool { return closed.Load() == 1 })
+
+	exited := make(chan struct{})
+	close(exited)
+	never := func(context.Context) (net.Conn, error) { return nil, syscall.ENOENT }
+	if _, _, err := connectAgent(context.Background(), never, exited, 10*time.Second, nil); err == nil || !strings.Contains(err.Error(), "the VM exited") {
+		t.Errorf("with the VM gone: %v", err)
+	}
+	if _, _, err := connectAgent(context.Background(), never, nil, 300*time.Millisecond, nil); err == nil ||
+		!strings.Contains(err.Error(), "agent.boot_timeout 300ms") || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("with no agent: %v", err)
+	}
+
+	// A peer that accepts but never answers (a guest that has not opened its port yet,
+	// forever): the timeout still ends it.
+	sock2 := filepath.Join(shortTempDir(t), "mute.sock")
+	l, err := net.Listen("unix", sock2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	mute := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock2)
+	}
+	if _, _, err := connectAgent(context.Background(), mute, nil, 300*time.Millisecond, nil); err == nil || !strings.Contains(err.Error(), "no answer") {
+		t.Errorf("with a mute agent: %v", err)
+	}
+}
+
+// TestManagerStartJoins: a container whose pod's shim already serves gets that shim's
+// address, and the bundle's address file; no process is started.
+func TestManagerStartJoins(t *testing.T) {
+	dir := shortTempDir(t)
+	bundle := filepath.Join(dir, "bundle")
+	os.Mkdir(bundle, 0o755)
+	spec, _ := json.Marshal(map[string]any{"annotations": map[string]string{AnnotationSandboxID: "pod1", AnnotationContainerType: "container"}})
+	os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o644)
+	t.Chdir(bundle)
+	ctx := namespaces.WithNamespace(context.Background(), "k8s.io")
+	socketDir := filepath.Join(dir, "s")
+	params := &bootapi.BootstrapParams{InstanceID: "app1", Namespace: "k8s.io", ContainerdGrpcAddress: "/run/ctrd.sock", SocketDir: &socketDir}
+	addr, err := cshim.CreateSocketAddress(ctx, socketDir, params.ContainerdGrpcAddress, "pod1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := cshim.NewSocket(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	res, err := NewManager(RuntimeName).Start(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Address != addr || res.Protocol != "ttrpc" || res.Version != 3 {
+		t.Errorf("result %+v, want address %s", res, addr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(bundle, "address")); string(b) != addr {
+		t.Errorf("address file %q", b)
+	}
+
+	// A CRI container naming no sandbox is refused.
+	spec, _ = json.Marshal(map[string]any{"annotations": map[string]string{AnnotationContainerType: "container"}})
+	os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o644)
+	if _, err := NewManager(RuntimeName).Start(ctx, params); err == nil || !strings.Contains(err.Error(), "without") {
+		t.Errorf("Start of a container without its sandbox: %v", err)
+	}
+}
+
+// TestManagerInfo: -info answers the name, the version and the options it was given.
+func TestManagerInfo(t *testing.T) {
+	m := NewManager(RuntimeName)
+	info, err := m.Info(context.Background(), bytes.NewReader(nil))
+	if err != nil || info.Name != RuntimeName || info.Version.Version != Version || info.Options != nil {
+		t.Errorf("Info without options: %+v, %v", info, err)
+	}
+	a, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: "/etc/kvfs/x.toml"})
+	b, _ := proto.Marshal(a)
+	info, err = m.Info(context.Background(), bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := typeurl.UnmarshalAny(info.Options)
+	if o, ok := v.(*runtimeoptions.Options); err != nil || !ok || o.ConfigPath != "/etc/kvfs/x.toml" {
+		t.Errorf("Info options %v, %v", v, err)
+	}
+}
+
+// TestCleanup is the delete action's work: the bundle's rootfs unmounted, the sandbox its
+// record names removed (here one a dead owner left without state), the record gone, and
+// the exit status 137.
+func TestCleanup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	dir := shortTempDir(t)
+	base := filepath.Join(dir, "sandboxes")
+	left := filepath.Join(base, "pod1")
+	if err := os.MkdirAll(filepath.Join(left, "mounts"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(dir, "bundles", "c1")
+	rootfs := filepath.Join(bundle, "rootfs")
+	os.MkdirAll(rootfs, 0o755)
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "marker"), nil, 0o644)
+	if err := unix.Mount(src, rootfs, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(rootfs, unix.MNT_DETACH) })
+	if err := writeBundleRecord(bundle, bundleRecord{SandboxID: "pod1", BaseDir: base}); err != nil {
+		t.Fatal(err)
+	}
+	// The dead shim's socket (nothing listens) goes; a served one would stay.
+	dead := filepath.Join(dir, "dead.sock")
+	l, err := net.Listen("unix", dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	os.WriteFile(filepath.Join(bundle, "address"), []byte("unix://"+dead), 0o600)
+	other := filepath.Join(dir, "bundles", "other")
+	os.MkdirAll(other, 0o755)
+	t.Chdir(other)
+	st, err := NewManager(RuntimeName).Stop(namespaces.WithNamespace(context.Background(), "default"), "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ExitStatus != 137 {
+		t.Errorf("exit status %d", st.ExitStatus)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "marker")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the rootfs is still mounted: %v", err)
+	}
+	if _, err := os.Lstat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the sandbox directory is left: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, bundleRecordName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the record is left: %v", err)
+	}
+	if _, err := os.Lstat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead shim's socket is left: %v", err)
+	}
+	live := filepath.Join(dir, "live.sock")
+	ll, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ll.Close()
+	go func() {
+		for {
+			c, err := ll.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	os.WriteFile(filepath.Join(bundle, "address"), []byte("unix://"+live), 0o600)
+	if _, err := NewManager(RuntimeName).Stop(namespaces.WithNamespace(context.Background(), "default"), "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(live); err != nil {
+		t.Errorf("a served socket was removed: %v", err)
+	}
+	// Nothing to do a second time.
+	if err := Cleanup(context.Background(), bundle); err != nil {
+		t.Errorf("second Cleanup: %v", err)
+	}
+}

@@ -1,0 +1,146 @@
+package shim
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/errdefs"
+
+	"github.com/kvfs/kvfs/shim/stdio"
+)
+
+// state is where a process is in its life. The table below is the whole state machine: an
+// operation is allowed only in the states listed for it, and anything else is an
+// errdefs.ErrFailedPrecondition before anything is done.
+//
+//	created  --start-->  starting  --(agent answered)-->  running  --pause-->  paused
+//	created/running/paused  --(exit, or the VM's death)-->  stopped  --delete-->  deleted
+//	created  --delete-->  (killed, then as above)
+type state int
+
+const (
+	stateCreated state = iota
+	stateStarting
+	stateRunning
+	statePaused
+	stateStopped
+	stateDeleted
+)
+
+var stateNames = [...]string{"created", "starting", "running", "paused", "stopped", "deleted"}
+
+func (s state) String() string { return stateNames[s] }
+
+// status is the task API's name of s.
+func (s state) status() task.Status {
+	switch s {
+	case stateCreated, stateStarting:
+		return task.Status_CREATED
+	case stateRunning:
+		return task.Status_RUNNING
+	case statePaused:
+		return task.Status_PAUSED
+	default:
+		return task.Status_STOPPED
+	}
+}
+
+type op string
+
+const (
+	opStart  op = "start"
+	opKill   op = "kill"
+	opPause  op = "pause"
+	opResume op = "resume"
+	opDelete op = "delete"
+	opIO     op = "resize or close the stdio of"
+	opExec   op = "exec in"
+	opQuery  op = "update, list or measure"
+)
+
+var allowed = map[op][]state{
+	opStart:  {stateCreated},
+	opKill:   {stateCreated, stateStarting, stateRunning, statePaused},
+	opPause:  {stateRunning},
+	opResume: {statePaused},
+	opDelete: {stateCreated, stateStopped},
+	opIO:     {stateCreated, stateStarting, stateRunning, statePaused},
+	opExec:   {stateRunning},
+	opQuery:  {stateCreated, stateStarting, stateRunning, statePaused},
+}
+
+// exit is how a process ended.
+type exit struct {
+	status uint32
+	at     time.Time
+}
+
+// process is a container's init (execID "") or one of its execs.
+type process struct {
+	cid, execID string
+	stdio       stdio.Config
+	io          *stdio.IO
+
+	// exited is closed once the exit is recorded and TaskExit published: Wait returns then.
+	exited chan struct{}
+	// outputDone is closed when the stdout and stderr copies have ended.
+	outputDone chan struct{}
+	// stdinDone is closed when the stdin copy has ended (closed at once without stdin).
+	stdinDone chan struct{}
+
+	mu      sync.Mutex
+	state   state // guarded by mu
+	pid     uint32
+	exit    exit  // guarded by mu; valid in stateStopped and stateDeleted
+	pending *exit // guarded by mu; an exit that came while the process was starting
+	// finishing is set once the exit sequence has begun (guarded by mu): it runs once.
+	finishing bool
+}
+
+func newProcess(cid, execID string, cfg stdio.Config) *process {
+	return &process{
+		cid: cid, execID: execID, stdio: cfg,
+		exited: make(chan struct{}), outputDone: make(chan struct{}), stdinDone: make(chan struct{}),
+	}
+}
+
+func (p *process) name() string {
+	if p.execID == "" {
+		return "container " + p.cid
+	}
+	return fmt.Sprintf("exec %s of container %s", p.execID, p.cid)
+}
+
+// check reports whether o is allowed now.
+func (p *process) check(o op) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.checkLocked(o)
+}
+
+func (p *process) checkLocked(o op) error {
+	if slices.Contains(allowed[o], p.state) {
+		return nil
+	}
+	return fmt.Errorf("cannot %s %s: it is %s: %w", o, p.name(), p.state, errdefs.ErrFailedPrecondition)
+}
+
+// transition moves the process from one of the states o allows to next.
+func (p *process) transition(o op, next state) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.checkLocked(o); err != nil {
+		return err
+	}
+	p.state = next
+	return nil
+}
+
+func (p *process) snapshot() (state, uint32, exit) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state, p.pid, p.exit
+}

@@ -1,0 +1,1174 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	runcopts "github.com/containerd/containerd/api/types/runc/options"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
+	"github.com/kvfs/kvfs/shim/stdio"
+)
+
+// Pod is one pod's running sandbox as the task service uses it: the agent in its VM, the
+// share its containers' files reach the guest through, and its end.
+type Pod interface {
+	// Agent is the guest agent's API. Its answers are untrusted.
+	Agent() agent.AgentService
+	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
+	Bind(src, name string, readOnly bool) error
+	Unbind(name string) error
+	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
+	Done() <-chan struct{}
+	// Err says why Done was closed.
+	Err() error
+	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
+	Stop(ctx context.Context) error
+}
+
+// PodRequest is what a pod is made from: the first container's Create.
+type PodRequest struct {
+	// ID is the sandbox id: the CRI sandbox id, or the container's id without one.
+	ID string
+	// Config is the sandbox configuration (validated).
+	Config *sandbox.Config
+	// Annotations are the first container's (untrusted; see sandbox.Config.Resolve).
+	Annotations map[string]string
+}
+
+// PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
+// real one.
+type PodStarter func(ctx context.Context, req PodRequest) (Pod, error)
+
+// Timeouts of the exit sequence. A hostile or broken guest must not hold an exit forever.
+const (
+	// drainTimeout bounds, after the agent reported an exit, the copy of what is left of the
+	// process's output.
+	drainTimeout = 30 * time.Second
+	// execsTimeout bounds how long an init's exit waits for its running execs' exits, which
+	// containerd wants published first.
+	execsTimeout = 10 * time.Second
+	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
+	readMax = 32 << 10
+	// exitVMDied is the exit status of every process of a pod whose VM or server died.
+	exitVMDied = 255
+)
+
+// Options configure a Service.
+type Options struct {
+	// Publisher receives the task events, in order.
+	Publisher events.Publisher
+	// Shutdown is the shim's: Shutdown with no container left ends the process.
+	Shutdown shutdown.Service
+	// StartPod makes the pod at the first Create.
+	StartPod PodStarter
+	// DefaultConfigPath is the sandbox configuration used when Create's options name none
+	// (DefaultConfigPath, if it exists; else sandbox.DefaultConfig()).
+	DefaultConfigPath string
+}
+
+// DefaultConfigPath is where the node's sandbox configuration is, if it has one.
+const DefaultConfigPath = "/etc/kvfs/configuration.toml"
+
+// Service is the task API (v3) of one pod's shim. See the package documentation for the lock
+// order and the threat model.
+type Service struct {
+	ctx  context.Context // the shim's; outlives requests
+	opts Options
+
+	mu         sync.Mutex
+	containers map[string]*container // guarded by mu; a container is listed from Create's start
+	pod        Pod                   // guarded by mu
+	podID      string                // guarded by mu
+	podCancel  context.CancelFunc    // guarded by mu; ends podCtx's calls when the pod dies
+	podCtx     context.Context       // guarded by mu
+	booting    chan struct{}         // guarded by mu; non-nil while a Create boots the pod
+}
+
+// container is one container of the pod.
+type container struct {
+	id, bundle string
+	init       *process
+	// Set by Create before the container is ready, read after: no lock.
+	rootfsMounted bool     // <bundle>/rootfs was mounted by us
+	binds         []string // names bound in the share, the rootfs (the id) first
+
+	mu    sync.Mutex
+	ready bool                // guarded by mu; Create has finished
+	execs map[string]*process // guarded by mu
+}
+
+var _ taskAPI.TTRPCTaskService = (*Service)(nil)
+
+// NewService returns the task service. ctx is the shim's: it carries the logger and the
+// namespace.
+func NewService(ctx context.Context, opts Options) *Service {
+	if opts.DefaultConfigPath == "" {
+		opts.DefaultConfigPath = DefaultConfigPath
+	}
+	return &Service{ctx: ctx, opts: opts, containers: make(map[string]*container)}
+}
+
+// RegisterTTRPC registers the task service, with errors translated to gRPC codes at this edge.
+func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, errorEdge{s})
+	return nil
+}
+
+func (s *Service) publish(evt any) {
+	if err := s.opts.Publisher.Publish(s.ctx, runtime.GetTopic(evt), evt); err != nil {
+		log.G(s.ctx).WithError(err).Error("publish event")
+	}
+}
+
+// getContainer returns a container whose Create has finished.
+func (s *Service) getContainer(id string) (*container, error) {
+	s.mu.Lock()
+	c := s.containers[id]
+	s.mu.Unlock()
+	if c == nil {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ready {
+		return nil, fmt.Errorf("container %s is being created: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return c, nil
+}
+
+func (s *Service) getProcess(id, execID string) (*container, *process, error) {
+	c, err := s.getContainer(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if execID == "" {
+		return c, c.init, nil
+	}
+	c.mu.Lock()
+	p := c.execs[execID]
+	c.mu.Unlock()
+	if p == nil {
+		return nil, nil, fmt.Errorf("exec %s of container %s: %w", execID, id, errdefs.ErrNotFound)
+	}
+	return c, p, nil
+}
+
+// currentPod returns the pod and the context of calls to its agent.
+func (s *Service) currentPod() (Pod, context.Context, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pod == nil {
+		return nil, nil, fmt.Errorf("the pod is not running: %w", errdefs.ErrFailedPrecondition)
+	}
+	return s.pod, s.podCtx, nil
+}
+
+// agentCtx is ctx that also ends when the pod dies.
+func agentCtx(ctx, podCtx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(podCtx, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// Create makes the container: the pod first if it is the first one.
+func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
+		return nil, fmt.Errorf("restoring a checkpoint: %w", errdefs.ErrNotImplemented)
+	}
+	cfg, err := s.loadConfig(r)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	sandboxID, err := SandboxID(r.ID, spec.Annotations)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	guestSpec, hostBinds, err := AdaptSpec(spec, r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
+	c := &container{id: r.ID, bundle: r.Bundle, init: newProcess(r.ID, "", sc), execs: map[string]*process{}}
+
+	s.mu.Lock()
+	if _, ok := s.containers[r.ID]; ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("container %s: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
+	s.containers[r.ID] = c
+	s.mu.Unlock()
+
+	var undo []func()
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		s.mu.Lock()
+		delete(s.containers, r.ID)
+		s.mu.Unlock()
+		s.stopPodIfEmpty()
+	}()
+
+	// The record comes first: if this shim dies while booting the pod, the delete action
+	// still finds the sandbox to clean up.
+	if err := writeBundleRecord(r.Bundle, bundleRecord{SandboxID: sandboxID, BaseDir: cfg.BaseDir}); err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })
+	pod, podCtx, err := s.acquirePod(ctx, PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations})
+	if err != nil {
+		return nil, err
+	}
+
+	rootfs := filepath.Join(r.Bundle, "rootfs")
+	if len(r.Rootfs) > 0 {
+		if err := os.MkdirAll(rootfs, 0o711); err != nil {
+			return nil, err
+		}
+		if err := mount.All(mount.FromProto(r.Rootfs), rootfs); err != nil {
+			return nil, fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
+		}
+		c.rootfsMounted = true
+		undo = append(undo, func() { unmountRootfs(s.ctx, rootfs) })
+	} else if spec.Root != nil && spec.Root.Path != "" {
+		rootfs = spec.Root.Path
+		if !filepath.IsAbs(rootfs) {
+			rootfs = filepath.Join(r.Bundle, rootfs)
+		}
+	}
+	if err := pod.Bind(rootfs, r.ID, false); err != nil {
+		return nil, fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
+	}
+	c.binds = append(c.binds, r.ID)
+	undo = append(undo, func() { s.unbindAll(pod, c) })
+	for _, b := range hostBinds {
+		if err := pod.Bind(b.Source, b.Name, b.ReadOnly); err != nil {
+			return nil, fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
+		}
+		c.binds = append(c.binds, b.Name)
+	}
+
+	pio, err := stdio.Open(s.ctx, sc)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", r.ID, err)
+	}
+	c.init.io = pio
+	undo = append(undo, func() { pio.Close() })
+
+	specJSON, err := json.Marshal(guestSpec)
+	if err != nil {
+		return nil, err
+	}
+	in, out, errw := sc.Wants()
+	actx, cancel := agentCtx(ctx, podCtx)
+	resp, err := pod.Agent().CreateContainer(actx, &agent.CreateContainerRequest{
+		ContainerId: r.ID, Spec: specJSON,
+		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
+	})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("the agent creating container %s: %w", r.ID, err)
+	}
+	c.init.pid = resp.Pid
+
+	c.mu.Lock()
+	c.ready = true
+	c.mu.Unlock()
+	s.publish(&eventstypes.TaskCreate{
+		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Pid: resp.Pid,
+		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+	})
+	s.watch(pod, podCtx, c, c.init)
+	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+}
+
+// loadConfig decodes Create's options into the sandbox configuration: runtimeoptions'
+// ConfigPath or ConfigBody, else DefaultConfigPath if it exists, else the defaults.
+func (s *Service) loadConfig(r *taskAPI.CreateTaskRequest) (*sandbox.Config, error) {
+	path, body, err := ConfigSource(r.Options)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	var cfg *sandbox.Config
+	switch {
+	case len(body) > 0:
+		cfg, err = sandbox.ParseConfig(body)
+	case path != "":
+		cfg, err = sandbox.LoadConfig(path)
+	default:
+		if _, serr := os.Stat(s.opts.DefaultConfigPath); serr == nil {
+			cfg, err = sandbox.LoadConfig(s.opts.DefaultConfigPath)
+		} else {
+			cfg = sandbox.DefaultConfig()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return cfg, nil
+}
+
+func readSpec(bundle string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("the bundle's spec: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, fmt.Errorf("the bundle's spec %s: %v: %w", filepath.Join(bundle, "config.json"), err, errdefs.ErrInvalidArgument)
+	}
+	return &spec, nil
+}
+
+// acquirePod returns the pod, booting it if this is the first container. No lock is held
+// while it boots; concurrent Creates wait for the boot.
+func (s *Service) acquirePod(ctx context.Context, req PodRequest) (Pod, context.Context, error) {
+	for {
+		s.mu.Lock()
+		if s.pod != nil {
+			pod, pctx, id := s.pod, s.podCtx, s.podID
+			s.mu.Unlock()
+			if id != req.ID {
+				return nil, nil, fmt.Errorf("this shim serves sandbox %s, not %s: %w", id, req.ID, errdefs.ErrInvalidArgument)
+			}
+			select {
+			case <-pod.Done():
+				return nil, nil, fmt.Errorf("the pod's VM is gone (%v): %w", pod.Err(), errdefs.ErrFailedPrecondition)
+			default:
+			}
+			return pod, pctx, nil
+		}
+		if ch := s.booting; ch != nil {
+			s.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		s.booting = ch
+		s.mu.Unlock()
+
+		pod, err := s.opts.StartPod(ctx, req)
+		s.mu.Lock()
+		s.booting = nil
+		var pctx context.Context
+		if err == nil {
+			pctx, s.podCancel = context.WithCancel(context.WithoutCancel(s.ctx))
+			s.pod, s.podID, s.podCtx = pod, req.ID, pctx
+		}
+		s.mu.Unlock()
+		close(ch)
+		if err != nil {
+			return nil, nil, fmt.Errorf("start sandbox %s: %w", req.ID, err)
+		}
+		go s.watchPod(pod)
+		go s.oomLoop(pod, pctx)
+		return pod, pctx, nil
+	}
+}
+
+// watchPod ends every process with status 255 when the pod dies: their agent calls are
+// cancelled, and each exit watcher then runs the exit sequence with that status.
+func (s *Service) watchPod(pod Pod) {
+	<-pod.Done()
+	s.mu.Lock()
+	if s.pod != pod {
+		s.mu.Unlock()
+		return // stopped by us
+	}
+	s.podCancel()
+	s.mu.Unlock()
+	log.G(s.ctx).WithError(pod.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends with exit status %d", exitVMDied)
+}
+
+// oomLoop publishes TaskOOM for each OOM kill the agent reports, until the pod ends.
+func (s *Service) oomLoop(pod Pod, podCtx context.Context) {
+	for {
+		resp, err := pod.Agent().GetOOMEvent(podCtx, &agent.GetOOMEventRequest{})
+		if err != nil {
+			if podCtx.Err() != nil {
+				return
+			}
+			if agentErrIs(err, codes.Unimplemented, errdefs.ErrNotImplemented) {
+				log.G(s.ctx).WithError(err).Warn("the agent reports no OOM events")
+				return
+			}
+			if agentErrIs(err, codes.Unavailable, errdefs.ErrUnavailable) {
+				return // the agent is shutting down
+			}
+			log.G(s.ctx).WithError(err).Warn("waiting for OOM events")
+			select {
+			case <-podCtx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		s.mu.Lock()
+		_, known := s.containers[resp.ContainerId]
+		s.mu.Unlock()
+		if !known {
+			log.G(s.ctx).WithField("container", resp.ContainerId).Warn("the agent reported an OOM kill in an unknown container")
+			continue
+		}
+		s.publish(&eventstypes.TaskOOM{ContainerID: resp.ContainerId})
+	}
+}
+
+// watch starts p's output copies and its exit watcher. The exit watcher runs from creation,
+// so a process killed before it starts still exits.
+func (s *Service) watch(pod Pod, podCtx context.Context, c *container, p *process) {
+	drainCtx, cancelDrain := context.WithCancel(podCtx)
+	var wg sync.WaitGroup
+	copyOut := func(w interface{ Write([]byte) (int, error) }, read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), stream string) {
+		defer wg.Done()
+		var werr error
+		for {
+			resp, err := read(drainCtx, &agent.ReadStreamRequest{ContainerId: p.cid, ExecId: p.execID, Max: readMax})
+			if err != nil {
+				if drainCtx.Err() == nil {
+					log.G(s.ctx).WithError(err).WithField("process", p.name()).Warnf("reading %s", stream)
+				}
+				return
+			}
+			if len(resp.Data) > readMax {
+				log.G(s.ctx).WithField("process", p.name()).Errorf("the agent answered %d bytes of %s, more than the %d asked: dropping the stream", len(resp.Data), stream, readMax)
+				return
+			}
+			if len(resp.Data) > 0 && werr == nil {
+				// A reader gone (containerd restarted) must not stop the drain: the
+				// process would block on a full pty or pipe in the guest.
+				if _, werr = w.Write(resp.Data); werr != nil {
+					log.G(s.ctx).WithError(werr).WithField("process", p.name()).Warnf("writing %s", stream)
+				}
+			}
+			if resp.Eof {
+				return
+			}
+		}
+	}
+	if p.io.Stdout != nil {
+		wg.Add(1)
+		go copyOut(p.io.Stdout, pod.Agent().ReadStdout, "stdout")
+	}
+	if p.io.Stderr != nil {
+		wg.Add(1)
+		go copyOut(p.io.Stderr, pod.Agent().ReadStderr, "stderr")
+	}
+	go func() { wg.Wait(); close(p.outputDone) }()
+
+	go func() {
+		defer cancelDrain()
+		var e exit
+		resp, err := pod.Agent().WaitProcess(podCtx, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+		switch {
+		case err != nil && podCtx.Err() != nil:
+			e = exit{status: exitVMDied, at: time.Now()}
+		case err != nil:
+			// A lost connection is usually the pod's death, reported (and logged) just after.
+			select {
+			case <-pod.Done():
+			case <-time.After(2 * time.Second):
+				log.G(s.ctx).WithError(err).WithField("process", p.name()).Errorf("the agent's wait failed: exit status %d", exitVMDied)
+			}
+			e = exit{status: exitVMDied, at: time.Now()}
+		default:
+			e = exit{status: resp.ExitStatus, at: time.Now()}
+			if t := resp.ExitedAt; t != nil && t.IsValid() {
+				e.at = t.AsTime()
+			}
+		}
+		select {
+		case <-p.outputDone:
+		case <-podCtx.Done():
+		case <-time.After(drainTimeout):
+			log.G(s.ctx).WithField("process", p.name()).Warnf("its output was not drained %v after its exit: cut", drainTimeout)
+		}
+		s.exited(c, p, e)
+	}()
+}
+
+// exited runs p's exit sequence once: output drained (by the caller), stdio closed, the exit
+// recorded, TaskExit published, Wait released. An exit that comes while the process is
+// starting waits for Start to publish TaskStart first.
+func (s *Service) exited(c *container, p *process, e exit) {
+	p.mu.Lock()
+	if p.finishing {
+		p.mu.Unlock()
+		return
+	}
+	if p.state == stateStarting {
+		p.pending = &e
+		p.mu.Unlock()
+		return
+	}
+	p.finishing = true
+	p.mu.Unlock()
+
+	if p.execID == "" {
+		s.waitExecs(c)
+	}
+	if p.io != nil {
+		if err := p.io.Close(); err != nil {
+			log.G(s.ctx).WithError(err).WithField("process", p.name()).Warn("closing stdio")
+		}
+	}
+	p.mu.Lock()
+	p.state, p.exit = stateStopped, e
+	pid := p.pid
+	p.mu.Unlock()
+	s.publish(&eventstypes.TaskExit{
+		ContainerID: p.cid, ID: execOrContainer(p), Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at),
+	})
+	close(p.exited)
+}
+
+func execOrContainer(p *process) string {
+	if p.execID == "" {
+		return p.cid
+	}
+	return p.execID
+}
+
+// waitExecs waits (bounded) for the exits of c's started execs: containerd expects the
+// init's TaskExit last.
+func (s *Service) waitExecs(c *container) {
+	c.mu.Lock()
+	var waits []chan struct{}
+	for _, p := range c.execs {
+		if st, _, _ := p.snapshot(); st == stateRunning || st == statePaused || st == stateStarting {
+			waits = append(waits, p.exited)
+		}
+	}
+	c.mu.Unlock()
+	deadline := time.After(execsTimeout)
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-deadline:
+			log.G(s.ctx).WithField("container", c.id).Warnf("its execs did not exit %v after its init", execsTimeout)
+			return
+		}
+	}
+}
+
+// Start starts a created process.
+func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	if p.execID != "" {
+		if err := c.init.check(opExec); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.transition(opStart, stateStarting); err != nil {
+		return nil, err
+	}
+	actx, cancel := agentCtx(ctx, podCtx)
+	resp, err := pod.Agent().StartProcess(actx, &agent.StartProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+	cancel()
+	if err != nil {
+		p.mu.Lock()
+		p.state = stateCreated
+		pending := p.pending
+		p.pending = nil
+		p.mu.Unlock()
+		if pending != nil {
+			go s.exited(c, p, *pending)
+		}
+		return nil, fmt.Errorf("the agent starting %s: %w", p.name(), err)
+	}
+	p.mu.Lock()
+	p.pid = resp.Pid
+	p.mu.Unlock()
+	if p.execID == "" {
+		s.publish(&eventstypes.TaskStart{ContainerID: p.cid, Pid: resp.Pid})
+	} else {
+		s.publish(&eventstypes.TaskExecStarted{ContainerID: p.cid, ExecID: p.execID, Pid: resp.Pid})
+	}
+	p.mu.Lock()
+	p.state = stateRunning
+	pending := p.pending
+	p.pending = nil
+	p.mu.Unlock()
+	if pending != nil {
+		go s.exited(c, p, *pending)
+	}
+	s.copyStdin(pod, podCtx, p)
+	return &taskAPI.StartResponse{Pid: resp.Pid}, nil
+}
+
+// copyStdin copies the stdin fifo to the agent until it ends (containerd closed it, or
+// CloseIO), then closes the process's stdin.
+func (s *Service) copyStdin(pod Pod, podCtx context.Context, p *process) {
+	if p.io == nil || p.io.Stdin == nil {
+		close(p.stdinDone)
+		return
+	}
+	go func() {
+		defer close(p.stdinDone)
+		buf := make([]byte, readMax)
+		for {
+			n, rerr := p.io.Stdin.Read(buf)
+			if n > 0 {
+				if _, err := pod.Agent().WriteStdin(podCtx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
+					if podCtx.Err() == nil {
+						log.G(s.ctx).WithError(err).WithField("process", p.name()).Warn("writing stdin")
+					}
+					return
+				}
+			}
+			if rerr != nil {
+				break
+			}
+		}
+		if _, err := pod.Agent().CloseStdin(podCtx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil && podCtx.Err() == nil {
+			log.G(s.ctx).WithError(err).WithField("process", p.name()).Warn("closing stdin")
+		}
+	}()
+}
+
+// Exec adds a process to a running container.
+func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (_ *emptypb.Empty, retErr error) {
+	c, err := s.getContainer(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	if r.ExecID == "" {
+		return nil, fmt.Errorf("exec without an id: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := c.init.check(opExec); err != nil {
+		return nil, err
+	}
+	procJSON, err := execProcess(r.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("exec %s: %v: %w", r.ExecID, err, errdefs.ErrInvalidArgument)
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	ns, _ := namespaces.Namespace(ctx)
+	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
+	p := newProcess(r.ID, r.ExecID, sc)
+	c.mu.Lock()
+	if _, ok := c.execs[r.ExecID]; ok {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("exec %s of container %s: %w", r.ExecID, r.ID, errdefs.ErrAlreadyExists)
+	}
+	c.execs[r.ExecID] = p // reserved; started only once Exec returns
+	c.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			c.mu.Lock()
+			delete(c.execs, r.ExecID)
+			c.mu.Unlock()
+			if p.io != nil {
+				p.io.Close()
+			}
+		}
+	}()
+	if p.io, err = stdio.Open(s.ctx, sc); err != nil {
+		return nil, fmt.Errorf("exec %s: %w", r.ExecID, err)
+	}
+	in, out, errw := sc.Wants()
+	actx, cancel := agentCtx(ctx, podCtx)
+	_, err = pod.Agent().ExecProcess(actx, &agent.ExecProcessRequest{
+		ContainerId: r.ID, ExecId: r.ExecID, Process: procJSON,
+		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
+	})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("the agent adding exec %s to %s: %w", r.ExecID, r.ID, err)
+	}
+	s.publish(&eventstypes.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
+	s.watch(pod, podCtx, c, p)
+	return &emptypb.Empty{}, nil
+}
+
+// execProcess checks an exec's process spec (JSON in an Any, as containerd sends
+// specs.Process) and returns it adapted for the guest, as JSON.
+func execProcess(a interface {
+	GetTypeUrl() string
+	GetValue() []byte
+}) ([]byte, error) {
+	if a == nil || len(a.GetValue()) == 0 {
+		return nil, errors.New("no process spec")
+	}
+	var proc specs.Process
+	if err := json.Unmarshal(a.GetValue(), &proc); err != nil {
+		return nil, fmt.Errorf("process spec (%s): %v", a.GetTypeUrl(), err)
+	}
+	return json.Marshal(adaptProcess(&proc))
+}
+
+// Kill signals a process; with All, every process of the container.
+func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.check(opKill); err != nil {
+		if st, _, _ := p.snapshot(); st == stateStopped {
+			// As runc's shim: a finished process is not found, which containerd's
+			// callers (CRI's StopContainer, ctr kill) take as "already dead".
+			return nil, fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := agentCtx(ctx, podCtx)
+	defer cancel()
+	if _, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: r.Signal, All: r.All}); err != nil {
+		return nil, fmt.Errorf("the agent signalling %s: %w", p.name(), err)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Wait blocks until the process has exited, its output drained and TaskExit published.
+func (s *Service) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAPI.WaitResponse, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.exited:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	_, _, e := p.snapshot()
+	return &taskAPI.WaitResponse{ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)}, nil
+}
+
+// Delete deletes an exited (or created: it is killed first) process; the init's Delete
+// removes the container, and the last container's the pod.
+func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.check(opDelete); err != nil {
+		return nil, err
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	forgotten := false // the agent has forgotten p already
+	if st, _, _ := p.snapshot(); st == stateCreated && p.execID != "" {
+		// A never-started exec has no process in the guest to kill: the agent forgets it,
+		// and its waiters are released as if it had been killed.
+		if podCtx.Err() == nil {
+			if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
+				return nil, err
+			}
+		}
+		forgotten = true
+		s.exited(c, p, exit{status: 128 + uint32(syscall.SIGKILL), at: time.Now()})
+	} else if st == stateCreated {
+		// A created init is runc's created container: killing it ends it.
+		actx, cancel := agentCtx(ctx, podCtx)
+		_, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: uint32(syscall.SIGKILL)})
+		cancel()
+		if err != nil && podCtx.Err() == nil {
+			return nil, fmt.Errorf("the agent killing created %s: %w", p.name(), err)
+		}
+		select {
+		case <-p.exited:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if p.execID == "" {
+		c.mu.Lock()
+		var live []string
+		for id, e := range c.execs {
+			if st, _, _ := e.snapshot(); st != stateStopped && st != stateDeleted {
+				live = append(live, id)
+			}
+		}
+		c.mu.Unlock()
+		if len(live) > 0 && podCtx.Err() == nil {
+			return nil, fmt.Errorf("container %s still has execs %q: %w", c.id, live, errdefs.ErrFailedPrecondition)
+		}
+	}
+	if podCtx.Err() == nil && !forgotten {
+		if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.transition(opDelete, stateDeleted); err != nil {
+		return nil, err // a concurrent Delete won
+	}
+	_, pid, e := p.snapshot()
+	resp := &taskAPI.DeleteResponse{Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)}
+	if p.execID != "" {
+		c.mu.Lock()
+		delete(c.execs, p.execID)
+		c.mu.Unlock()
+		return resp, nil
+	}
+	s.unbindAll(pod, c)
+	if c.rootfsMounted {
+		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
+	}
+	s.mu.Lock()
+	delete(s.containers, c.id)
+	s.mu.Unlock()
+	s.publish(&eventstypes.TaskDelete{ContainerID: c.id, Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)})
+	s.stopPodIfEmpty()
+	return resp, nil
+}
+
+// agentDelete asks the agent to forget p; a process it does not know is already forgotten.
+func (s *Service) agentDelete(ctx context.Context, pod Pod, podCtx context.Context, p *process) error {
+	actx, cancel := agentCtx(ctx, podCtx)
+	defer cancel()
+	_, err := pod.Agent().DeleteProcess(actx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+	if err != nil && podCtx.Err() == nil && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
+		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
+	}
+	return nil
+}
+
+func (s *Service) unbindAll(pod Pod, c *container) {
+	for i := len(c.binds) - 1; i >= 0; i-- {
+		if err := pod.Unbind(c.binds[i]); err != nil {
+			log.G(s.ctx).WithError(err).WithField("container", c.id).Warnf("unbinding %s from the pod's share", c.binds[i])
+		}
+	}
+	c.binds = nil
+}
+
+func unmountRootfs(ctx context.Context, rootfs string) {
+	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
+		log.G(ctx).WithError(err).Warnf("unmounting %s", rootfs)
+	}
+}
+
+// stopPodIfEmpty stops the pod once no container is left (and none is being created).
+func (s *Service) stopPodIfEmpty() {
+	s.mu.Lock()
+	if len(s.containers) > 0 || s.pod == nil || s.booting != nil {
+		s.mu.Unlock()
+		return
+	}
+	pod, cancel := s.pod, s.podCancel
+	s.pod, s.podCtx, s.podCancel = nil, nil, nil
+	s.mu.Unlock()
+	// The agent's Shutdown answers the pending GetOOMEvent (Unavailable), which ends the
+	// OOM loop; the context goes after.
+	if err := pod.Stop(s.ctx); err != nil {
+		log.G(s.ctx).WithError(err).Error("stopping the pod")
+	}
+	cancel()
+}
+
+// State reports a process's state.
+func (s *Service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st, pid, e := p.snapshot()
+	resp := &taskAPI.StateResponse{
+		ID: c.id, ExecID: p.execID, Bundle: c.bundle, Pid: pid, Status: st.status(),
+		Stdin: p.stdio.Stdin, Stdout: p.stdio.Stdout, Stderr: p.stdio.Stderr, Terminal: p.stdio.Terminal,
+	}
+	if st == stateStopped || st == stateDeleted {
+		resp.ExitStatus, resp.ExitedAt = e.status, timestamppb.New(e.at)
+	}
+	return resp, nil
+}
+
+// Pause freezes the container.
+func (s *Service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
+	return s.pauseResume(ctx, r.ID, opPause, statePaused)
+}
+
+// Resume thaws the container.
+func (s *Service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
+	return s.pauseResume(ctx, r.ID, opResume, stateRunning)
+}
+
+func (s *Service) pauseResume(ctx context.Context, id string, o op, next state) (*emptypb.Empty, error) {
+	c, err := s.getContainer(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.init.check(o); err != nil {
+		return nil, err
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := agentCtx(ctx, podCtx)
+	defer cancel()
+	if o == opPause {
+		_, err = pod.Agent().PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
+	} else {
+		_, err = pod.Agent().ResumeContainer(actx, &agent.ResumeContainerRequest{ContainerId: id})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the agent: %s container %s: %w", o, id, err)
+	}
+	// The process may have exited meanwhile: then it stays stopped.
+	if err := c.init.transition(o, next); err != nil {
+		return nil, err
+	}
+	if o == opPause {
+		s.publish(&eventstypes.TaskPaused{ContainerID: id})
+	} else {
+		s.publish(&eventstypes.TaskResumed{ContainerID: id})
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Pids lists the container's processes in the guest.
+func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+	c, pod, actx, cancel, err := s.query(ctx, r.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	resp, err := pod.Agent().ListPids(actx, &agent.ListPidsRequest{ContainerId: c.id})
+	if err != nil {
+		return nil, fmt.Errorf("the agent listing the processes of %s: %w", c.id, err)
+	}
+	out := &taskAPI.PidsResponse{}
+	for _, pi := range resp.Processes {
+		info := &task.ProcessInfo{Pid: pi.Pid}
+		if pi.IsKnown && pi.ExecId != "" {
+			a, err := typeurl.MarshalAnyToProto(&runcopts.ProcessDetails{ExecID: pi.ExecId})
+			if err != nil {
+				return nil, err
+			}
+			info.Info = a
+		}
+		out.Processes = append(out.Processes, info)
+	}
+	return out, nil
+}
+
+// query is the common start of the container-wide queries.
+func (s *Service) query(ctx context.Context, id string) (*container, Pod, context.Context, context.CancelFunc, error) {
+	c, err := s.getContainer(id)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if err := c.init.check(opQuery); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	actx, cancel := agentCtx(ctx, podCtx)
+	return c, pod, actx, cancel, nil
+}
+
+// Stats passes the agent's cgroup metrics through.
+func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
+	c, pod, actx, cancel, err := s.query(ctx, r.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	resp, err := pod.Agent().Stats(actx, &agent.StatsRequest{ContainerId: c.id})
+	if err != nil {
+		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
+	}
+	return &taskAPI.StatsResponse{Stats: resp.Stats}, nil
+}
+
+// Update sends new resource limits (linux.resources JSON) to the agent.
+func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+	if r.Resources == nil || len(r.Resources.GetValue()) == 0 {
+		return nil, fmt.Errorf("update of %s without resources: %w", r.ID, errdefs.ErrInvalidArgument)
+	}
+	var res specs.LinuxResources
+	if err := json.Unmarshal(r.Resources.GetValue(), &res); err != nil {
+		return nil, fmt.Errorf("update of %s: resources (%s): %v: %w", r.ID, r.Resources.GetTypeUrl(), err, errdefs.ErrInvalidArgument)
+	}
+	b, err := json.Marshal(&res)
+	if err != nil {
+		return nil, err
+	}
+	c, pod, actx, cancel, err := s.query(ctx, r.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if _, err := pod.Agent().UpdateContainer(actx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
+		return nil, fmt.Errorf("the agent updating %s: %w", c.id, err)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// ResizePty resizes a terminal process's pty.
+func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*emptypb.Empty, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.check(opIO); err != nil {
+		return nil, err
+	}
+	if !p.stdio.Terminal {
+		return nil, fmt.Errorf("%s has no terminal: %w", p.name(), errdefs.ErrFailedPrecondition)
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := agentCtx(ctx, podCtx)
+	defer cancel()
+	if _, err := pod.Agent().ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
+		return nil, fmt.Errorf("the agent resizing the pty of %s: %w", p.name(), err)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// CloseIO closes a process's stdin: it reads EOF once what was written before has arrived.
+func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
+	_, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if !r.Stdin {
+		return &emptypb.Empty{}, nil
+	}
+	if err := p.check(opIO); err != nil {
+		return nil, err
+	}
+	if p.io != nil && p.io.Stdin != nil {
+		// The copy ends at the closed fifo and closes the guest's stdin itself, after
+		// what it had read.
+		if err := p.io.CloseStdin(); err != nil {
+			return nil, err
+		}
+		if st, _, _ := p.snapshot(); st != stateCreated {
+			select {
+			case <-p.stdinDone:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return &emptypb.Empty{}, nil
+		}
+	}
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := agentCtx(ctx, podCtx)
+	defer cancel()
+	if _, err := pod.Agent().CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
+		return nil, fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Checkpoint is not supported: the process runs in a VM.
+func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	return nil, fmt.Errorf("checkpoint of %s: %w", r.ID, errdefs.ErrNotImplemented)
+}
+
+// Connect answers the shim's pid and the task's.
+func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	resp := &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), Version: Version}
+	if c, err := s.getContainer(r.ID); err == nil {
+		_, pid, _ := c.init.snapshot()
+		resp.TaskPid = pid
+	}
+	return resp, nil
+}
+
+// Shutdown ends the shim once it serves no container.
+func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	n := len(s.containers)
+	busy := s.booting != nil
+	s.mu.Unlock()
+	if n > 0 || busy {
+		return &emptypb.Empty{}, nil
+	}
+	s.stopPodIfEmpty()
+	s.opts.Shutdown.Shutdown()
+	return &emptypb.Empty{}, nil
+}
+
+// agentErrIs says whether an agent's error is of a kind: a gRPC code over ttrpc, or an errdefs
+// kind from an in-process agent.
+func agentErrIs(err error, code codes.Code, kind error) bool {
+	if errors.Is(err, kind) {
+		return true
+	}
+	st, ok := status.FromError(err)
+	return ok && st.Code() == code
+}
+
+// Close is the shim's last act (a shutdown callback): the pod, if one still runs, is stopped
+// and the publisher closed.
+func (s *Service) Close(ctx context.Context) error {
+	s.mu.Lock()
+	pod, cancel := s.pod, s.podCancel
+	s.pod, s.podCtx, s.podCancel = nil, nil, nil
+	s.mu.Unlock()
+	var errs []error
+	if pod != nil {
+		cancel()
+		errs = append(errs, pod.Stop(ctx))
+	}
+	if c, ok := s.opts.Publisher.(interface{ Close() error }); ok {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,111 @@
+package shim
+
+import (
+	"fmt"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+// HostBind is a host directory or file a container's spec mounts, to be bound into the pod's
+// share (sandbox.Bind(Source, Name, ReadOnly)) so the guest finds it at
+// agent.SharedDir/Name.
+type HostBind struct {
+	Source   string
+	Name     string
+	ReadOnly bool
+}
+
+// GuestRoot is where the guest sees container id's root filesystem.
+func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
+
+// AdaptSpec returns the OCI spec of container id as the guest runs it, and the host binds its
+// mounts need. s is not modified. What only makes sense on the host goes:
+//
+//   - root.path becomes agent.SharedDir/<id>, where the rootfs bound at mounts/<id> appears;
+//   - namespaces joined by a host path are dropped (the guest cannot open host paths), and so
+//     is the network namespace: the pod's containers share the VM's network;
+//   - linux.devices (host device nodes), hooks (host binaries, run by the host's runtime, if
+//     anyone's) and AppArmor/SELinux labels (the host's policy) are dropped;
+//   - a systemd-style cgroups path ("slice:prefix:name") becomes /kvfs/<id>: the guest has no
+//     systemd;
+//   - each bind mount's source, a host path, is bound into the share as <id>-<n>-<base> and
+//     the mount's source becomes its guest path; it is read-only when the mount says ro.
+func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
+	if s == nil {
+		return nil, nil, fmt.Errorf("container %s: no spec", id)
+	}
+	if s.Process == nil {
+		return nil, nil, fmt.Errorf("container %s: the spec has no process", id)
+	}
+	g := *s
+	g.Root = &specs.Root{Path: GuestRoot(id)}
+	if s.Root != nil {
+		g.Root.Readonly = s.Root.Readonly
+	}
+	g.Hooks = nil
+	g.Process = adaptProcess(s.Process)
+	if s.Linux != nil {
+		l := *s.Linux
+		l.Namespaces = nil
+		for _, ns := range s.Linux.Namespaces {
+			if ns.Path != "" || ns.Type == specs.NetworkNamespace {
+				continue
+			}
+			l.Namespaces = append(l.Namespaces, ns)
+		}
+		l.Devices = nil
+		l.MountLabel = ""
+		if strings.Count(l.CgroupsPath, ":") == 2 {
+			l.CgroupsPath = "/kvfs/" + id
+		}
+		g.Linux = &l
+	}
+	var binds []HostBind
+	g.Mounts = make([]specs.Mount, 0, len(s.Mounts))
+	for _, m := range s.Mounts {
+		m.Options = slices.Clone(m.Options)
+		if isBind(m) {
+			if !filepath.IsAbs(m.Source) {
+				return nil, nil, fmt.Errorf("container %s: bind mount of %q at %s: the source is not an absolute host path", id, m.Source, m.Destination)
+			}
+			name := fmt.Sprintf("%s-%d-%s", id, len(binds), baseName(m.Source))
+			binds = append(binds, HostBind{Source: m.Source, Name: name, ReadOnly: slices.Contains(m.Options, "ro")})
+			m.Source = path.Join(agent.SharedDir, name)
+		}
+		g.Mounts = append(g.Mounts, m)
+	}
+	return &g, binds, nil
+}
+
+// adaptProcess drops the host's security labels from a process.
+func adaptProcess(p *specs.Process) *specs.Process {
+	q := *p
+	q.ApparmorProfile = ""
+	q.SelinuxLabel = ""
+	return &q
+}
+
+func isBind(m specs.Mount) bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
+
+// baseName is the last element of a host path as a safe single path component.
+func baseName(p string) string {
+	b := unsafeName.ReplaceAllString(filepath.Base(filepath.Clean(p)), "_")
+	if b == "" || b == "." || b == ".." || b == "_" {
+		return "root"
+	}
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return b
+}

@@ -1,0 +1,172 @@
+package shim
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+func TestAdaptSpec(t *testing.T) {
+	base := func() *specs.Spec {
+		return &specs.Spec{
+			Version: "1.2.0",
+			Root:    &specs.Root{Path: "/var/lib/containerd/bundle/rootfs", Readonly: true},
+			Process: &specs.Process{Args: []string{"sh"}, ApparmorProfile: "cri-containerd.apparmor.d", SelinuxLabel: "system_u:system_r:container_t"},
+			Hooks:   &specs.Hooks{Prestart: []specs.Hook{{Path: "/usr/bin/nvidia-hook"}}},
+			Linux: &specs.Linux{
+				Namespaces: []specs.LinuxNamespace{
+					{Type: specs.PIDNamespace},
+					{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"},
+					{Type: specs.IPCNamespace, Path: "/proc/42/ns/ipc"},
+					{Type: specs.MountNamespace},
+				},
+				Devices:     []specs.LinuxDevice{{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}},
+				MountLabel:  "system_u:object_r:container_file_t",
+				CgroupsPath: "/default/c1",
+			},
+			Mounts: []specs.Mount{
+				{Destination: "/proc", Type: "proc", Source: "proc"},
+				{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/sandboxes/p/resolv.conf", Options: []string{"rbind", "ro"}},
+				{Destination: "/data", Source: "/srv/data", Options: []string{"rbind", "rw"}},
+				{Destination: "/", Type: "bind", Source: "/", Options: []string{"bind"}},
+				{Destination: "/odd", Type: "bind", Source: "/srv/we ird,name", Options: []string{"bind"}},
+			},
+			Annotations: map[string]string{"a": "b"},
+		}
+	}
+	tests := []struct {
+		name      string
+		modify    func(*specs.Spec)
+		check     func(t *testing.T, g *specs.Spec, binds []HostBind)
+		wantError string
+	}{
+		{
+			name: "everything host-only goes, bind mounts move into the share",
+			check: func(t *testing.T, g *specs.Spec, binds []HostBind) {
+				if g.Root.Path != "/run/kvfs/shared/c1" || !g.Root.Readonly {
+					t.Errorf("root %+v", g.Root)
+				}
+				if g.Hooks != nil || g.Linux.Devices != nil || g.Linux.MountLabel != "" ||
+					g.Process.ApparmorProfile != "" || g.Process.SelinuxLabel != "" {
+					t.Errorf("host-only parts kept: hooks %v devices %v labels %q %q %q", g.Hooks, g.Linux.Devices,
+						g.Linux.MountLabel, g.Process.ApparmorProfile, g.Process.SelinuxLabel)
+				}
+				want := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
+				if !reflect.DeepEqual(g.Linux.Namespaces, want) {
+					t.Errorf("namespaces %+v", g.Linux.Namespaces)
+				}
+				if g.Linux.CgroupsPath != "/default/c1" || g.Annotations["a"] != "b" || g.Process.Args[0] != "sh" {
+					t.Errorf("kept parts changed: %q %v %v", g.Linux.CgroupsPath, g.Annotations, g.Process.Args)
+				}
+				wantBinds := []HostBind{
+					{Source: "/var/lib/containerd/sandboxes/p/resolv.conf", Name: "c1-0-resolv.conf", ReadOnly: true},
+					{Source: "/srv/data", Name: "c1-1-data"},
+					{Source: "/", Name: "c1-2-root"},
+					{Source: "/srv/we ird,name", Name: "c1-3-we_ird_name"},
+				}
+				if !reflect.DeepEqual(binds, wantBinds) {
+					t.Errorf("binds\n got %+v\nwant %+v", binds, wantBinds)
+				}
+				srcs := []string{"proc", "/run/kvfs/shared/c1-0-resolv.conf", "/run/kvfs/shared/c1-1-data",
+					"/run/kvfs/shared/c1-2-root", "/run/kvfs/shared/c1-3-we_ird_name"}
+				for i, m := range g.Mounts {
+					if m.Source != srcs[i] {
+						t.Errorf("mount %d source %q, want %q", i, m.Source, srcs[i])
+					}
+				}
+				if g.Mounts[1].Destination != "/etc/resolv.conf" || strings.Join(g.Mounts[1].Options, ",") != "rbind,ro" {
+					t.Errorf("mount 1 %+v", g.Mounts[1])
+				}
+			},
+		},
+		{
+			name:   "a network namespace without a path is dropped too: the pod shares the VM's",
+			modify: func(s *specs.Spec) { s.Linux.Namespaces = []specs.LinuxNamespace{{Type: specs.NetworkNamespace}} },
+			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
+				if len(g.Linux.Namespaces) != 0 {
+					t.Errorf("namespaces %+v", g.Linux.Namespaces)
+				}
+			},
+		},
+		{
+			name:   "a systemd cgroups path becomes a plain one",
+			modify: func(s *specs.Spec) { s.Linux.CgroupsPath = "kubepods-besteffort.slice:cri-containerd:c1" },
+			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
+				if g.Linux.CgroupsPath != "/kvfs/c1" {
+					t.Errorf("cgroups path %q", g.Linux.CgroupsPath)
+				}
+			},
+		},
+		{
+			name:   "no root in the spec: the guest root still",
+			modify: func(s *specs.Spec) { s.Root = nil; s.Linux = nil },
+			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
+				if g.Root == nil || g.Root.Path != "/run/kvfs/shared/c1" || g.Root.Readonly || g.Linux != nil {
+					t.Errorf("root %+v linux %+v", g.Root, g.Linux)
+				}
+			},
+		},
+		{name: "relative bind source", modify: func(s *specs.Spec) { s.Mounts[2].Source = "data" }, wantError: `bind mount of "data" at /data`},
+		{name: "no process", modify: func(s *specs.Spec) { s.Process = nil }, wantError: "no process"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := base()
+			if tt.modify != nil {
+				tt.modify(s)
+			}
+			orig := base()
+			if tt.modify != nil {
+				tt.modify(orig)
+			}
+			g, binds, err := AdaptSpec(s, "c1")
+			if tt.wantError != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantError) {
+					t.Fatalf("error %v, want %q", err, tt.wantError)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, g, binds)
+			if !reflect.DeepEqual(s, orig) {
+				t.Errorf("AdaptSpec modified its input")
+			}
+		})
+	}
+}
+
+func TestSandboxID(t *testing.T) {
+	tests := []struct {
+		name, id string
+		ann      map[string]string
+		want     string
+		err      string
+	}{
+		{"ctr: no annotations, a pod of its own", "t1", nil, "t1", ""},
+		{"CRI sandbox container", "p1", map[string]string{AnnotationContainerType: "sandbox", AnnotationSandboxID: "p1"}, "p1", ""},
+		{"CRI container joins its sandbox", "c1", map[string]string{AnnotationContainerType: "container", AnnotationSandboxID: "p1"}, "p1", ""},
+		{"sandbox id alone groups", "c1", map[string]string{AnnotationSandboxID: "p1"}, "p1", ""},
+		{"sandbox without its id", "p1", map[string]string{AnnotationContainerType: "sandbox"}, "p1", ""},
+		{"CRI container without a sandbox", "c1", map[string]string{AnnotationContainerType: "container"}, "", "without io.kubernetes.cri.sandbox-id"},
+		{"sandbox naming another", "p1", map[string]string{AnnotationContainerType: "sandbox", AnnotationSandboxID: "p2"}, "", "names another sandbox"},
+		{"unknown type", "c1", map[string]string{AnnotationContainerType: "podsandbox"}, "", `unknown io.kubernetes.cri.container-type "podsandbox"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := SandboxID(tt.id, tt.ann)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Errorf("SandboxID = %q, %v; want error %q", got, err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("SandboxID = %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}

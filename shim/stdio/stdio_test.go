@@ -1,0 +1,72 @@
+package stdio
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func script(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "logger.sh")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestBinaryReady: binary:// is ready when fd 5 closes; binary-v2:// needs a byte first.
+func TestBinaryReady(t *testing.T) {
+	ctx := context.Background()
+	closes := script(t, "exec 5>&-\ncat <&3 >/dev/null\n")
+	writes := script(t, "printf x >&5\nexec 5>&-\ncat <&3 >/dev/null\n")
+	for _, tt := range []struct {
+		uri, err string
+	}{
+		{"binary://" + closes, ""},
+		{"binary-v2://" + writes, ""},
+		{"binary-v2://" + closes, "without signalling ready"},
+		{"binary:///no/such/logger", "start the logging binary"},
+	} {
+		p, err := Open(ctx, Config{Stdout: tt.uri, Stderr: tt.uri, ContainerID: "c", Namespace: "n"})
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%s: %v, want %q", tt.uri, err, tt.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tt.uri, err)
+			continue
+		}
+		if _, err := p.Stdout.Write([]byte("x\n")); err != nil {
+			t.Errorf("%s: write: %v", tt.uri, err)
+		}
+		if err := p.Close(); err != nil {
+			t.Errorf("%s: close: %v", tt.uri, err)
+		}
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	ctx := context.Background()
+	if _, err := Open(ctx, Config{Stdout: "tcp://host:1"}); err == nil || !strings.Contains(err.Error(), `unknown scheme "tcp"`) {
+		t.Errorf("tcp: %v", err)
+	}
+	if _, err := Open(ctx, Config{Stdin: "/no/such/fifo"}); err == nil || !strings.Contains(err.Error(), "stdin /no/such/fifo") {
+		t.Errorf("missing stdin fifo: %v", err)
+	}
+	p, err := Open(ctx, Config{})
+	if err != nil || p.Stdin != nil || p.Stdout != nil || p.Stderr != nil {
+		t.Errorf("no streams: %+v, %v", p, err)
+	}
+	// With a terminal, file:// gets stdout only.
+	f := filepath.Join(t.TempDir(), "log")
+	p, err = Open(ctx, Config{Stdout: "file://" + f, Stderr: "file://" + f, Terminal: true})
+	if err != nil || p.Stdout == nil || p.Stderr != nil {
+		t.Fatalf("terminal file: %+v, %v", p, err)
+	}
+	p.Close()
+}

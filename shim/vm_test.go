@@ -1,0 +1,172 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// agentImage returns the guest image with the agent, or skips the test saying how to build
+// it: packaging/guest/build.sh --agent writes it to ${KVFS_CACHE:-/var/cache/kvfs}/agent-guest.
+func agentImage(t *testing.T) (kernel, initrd string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mounts, the sandbox's layout)")
+	}
+	cache := os.Getenv("KVFS_CACHE")
+	if cache == "" {
+		cache = "/var/cache/kvfs"
+	}
+	dir := filepath.Join(cache, "agent-guest")
+	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs.gz")
+	for _, f := range []string{kernel, initrd} {
+		if _, err := os.Stat(f); err != nil {
+			t.Skipf("no guest image with the agent (%v): build it with packaging/guest/build.sh --agent %s", err, dir)
+		}
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("no QEMU")
+	}
+	return kernel, initrd
+}
+
+// busyboxBundle writes a bundle whose rootfs is a static busybox and whose process is args.
+func busyboxBundle(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("no busybox")
+	}
+	b := filepath.Join(dir, "bundle")
+	root := filepath.Join(b, "rootfs")
+	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755)
+	for _, a := range []string{"sh", "echo", "cat"} {
+		os.Symlink("busybox", filepath.Join(root, "bin", a))
+	}
+	spec := specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{Args: args, Cwd: "/", Env: []string{"PATH=/bin"}},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+			{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace, Path: "/var/run/netns/host-only"},
+		}},
+	}
+	js, _ := json.Marshal(&spec)
+	if err := os.WriteFile(filepath.Join(b, "config.json"), js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestVMPod boots a real pod: the guest image with the agent under QEMU, behind the task
+// service with StartVMPod. The container's process, in the VM, reads its stdin and writes
+// to its stdout fifo, exits 3; the last Delete powers the VM off and removes the sandbox.
+func TestVMPod(t *testing.T) {
+	kernel, initrd := agentImage(t)
+	dir := shortTempDir(t)
+	accel := os.Getenv("KVFS_ACCEL")
+	if accel == "" {
+		accel = "tcg" // a /dev/kvm that opens may still hang a boot on these machines
+	}
+	cfg := filepath.Join(dir, "kvfs.toml")
+	os.WriteFile(cfg, []byte(`base_dir = "`+dir+`/sb"
+[vm]
+accel = "`+accel+`"
+memory = "512M"
+kernel = "`+kernel+`"
+initrd = "`+initrd+`"
+`), 0o644)
+	rec := newRecorder()
+	ctx := namespaces.WithNamespace(context.Background(), "kvfs-test")
+	svc := NewService(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod})
+	t.Cleanup(func() { svc.Close(context.Background()) })
+
+	bundle := busyboxBundle(t, dir, "sh", "-c", "echo hello from the VM; read x; echo got $x; exit 3")
+	in := filepath.Join(dir, "in")
+	unix.Mkfifo(in, 0o600)
+	out := filepath.Join(dir, "out")
+	unix.Mkfifo(out, 0o600)
+	outFd, err := unix.Open(out, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(outFd)
+	opts, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: cfg})
+	start := time.Now()
+	if _, err := svc.Create(ctx, &taskAPI.CreateTaskRequest{ID: "t1", Bundle: bundle, Stdin: in, Stdout: out, Options: opts}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Create (boot included, %s): %v", accel, time.Since(start).Round(time.Millisecond))
+	sbDir := filepath.Join(dir, "sb", "t1")
+	for _, f := range []string{"agent.sock", "control.sock"} {
+		if _, err := os.Stat(filepath.Join(sbDir, f)); err != nil {
+			t.Errorf("sandbox %s: %v", f, err)
+		}
+	}
+	if _, err := svc.Start(ctx, &taskAPI.StartRequest{ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(in, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("input\n"))
+	w.Close()
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	wr, err := svc.Wait(wctx, &taskAPI.WaitRequest{ID: "t1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := drain(outFd); string(got) != "hello from the VM\ngot input\n" || wr.ExitStatus != 3 {
+		t.Errorf("output %q, exit %d", got, wr.ExitStatus)
+	}
+	if _, err := svc.Delete(ctx, &taskAPI.DeleteRequest{ID: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sbDir); !os.IsNotExist(err) {
+		t.Errorf("the sandbox directory is left: %v", err)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), dir) {
+		t.Errorf("mounts left under %s", dir)
+	}
+	if got := strings.Join(eventTypes(rec.all()), " "); got != "Create Start exit:t1 Delete" {
+		t.Errorf("events %q", got)
+	}
+	for _, e := range rec.all() {
+		if x, ok := e.(*eventstypes.TaskExit); ok && x.ExitStatus != 3 {
+			t.Errorf("TaskExit %+v", x)
+		}
+	}
+	t.Logf("the whole run: %v", time.Since(start).Round(time.Millisecond))
+}
