@@ -642,8 +642,10 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	return &taskAPI.StartResponse{Pid: resp.Pid}, nil
 }
 
-// copyStdin copies the stdin fifo to the agent until it ends (containerd closed it, or
-// CloseIO), then closes the process's stdin.
+// copyStdin copies the stdin fifo to the agent until it ends: the client closed its end, or
+// CloseIO closed ours. Neither closes the process's stdin; only CloseIO does, after this copy
+// has forwarded what it read. That is containerd's runc shim's behaviour: a client closing the
+// fifo (ctr at the end of its input) has not asked for EOF.
 func (s *Service) copyStdin(pod Pod, podCtx context.Context, p *process) {
 	if p.io == nil || p.io.Stdin == nil {
 		close(p.stdinDone)
@@ -663,11 +665,8 @@ func (s *Service) copyStdin(pod Pod, podCtx context.Context, p *process) {
 				}
 			}
 			if rerr != nil {
-				break
+				return
 			}
-		}
-		if _, err := pod.Agent().CloseStdin(podCtx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil && podCtx.Err() == nil {
-			log.G(s.ctx).WithError(err).WithField("process", p.name()).Warn("closing stdin")
 		}
 	}()
 }
@@ -1090,8 +1089,8 @@ func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 		return nil, err
 	}
 	if p.io != nil && p.io.Stdin != nil {
-		// The copy ends at the closed fifo and closes the guest's stdin itself, after
-		// what it had read.
+		// The copy ends at the closed fifo; what it had read reaches the guest before the
+		// EOF below.
 		if err := p.io.CloseStdin(); err != nil {
 			return nil, err
 		}
@@ -1101,7 +1100,6 @@ func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
-			return &emptypb.Empty{}, nil
 		}
 	}
 	pod, podCtx, err := s.currentPod()
