@@ -41,11 +41,13 @@
 // serial listener (ListenSerial) therefore polls the port every 10 ms: Accept waits for a host,
 // each session is one net.Conn handed to ttrpc, and a session ends when the host goes away
 // (its read sees end of file, or the poll sees POLLHUP), leaving the port open for the next.
-// The kernel keeps no trace of a disconnection followed at once by a reconnection, so a host
-// that comes back within about 10 ms may be taken for the same session (ttrpc then refuses its
-// first requests: their stream ids start again at 1). A host should keep one connection and
-// give Ping a long deadline at boot rather than redial in a tight loop. vsock (ListenVsock)
-// has real connections and none of this.
+// The kernel keeps no trace of a disconnection followed at once by a reconnection, so the
+// connection also follows ttrpc's framing of what the host sends: a request whose stream id
+// does not grow starts a new session (a new client counts from 1 again), and the bytes from
+// its header on go to the next connection. What still fails is a host that vanished in the
+// middle of a message and a new one that came within the poll's 10 ms: the new session's
+// first bytes are taken as the rest of the old message. vsock (ListenVsock) has real
+// connections and none of this.
 //
 // # Threat model
 //

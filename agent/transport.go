@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -94,10 +96,22 @@ type serialListener struct {
 	free      chan struct{} // holds a token while no connection is handed out
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	// Owned by the connection holding the token (the token's hand-over orders the accesses):
+	buf     []byte // what a read of the port fills
+	pending []byte // read from the port, not handed to ttrpc yet
 }
 
+// ttrpc's framing, as far as the listener looks at it: a 10-byte header (length, stream id,
+// type, flags; big-endian), then length bytes.
+const (
+	ttrpcHeaderLen   = 10
+	ttrpcTypeRequest = 1
+)
+
 func newSerialListener(r, w *os.File, connected func() (bool, error)) *serialListener {
-	l := &serialListener{r: r, w: w, connected: connected, free: make(chan struct{}, 1), closed: make(chan struct{})}
+	l := &serialListener{r: r, w: w, connected: connected, free: make(chan struct{}, 1), closed: make(chan struct{}),
+		buf: make([]byte, readChunk)}
 	l.free <- struct{}{}
 	return l
 }
@@ -168,7 +182,11 @@ type serialAddr string
 func (a serialAddr) Network() string { return "virtio-serial" }
 func (a serialAddr) String() string  { return string(a) }
 
-// serialConn is one host session on the port.
+// serialConn is one host session on the port. Besides watching the host, it follows ttrpc's
+// framing of what the host sends: a request whose stream id does not grow is the first of a
+// new host's session (a new ttrpc client starts again at 1), so the connection ends before it
+// and leaves its bytes to the next one. That catches the reconnections the poll is too slow
+// for, unless the previous host vanished in the middle of a message.
 type serialConn struct {
 	l        *serialListener
 	done     chan struct{} // closed by Close
@@ -176,6 +194,12 @@ type serialConn struct {
 	closed   bool // guarded by mu
 	inflight int  // guarded by mu: reads and writes under way
 	released bool // guarded by mu: the listener's token was given back
+	hostGone bool // guarded by mu: the host went away; what is pending is its leftovers
+
+	// Used by the one reading goroutine (ttrpc's):
+	need    int    // bytes of the current message still to hand out
+	lastReq uint32 // the stream id of the last request
+	ended   bool   // the next session has begun
 }
 
 func (c *serialConn) enter() error {
@@ -200,6 +224,9 @@ func (c *serialConn) leave() {
 func (c *serialConn) releaseLocked() {
 	if c.closed && c.inflight == 0 && !c.released {
 		c.released = true
+		if c.hostGone {
+			c.l.pending = nil
+		}
 		c.l.free <- struct{}{}
 	}
 }
@@ -208,7 +235,7 @@ func (c *serialConn) releaseLocked() {
 // of file then, but only if it runs before the host is back: the kernel takes both changes
 // without a trace, and a reader woken late would carry on with the next host session as if
 // it were this one. So the port is polled while a connection is open; a host that reconnects
-// within hostPollInterval of going away can still be taken for the same session.
+// faster than that is caught by Read's look at the stream ids.
 func (c *serialConn) watchHost() {
 	t := time.NewTicker(hostPollInterval)
 	defer t.Stop()
@@ -219,19 +246,56 @@ func (c *serialConn) watchHost() {
 		case <-t.C:
 		}
 		if ok, err := c.l.connected(); err != nil || !ok {
+			c.mu.Lock()
+			c.hostGone = true
+			c.mu.Unlock()
 			c.Close()
 			return
 		}
 	}
 }
 
-// Read reads from the port; end of file is the host going away.
+// Read hands out what the host sent, up to the start of a new host's session; end of file
+// is the host going away.
 func (c *serialConn) Read(b []byte) (int, error) {
 	if err := c.enter(); err != nil {
 		return 0, err
 	}
 	defer c.leave()
-	return c.l.r.Read(b)
+	l := c.l
+	for {
+		if c.ended {
+			return 0, io.EOF
+		}
+		if c.need == 0 && len(l.pending) >= ttrpcHeaderLen {
+			h := l.pending[:ttrpcHeaderLen]
+			if h[8] == ttrpcTypeRequest {
+				stream := binary.BigEndian.Uint32(h[4:8])
+				if stream <= c.lastReq {
+					c.ended = true
+					continue
+				}
+				c.lastReq = stream
+			}
+			c.need = ttrpcHeaderLen + int(binary.BigEndian.Uint32(h[0:4]))
+		}
+		if c.need > 0 && len(l.pending) > 0 {
+			n := copy(b, l.pending[:min(len(l.pending), c.need)])
+			l.pending = l.pending[n:]
+			c.need -= n
+			return n, nil
+		}
+		n, err := l.r.Read(l.buf)
+		l.pending = append(l.pending, l.buf[:n]...)
+		if err != nil && n == 0 {
+			if err == io.EOF {
+				c.mu.Lock()
+				c.hostGone = true
+				c.mu.Unlock()
+			}
+			return 0, err
+		}
+	}
 }
 
 func (c *serialConn) Write(b []byte) (int, error) {

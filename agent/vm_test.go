@@ -267,11 +267,9 @@ func TestAgentInGuest(t *testing.T) {
 		t.Errorf("tty exit status %d", w.ExitStatus)
 	}
 
-	// The shim may restart: a new connection on the same port is served. A new shim process
-	// takes far longer to come than the agent's 10 ms look at the port; the pause stands for
-	// that (see serialConn.watchHost).
+	// The shim may restart: a new connection on the same port is served, also one that comes
+	// at once (before the agent's poll can see the first go; see serialConn).
 	closeAgent()
-	time.Sleep(100 * time.Millisecond)
 	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
 	defer closeAgent()
 	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
