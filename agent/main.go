@@ -52,7 +52,8 @@ func (logFormat) Format(e *logrus.Entry) ([]byte, error) {
 // until Shutdown, and powers the machine off; it never returns then. Run otherwise (as a
 // child subreaper) it only serves, and answers an exit status when Shutdown is done.
 func Main() int {
-	log := logrus.New()
+	// The standard logger, so that what the libraries log through it has the prefix too.
+	log := logrus.StandardLogger()
 	log.SetOutput(os.Stderr)
 	log.SetFormatter(logFormat{})
 	entry := logrus.NewEntry(log)
