@@ -296,7 +296,7 @@ func TestAgentInGuest(t *testing.T) {
 	if !bytes.Contains(console, []byte("kvfs-agent: info shut down")) {
 		t.Errorf("the console does not show the agent's shutdown\n%s", console)
 	}
-	t.Logf("done after %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("done after %v; the console:\n%s", time.Since(start).Round(time.Millisecond), console)
 }
 
 func testAccel(t *testing.T) string {
