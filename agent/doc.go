@@ -23,7 +23,10 @@
 // or a pty whose master runc passes back over a console socket. Its output is read into a
 // bounded buffer (1 MiB; past it the process blocks on write) that ReadStdout and ReadStderr
 // drain, so what a process wrote is still there after it exited: WaitProcess answers after the
-// exit, the reads answer the rest and then eof.
+// exit, the reads answer the rest and then eof. A pipe that a child left behind still holds
+// open is read out and ended 2 s after the process exited (Config.OutputGrace; containerd's
+// runc shim waits as long for an exec's output), so the host's wait for eof ends; a pty is
+// not (its end comes when the last process holding the terminal goes).
 //
 // [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
 // ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.

@@ -34,6 +34,9 @@ const (
 	shutdownWait = 5 * time.Second
 	// specLimit bounds a spec or process JSON document.
 	specLimit = 4 << 20
+	// DefaultOutputGrace is Config.OutputGrace's default: containerd's runc shim also waits 2 s
+	// for an exec's output after its exit.
+	DefaultOutputGrace = 2 * time.Second
 )
 
 var errShuttingDown = status.Error(codes.Unavailable, "the agent is shutting down")
@@ -51,6 +54,10 @@ type Config struct {
 	Version string
 	// Log receives the service's messages (default: logrus's standard logger).
 	Log *logrus.Entry
+	// OutputGrace is how long a process's output pipes may stay open after it exited
+	// (held by a child it left behind) before they are read out and ended (default
+	// DefaultOutputGrace).
+	OutputGrace time.Duration
 }
 
 // Service implements apiv1.AgentService. Processes' exits reach it through ProcessExited,
@@ -146,6 +153,9 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.NewEntry(logrus.StandardLogger())
 	}
+	if cfg.OutputGrace == 0 {
+		cfg.OutputGrace = DefaultOutputGrace
+	}
 	return &Service{
 		cfg:        cfg,
 		log:        cfg.Log,
@@ -183,6 +193,12 @@ func (s *Service) exitLocked(p *process, status int, at time.Time) {
 	}
 	p.state, p.exitStatus, p.exitedAt = stateStopped, status, at
 	close(p.exited)
+	// What the process wrote is in its pipes now; a background child that inherited them
+	// must not hold the host's wait for the end of the output for ever.
+	time.AfterFunc(s.cfg.OutputGrace, func() {
+		p.stdout.closeWhenDrained()
+		p.stderr.closeWhenDrained()
+	})
 	s.log.WithFields(logrus.Fields{"container": p.c.id, "exec": p.execID, "pid": p.pid, "status": status}).Debug("process exited")
 }
 

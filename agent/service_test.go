@@ -144,6 +144,15 @@ func behave(p *fakeProc, stdin, stdout, stderr *os.File) int {
 		return 0
 	case "sleep":
 		return 128 + int(<-p.kill)
+	case "orphan":
+		// Write, leave a "child" holding stdout for a long time, exit.
+		fmt.Fprint(stdout, "before the exit")
+		held := dup(stdout)
+		go func() {
+			time.Sleep(time.Minute)
+			held.Close()
+		}()
+		return 0
 	}
 	return 127
 }
@@ -320,7 +329,8 @@ func newFixture(t *testing.T) *fixture {
 	root := t.TempDir()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	svc, err := NewService(Config{Runtime: rt, Cgroups: cg, StateDir: t.TempDir(), RootDir: root, Version: "test", Log: logrus.NewEntry(log)})
+	svc, err := NewService(Config{Runtime: rt, Cgroups: cg, StateDir: t.TempDir(), RootDir: root, Version: "test",
+		Log: logrus.NewEntry(log), OutputGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -908,5 +918,28 @@ func TestTerminal(t *testing.T) {
 	}
 	if w := fx.wait(t, "c", "cat"); w.ExitStatus != 0 {
 		t.Errorf("cat exit %d", w.ExitStatus)
+	}
+}
+
+// TestOutputOfAnExitedProcessEnds: a child left behind with the process's stdout does not
+// keep the stream open for ever; what was written before is still read, then eof.
+func TestOutputOfAnExitedProcessEnds(t *testing.T) {
+	fx := newFixture(t)
+	fx.create(t, "c", nil, "sleep")
+	fx.start(t, "c", "")
+	if _, err := fx.svc.ExecProcess(fx.ctx, &apiv1.ExecProcessRequest{ContainerId: "c", ExecId: "e",
+		Process: []byte(`{"args":["orphan"]}`), Stdio: outErr}); err != nil {
+		t.Fatal(err)
+	}
+	fx.start(t, "c", "e")
+	start := time.Now()
+	if out := fx.readAll(t, false, "c", "e"); out != "before the exit" {
+		t.Errorf("stdout %q", out)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("eof came after %v", d)
+	}
+	if out := fx.readAll(t, true, "c", "e"); out != "" {
+		t.Errorf("stderr %q", out)
 	}
 }
