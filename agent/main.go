@@ -128,7 +128,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 	defer cancel()
 	go reaper.Run(ctx, svc.ProcessExited)
 
-	l, err := listen(params)
+	l, err := listen(params, log)
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 
 // listen opens the transport of params: the virtio-serial port (waiting for it to appear) or
 // the vsock port.
-func listen(params BootParams) (net.Listener, error) {
+func listen(params BootParams, log *logrus.Entry) (net.Listener, error) {
 	if params.Transport == TransportVsock {
 		return ListenVsock(params.VsockPort)
 	}
@@ -166,7 +166,7 @@ func listen(params BootParams) (net.Listener, error) {
 	for {
 		dev, err := FindSerialPort(DefaultVirtioPorts, apiv1.SerialPortName)
 		if err == nil {
-			return ListenSerial(dev)
+			return ListenSerial(dev, log)
 		}
 		if time.Now().After(deadline) {
 			return nil, err

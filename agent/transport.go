@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/vsock"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,13 +43,13 @@ func FindSerialPort(sysDir, name string) (string, error) {
 }
 
 // ListenSerial opens the virtio-serial port dev and answers a listener whose connections are
-// the host's sessions on it.
-func ListenSerial(dev string) (net.Listener, error) {
+// the host's sessions on it; their beginnings and ends are logged to log.
+func ListenSerial(dev string, log *logrus.Entry) (net.Listener, error) {
 	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	return newSerialListener(f, f, func() (bool, error) { return hostConnected(f) }), nil
+	return newSerialListener(f, f, func() (bool, error) { return hostConnected(f) }, log), nil
 }
 
 // hostConnected polls the port once: POLLHUP means no host program has the port's chardev
@@ -93,6 +94,7 @@ func ListenVsock(port uint32) (net.Listener, error) {
 type serialListener struct {
 	r, w      *os.File
 	connected func() (bool, error)
+	log       *logrus.Entry
 	free      chan struct{} // holds a token while no connection is handed out
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -109,8 +111,8 @@ const (
 	ttrpcTypeRequest = 1
 )
 
-func newSerialListener(r, w *os.File, connected func() (bool, error)) *serialListener {
-	l := &serialListener{r: r, w: w, connected: connected, free: make(chan struct{}, 1), closed: make(chan struct{}),
+func newSerialListener(r, w *os.File, connected func() (bool, error), log *logrus.Entry) *serialListener {
+	l := &serialListener{r: r, w: w, connected: connected, log: log, free: make(chan struct{}, 1), closed: make(chan struct{}),
 		buf: make([]byte, readChunk)}
 	l.free <- struct{}{}
 	return l
@@ -145,6 +147,7 @@ func (l *serialListener) Accept() (net.Conn, error) {
 	}
 	c := &serialConn{l: l, done: make(chan struct{})}
 	go c.watchHost()
+	l.log.Info("host connected")
 	return c, nil
 }
 
@@ -249,6 +252,7 @@ func (c *serialConn) watchHost() {
 			c.mu.Lock()
 			c.hostGone = true
 			c.mu.Unlock()
+			c.l.log.WithError(err).Info("host left (POLLHUP)")
 			c.Close()
 			return
 		}
@@ -272,6 +276,7 @@ func (c *serialConn) Read(b []byte) (int, error) {
 			if h[8] == ttrpcTypeRequest {
 				stream := binary.BigEndian.Uint32(h[4:8])
 				if stream <= c.lastReq {
+					l.log.WithFields(logrus.Fields{"stream": stream, "last": c.lastReq}).Info("a new host session began")
 					c.ended = true
 					continue
 				}
@@ -292,6 +297,7 @@ func (c *serialConn) Read(b []byte) (int, error) {
 				c.mu.Lock()
 				c.hostGone = true
 				c.mu.Unlock()
+				l.log.Info("host left (end of file)")
 			}
 			return 0, err
 		}

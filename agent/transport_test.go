@@ -60,7 +60,7 @@ func TestSerialListenerSessions(t *testing.T) {
 	}
 	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
 	var connected atomic.Bool
-	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return connected.Load(), nil })
+	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return connected.Load(), nil }, discardLog())
 
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -207,7 +207,7 @@ func TestSerialListenerNewHostAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
-	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return true, nil })
+	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return true, nil }, discardLog())
 	fx := newFixture(t)
 	srv, err := ttrpc.NewServer()
 	if err != nil {
@@ -232,4 +232,10 @@ func TestSerialListenerNewHostAtOnce(t *testing.T) {
 		}
 		client.Close()
 	}
+}
+
+func discardLog() *logrus.Entry {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	return logrus.NewEntry(log)
 }
