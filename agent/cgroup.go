@@ -52,15 +52,25 @@ func (g Cgroup2) WatchOOM(ctx context.Context, group string, onOOM func()) {
 	}
 	events, errs := m.EventChan()
 	var kills uint64
+	count := func(e cgroup2.Event) {
+		for ; kills < e.OOMKill; kills++ {
+			onOOM()
+		}
+	}
 	for {
 		select {
 		case e := <-events:
-			for ; kills < e.OOMKill; kills++ {
-				onOOM()
-			}
+			count(e)
 		case err, ok := <-errs:
 			if ok && err != nil {
 				log.WithError(fmt.Errorf("memory.events: %w", err)).Debug("OOM watch ended")
+			}
+			// The manager ends after its last event (the kill that emptied the group may
+			// be it), which can still wait in the channel.
+			select {
+			case e := <-events:
+				count(e)
+			default:
 			}
 			return
 		case <-ctx.Done():

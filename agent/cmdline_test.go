@@ -3,6 +3,8 @@ package agent
 import (
 	"strings"
 	"testing"
+
+	"github.com/sirupsen/logrus"
 )
 
 func TestParseCmdline(t *testing.T) {
@@ -38,5 +40,16 @@ func TestParseCmdline(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), b.want) {
 			t.Errorf("ParseCmdline(%q) = %v, want an error saying %q", b.line, err, b.want)
 		}
+	}
+}
+
+func TestLogFormat(t *testing.T) {
+	log := logrus.New()
+	var b strings.Builder
+	log.SetOutput(&b)
+	log.SetFormatter(logFormat{})
+	log.WithFields(logrus.Fields{"pid": 7, "container": "c1"}).Info("container created")
+	if got, want := b.String(), "kvfs-agent: info container created container=c1 pid=7\n"; got != want {
+		t.Errorf("log line %q, want %q", got, want)
 	}
 }

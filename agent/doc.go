@@ -23,7 +23,10 @@
 // or a pty whose master runc passes back over a console socket. Its output is read into a
 // bounded buffer (1 MiB; past it the process blocks on write) that ReadStdout and ReadStderr
 // drain, so what a process wrote is still there after it exited: WaitProcess answers after the
-// exit, the reads answer the rest and then eof.
+// exit, the reads answer the rest and then eof. A pipe that a child left behind still holds
+// open is read out and ended 2 s after the process exited (Config.OutputGrace; containerd's
+// runc shim waits as long for an exec's output), so the host's wait for eof ends; a pty is
+// not (its end comes when the last process holding the terminal goes).
 //
 // [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
 // ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.
@@ -41,11 +44,16 @@
 // serial listener (ListenSerial) therefore polls the port every 10 ms: Accept waits for a host,
 // each session is one net.Conn handed to ttrpc, and a session ends when the host goes away
 // (its read sees end of file, or the poll sees POLLHUP), leaving the port open for the next.
-// The kernel keeps no trace of a disconnection followed at once by a reconnection, so a host
-// that comes back within about 10 ms may be taken for the same session (ttrpc then refuses its
-// first requests: their stream ids start again at 1). A host should keep one connection and
-// give Ping a long deadline at boot rather than redial in a tight loop. vsock (ListenVsock)
-// has real connections and none of this.
+// The kernel keeps no trace of a disconnection followed at once by a reconnection, so the
+// connection also follows ttrpc's framing of what the host sends: a request whose stream id
+// does not grow starts a new session (a new client counts from 1 again), and the bytes from
+// its header on go to the next connection. What still fails is a host that vanished in the
+// middle of a message and a new one that came within the poll's 10 ms: the new session's
+// first bytes are taken as the rest of the old message. Seen with QEMU 7.2 and the 6.1
+// guest (TestAgentInGuest): a host that leaves and comes back half a second later ends the
+// session by end of file, and Accept then waits (POLLHUP) without spinning; one that redials
+// at once is told apart only by its stream ids. vsock (ListenVsock) has real connections and
+// none of this.
 //
 // # Threat model
 //

@@ -52,7 +52,8 @@ func (logFormat) Format(e *logrus.Entry) ([]byte, error) {
 // until Shutdown, and powers the machine off; it never returns then. Run otherwise (as a
 // child subreaper) it only serves, and answers an exit status when Shutdown is done.
 func Main() int {
-	log := logrus.New()
+	// The standard logger, so that what the libraries log through it has the prefix too.
+	log := logrus.StandardLogger()
 	log.SetOutput(os.Stderr)
 	log.SetFormatter(logFormat{})
 	entry := logrus.NewEntry(log)
@@ -127,7 +128,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 	defer cancel()
 	go reaper.Run(ctx, svc.ProcessExited)
 
-	l, err := listen(params)
+	l, err := listen(params, log)
 	if err != nil {
 		return err
 	}
@@ -157,7 +158,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 
 // listen opens the transport of params: the virtio-serial port (waiting for it to appear) or
 // the vsock port.
-func listen(params BootParams) (net.Listener, error) {
+func listen(params BootParams, log *logrus.Entry) (net.Listener, error) {
 	if params.Transport == TransportVsock {
 		return ListenVsock(params.VsockPort)
 	}
@@ -165,7 +166,7 @@ func listen(params BootParams) (net.Listener, error) {
 	for {
 		dev, err := FindSerialPort(DefaultVirtioPorts, apiv1.SerialPortName)
 		if err == nil {
-			return ListenSerial(dev)
+			return ListenSerial(dev, log)
 		}
 		if time.Now().After(deadline) {
 			return nil, err

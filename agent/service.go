@@ -34,6 +34,9 @@ const (
 	shutdownWait = 5 * time.Second
 	// specLimit bounds a spec or process JSON document.
 	specLimit = 4 << 20
+	// DefaultOutputGrace is Config.OutputGrace's default: containerd's runc shim also waits 2 s
+	// for an exec's output after its exit.
+	DefaultOutputGrace = 2 * time.Second
 )
 
 var errShuttingDown = status.Error(codes.Unavailable, "the agent is shutting down")
@@ -51,10 +54,16 @@ type Config struct {
 	Version string
 	// Log receives the service's messages (default: logrus's standard logger).
 	Log *logrus.Entry
+	// OutputGrace is how long a process's output pipes may stay open after it exited
+	// (held by a child it left behind) before they are read out and ended (default
+	// DefaultOutputGrace).
+	OutputGrace time.Duration
 }
 
 // Service implements apiv1.AgentService. Processes' exits reach it through ProcessExited,
-// called by the reaper.
+// called by the reaper. The runtime calls that change a container run to their end even if
+// the host gives up on the request (context.WithoutCancel): a runc command killed half-way
+// would leave runc's state and the service's apart.
 type Service struct {
 	cfg    Config
 	log    *logrus.Entry
@@ -144,6 +153,9 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.NewEntry(logrus.StandardLogger())
 	}
+	if cfg.OutputGrace == 0 {
+		cfg.OutputGrace = DefaultOutputGrace
+	}
 	return &Service{
 		cfg:        cfg,
 		log:        cfg.Log,
@@ -181,6 +193,12 @@ func (s *Service) exitLocked(p *process, status int, at time.Time) {
 	}
 	p.state, p.exitStatus, p.exitedAt = stateStopped, status, at
 	close(p.exited)
+	// What the process wrote is in its pipes now; a background child that inherited them
+	// must not hold the host's wait for the end of the output for ever.
+	time.AfterFunc(s.cfg.OutputGrace, func() {
+		p.stdout.closeWhenDrained()
+		p.stderr.closeWhenDrained()
+	})
 	s.log.WithFields(logrus.Fields{"container": p.c.id, "exec": p.execID, "pid": p.pid, "status": status}).Debug("process exited")
 }
 
@@ -508,23 +526,20 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 			delete(s.containers, id)
 			// Whoever waits for this init hears that it is gone.
 			s.exitLocked(p, 255, time.Now())
+			s.releaseLocked(p)
 			s.mu.Unlock()
 			os.RemoveAll(c.bundle)
 		}
 	}()
 
 	if err := writeBundle(c.bundle, spec); err != nil {
-		p.closeChildIO()
 		return nil, errf(codes.Internal, "bundle: %v", err)
 	}
 	col := s.startCollecting()
-	cr, err := s.cfg.Runtime.Create(ctx, id, c.bundle, p.childIO)
+	cr, err := s.cfg.Runtime.Create(context.WithoutCancel(ctx), id, c.bundle, p.childIO)
 	p.closeChildIO()
 	if err != nil {
 		s.stopCollecting(col)
-		s.mu.Lock()
-		s.releaseLocked(p)
-		s.mu.Unlock()
 		return nil, runtimeErr("runc create", err)
 	}
 	p.started(cr)
@@ -623,7 +638,7 @@ func (s *Service) StartProcess(ctx context.Context, req *apiv1.StartProcessReque
 	}
 
 	if p == c.init {
-		if err := s.cfg.Runtime.Start(ctx, c.id); err != nil {
+		if err := s.cfg.Runtime.Start(context.WithoutCancel(ctx), c.id); err != nil {
 			return nil, runtimeErr("runc start", err)
 		}
 		s.mu.Lock()
@@ -635,7 +650,7 @@ func (s *Service) StartProcess(ctx context.Context, req *apiv1.StartProcessReque
 	}
 
 	col := s.startCollecting()
-	cr, err := s.cfg.Runtime.Exec(ctx, c.id, p.execID, p.spec, p.childIO)
+	cr, err := s.cfg.Runtime.Exec(context.WithoutCancel(ctx), c.id, p.execID, p.spec, p.childIO)
 	p.closeChildIO()
 	if err != nil {
 		s.stopCollecting(col)
@@ -781,7 +796,7 @@ func (s *Service) DeleteProcess(ctx context.Context, req *apiv1.DeleteProcessReq
 	}
 	s.mu.Unlock()
 	// A container that never started still has its init waiting in runc: force kills it.
-	if err := s.cfg.Runtime.Delete(ctx, c.id, initState == stateCreated); err != nil {
+	if err := s.cfg.Runtime.Delete(context.WithoutCancel(ctx), c.id, initState == stateCreated); err != nil {
 		return nil, runtimeErr("runc delete", err)
 	}
 	s.forget(c)
@@ -980,7 +995,7 @@ func (s *Service) UpdateContainer(ctx context.Context, req *apiv1.UpdateContaine
 	}
 	c.op.Lock()
 	defer c.op.Unlock()
-	if err := s.cfg.Runtime.Update(ctx, c.id, &r); err != nil {
+	if err := s.cfg.Runtime.Update(context.WithoutCancel(ctx), c.id, &r); err != nil {
 		return nil, runtimeErr("runc update", err)
 	}
 	return &apiv1.UpdateContainerResponse{}, nil
@@ -1023,9 +1038,9 @@ func (s *Service) setPaused(ctx context.Context, id string, pause bool) error {
 		return errf(codes.FailedPrecondition, "container %q is not paused", id)
 	}
 	if pause {
-		err = s.cfg.Runtime.Pause(ctx, id)
+		err = s.cfg.Runtime.Pause(context.WithoutCancel(ctx), id)
 	} else {
-		err = s.cfg.Runtime.Resume(ctx, id)
+		err = s.cfg.Runtime.Resume(context.WithoutCancel(ctx), id)
 	}
 	if err != nil {
 		return runtimeErr("runc pause/resume", err)

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,9 +16,11 @@ import (
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/console"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -69,10 +72,26 @@ func (f *fakeRuntime) newProc(cid string, args []string, io ProcessIO) *fakeProc
 	return p
 }
 
-// run is the process's life: wait for start (or a kill), do what args say, exit.
-func (f *fakeRuntime) run(p *fakeProc) {
-	// The files are the child's copies: the service closes its own after Create/Exec.
-	stdin, stdout, stderr := dup(p.io.Stdin), dup(p.io.Stdout), dup(p.io.Stderr)
+// run is the process's life: wait for start (or a kill), do what args say, exit. A terminal
+// process gets a new pty, whose master goes back to the service as runc's would.
+func (f *fakeRuntime) run(p *fakeProc) (console.Console, error) {
+	var stdin, stdout, stderr *os.File
+	var master console.Console
+	if p.io.Terminal {
+		m, slavePath, err := console.NewPty()
+		if err != nil {
+			return nil, err
+		}
+		slave, err := os.OpenFile(slavePath, os.O_RDWR|syscall.O_NOCTTY, 0)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		master, stdin, stdout, stderr = m, slave, dup(slave), dup(slave)
+	} else {
+		// The files are the child's copies: the service closes its own after Create/Exec.
+		stdin, stdout, stderr = dup(p.io.Stdin), dup(p.io.Stdout), dup(p.io.Stderr)
+	}
 	go func() {
 		status := 0
 		select {
@@ -89,6 +108,7 @@ func (f *fakeRuntime) run(p *fakeProc) {
 		f.mu.Unlock()
 		f.svc.ProcessExited(p.pid, status, time.Now())
 	}()
+	return master, nil
 }
 
 func dup(f *os.File) *os.File {
@@ -99,9 +119,20 @@ func dup(f *os.File) *os.File {
 	return os.NewFile(uintptr(fd), f.Name())
 }
 
-// behave: "echo OUT ERR STATUS", "cat" (stdin to stdout), "sleep" (until killed).
+// behave: "echo OUT ERR STATUS", "cat" (stdin to stdout), "sleep" (until killed), "size"
+// (after a line on stdin, the terminal's window size as stty size says it).
 func behave(p *fakeProc, stdin, stdout, stderr *os.File) int {
 	switch p.args[0] {
+	case "size":
+		if _, err := bufio.NewReader(stdin).ReadString('\n'); err != nil {
+			return 1
+		}
+		ws, err := unix.IoctlGetWinsize(int(stdout.Fd()), unix.TIOCGWINSZ)
+		if err != nil {
+			return 2
+		}
+		fmt.Fprintf(stdout, "size %d %d\n", ws.Row, ws.Col)
+		return 0
 	case "echo":
 		fmt.Fprint(stdout, p.args[1])
 		fmt.Fprint(stderr, p.args[2])
@@ -113,6 +144,15 @@ func behave(p *fakeProc, stdin, stdout, stderr *os.File) int {
 		return 0
 	case "sleep":
 		return 128 + int(<-p.kill)
+	case "orphan":
+		// Write, leave a "child" holding stdout for a long time, exit.
+		fmt.Fprint(stdout, "before the exit")
+		held := dup(stdout)
+		go func() {
+			time.Sleep(time.Minute)
+			held.Close()
+		}()
+		return 0
 	}
 	return 127
 }
@@ -136,7 +176,9 @@ func (f *fakeRuntime) Create(ctx context.Context, id, bundle string, io ProcessI
 	f.bundles[id] = bundle
 	early := f.exitEarly
 	f.mu.Unlock()
-	f.run(p)
+	if _, err := f.run(p); err != nil {
+		return Created{}, err
+	}
 	if early {
 		p.kill <- syscall.SIGKILL
 		time.Sleep(20 * time.Millisecond)
@@ -156,7 +198,10 @@ func (f *fakeRuntime) Start(ctx context.Context, id string) error {
 func (f *fakeRuntime) Exec(ctx context.Context, id, execID string, ps *specs.Process, io ProcessIO) (Created, error) {
 	f.record("exec %s %s", id, execID)
 	p := f.newProc(id, ps.Args, io)
-	f.run(p)
+	master, err := f.run(p)
+	if err != nil {
+		return Created{}, err
+	}
 	close(p.start)
 	f.mu.Lock()
 	early := f.exitEarly
@@ -164,7 +209,7 @@ func (f *fakeRuntime) Exec(ctx context.Context, id, execID string, ps *specs.Pro
 	if early {
 		time.Sleep(20 * time.Millisecond)
 	}
-	return Created{Pid: p.pid}, nil
+	return Created{Pid: p.pid, Console: master}, nil
 }
 
 func (f *fakeRuntime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
@@ -284,7 +329,8 @@ func newFixture(t *testing.T) *fixture {
 	root := t.TempDir()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	svc, err := NewService(Config{Runtime: rt, Cgroups: cg, StateDir: t.TempDir(), RootDir: root, Version: "test", Log: logrus.NewEntry(log)})
+	svc, err := NewService(Config{Runtime: rt, Cgroups: cg, StateDir: t.TempDir(), RootDir: root, Version: "test",
+		Log: logrus.NewEntry(log), OutputGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -825,5 +871,75 @@ func TestConcurrent(t *testing.T) {
 	fx.svc.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d containers left", n)
+	}
+}
+
+// TestTerminal: a terminal exec's output comes from its pty, stderr ends at once, ResizePty
+// sets the size its process reads, and CloseStdin is end of file at the terminal.
+func TestTerminal(t *testing.T) {
+	fx := newFixture(t)
+	fx.create(t, "c", nil, "sleep")
+	fx.start(t, "c", "")
+	tty := &apiv1.Stdio{Terminal: true, Stdin: true, Stdout: true, Stderr: true}
+	if _, err := fx.svc.ExecProcess(fx.ctx, &apiv1.ExecProcessRequest{ContainerId: "c", ExecId: "size", Process: []byte(`{"args":["size"]}`), Stdio: tty}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := fx.svc.ResizePty(fx.ctx, &apiv1.ResizePtyRequest{ContainerId: "c", ExecId: "size", Width: 100, Height: 30})
+	wantCode(t, "resize before start", err, codes.FailedPrecondition, "not started")
+	fx.start(t, "c", "size")
+	if out := fx.readAll(t, true, "c", "size"); out != "" {
+		t.Errorf("a terminal's stderr answered %q", out)
+	}
+	if _, err := fx.svc.ResizePty(fx.ctx, &apiv1.ResizePtyRequest{ContainerId: "c", ExecId: "size", Width: 100, Height: 30}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx.svc.WriteStdin(fx.ctx, &apiv1.WriteStdinRequest{ContainerId: "c", ExecId: "size", Data: []byte("go\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if out := fx.readAll(t, false, "c", "size"); !strings.Contains(out, "size 30 100") {
+		t.Errorf("terminal output %q does not have the size 30 100", out)
+	}
+	if w := fx.wait(t, "c", "size"); w.ExitStatus != 0 {
+		t.Errorf("size exit %d", w.ExitStatus)
+	}
+
+	if _, err := fx.svc.ExecProcess(fx.ctx, &apiv1.ExecProcessRequest{ContainerId: "c", ExecId: "cat", Process: []byte(`{"args":["cat"]}`), Stdio: tty}); err != nil {
+		t.Fatal(err)
+	}
+	fx.start(t, "c", "cat")
+	if _, err := fx.svc.WriteStdin(fx.ctx, &apiv1.WriteStdinRequest{ContainerId: "c", ExecId: "cat", Data: []byte("typed\n")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx.svc.CloseStdin(fx.ctx, &apiv1.CloseStdinRequest{ContainerId: "c", ExecId: "cat"}); err != nil {
+		t.Fatal(err)
+	}
+	if out := fx.readAll(t, false, "c", "cat"); strings.Count(out, "typed") != 2 {
+		t.Errorf("cat on a terminal answered %q: want the echo and the copy", out)
+	}
+	if w := fx.wait(t, "c", "cat"); w.ExitStatus != 0 {
+		t.Errorf("cat exit %d", w.ExitStatus)
+	}
+}
+
+// TestOutputOfAnExitedProcessEnds: a child left behind with the process's stdout does not
+// keep the stream open for ever; what was written before is still read, then eof.
+func TestOutputOfAnExitedProcessEnds(t *testing.T) {
+	fx := newFixture(t)
+	fx.create(t, "c", nil, "sleep")
+	fx.start(t, "c", "")
+	if _, err := fx.svc.ExecProcess(fx.ctx, &apiv1.ExecProcessRequest{ContainerId: "c", ExecId: "e",
+		Process: []byte(`{"args":["orphan"]}`), Stdio: outErr}); err != nil {
+		t.Fatal(err)
+	}
+	fx.start(t, "c", "e")
+	start := time.Now()
+	if out := fx.readAll(t, false, "c", "e"); out != "before the exit" {
+		t.Errorf("stdout %q", out)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("eof came after %v", d)
+	}
+	if out := fx.readAll(t, true, "c", "e"); out != "" {
+		t.Errorf("stderr %q", out)
 	}
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"sync"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -28,6 +32,8 @@ type outStream struct {
 	discard  bool          // guarded by mu: nobody will read any more (the process was deleted)
 	attached bool          // guarded by mu: attach was called
 	changed  chan struct{} // guarded by mu: closed (and replaced) when buf or ended changes
+	pipe     *os.File      // guarded by mu: the stream when it is a pipe (not a pty)
+	closing  bool          // guarded by mu: closeWhenDrained was called
 }
 
 // newOutStream returns a stream with nothing attached yet: Read waits.
@@ -52,7 +58,46 @@ func (s *outStream) attach(r io.ReadCloser) {
 		s.notifyLocked()
 		return
 	}
+	s.pipe, _ = r.(*os.File)
 	go s.pump(r)
+}
+
+// closeWhenDrained ends a pipe stream once what is in the pipe now has been read, even if
+// some process still holds its write end (a background child of an exited process): the
+// process has exited, and the host waits for the end of its output. A pty is left alone.
+func (s *outStream) closeWhenDrained() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pipe == nil || s.ended || s.closing {
+		return
+	}
+	s.closing = true
+	// A blocked read returns at once (nothing read); the reader then drains without waiting.
+	_ = s.pipe.SetReadDeadline(time.Now())
+}
+
+// drainLocked reads what the pipe holds now without waiting (it is non-blocking), keeps it
+// and ends the stream.
+func (s *outStream) drainLocked(chunk []byte) {
+	// The deadline only served to wake the reader; with it, no read would be tried at all.
+	_ = s.pipe.SetReadDeadline(time.Time{})
+	if rc, err := s.pipe.SyscallConn(); err == nil {
+		for {
+			var n int
+			var rerr error
+			if err := rc.Read(func(fd uintptr) bool {
+				n, rerr = unix.Read(int(fd), chunk)
+				return rerr != unix.EINTR
+			}); err != nil || rerr != nil || n <= 0 {
+				break
+			}
+			if !s.discard {
+				s.buf = append(s.buf, chunk[:n]...)
+			}
+		}
+	}
+	s.ended = true
+	s.notifyLocked()
 }
 
 func (s *outStream) notifyLocked() {
@@ -77,6 +122,11 @@ func (s *outStream) pump(r io.ReadCloser) {
 		if n > 0 && !s.discard {
 			s.buf = append(s.buf, chunk[:n]...)
 			s.notifyLocked()
+		}
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && s.closing {
+			s.drainLocked(chunk)
+			s.mu.Unlock()
+			return
 		}
 		// A pty's master reads EIO once no process holds the terminal any more: its end.
 		if err != nil && !errors.Is(err, syscall.EINTR) {

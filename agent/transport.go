@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/vsock"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,13 +43,13 @@ func FindSerialPort(sysDir, name string) (string, error) {
 }
 
 // ListenSerial opens the virtio-serial port dev and answers a listener whose connections are
-// the host's sessions on it.
-func ListenSerial(dev string) (net.Listener, error) {
+// the host's sessions on it; their beginnings and ends are logged to log.
+func ListenSerial(dev string, log *logrus.Entry) (net.Listener, error) {
 	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	return newSerialListener(f, f, func() (bool, error) { return hostConnected(f) }), nil
+	return newSerialListener(f, f, func() (bool, error) { return hostConnected(f) }, log), nil
 }
 
 // hostConnected polls the port once: POLLHUP means no host program has the port's chardev
@@ -91,13 +94,26 @@ func ListenVsock(port uint32) (net.Listener, error) {
 type serialListener struct {
 	r, w      *os.File
 	connected func() (bool, error)
+	log       *logrus.Entry
 	free      chan struct{} // holds a token while no connection is handed out
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	// Owned by the connection holding the token (the token's hand-over orders the accesses):
+	buf     []byte // what a read of the port fills
+	pending []byte // read from the port, not handed to ttrpc yet
 }
 
-func newSerialListener(r, w *os.File, connected func() (bool, error)) *serialListener {
-	l := &serialListener{r: r, w: w, connected: connected, free: make(chan struct{}, 1), closed: make(chan struct{})}
+// ttrpc's framing, as far as the listener looks at it: a 10-byte header (length, stream id,
+// type, flags; big-endian), then length bytes.
+const (
+	ttrpcHeaderLen   = 10
+	ttrpcTypeRequest = 1
+)
+
+func newSerialListener(r, w *os.File, connected func() (bool, error), log *logrus.Entry) *serialListener {
+	l := &serialListener{r: r, w: w, connected: connected, log: log, free: make(chan struct{}, 1), closed: make(chan struct{}),
+		buf: make([]byte, readChunk)}
 	l.free <- struct{}{}
 	return l
 }
@@ -131,6 +147,7 @@ func (l *serialListener) Accept() (net.Conn, error) {
 	}
 	c := &serialConn{l: l, done: make(chan struct{})}
 	go c.watchHost()
+	l.log.Info("host connected")
 	return c, nil
 }
 
@@ -168,7 +185,11 @@ type serialAddr string
 func (a serialAddr) Network() string { return "virtio-serial" }
 func (a serialAddr) String() string  { return string(a) }
 
-// serialConn is one host session on the port.
+// serialConn is one host session on the port. Besides watching the host, it follows ttrpc's
+// framing of what the host sends: a request whose stream id does not grow is the first of a
+// new host's session (a new ttrpc client starts again at 1), so the connection ends before it
+// and leaves its bytes to the next one. That catches the reconnections the poll is too slow
+// for, unless the previous host vanished in the middle of a message.
 type serialConn struct {
 	l        *serialListener
 	done     chan struct{} // closed by Close
@@ -176,6 +197,12 @@ type serialConn struct {
 	closed   bool // guarded by mu
 	inflight int  // guarded by mu: reads and writes under way
 	released bool // guarded by mu: the listener's token was given back
+	hostGone bool // guarded by mu: the host went away; what is pending is its leftovers
+
+	// Used by the one reading goroutine (ttrpc's):
+	need    int    // bytes of the current message still to hand out
+	lastReq uint32 // the stream id of the last request
+	ended   bool   // the next session has begun
 }
 
 func (c *serialConn) enter() error {
@@ -200,6 +227,9 @@ func (c *serialConn) leave() {
 func (c *serialConn) releaseLocked() {
 	if c.closed && c.inflight == 0 && !c.released {
 		c.released = true
+		if c.hostGone {
+			c.l.pending = nil
+		}
 		c.l.free <- struct{}{}
 	}
 }
@@ -208,7 +238,7 @@ func (c *serialConn) releaseLocked() {
 // of file then, but only if it runs before the host is back: the kernel takes both changes
 // without a trace, and a reader woken late would carry on with the next host session as if
 // it were this one. So the port is polled while a connection is open; a host that reconnects
-// within hostPollInterval of going away can still be taken for the same session.
+// faster than that is caught by Read's look at the stream ids.
 func (c *serialConn) watchHost() {
 	t := time.NewTicker(hostPollInterval)
 	defer t.Stop()
@@ -219,19 +249,59 @@ func (c *serialConn) watchHost() {
 		case <-t.C:
 		}
 		if ok, err := c.l.connected(); err != nil || !ok {
+			c.mu.Lock()
+			c.hostGone = true
+			c.mu.Unlock()
+			c.l.log.WithError(err).Info("host left (POLLHUP)")
 			c.Close()
 			return
 		}
 	}
 }
 
-// Read reads from the port; end of file is the host going away.
+// Read hands out what the host sent, up to the start of a new host's session; end of file
+// is the host going away.
 func (c *serialConn) Read(b []byte) (int, error) {
 	if err := c.enter(); err != nil {
 		return 0, err
 	}
 	defer c.leave()
-	return c.l.r.Read(b)
+	l := c.l
+	for {
+		if c.ended {
+			return 0, io.EOF
+		}
+		if c.need == 0 && len(l.pending) >= ttrpcHeaderLen {
+			h := l.pending[:ttrpcHeaderLen]
+			if h[8] == ttrpcTypeRequest {
+				stream := binary.BigEndian.Uint32(h[4:8])
+				if stream <= c.lastReq {
+					l.log.WithFields(logrus.Fields{"stream": stream, "last": c.lastReq}).Info("a new host session began")
+					c.ended = true
+					continue
+				}
+				c.lastReq = stream
+			}
+			c.need = ttrpcHeaderLen + int(binary.BigEndian.Uint32(h[0:4]))
+		}
+		if c.need > 0 && len(l.pending) > 0 {
+			n := copy(b, l.pending[:min(len(l.pending), c.need)])
+			l.pending = l.pending[n:]
+			c.need -= n
+			return n, nil
+		}
+		n, err := l.r.Read(l.buf)
+		l.pending = append(l.pending, l.buf[:n]...)
+		if err != nil && n == 0 {
+			if err == io.EOF {
+				c.mu.Lock()
+				c.hostGone = true
+				c.mu.Unlock()
+				l.log.Info("host left (end of file)")
+			}
+			return 0, err
+		}
+	}
 }
 
 func (c *serialConn) Write(b []byte) (int, error) {

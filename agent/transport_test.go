@@ -19,17 +19,32 @@ import (
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
 
-// pipeConn is the host's end of a port made of two pipes.
-type pipeConn struct{ r, w *os.File }
+// pipeConn is the host's end of a port made of two pipes. Close interrupts its reads and
+// waits for them to return (the pipes stay open for the next host, which must not lose a byte
+// to this one's reader).
+type pipeConn struct {
+	r, w    *os.File
+	reading atomic.Int32
+}
 
-func (c pipeConn) Read(b []byte) (int, error)         { return c.r.Read(b) }
-func (c pipeConn) Write(b []byte) (int, error)        { return c.w.Write(b) }
-func (c pipeConn) Close() error                       { return nil }
-func (c pipeConn) LocalAddr() net.Addr                { return serialAddr("host") }
-func (c pipeConn) RemoteAddr() net.Addr               { return serialAddr("guest") }
-func (c pipeConn) SetDeadline(t time.Time) error      { return os.ErrNoDeadline }
-func (c pipeConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline }
-func (c pipeConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }
+func (c *pipeConn) Read(b []byte) (int, error) {
+	c.reading.Add(1)
+	defer c.reading.Add(-1)
+	return c.r.Read(b)
+}
+func (c *pipeConn) Write(b []byte) (int, error) { return c.w.Write(b) }
+func (c *pipeConn) Close() error {
+	err := c.r.SetReadDeadline(time.Now())
+	for c.reading.Load() > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	return err
+}
+func (c *pipeConn) LocalAddr() net.Addr                { return serialAddr("host") }
+func (c *pipeConn) RemoteAddr() net.Addr               { return serialAddr("guest") }
+func (c *pipeConn) SetDeadline(t time.Time) error      { return os.ErrNoDeadline }
+func (c *pipeConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline }
+func (c *pipeConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }
 
 // TestSerialListenerSessions plays a port with two pipes and a host that comes and goes: the
 // listener waits for the host, serves it, notices it left, and serves the next host on the
@@ -45,7 +60,7 @@ func TestSerialListenerSessions(t *testing.T) {
 	}
 	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
 	var connected atomic.Bool
-	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return connected.Load(), nil })
+	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return connected.Load(), nil }, discardLog())
 
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -121,7 +136,7 @@ func TestSerialListenerSessions(t *testing.T) {
 	one := &oneConn{c: second, done: make(chan struct{})}
 	go srv.Serve(context.Background(), one)
 	defer srv.Close()
-	client := ttrpc.NewClient(pipeConn{r: toHostR, w: toGuestW})
+	client := ttrpc.NewClient(&pipeConn{r: toHostR, w: toGuestW})
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -177,4 +192,50 @@ func TestInterceptorRecovers(t *testing.T) {
 	if resp != "ok" || err != nil {
 		t.Errorf("a normal request answered %v, %v", resp, err)
 	}
+}
+
+// TestSerialListenerNewHostAtOnce: a second host that starts talking before the first one's
+// departure could be seen (the port never reports it) gets a connection of its own: its first
+// request's stream id tells.
+func TestSerialListenerNewHostAtOnce(t *testing.T) {
+	toGuestR, toGuestW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	toHostR, toHostW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
+	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return true, nil }, discardLog())
+	fx := newFixture(t)
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiv1.RegisterAgentService(srv, fx.svc)
+	go srv.Serve(context.Background(), l)
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		if err := toHostR.SetReadDeadline(time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		client := ttrpc.NewClient(&pipeConn{r: toHostR, w: toGuestW})
+		ag := apiv1.NewAgentClient(client)
+		for j := 0; j < 2; j++ {
+			if _, err := ag.Ping(ctx, &apiv1.PingRequest{}); err != nil {
+				t.Fatalf("host %d, ping %d: %v", i, j, err)
+			}
+		}
+		client.Close()
+	}
+}
+
+func discardLog() *logrus.Entry {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	return logrus.NewEntry(log)
 }

@@ -267,15 +267,18 @@ func TestAgentInGuest(t *testing.T) {
 		t.Errorf("tty exit status %d", w.ExitStatus)
 	}
 
-	// The shim may restart: a new connection on the same port is served. A new shim process
-	// takes far longer to come than the agent's 10 ms look at the port; the pause stands for
-	// that (see serialConn.watchHost).
+	// The shim may restart: a new connection on the same port is served, after a pause (the
+	// agent's poll sees POLLHUP) and also at once (before it can: the stream ids tell).
 	closeAgent()
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
+	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
+	call("ping after reconnecting", err)
+	closeAgent()
 	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
 	defer closeAgent()
 	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
-	call("ping after reconnecting", err)
+	call("ping after reconnecting at once", err)
 
 	_, err = ag.SignalProcess(rctx, &apiv1.SignalProcessRequest{ContainerId: "c2", Signal: uint32(syscall.SIGKILL)})
 	call("kill c2", err)
@@ -295,10 +298,18 @@ func TestAgentInGuest(t *testing.T) {
 		t.Fatalf("QEMU still runs a minute after Shutdown\n%s", diag())
 	}
 	console, _ := os.ReadFile(s.ConsolePath())
-	if !bytes.Contains(console, []byte("kvfs-agent: info shut down")) {
-		t.Errorf("the console does not show the agent's shutdown\n%s", console)
+	// After the pause the agent saw the host leave (its read answers end of file, or the
+	// poll POLLHUP) once, and waited for the next host without spinning; the host that came
+	// at once was told apart by its stream ids.
+	if n := bytes.Count(console, []byte("kvfs-agent: info host left")); n != 1 {
+		t.Errorf("the console shows %d departures of the host, want 1\n%s", n, console)
 	}
-	t.Logf("done after %v", time.Since(start).Round(time.Millisecond))
+	for _, line := range []string{"kvfs-agent: info a new host session began", "kvfs-agent: info shut down"} {
+		if !bytes.Contains(console, []byte(line)) {
+			t.Errorf("the console does not show %q\n%s", line, console)
+		}
+	}
+	t.Logf("done after %v; the console:\n%s", time.Since(start).Round(time.Millisecond), console)
 }
 
 func testAccel(t *testing.T) string {
