@@ -29,8 +29,8 @@ type Options struct {
 	Config string
 	// Env is added to containerd's environment, and so to its shims'.
 	Env []string
-	// LeakDirs are more directories the leak check covers (a sandbox base directory, say):
-	// the mounts under them, the processes whose command line names them, and their entries.
+	// LeakDirs are more directories the leak check covers, as it covers SandboxBaseDir: the
+	// mounts under them, the processes whose command line names them, and their entries.
 	LeakDirs []string
 	// LogLevel is containerd's log level; "info" when empty.
 	LogLevel string
@@ -99,10 +99,13 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o700); err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
+	for _, d := range []string{"tmp", sandboxesDir} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			os.RemoveAll(dir)
+			t.Fatalf("ctrdtest: %v", err)
+		}
 	}
+	c.opts.LeakDirs = append(append([]string{}, opts.LeakDirs...), c.SandboxBaseDir())
 	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -216,6 +219,14 @@ func (c *Containerd) TTRPCAddress() string { return filepath.Join(c.dir, ttrpcSo
 
 // Namespace is the containerd namespace ctr uses: unique to this containerd.
 func (c *Containerd) Namespace() string { return c.namespace }
+
+// sandboxesDir is SandboxBaseDir's name in the containerd's directory.
+const sandboxesDir = "sandboxes"
+
+// SandboxBaseDir is an empty directory (0700) for the kvfs shim's sandboxes (its base_dir):
+// short enough for the sockets in it, and one of the LeakDirs, so the leak check covers
+// its entries, the mounts under it and the processes naming it.
+func (c *Containerd) SandboxBaseDir() string { return filepath.Join(c.dir, sandboxesDir) }
 
 // Dir is the containerd's directory: config.toml, containerd.log, root/, state/, the sockets.
 // Files a test makes for it (runtime configs, image archives) can go here too.

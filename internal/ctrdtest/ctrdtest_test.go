@@ -190,6 +190,18 @@ func TestLeakCheck(t *testing.T) {
 		}
 	}
 
+	// A sandbox directory left in SandboxBaseDir is a leak too.
+	pod := filepath.Join(c.SandboxBaseDir(), "pod")
+	if err := os.Mkdir(pod, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if l := diff(before, c.Snapshot(t)); !slices.Contains(l, "entry "+pod) {
+		t.Errorf("leaks %q: no entry %s", l, pod)
+	}
+	if err := os.Remove(pod); err != nil {
+		t.Fatal(err)
+	}
+
 	c.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "sleeper")
 	c.Ctr(t, "tasks", "delete", "sleeper")
 	c.Ctr(t, "containers", "delete", "sleeper")
