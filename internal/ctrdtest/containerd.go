@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -173,20 +174,11 @@ func (c *Containerd) environ() []string {
 	dirs := append(append([]string{}, c.opts.ShimDirs...), c.bins.Dir)
 	dirs = append(dirs, filepath.SplitList(path)...)
 	for _, sys := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
-		if !contains(dirs, sys) {
+		if !slices.Contains(dirs, sys) {
 			dirs = append(dirs, sys)
 		}
 	}
 	return append(env, "PATH="+strings.Join(dirs, string(filepath.ListSeparator)), "TMPDIR="+filepath.Join(c.dir, "tmp"))
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // waitReady polls `ctr version` until containerd answers, it exits, or the timeout passes.
@@ -213,9 +205,6 @@ func (c *Containerd) waitReady(timeout time.Duration) error {
 
 // Address is containerd's gRPC socket.
 func (c *Containerd) Address() string { return filepath.Join(c.dir, grpcSocket) }
-
-// TTRPCAddress is containerd's ttrpc socket (where shims publish events).
-func (c *Containerd) TTRPCAddress() string { return filepath.Join(c.dir, ttrpcSocket) }
 
 // Namespace is the containerd namespace ctr uses: unique to this containerd.
 func (c *Containerd) Namespace() string { return c.namespace }
