@@ -4,6 +4,7 @@
 #   - QEMU 7.2 and the C virtiofsd (qemu-system-x86, qemu-system-common): guests and the
 #     reference server the tests compare against;
 #   - busybox-static, cpio, kmod, gcc, libc6-dev: the guest image (packaging/guest/build.sh);
+#     busybox-static is also the containers' test image (internal/ociimage);
 #   - fio, tcc: the guest benchmark's image (packaging/guest/build.sh --bench copies them in);
 #   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
 #     its Go plugins);

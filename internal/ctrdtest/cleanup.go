@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,7 +40,7 @@ func (c *Containerd) cleanup(t testing.TB) {
 			t.Errorf("ctrdtest: cleanup: %v", err)
 		} else {
 			for _, m := range pre.Mounts {
-				if !contains(c.start.Mounts, m) {
+				if !slices.Contains(c.start.Mounts, m) {
 					reported = append(reported, "mount "+m)
 				}
 			}
@@ -52,7 +53,7 @@ func (c *Containerd) cleanup(t testing.TB) {
 		t.Errorf("ctrdtest: cleanup: %v", err)
 	}
 	for _, l := range diff(c.start, now) {
-		if !contains(reported, l) {
+		if !slices.Contains(reported, l) {
 			reported = append(reported, l)
 		}
 	}
@@ -187,7 +188,7 @@ func (c *Containerd) reclaim(t testing.TB, now Snapshot) {
 		t.Errorf("ctrdtest: %s survived SIGKILL", p)
 	}
 	for _, m := range now.Mounts {
-		if !contains(c.start.Mounts, m) {
+		if !slices.Contains(c.start.Mounts, m) {
 			if err := unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
 				t.Errorf("ctrdtest: unmounting %s: %v", m, err)
 			}

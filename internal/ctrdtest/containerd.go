@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,8 +30,8 @@ type Options struct {
 	Config string
 	// Env is added to containerd's environment, and so to its shims'.
 	Env []string
-	// LeakDirs are more directories the leak check covers (a sandbox base directory, say):
-	// the mounts under them, the processes whose command line names them, and their entries.
+	// LeakDirs are more directories the leak check covers, as it covers SandboxBaseDir: the
+	// mounts under them, the processes whose command line names them, and their entries.
 	LeakDirs []string
 	// LogLevel is containerd's log level; "info" when empty.
 	LogLevel string
@@ -99,10 +100,13 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	if err := os.Mkdir(filepath.Join(dir, "tmp"), 0o700); err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
+	for _, d := range []string{"tmp", sandboxesDir} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			os.RemoveAll(dir)
+			t.Fatalf("ctrdtest: %v", err)
+		}
 	}
+	c.opts.LeakDirs = append(append([]string{}, opts.LeakDirs...), c.SandboxBaseDir())
 	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -170,20 +174,11 @@ func (c *Containerd) environ() []string {
 	dirs := append(append([]string{}, c.opts.ShimDirs...), c.bins.Dir)
 	dirs = append(dirs, filepath.SplitList(path)...)
 	for _, sys := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
-		if !contains(dirs, sys) {
+		if !slices.Contains(dirs, sys) {
 			dirs = append(dirs, sys)
 		}
 	}
 	return append(env, "PATH="+strings.Join(dirs, string(filepath.ListSeparator)), "TMPDIR="+filepath.Join(c.dir, "tmp"))
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // waitReady polls `ctr version` until containerd answers, it exits, or the timeout passes.
@@ -211,11 +206,16 @@ func (c *Containerd) waitReady(timeout time.Duration) error {
 // Address is containerd's gRPC socket.
 func (c *Containerd) Address() string { return filepath.Join(c.dir, grpcSocket) }
 
-// TTRPCAddress is containerd's ttrpc socket (where shims publish events).
-func (c *Containerd) TTRPCAddress() string { return filepath.Join(c.dir, ttrpcSocket) }
-
 // Namespace is the containerd namespace ctr uses: unique to this containerd.
 func (c *Containerd) Namespace() string { return c.namespace }
+
+// sandboxesDir is SandboxBaseDir's name in the containerd's directory.
+const sandboxesDir = "sandboxes"
+
+// SandboxBaseDir is an empty directory (0700) for the kvfs shim's sandboxes (its base_dir):
+// short enough for the sockets in it, and one of the LeakDirs, so the leak check covers
+// its entries, the mounts under it and the processes naming it.
+func (c *Containerd) SandboxBaseDir() string { return filepath.Join(c.dir, sandboxesDir) }
 
 // Dir is the containerd's directory: config.toml, containerd.log, root/, state/, the sockets.
 // Files a test makes for it (runtime configs, image archives) can go here too.

@@ -104,16 +104,22 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 	}
 }
 
-func requireRoot(t *testing.T) {
+// requireContainerd skips the tests that run a containerd where they cannot or should not
+// run: as another user than root, and with -short (make test-unit, which does not run
+// scripts/deps.sh).
+func requireContainerd(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: containerd, runc and mounts")
+	}
+	if testing.Short() {
+		t.Skip("runs containerd (skipped with -short)")
 	}
 }
 
 // TestRuncShim runs busybox through containerd's own runc shim: the harness's end-to-end proof.
 func TestRuncShim(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	c := Start(t, Options{})
 	image := ImportBusybox(t, c)
 
@@ -152,7 +158,7 @@ func TestRuncShim(t *testing.T) {
 // TestLeakCheck: a container left running shows as leaks (its shim, its process, its root
 // file system's mount, its cgroups, runc's state), and once it is deleted none remain.
 func TestLeakCheck(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	c := Start(t, Options{})
 	image := ImportBusybox(t, c)
 	before := c.Snapshot(t)
@@ -190,6 +196,18 @@ func TestLeakCheck(t *testing.T) {
 		}
 	}
 
+	// A sandbox directory left in SandboxBaseDir is a leak too.
+	pod := filepath.Join(c.SandboxBaseDir(), "pod")
+	if err := os.Mkdir(pod, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if l := diff(before, c.Snapshot(t)); !slices.Contains(l, "entry "+pod) {
+		t.Errorf("leaks %q: no entry %s", l, pod)
+	}
+	if err := os.Remove(pod); err != nil {
+		t.Fatal(err)
+	}
+
 	c.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "sleeper")
 	c.Ctr(t, "tasks", "delete", "sleeper")
 	c.Ctr(t, "containers", "delete", "sleeper")
@@ -199,7 +217,7 @@ func TestLeakCheck(t *testing.T) {
 // TestCleanupRemovesLeftovers: what a test leaves running is deleted through containerd at
 // cleanup, without failing the test, and nothing of it survives.
 func TestCleanupRemovesLeftovers(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	var (
 		dir  string
 		left []Process
@@ -263,7 +281,7 @@ func (r *recorder) runCleanups() {
 // back — the process killed, the mount gone with containerd's mount namespace — and the
 // directory is removed.
 func TestCleanupReclaimsLeaks(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	leakDir, err := os.MkdirTemp("", "ctrd-leak-")
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +364,7 @@ func (s *syncBuffer) String() string {
 // TestClientCloseIO: through the Go client, a container's cat reads what is written to its
 // stdin and exits only when CloseIO closes it.
 func TestClientCloseIO(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	c := Start(t, Options{})
 	name := ImportBusybox(t, c)
 	cl := c.Client(t)
@@ -412,7 +430,7 @@ func TestClientCloseIO(t *testing.T) {
 // TestTwoContainerds: two test containerds at once (as tests of several packages run) keep
 // apart, even with the same container ID: runc's state and the cgroups are per namespace.
 func TestTwoContainerds(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	a, b := Start(t, Options{}), Start(t, Options{})
 	if a.Namespace() == b.Namespace() || a.Dir() == b.Dir() {
 		t.Fatalf("both in %s, %s", a.Namespace(), a.Dir())
@@ -529,7 +547,7 @@ func TestNames(t *testing.T) {
 // TestShimDirs: a shim in Options.ShimDirs is found before the installed one, and the
 // environment of Options.Env reaches it.
 func TestShimDirs(t *testing.T) {
-	requireRoot(t)
+	requireContainerd(t)
 	dir := t.TempDir()
 	calls := filepath.Join(dir, "calls")
 	wrapper := "#!/bin/sh\necho \"$KVFS_TEST_MARK $*\" >>" + calls + "\nexec " + Binaries(t).RuncShim + " \"$@\"\n"

@@ -3,6 +3,7 @@
 //
 //	c := ctrdtest.Start(t, ctrdtest.Options{ShimDirs: []string{dirOfTheKvfsShim}})
 //	image := ctrdtest.ImportBusybox(t, c)
+//	cfg := filepath.Join(c.Dir(), "kvfs.toml") // a runtime config with base_dir = c.SandboxBaseDir()
 //	before := c.Snapshot(t)
 //	r := c.RunCtr(t, "run", "--rm", "--runtime", "io.containerd.kvfs.v2",
 //		"--runtime-config-path", cfg, image, "t1", "echo", "hello")

@@ -35,8 +35,8 @@ import (
 // takes as the image's name.
 const NameAnnotation = "io.containerd.image.name"
 
-// ModTime is the modification time of every file in a layer and the image's creation time.
-var ModTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+// modTime is the modification time of every file in a layer and the image's creation time.
+var modTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // File is one entry of an image's layer.
 type File struct {
@@ -86,7 +86,7 @@ func (img *Image) WriteArchive(w io.Writer) error {
 	}
 
 	platform := ocispec.Platform{Architecture: runtime.GOARCH, OS: "linux"}
-	created := ModTime
+	created := modTime
 	config, err := json.Marshal(ocispec.Image{
 		Created:  &created,
 		Platform: platform,
@@ -255,7 +255,7 @@ func writeEntry(tw *tar.Writer, f File) error {
 	h := &tar.Header{
 		Name:    f.Path,
 		Mode:    int64(f.Mode.Perm()),
-		ModTime: ModTime,
+		ModTime: modTime,
 		Uname:   "root",
 		Gname:   "root",
 	}

@@ -136,7 +136,7 @@ func TestWriteArchive(t *testing.T) {
 		t.Errorf("name annotation %q", got)
 	}
 	if !slices.Equal(l.config.Config.Cmd, []string{"tool"}) || l.config.OS != "linux" || l.config.Created == nil ||
-		!l.config.Created.Equal(ModTime) {
+		!l.config.Created.Equal(modTime) {
 		t.Errorf("config: %+v", l.config)
 	}
 
@@ -164,7 +164,7 @@ func TestWriteArchive(t *testing.T) {
 		e := entries[tc.name]
 		h := e.hdr
 		if h.Typeflag != tc.typ || h.Mode != tc.mode || h.Linkname != tc.link || string(e.data) != tc.data ||
-			!h.ModTime.Equal(ModTime) || h.Uid != 0 || h.Gid != 0 {
+			!h.ModTime.Equal(modTime) || h.Uid != 0 || h.Gid != 0 {
 			t.Errorf("%s: type %c mode %o link %q data %q mtime %v owner %d:%d", tc.name, h.Typeflag, h.Mode, h.Linkname,
 				e.data, h.ModTime, h.Uid, h.Gid)
 		}
