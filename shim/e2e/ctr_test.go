@@ -279,9 +279,9 @@ func TestTasks(t *testing.T) {
 	wantStatus(t, e, map[string]string{"t1": "RUNNING", "t2": "RUNNING"})
 	wantResult(t, "exec in t1 after resume", e.c.RunCtr(t, "task", "exec", "--exec-id", "e3", "t1", "echo", "t1"), 0, "t1\n")
 
-	for _, id := range []string{"t1", "t2"} {
-		e.c.Ctr(t, "task", "kill", id)
-	}
+	// sleep is its container's init, which takes no signal it has no handler for but SIGKILL.
+	e.c.Ctr(t, "task", "kill", "-s", "SIGKILL", "t1")
+	e.c.Ctr(t, "task", "kill", "-s", "SIGKILL", "--all", "t2")
 	waitStatus(t, e, map[string]string{"t1": "STOPPED", "t2": "STOPPED"})
 	for _, id := range []string{"t1", "t2"} {
 		e.c.Ctr(t, "task", "rm", id)
