@@ -17,33 +17,21 @@ import (
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/vmtest"
 )
 
-// agentImage returns the guest image with the agent, or skips the test saying how to build
-// it: packaging/guest/build.sh --agent writes it to ${KVFS_CACHE:-/var/cache/kvfs}/agent-guest.
-func agentImage(t *testing.T) (kernel, initrd string) {
+// agentGuest returns the guest image with the agent (vmtest.AgentImage builds it when its
+// inputs changed) and the accelerator to boot it with.
+func agentGuest(t *testing.T) (g vmtest.Guest, accel string) {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("boots a VM")
+		t.Skip("boots a VM (-short)")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (mounts, the sandbox's layout)")
-	}
-	cache := os.Getenv("KVFS_CACHE")
-	if cache == "" {
-		cache = "/var/cache/kvfs"
-	}
-	dir := filepath.Join(cache, "agent-guest")
-	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs.gz")
-	for _, f := range []string{kernel, initrd} {
-		if _, err := os.Stat(f); err != nil {
-			t.Skipf("no guest image with the agent (%v): build it with packaging/guest/build.sh --agent %s", err, dir)
-		}
-	}
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("no QEMU")
-	}
-	return kernel, initrd
+	g = vmtest.AgentImage(t)
+	accel, why := vmtest.Accel(context.Background(), g)
+	t.Logf("accelerator %s: %s", accel, why)
+	return g, accel
 }
 
 // busyboxBundle writes a bundle whose rootfs is a static busybox and whose process is args.
@@ -51,7 +39,7 @@ func busyboxBundle(t *testing.T, dir string, args ...string) string {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
-		t.Skip("no busybox")
+		t.Fatalf("busybox (Debian's busybox-static, installed by scripts/deps.sh): %v", err)
 	}
 	b := filepath.Join(dir, "bundle")
 	root := filepath.Join(b, "rootfs")
@@ -92,12 +80,9 @@ func busyboxBundle(t *testing.T, dir string, args ...string) string {
 // service with StartVMPod. The container's process, in the VM, reads its stdin and writes
 // to its stdout fifo, exits 3; the last Delete powers the VM off and removes the sandbox.
 func TestVMPod(t *testing.T) {
-	kernel, initrd := agentImage(t)
+	g, accel := agentGuest(t)
+	kernel, initrd := g.Kernel, g.Initrd
 	dir := shortTempDir(t)
-	accel := os.Getenv("KVFS_ACCEL")
-	if accel == "" {
-		accel = "tcg" // a /dev/kvm that opens may still hang a boot on these machines
-	}
 	cfg := filepath.Join(dir, "kvfs.toml")
 	os.WriteFile(cfg, []byte(`base_dir = "`+dir+`/sb"
 [vm]
