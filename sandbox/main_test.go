@@ -163,9 +163,11 @@ type counts struct {
 	mounts, fds, children, files int
 }
 
+// Mounts are counted under base only: other tests and processes on the machine mount and
+// unmount elsewhere at the same time.
 func takeCounts(t testing.TB, base string) counts {
 	t.Helper()
-	points, err := mountInfo()
+	points, err := mountsUnder(base)
 	if err != nil {
 		t.Fatal(err)
 	}
