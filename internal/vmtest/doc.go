@@ -23,7 +23,7 @@
 // Environment:
 //
 //	KVFS_SERVER  server binary for TestGuestConformance
-//	KVFS_CACHE   where Image keeps the guest (default /var/cache/kvfs/guest);
+//	KVFS_CACHE   Image keeps the guest in $KVFS_CACHE/guest (default /var/cache/kvfs/guest);
 //	             AgentImage uses $KVFS_CACHE/agent-guest (default /var/cache/kvfs/agent-guest)
 //	KVFS_ACCEL   "kvm" or "tcg" to skip the accelerator probe in Boot
 //

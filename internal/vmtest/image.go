@@ -88,11 +88,12 @@ func agentCacheDir() string {
 	return DefaultAgentCacheDir
 }
 
-// cacheDir is $KVFS_CACHE, else DefaultCacheDir when it can be created,
-// else a directory under the user's cache directory.
+// cacheDir is $KVFS_CACHE/guest (as for the Makefile, demo.sh and deps.sh,
+// $KVFS_CACHE is the parent of every cache), else DefaultCacheDir when it can
+// be created, else a directory under the user's cache directory.
 func cacheDir() string {
 	if d := os.Getenv("KVFS_CACHE"); d != "" {
-		return d
+		return filepath.Join(d, "guest")
 	}
 	if err := os.MkdirAll(DefaultCacheDir, 0o755); err == nil {
 		return DefaultCacheDir
