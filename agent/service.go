@@ -448,17 +448,26 @@ func (s *Service) Ping(ctx context.Context, _ *apiv1.PingRequest) (*apiv1.PingRe
 	return &apiv1.PingResponse{Version: s.cfg.Version, Kernel: s.kernel}, nil
 }
 
+// decodeJSON decodes the request's JSON document what (a spec, a process, resources) into v,
+// at most specLimit bytes; errors are InvalidArgument naming it.
+func decodeJSON(what string, data []byte, v any) error {
+	if len(data) > specLimit {
+		return errf(codes.InvalidArgument, "%s is %d bytes, more than %d", what, len(data), specLimit)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return errf(codes.InvalidArgument, "%s: %v", what, err)
+	}
+	return nil
+}
+
 // parseSpec decodes and checks a container's spec and adapts it to the request's stdio.
 func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.Spec, error) {
 	if len(data) == 0 {
 		return nil, errf(codes.InvalidArgument, "spec is empty")
 	}
-	if len(data) > specLimit {
-		return nil, errf(codes.InvalidArgument, "spec is %d bytes, more than %d", len(data), specLimit)
-	}
 	var spec specs.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
-		return nil, errf(codes.InvalidArgument, "spec: %v", err)
+	if err := decodeJSON("spec", data, &spec); err != nil {
+		return nil, err
 	}
 	switch {
 	case spec.Process == nil:
@@ -588,12 +597,9 @@ func (s *Service) ExecProcess(ctx context.Context, req *apiv1.ExecProcessRequest
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Process) > specLimit {
-		return nil, errf(codes.InvalidArgument, "process is %d bytes, more than %d", len(req.Process), specLimit)
-	}
 	var ps specs.Process
-	if err := json.Unmarshal(req.Process, &ps); err != nil {
-		return nil, errf(codes.InvalidArgument, "process: %v", err)
+	if err := decodeJSON("process", req.Process, &ps); err != nil {
+		return nil, err
 	}
 	if len(ps.Args) == 0 {
 		return nil, errf(codes.InvalidArgument, "process: args is empty")
@@ -986,12 +992,9 @@ func (s *Service) UpdateContainer(ctx context.Context, req *apiv1.UpdateContaine
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Resources) > specLimit {
-		return nil, errf(codes.InvalidArgument, "resources are %d bytes, more than %d", len(req.Resources), specLimit)
-	}
 	var r specs.LinuxResources
-	if err := json.Unmarshal(req.Resources, &r); err != nil {
-		return nil, errf(codes.InvalidArgument, "resources: %v", err)
+	if err := decodeJSON("resources", req.Resources, &r); err != nil {
+		return nil, err
 	}
 	c.op.Lock()
 	defer c.op.Unlock()
