@@ -197,6 +197,17 @@ func agentCtx(ctx, podCtx context.Context) (context.Context, context.CancelFunc)
 	return c, func() { stop(); cancel() }
 }
 
+// podAgent is the running pod's agent and a context for one call to it: ctx, ended also by
+// the pod's death. The caller calls cancel when the call is done.
+func (s *Service) podAgent(ctx context.Context) (_ agent.AgentService, actx context.Context, cancel context.CancelFunc, _ error) {
+	pod, podCtx, err := s.currentPod()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	actx, cancel = agentCtx(ctx, podCtx)
+	return pod.Agent(), actx, cancel, nil
+}
+
 // Create makes the container: the pod first if it is the first one.
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
@@ -759,13 +770,12 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 		}
 		return nil, err
 	}
-	pod, podCtx, err := s.currentPod()
+	ag, actx, cancel, err := s.podAgent(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := agentCtx(ctx, podCtx)
 	defer cancel()
-	if _, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: r.Signal, All: r.All}); err != nil {
+	if _, err := ag.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: r.Signal, All: r.All}); err != nil {
 		return nil, fmt.Errorf("the agent signalling %s: %w", p.name(), err)
 	}
 	return &emptypb.Empty{}, nil
@@ -945,16 +955,15 @@ func (s *Service) pauseResume(ctx context.Context, id string, o op, next state) 
 	if err := c.init.check(o); err != nil {
 		return nil, err
 	}
-	pod, podCtx, err := s.currentPod()
+	ag, actx, cancel, err := s.podAgent(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := agentCtx(ctx, podCtx)
 	defer cancel()
 	if o == opPause {
-		_, err = pod.Agent().PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
+		_, err = ag.PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
 	} else {
-		_, err = pod.Agent().ResumeContainer(actx, &agent.ResumeContainerRequest{ContainerId: id})
+		_, err = ag.ResumeContainer(actx, &agent.ResumeContainerRequest{ContainerId: id})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the agent: %s container %s: %w", o, id, err)
@@ -973,12 +982,12 @@ func (s *Service) pauseResume(ctx context.Context, id string, o op, next state) 
 
 // Pids lists the container's processes in the guest.
 func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
-	c, pod, actx, cancel, err := s.query(ctx, r.ID)
+	c, ag, actx, cancel, err := s.query(ctx, r.ID)
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
-	resp, err := pod.Agent().ListPids(actx, &agent.ListPidsRequest{ContainerId: c.id})
+	resp, err := ag.ListPids(actx, &agent.ListPidsRequest{ContainerId: c.id})
 	if err != nil {
 		return nil, fmt.Errorf("the agent listing the processes of %s: %w", c.id, err)
 	}
@@ -998,7 +1007,7 @@ func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 }
 
 // query is the common start of the container-wide queries.
-func (s *Service) query(ctx context.Context, id string) (*container, Pod, context.Context, context.CancelFunc, error) {
+func (s *Service) query(ctx context.Context, id string) (*container, agent.AgentService, context.Context, context.CancelFunc, error) {
 	c, err := s.getContainer(id)
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -1006,22 +1015,21 @@ func (s *Service) query(ctx context.Context, id string) (*container, Pod, contex
 	if err := c.init.check(opQuery); err != nil {
 		return nil, nil, nil, nil, err
 	}
-	pod, podCtx, err := s.currentPod()
+	ag, actx, cancel, err := s.podAgent(ctx)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	actx, cancel := agentCtx(ctx, podCtx)
-	return c, pod, actx, cancel, nil
+	return c, ag, actx, cancel, nil
 }
 
 // Stats passes the agent's cgroup metrics through.
 func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	c, pod, actx, cancel, err := s.query(ctx, r.ID)
+	c, ag, actx, cancel, err := s.query(ctx, r.ID)
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
-	resp, err := pod.Agent().Stats(actx, &agent.StatsRequest{ContainerId: c.id})
+	resp, err := ag.Stats(actx, &agent.StatsRequest{ContainerId: c.id})
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
 	}
@@ -1041,12 +1049,12 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*em
 	if err != nil {
 		return nil, err
 	}
-	c, pod, actx, cancel, err := s.query(ctx, r.ID)
+	c, ag, actx, cancel, err := s.query(ctx, r.ID)
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
-	if _, err := pod.Agent().UpdateContainer(actx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
+	if _, err := ag.UpdateContainer(actx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
 		return nil, fmt.Errorf("the agent updating %s: %w", c.id, err)
 	}
 	return &emptypb.Empty{}, nil
@@ -1064,13 +1072,12 @@ func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	if !p.stdio.Terminal {
 		return nil, fmt.Errorf("%s has no terminal: %w", p.name(), errdefs.ErrFailedPrecondition)
 	}
-	pod, podCtx, err := s.currentPod()
+	ag, actx, cancel, err := s.podAgent(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := agentCtx(ctx, podCtx)
 	defer cancel()
-	if _, err := pod.Agent().ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
+	if _, err := ag.ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
 		return nil, fmt.Errorf("the agent resizing the pty of %s: %w", p.name(), err)
 	}
 	return &emptypb.Empty{}, nil
@@ -1102,13 +1109,12 @@ func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 			}
 		}
 	}
-	pod, podCtx, err := s.currentPod()
+	ag, actx, cancel, err := s.podAgent(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := agentCtx(ctx, podCtx)
 	defer cancel()
-	if _, err := pod.Agent().CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
+	if _, err := ag.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
 		return nil, fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
 	}
 	return &emptypb.Empty{}, nil
