@@ -272,6 +272,49 @@ func TestTasks(t *testing.T) {
 		t.Errorf("metrics of t1: memory usage %d, pids %d; want both non-zero\n%s", metrics.Memory.Usage, metrics.Pids.Current, m)
 	}
 
+	// kvfsctl finds both pods' shims by their control sockets, and t1's in-process kvfsd has
+	// served the guest's requests.
+	var list struct {
+		Sandboxes []struct {
+			ID        string `json:"id"`
+			VMRunning bool   `json:"vm_running"`
+		} `json:"sandboxes"`
+	}
+	lj := kvfsctl(t, "--base-dir", e.baseDir, "--json", "list")
+	if err := json.Unmarshal([]byte(lj), &list); err != nil {
+		t.Fatalf("kvfsctl --json list: %v\n%s", err, lj)
+	}
+	running := map[string]bool{}
+	for _, sb := range list.Sandboxes {
+		running[sb.ID] = sb.VMRunning
+	}
+	if !running["t1"] || !running["t2"] || len(running) != 2 {
+		t.Errorf("kvfsctl list: %v, want t1 and t2 with their VMs running\n%s", running, lj)
+	}
+	var status struct {
+		Server struct {
+			Stats struct {
+				Ops []struct {
+					Op    string `json:"opcode"`
+					Count uint64 `json:"count"`
+				} `json:"ops"`
+			} `json:"stats"`
+		} `json:"server"`
+	}
+	js := kvfsctl(t, "--base-dir", e.baseDir, "--json", "status", "t1")
+	if err := json.Unmarshal([]byte(js), &status); err != nil {
+		t.Fatalf("kvfsctl --json status t1: %v\n%s", err, js)
+	}
+	lookups := uint64(0)
+	for _, op := range status.Server.Stats.Ops {
+		if op.Op == "LOOKUP" {
+			lookups = op.Count
+		}
+	}
+	if lookups == 0 {
+		t.Errorf("kvfsctl status t1 counts no LOOKUP served to the guest:\n%s", js)
+	}
+
 	e.c.Ctr(t, "task", "pause", "t1")
 	wantStatus(t, e, map[string]string{"t1": "PAUSED", "t2": "RUNNING"})
 	wantResult(t, "exec in t2 while t1 is paused", e.c.RunCtr(t, "task", "exec", "--exec-id", "e2", "t2", "echo", "t2"), 0, "t2\n")
@@ -287,6 +330,17 @@ func TestTasks(t *testing.T) {
 		e.c.Ctr(t, "task", "rm", id)
 		e.c.Ctr(t, "container", "rm", id)
 	}
+}
+
+// kvfsctl runs the kvfsctl under test and returns its output; it fails the test unless it
+// exits 0.
+func kvfsctl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(binDir, "kvfsctl"), args...).Output()
+	if err != nil {
+		t.Fatalf("kvfsctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
 }
 
 // taskStatus is `ctr task ls`: each task's status.

@@ -12,7 +12,8 @@ import (
 )
 
 // binDir holds the binaries under test, built once by TestMain: containerd-shim-kvfs-v2
-// (containerd finds it on its PATH) and kvfsd (the external server of TestServerKilled).
+// (containerd finds it on its PATH), kvfsd (the external server of TestServerKilled) and
+// kvfsctl.
 var binDir string
 
 func TestMain(m *testing.M) {
@@ -41,12 +42,12 @@ func build(dir string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-kvfs-v2", "./cmd/kvfsd")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/containerd-shim-kvfs-v2", "./cmd/kvfsd", "./cmd/kvfsctl")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %v\n%s", err, out)
 	}
-	for _, b := range []string{"containerd-shim-kvfs-v2", "kvfsd"} {
+	for _, b := range []string{"containerd-shim-kvfs-v2", "kvfsd", "kvfsctl"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return err
 		}
