@@ -6,15 +6,18 @@ import (
 	"testing"
 	"time"
 
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // TestCloseIO: through the containerd Go client, stdin's EOF comes from CloseIO: `cat` copies
 // its input and exits only once the client closes it. (ctr itself never closes a task's
-// stdin, with any runtime.)
+// stdin, with any runtime.) Meanwhile, Update sets a memory limit the task's metrics show.
 func TestCloseIO(t *testing.T) {
 	e := newEnv(t, "")
 	cl := e.c.Client(t)
@@ -58,6 +61,30 @@ func TestCloseIO(t *testing.T) {
 	case st := <-exited:
 		t.Fatalf("cat exited (%d) before its stdin was closed", st.ExitCode())
 	case <-time.After(2 * time.Second):
+	}
+
+	// Update reaches the container's cgroup in the guest, as its metrics show.
+	limit := int64(96 << 20)
+	if err := task.Update(ctx, client.WithResources(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})); err != nil {
+		t.Fatal(err)
+	}
+	m, err := task.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := typeurl.UnmarshalAny(m.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, ok := v.(*cgroupstats.Metrics)
+	if !ok {
+		t.Fatalf("metrics are a %T, want cgroup v2 metrics", v)
+	}
+	if got := metrics.GetMemory().GetUsageLimit(); got != uint64(limit) {
+		t.Errorf("memory limit in the guest after Update: %d, want %d", got, limit)
+	}
+	if metrics.GetMemory().GetUsage() == 0 || metrics.GetPids().GetCurrent() == 0 {
+		t.Errorf("metrics: memory usage %d, pids %d; want both non-zero", metrics.GetMemory().GetUsage(), metrics.GetPids().GetCurrent())
 	}
 	if err := task.CloseIO(ctx, client.WithStdinCloser); err != nil {
 		t.Fatal(err)
