@@ -124,8 +124,14 @@ func startKvfsd(t *testing.T, share string, viaFD bool, args ...string) *daemon 
 	d.server = d.cmd.Process.Pid
 	if slices.Contains(args, "--sandbox=namespace") || !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--sandbox") }) {
 		d.waitFor(t, "the sandboxed child", func() bool {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", d.server, d.server))
-			f := strings.Fields(string(b))
+			// A task's children file lists the children that thread forked: Go forks
+			// from whichever thread runs the goroutine, so every thread is read.
+			files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", d.server))
+			var f []string
+			for _, name := range files {
+				b, _ := os.ReadFile(name)
+				f = append(f, strings.Fields(string(b))...)
+			}
 			if len(f) != 1 {
 				return false
 			}
