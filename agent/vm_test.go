@@ -71,14 +71,13 @@ func TestAgentInGuest(t *testing.T) {
 		}
 	}
 
-	agentSock := filepath.Join(s.Dir(), "agent.sock")
+	// The sandbox's own VM: its agent channel (the virtio-serial port on agent.sock) and
+	// kernel command line are the shim's.
+	agentSock := s.AgentSocketPath()
 	vm := s.DefaultVM()
 	vm.Accel, vm.Kernel, vm.Initrd = accel, g.Kernel, g.Initrd
-	vm.Cmdline = "console=ttyS0 quiet panic=-1 kvfs.tag=" + s.Config().Device.Tag + " kvfs.agent=serial"
-	vm.ExtraArgs = []string{
-		"-device", "virtio-serial-pci,id=kvfs-serial0",
-		"-chardev", "socket,id=kvfs-agent0,path=" + agentSock + ",server=on,wait=off",
-		"-device", "virtserialport,bus=kvfs-serial0.0,chardev=kvfs-agent0,name=" + apiv1.SerialPortName,
+	if vm.Agent.Transport != sandbox.AgentSerial || vm.Agent.Socket != agentSock {
+		t.Fatalf("the sandbox's VM has agent channel %+v, want serial on %s", vm.Agent, agentSock)
 	}
 	diag := func() string {
 		b, _ := os.ReadFile(s.ConsolePath())
