@@ -234,6 +234,16 @@ func (c *serialConn) releaseLocked() {
 	}
 }
 
+// markHostGone records that the host went away and reports whether this is the first to see
+// it: a read's end of file and the poll's POLLHUP can both see one departure.
+func (c *serialConn) markHostGone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := !c.hostGone
+	c.hostGone = true
+	return first
+}
+
 // watchHost closes the connection when the host goes away. A read of the port answers end
 // of file then, but only if it runs before the host is back: the kernel takes both changes
 // without a trace, and a reader woken late would carry on with the next host session as if
@@ -249,10 +259,9 @@ func (c *serialConn) watchHost() {
 		case <-t.C:
 		}
 		if ok, err := c.l.connected(); err != nil || !ok {
-			c.mu.Lock()
-			c.hostGone = true
-			c.mu.Unlock()
-			c.l.log.WithError(err).Info("host left (POLLHUP)")
+			if c.markHostGone() {
+				c.l.log.WithError(err).Info("host left (POLLHUP)")
+			}
 			c.Close()
 			return
 		}
@@ -293,10 +302,7 @@ func (c *serialConn) Read(b []byte) (int, error) {
 		n, err := l.r.Read(l.buf)
 		l.pending = append(l.pending, l.buf[:n]...)
 		if err != nil && n == 0 {
-			if err == io.EOF {
-				c.mu.Lock()
-				c.hostGone = true
-				c.mu.Unlock()
+			if err == io.EOF && c.markHostGone() {
 				l.log.Info("host left (end of file)")
 			}
 			return 0, err
