@@ -45,7 +45,9 @@ func newEnv(t *testing.T, extra string) *env {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{config: filepath.Join(dir, "configuration.toml"), baseDir: filepath.Join(dir, "sb")}
-	cfg := fmt.Sprintf("base_dir = %q\n%s\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\n",
+	// kvfs.debug=1: the agent logs every request on the guest's console, which a failed test
+	// prints.
+	cfg := fmt.Sprintf("base_dir = %q\n%s\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = \"kvfs.debug=1\"\n",
 		e.baseDir, extra, g.Kernel, g.Initrd, accel)
 	if err := os.WriteFile(e.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -53,8 +55,23 @@ func newEnv(t *testing.T, extra string) *env {
 	// Registered before Start, so it runs after the containerd's own cleanup (its leak check).
 	t.Cleanup(func() { checkBaseDirEmpty(t, e.baseDir) })
 	e.c = ctrdtest.Start(t, ctrdtest.Options{ShimDirs: []string{binDir}, LeakDirs: []string{e.baseDir}})
+	// Registered after Start, so it runs before the containerd's cleanup stops the pods.
+	t.Cleanup(func() {
+		if t.Failed() {
+			printConsoles(t, e.baseDir)
+		}
+	})
 	e.image = ctrdtest.ImportBusybox(t, e.c)
 	return e
+}
+
+// printConsoles logs the guest console of every pod still in dir.
+func printConsoles(t *testing.T, dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*", "console.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		t.Logf("%s:\n%s", l, b)
+	}
 }
 
 // run is `ctr run --runtime io.containerd.kvfs.v2 --runtime-config-path CONFIG flags... IMAGE
