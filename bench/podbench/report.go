@@ -175,7 +175,7 @@ func Section(rep *Report) string {
 		{"agent start-up to its first answer (modules, virtio-fs mount, serial port) — ours", bootPart("agent")},
 		{"**QEMU start → agent answers** (total of the three above)", bootPart("total")},
 		{"after the answer: Create's rest, Start, `true`, Delete, VM shutdown — ours and the guest's", func(r Round) time.Duration { return r.AfterAnswer }},
-		{"of which Create's rest and Start (in the `ctr run -d` of the round: the agent's answer → ctr returned; runc, the container made and started in the guest)", func(r Round) time.Duration { return r.AnswerToStarted }},
+		{"of which Create's rest and Start (in the round's `ctr run -d`: the agent's answer → ctr returned; the container made and started in the guest by the agent's runc)", func(r Round) time.Duration { return r.AnswerToStarted }},
 	} {
 		s := Summarize(seconds(kv, row.f))
 		share := "–"
