@@ -194,6 +194,17 @@ func (c *containerd) stop(keepLog string) error {
 		c.cmd.Process.Kill()
 		<-c.exited
 	}
+	// runc's state and ctr's cgroups are named after the namespace, outside the directory.
+	dirs := []string{filepath.Join("/run/containerd/runc", c.namespace)}
+	for _, p := range []string{"/sys/fs/cgroup/" + c.namespace, "/sys/fs/cgroup/*/" + c.namespace} {
+		m, _ := filepath.Glob(p)
+		dirs = append(dirs, m...)
+	}
+	for _, d := range dirs {
+		if err := removeEmptyDirs(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if keepLog != "" {
 		if b, err := os.ReadFile(c.logPath); err != nil {
 			errs = append(errs, err)
@@ -205,4 +216,23 @@ func (c *containerd) stop(keepLog string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// removeEmptyDirs removes dir and the directories under it, deepest first, with rmdir only
+// (cgroups cannot be removed otherwise; a file left is an error). A missing dir is fine.
+func removeEmptyDirs(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			if err := removeEmptyDirs(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return syscall.Rmdir(dir)
 }
