@@ -70,7 +70,7 @@ func TestParseMem(t *testing.T) {
 	if want := (Mem{StatusRSS: 331612, RSS: 331600, PSS: 313000}); m != want {
 		t.Errorf("got %+v, want %+v", m, want)
 	}
-	if got := m.Add(Mem{1, 2, 3}); got != (Mem{331613, 331602, 313003}) {
+	if got := m.Add(Mem{1, 2, 3, 4}); got != (Mem{331613, 331602, 313003, 4}) {
 		t.Errorf("Add: %+v", got)
 	}
 	if _, err := ParseMem("VmRSS: 12 MB\n", rollup); err == nil {
@@ -78,6 +78,25 @@ func TestParseMem(t *testing.T) {
 	}
 	if _, err := ParseMem(status, "Rss: 1 kB\n"); err == nil {
 		t.Error("no Pss: no error")
+	}
+}
+
+func TestParseMemfdRss(t *testing.T) {
+	smaps := `55d0c0000000-55d0c0100000 r-xp 00000000 08:01 1234                       /usr/bin/qemu-system-x86_64
+Size:               1024 kB
+Rss:                 900 kB
+7f0000000000-7f0020000000 rw-s 00000000 00:01 5678                       /memfd:memory-backend-memfd (deleted)
+Size:             524288 kB
+Rss:              300000 kB
+Pss:              150000 kB
+7f0030000000-7f0030001000 rw-p 00000000 00:00 0
+Rss:                   4 kB
+7f0040000000-7f0040100000 rw-s 00000000 00:01 5679                       /memfd:other
+Rss:                  16 kB
+`
+	got, err := ParseMemfdRss(smaps)
+	if err != nil || got != 300016 {
+		t.Errorf("got %d, %v; want 300016", got, err)
 	}
 }
 
@@ -131,7 +150,7 @@ func TestSummarize(t *testing.T) {
 	if got := Summarize(nil).Format("%.1f"); got != "–" {
 		t.Errorf("none: %q", got)
 	}
-	if got := Ratios([]float64{10, 4, 6}, []float64{2, 0, 3, 9}); !reflect.DeepEqual(got, []float64{5, 2}) {
+	if got := Ratios([]float64{10, 4, 6, 0}, []float64{2, 0, 3, 9}); !reflect.DeepEqual(got, []float64{5, 2}) {
 		t.Errorf("Ratios: %v", got)
 	}
 }
@@ -162,12 +181,12 @@ func TestSection(t *testing.T) {
 		Accel:  "tcg", AccelWhy: "no usable /dev/kvm",
 		Rounds: map[string][]Round{
 			RuntimeKvfs: {
-				{Run: 30 * time.Second, RunSpan: 29 * time.Second, Shim: Mem{20480, 20480, 18432}, VMM: Mem{327680, 327680, 307200}, Boot: boot},
-				{Run: 34 * time.Second, RunSpan: 33 * time.Second, Shim: Mem{20480, 20480, 18432}, VMM: Mem{327680, 327680, 307200}, Boot: boot},
+				{Run: 30 * time.Second, RunSpan: 29 * time.Second, Shim: Mem{StatusRSS: 20480, RSS: 20480, PSS: 18432}, VMM: Mem{StatusRSS: 327680, RSS: 327680, PSS: 307200}, Boot: boot},
+				{Run: 34 * time.Second, RunSpan: 33 * time.Second, Shim: Mem{StatusRSS: 20480, RSS: 20480, PSS: 18432}, VMM: Mem{StatusRSS: 327680, RSS: 327680, PSS: 307200}, Boot: boot},
 			},
 			RuntimeRunc: {
-				{Run: time.Second, RunSpan: 500 * time.Millisecond, Shim: Mem{18432, 18432, 16384}, Container: Mem{1024, 1024, 512}},
-				{Run: time.Second, RunSpan: 500 * time.Millisecond, Shim: Mem{18432, 18432, 16384}, Container: Mem{1024, 1024, 512}},
+				{Run: time.Second, RunSpan: 500 * time.Millisecond, Shim: Mem{StatusRSS: 18432, RSS: 18432, PSS: 16384}, Container: Mem{StatusRSS: 1024, RSS: 1024, PSS: 512}},
+				{Run: time.Second, RunSpan: 500 * time.Millisecond, Shim: Mem{StatusRSS: 18432, RSS: 18432, PSS: 16384}, Container: Mem{StatusRSS: 1024, RSS: 1024, PSS: 512}},
 			},
 		},
 	}
@@ -177,7 +196,7 @@ func TestSection(t *testing.T) {
 		"`kvfspodbench -runs 2`",
 		"/dev/kvm would cut the VM boot 5–20×",
 		"| `ctr run --rm … true`, s (wall time) | 32.000 (30.000–34.000) | 1.000 | 32.0 (30.0–34.0) |",
-		"| **total RSS** (shim + QEMU + container) | 340.0 | 19.0 | 17.9 |",
+		"| **total RSS** (shim + QEMU + container; pages shared between them counted in each) | 340.0 | 19.0 | 17.9 |",
 		"| QEMU + firmware (host time − guest uptime at the answer) — QEMU | 12.000 | 38% |",
 		"vm.memory 512M",
 	} {

@@ -10,14 +10,41 @@ import (
 )
 
 // Mem is one process's memory, in KiB: VmRSS from /proc/PID/status, Rss and Pss from
-// /proc/PID/smaps_rollup (two readings of the same resident set: the check that they agree).
+// /proc/PID/smaps_rollup (two readings of the same resident set: the check that they agree),
+// and Memfd, the Rss of its memfd mappings in /proc/PID/smaps: the guest's RAM (QEMU's memory
+// backend, which kvfsd maps too).
 type Mem struct {
-	StatusRSS, RSS, PSS int64
+	StatusRSS, RSS, PSS, Memfd int64
 }
 
 // Add is m plus o, field by field.
 func (m Mem) Add(o Mem) Mem {
-	return Mem{m.StatusRSS + o.StatusRSS, m.RSS + o.RSS, m.PSS + o.PSS}
+	return Mem{m.StatusRSS + o.StatusRSS, m.RSS + o.RSS, m.PSS + o.PSS, m.Memfd + o.Memfd}
+}
+
+// ParseMemfdRss sums the Rss of the mappings in smaps (/proc/PID/smaps's text) whose path
+// starts with /memfd:.
+func ParseMemfdRss(smaps string) (int64, error) {
+	var sum int64
+	in := false
+	sc := bufio.NewScanner(strings.NewReader(smaps))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		if len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			in = len(f) >= 6 && strings.HasPrefix(f[5], "/memfd:")
+			continue
+		}
+		if in && len(f) == 3 && f[0] == "Rss:" && f[2] == "kB" {
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("smaps: %q: %w", line, err)
+			}
+			sum += n
+		}
+	}
+	return sum, sc.Err()
 }
 
 // parseKB finds "key: N kB" in a /proc file's text.
@@ -65,6 +92,13 @@ func readMem(pid int) (Mem, error) {
 	}
 	m, err := ParseMem(string(st), string(ro))
 	if err != nil {
+		return m, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	sm, err := os.ReadFile(filepath.Join(dir, "smaps"))
+	if err != nil {
+		return m, err
+	}
+	if m.Memfd, err = ParseMemfdRss(string(sm)); err != nil {
 		return m, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	return m, nil

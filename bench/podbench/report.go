@@ -47,11 +47,12 @@ func (s Summary) Format(verb string) string {
 	return fmt.Sprintf(verb+" ("+verb+"–"+verb+")", s.Med, s.Lo, s.Hi)
 }
 
-// Ratios are a[i] ÷ b[i] for each round both have (a zero or NaN b leaves the round out).
+// Ratios are a[i] ÷ b[i] for each round both have (a zero or NaN in either leaves the round
+// out: a figure one runtime does not have).
 func Ratios(a, b []float64) []float64 {
 	var out []float64
 	for i := 0; i < len(a) && i < len(b); i++ {
-		if b[i] != 0 && !math.IsNaN(a[i]) && !math.IsNaN(b[i]) {
+		if a[i] != 0 && b[i] != 0 && !math.IsNaN(a[i]) && !math.IsNaN(b[i]) {
 			out = append(out, a[i]/b[i])
 		}
 	}
@@ -146,9 +147,11 @@ func Section(rep *Report) string {
 		{"shim PSS", func(r Round) int64 { return r.Shim.PSS }},
 		{"QEMU RSS", func(r Round) int64 { return r.VMM.RSS }},
 		{"QEMU PSS", func(r Round) int64 { return r.VMM.PSS }},
+		{"of QEMU's RSS, the guest's RAM (its memfd mappings in smaps)", func(r Round) int64 { return r.VMM.Memfd }},
+		{"of the shim's RSS, the guest's RAM kvfsd mapped (memfd; shared with QEMU)", func(r Round) int64 { return r.Shim.Memfd }},
 		{"container's processes on the host, RSS", func(r Round) int64 { return r.Container.RSS }},
-		{"**total RSS** (shim + QEMU + container)", func(r Round) int64 { return r.Total().RSS }},
-		{"**total PSS**", func(r Round) int64 { return r.Total().PSS }},
+		{"**total RSS** (shim + QEMU + container; pages shared between them counted in each)", func(r Round) int64 { return r.Total().RSS }},
+		{"**total PSS** (shared pages counted once, split)", func(r Round) int64 { return r.Total().PSS }},
 		{"total VmRSS (/proc/PID/status, the check)", func(r Round) int64 { return r.Total().StatusRSS }},
 	} {
 		a, bb := mibs(kv, row.f), mibs(rc, row.f)
@@ -206,7 +209,8 @@ func reading(rep *Report) []string {
 	before, after := Summarize(seconds(kv, func(r Round) time.Duration { return r.BeforeVM })), Summarize(seconds(kv, func(r Round) time.Duration { return r.AfterAnswer }))
 	if tot.N > 0 && kvRun.Med > 0 {
 		out = append(out, fmt.Sprintf("Where kvfs's start goes: QEMU's start to the agent's answer is %.2f s (%.0f%% of the run): QEMU and firmware %.2f s, the kernel's boot %.2f s, the agent's start-up %.2f s. "+
-			"QEMU, the firmware and the kernel — not kvfs's code — are %.2f s of it; under %s, which is what KVM would shrink. "+
+			"QEMU, the firmware and the kernel — not kvfs's code — are %.2f s of it, under %s: that is what KVM would shrink. "+
+			"(The guest's clock starts when the kernel sets up its timekeeping, so the kernel's decompression and earliest setup count in QEMU's share.) "+
 			"kvfs's own parts: the shim and sandbox before QEMU %.3f s, the agent's start-up %.2f s (mostly guest instructions: loading modules, mounting virtio-fs), and after the answer %.2f s for creating, starting, running and deleting the container in the guest and stopping the VM, of which Create's rest and Start are %.2f s (measured in the detached runs).",
 			tot.Med, 100*tot.Med/kvRun.Med, q.Med, k.Med, a.Med, q.Med+k.Med, rep.Accel, before.Med, a.Med, after.Med,
 			Summarize(seconds(kv, func(r Round) time.Duration { return r.AnswerToStarted })).Med))
@@ -219,11 +223,13 @@ func reading(rep *Report) []string {
 	kp, rp := Summarize(mibs(kv, tp)), Summarize(mibs(rc, tp))
 	sh := Summarize(mibs(kv, func(r Round) int64 { return r.Shim.RSS }))
 	qm := Summarize(mibs(kv, func(r Round) int64 { return r.VMM.RSS }))
-	out = append(out, fmt.Sprintf("Memory: a kvfs pod with one sleeping container costs the host %.0f MiB RSS (%.0f MiB PSS) — the shim with kvfsd %.0f MiB, QEMU %.0f MiB of a %s guest — against %.1f MiB RSS (%.1f MiB PSS) for runc's shim and the container, %s× by RSS. "+
-		"QEMU's share is mostly guest memory the guest touched while booting (kernel, initramfs unpacked, page cache), not QEMU's own.",
-		kr.Med, kp.Med, sh.Med, qm.Med, rep.Config.Memory, rr.Med, rp.Med, fmtNum(Summarize(Ratios(mibs(kv, tr), mibs(rc, tr))).Med)))
+	qg := Summarize(mibs(kv, func(r Round) int64 { return r.VMM.Memfd }))
+	out = append(out, fmt.Sprintf("Memory: a kvfs pod with one sleeping container costs the host %.0f MiB PSS (%.0f MiB RSS, which counts the guest pages kvfsd and QEMU share twice) — the shim with kvfsd %.0f MiB RSS, QEMU %.0f MiB RSS, of a %s guest — against %.1f MiB PSS (%.1f MiB RSS) for runc's shim and the container: %s× by PSS. "+
+		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, the unpacked initramfs, page cache); the rest, %.0f MiB, is QEMU's own. The shim with kvfsd is %s× runc's shim.",
+		kp.Med, kr.Med, sh.Med, qm.Med, rep.Config.Memory, rp.Med, rr.Med, fmtNum(Summarize(Ratios(mibs(kv, tp), mibs(rc, tp))).Med),
+		qg.Med, qm.Med-qg.Med, fmtNum(Summarize(Ratios(mibs(kv, func(r Round) int64 { return r.Shim.RSS }), mibs(rc, func(r Round) int64 { return r.Shim.RSS }))).Med)))
 	if len(rep.RSSMismatch) == 0 {
-		out = append(out, "Checks: VmRSS (/proc/PID/status) and smaps_rollup's Rss agreed within 5% for every process read; the wall times and the log spans agree in order (the difference is ctr's and containerd's own time).")
+		out = append(out, "Checks: VmRSS (/proc/PID/status) and smaps_rollup's Rss agreed within 5% for every process read; the wall times and containerd's log spans tell the same story (the difference is ctr's and containerd's own time, under a second).")
 	} else {
 		out = append(out, fmt.Sprintf("Checks: VmRSS and smaps_rollup's Rss disagreed by more than 5%% %d times (listed below the tables).", len(rep.RSSMismatch)))
 	}
