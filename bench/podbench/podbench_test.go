@@ -179,6 +179,7 @@ func TestSection(t *testing.T) {
 	rep := &Report{
 		Config: Config{Runs: 2, Memory: "512M", VCPUs: 1, Settle: 2 * time.Second, Command: "kvfspodbench -runs 2"},
 		Accel:  "tcg", AccelWhy: "no usable /dev/kvm",
+		Teardown: []string{"round 2 kvfs: ctr tasks delete -f mem-kvfs-2: no answer within 1m30s; ended by killing QEMU"},
 		Rounds: map[string][]Round{
 			RuntimeKvfs: {
 				{Run: 30 * time.Second, RunSpan: 29 * time.Second, Shim: Mem{StatusRSS: 20480, RSS: 20480, PSS: 18432}, VMM: Mem{StatusRSS: 327680, RSS: 327680, PSS: 307200}, Boot: boot},
@@ -199,6 +200,9 @@ func TestSection(t *testing.T) {
 		"| **total RSS** (shim + QEMU + container; pages shared between them counted in each) | 340.0 | 19.0 | 17.9 |",
 		"| QEMU + firmware (host time − guest uptime at the answer) — QEMU | 12.000 | 38% |",
 		"vm.memory 512M",
+		"### Teardown failures\n",
+		"- round 2 kvfs: ctr tasks delete -f mem-kvfs-2: no answer within 1m30s; ended by killing QEMU\n",
+		"did not end normally 1 times in 2 rounds",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("section lacks %q:\n%s", want, s)

@@ -188,6 +188,14 @@ func Section(rep *Report) string {
 		p("| %s | %s | %s |\n", row.label, s.Format("%.3f"), share)
 	}
 	p("\n")
+	if len(rep.Teardown) > 0 {
+		p("### Teardown failures\n\n")
+		p("A sleep container is deleted with `ctr tasks kill -s SIGKILL`, then `ctr tasks delete -f`, each given %v; when that hangs the benchmark kills the pod's QEMU and deletes again. These did not end normally:\n\n", deleteTimeout)
+		for _, t := range rep.Teardown {
+			p("- %s\n", strings.ReplaceAll(t, "`", "'"))
+		}
+		p("\n")
+	}
 	if len(rep.RSSMismatch) > 0 {
 		p("VmRSS and smaps_rollup's Rss differed by more than 5%% in: %s.\n\n", strings.Join(rep.RSSMismatch, "; "))
 	}
@@ -228,6 +236,9 @@ func reading(rep *Report) []string {
 		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, the unpacked initramfs, page cache); the rest, %.0f MiB, is QEMU's own. The shim with kvfsd is %s× runc's shim.",
 		kp.Med, kr.Med, sh.Med, qm.Med, rep.Config.Memory, rp.Med, rr.Med, fmtNum(Summarize(Ratios(mibs(kv, tp), mibs(rc, tp))).Med),
 		qg.Med, qm.Med-qg.Med, fmtNum(Summarize(Ratios(mibs(kv, func(r Round) int64 { return r.Shim.RSS }), mibs(rc, func(r Round) int64 { return r.Shim.RSS }))).Med)))
+	if n := len(rep.Teardown); n > 0 {
+		out = append(out, fmt.Sprintf("Teardown: deleting a killed sleep container did not end normally %d times in %d rounds (see Teardown failures); the benchmark ended those pods by killing QEMU. (A hang seen while this benchmark was written had the kvfs shim's Delete waiting on the agent's DeleteProcess, which has no deadline, after the container had stopped.) Not measured: teardown times.", n, rep.Config.Runs))
+	}
 	if len(rep.RSSMismatch) == 0 {
 		out = append(out, "Checks: VmRSS (/proc/PID/status) and smaps_rollup's Rss agreed within 5% for every process read; the wall times and containerd's log spans tell the same story (the difference is ctr's and containerd's own time, under a second).")
 	} else {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ociimage"
@@ -69,6 +70,7 @@ type Report struct {
 	Started, Finished time.Time
 	Rounds            map[string][]Round // by runtime
 	RSSMismatch       []string           // status VmRSS and smaps_rollup Rss disagreeing by over 5%
+	Teardown          []string           // sleep containers whose deletion hung (see teardown)
 }
 
 func (c *Config) logf(format string, args ...any) {
@@ -221,10 +223,11 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 	}
 	r.Detached = time.Since(t0)
 	r.StartedAt = time.Now()
+	var vmm []int // QEMU's pid, once found
 	defer func() {
-		c.ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
-		c.ctr(ctx, "tasks", "delete", "-f", id)
-		c.ctr(ctx, "containers", "delete", id)
+		if err := teardown(ctx, c, id, vmm); err != nil {
+			rep.Teardown = append(rep.Teardown, fmt.Sprintf("round %d %s: %v", i, short(rt), err))
+		}
 	}()
 	select {
 	case <-ctx.Done():
@@ -261,6 +264,7 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 			return r, err
 		}
 		if strings.HasPrefix(p.comm, "qemu") {
+			vmm = append(vmm, p.pid)
 			r.VMM = r.VMM.Add(m)
 			check("qemu", m)
 		} else {
@@ -271,4 +275,42 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 		return r, fmt.Errorf("no QEMU under the kvfs shim (pid %d)", shim)
 	}
 	return r, nil
+}
+
+// deleteTimeout bounds the deletion of a killed container; a VM's shutdown takes seconds.
+const deleteTimeout = 90 * time.Second
+
+// teardown kills and deletes the sleep container id. If the deletion does not end within
+// deleteTimeout, the pod's QEMU (vmm, the benchmark's own descendants) is killed, so that
+// the shim sees its VM die, and the deletion is tried again; the error says what happened.
+func teardown(ctx context.Context, c *containerd, id string, vmm []int) error {
+	try := func(args ...string) error {
+		tctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		defer cancel()
+		_, err := c.ctr(tctx, args...)
+		if tctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("ctr %s: no answer within %v", strings.Join(args, " "), deleteTimeout)
+		}
+		return err
+	}
+	var hung error
+	if err := try("tasks", "kill", "-s", "SIGKILL", id); err != nil && strings.Contains(err.Error(), "no answer") {
+		hung = err
+	}
+	if err := try("tasks", "delete", "-f", id); err != nil && strings.Contains(err.Error(), "no answer") {
+		hung = err
+	}
+	if hung != nil {
+		for _, pid := range vmm {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if err := try("tasks", "delete", "-f", id); err != nil && strings.Contains(err.Error(), "no answer") {
+			return fmt.Errorf("%v; still none after QEMU was killed", hung)
+		}
+		hung = fmt.Errorf("%v; ended by killing QEMU", hung)
+	}
+	if err := try("containers", "delete", id); err != nil {
+		return errors.Join(hung, err)
+	}
+	return hung
 }
