@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -163,6 +164,16 @@ func LoopbackUp() error {
 		return fmt.Errorf("lo: SIOCSIFFLAGS: %w", err)
 	}
 	return nil
+}
+
+// BootTime is the guest's CLOCK_BOOTTIME: the time since the kernel started, suspends
+// included (0 if the clock cannot be read).
+func BootTime() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 // KernelRelease answers uname -r.

@@ -77,6 +77,7 @@ func Main() int {
 }
 
 func run(log *logrus.Entry, pid1 bool) error {
+	booted := BootTime() // the kernel's share of the VM's start: it ran us as init
 	start := time.Now()
 	if pid1 {
 		os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
@@ -119,6 +120,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 		Runtime: &RuncRuntime{BundleDir: DefaultStateDir},
 		Cgroups: Cgroup2{Root: DefaultCgroupRoot, Log: log},
 		Version: Version,
+		Started: booted,
 		Log:     log,
 	})
 	if err != nil {

@@ -52,6 +52,9 @@ type Config struct {
 	RootDir string
 	// Version is what Ping answers as the agent's version.
 	Version string
+	// Started is BootTime when the agent started, answered by Ping as init_started_ns
+	// (0: not known).
+	Started time.Duration
 	// Log receives the service's messages (default: logrus's standard logger).
 	Log *logrus.Entry
 	// OutputGrace is how long a process's output pipes may stay open after it exited
@@ -440,12 +443,14 @@ func (s *Service) releaseLocked(p *process) {
 
 // --- the RPCs ------------------------------------------------------------------------------------
 
-// Ping answers the agent's version and the kernel's release.
+// Ping answers the agent's version, the kernel's release, when the agent started and the
+// guest's uptime (both CLOCK_BOOTTIME).
 func (s *Service) Ping(ctx context.Context, _ *apiv1.PingRequest) (*apiv1.PingResponse, error) {
 	if err := s.checkServing(); err != nil {
 		return nil, err
 	}
-	return &apiv1.PingResponse{Version: s.cfg.Version, Kernel: s.kernel}, nil
+	return &apiv1.PingResponse{Version: s.cfg.Version, Kernel: s.kernel,
+		InitStartedNs: uint64(max(s.cfg.Started, 0)), UptimeNs: uint64(max(BootTime(), 0))}, nil
 }
 
 // decodeJSON decodes the request's JSON document what (a spec, a process, resources) into v,

@@ -943,3 +943,27 @@ func TestOutputOfAnExitedProcessEnds(t *testing.T) {
 		t.Errorf("stderr %q", out)
 	}
 }
+
+// TestPingTimes: Ping answers when the agent started (Config.Started) and the guest's uptime,
+// both CLOCK_BOOTTIME: the shim splits a pod's boot with them.
+func TestPingTimes(t *testing.T) {
+	started := BootTime()
+	if started <= 0 {
+		t.Fatalf("BootTime() = %v, want > 0", started)
+	}
+	svc, err := NewService(Config{Runtime: newFakeRuntime(), Cgroups: &fakeCgroups{onOOM: map[string]func(){}},
+		StateDir: t.TempDir(), RootDir: t.TempDir(), Started: started})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := svc.Ping(context.Background(), &apiv1.PingRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(r.GetInitStartedNs()); got != started {
+		t.Errorf("init_started_ns = %v, want %v", got, started)
+	}
+	if up := time.Duration(r.GetUptimeNs()); up < started || up > BootTime() {
+		t.Errorf("uptime_ns = %v, want between %v and now (%v)", up, started, BootTime())
+	}
+}

@@ -10,9 +10,15 @@
 #    at once, fio, dd, a metadata workload and a C build in it, and kvfsd's KILLPRIV_V2 on and
 #    off. Adds its section to docs/benchmarks.md and writes docs/benchmarks-guest.png; about 12
 #    minutes under TCG. $GUEST_ARGS are passed on to kvfsguestbench.
+# 3. Pod level (bench/podbench): a private containerd runs busybox with ctr through kvfs's shim
+#    (io.containerd.kvfs.v2, a QEMU VM per pod) and through containerd's runc shim, interleaved:
+#    `ctr run --rm ... true`, the memory of a pod running sleep, and kvfs's boot split. Adds its
+#    section to docs/benchmarks.md; about 20 minutes under TCG. $POD_ARGS are passed on to
+#    kvfspodbench; the agent guest image is built (packaging/guest/build.sh --agent) if needed.
 #
-# BENCH_ONLY=server or BENCH_ONLY=guest runs one part only; the other's section stays as it is.
+# BENCH_ONLY=server, guest or pod runs one part only; the others' sections stay as they are.
 #   BENCH_ONLY=guest GUEST_ARGS='-runs 1 -fio-runtime 1 -files 200' scripts/bench.sh   # a quick look
+#   BENCH_ONLY=pod POD_ARGS='-runs 2' scripts/bench.sh
 # Runs as root (both servers and the guest's 9p passthrough need it); scripts/deps.sh installs the
 # C virtiofsd, QEMU, fio and tcc.
 set -euo pipefail
@@ -32,7 +38,8 @@ if [ ! -x "$virtiofsd" ]; then
 fi
 
 mkdir -p bin docs
-go build -o bin/ ./cmd/kvfsd ./bench/cmd/kvfsbench ./bench/cmd/kvfsguestbench
+go build -o bin/ ./cmd/kvfsd ./cmd/containerd-shim-kvfs-v2 ./bench/cmd/kvfsbench ./bench/cmd/kvfsguestbench \
+	./bench/cmd/kvfspodbench
 
 # What the report records: how the benchmark was started, and kvfsd's source revision.
 how=scripts/bench.sh
@@ -42,21 +49,21 @@ rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 only=${BENCH_ONLY:-}
 case $only in
-"" | server | guest) ;;
+"" | server | guest | pod) ;;
 *)
-	echo "bench.sh: BENCH_ONLY must be server or guest, not $only" >&2
+	echo "bench.sh: BENCH_ONLY must be server, guest or pod, not $only" >&2
 	exit 1
 	;;
 esac
 
-# kvfsbench rewrites the whole document: with BENCH_ONLY=server keep the guest section (always
-# the last one) and put it back after.
+# kvfsbench rewrites the whole document: with BENCH_ONLY=server keep the guest and pod sections
+# (always the last ones, in that order) and put them back after.
 guest_section=
 if [ "$only" = server ] && [ -f docs/benchmarks.md ]; then
 	guest_section=$(sed -n '/^## Guest level: /,$p' docs/benchmarks.md)
 fi
 
-if [ "$only" != guest ]; then
+if [ "$only" = "" ] || [ "$only" = server ]; then
 	bin/kvfsbench -invoked "$how" -rev "$rev" \
 		-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
 		-rounds 8 -duration 750ms -slices 6 -warmup 150ms -files 10000 -data-mib 64 \
@@ -66,7 +73,7 @@ if [ -n "$guest_section" ]; then
 	printf '\n%s\n' "$guest_section" >>docs/benchmarks.md
 fi
 
-if [ "$only" != server ]; then
+if [ "$only" = "" ] || [ "$only" = guest ]; then
 	ghow=$how
 	[ -n "$only" ] && ghow="BENCH_ONLY=$only $ghow"
 	[ -n "${GUEST_ARGS:-}" ] && ghow="GUEST_ARGS='$GUEST_ARGS' $ghow"
@@ -75,4 +82,17 @@ if [ "$only" != server ]; then
 		-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
 		-runs 3 -fio-runtime 2 -fio-mib 64 -files 2000 -dd-mib 64 -c-files 24 \
 		-out docs/benchmarks.md -chart docs/benchmarks-guest.png ${GUEST_ARGS:-}
+fi
+
+if [ "$only" = "" ] || [ "$only" = pod ]; then
+	phow=$how
+	[ -n "$only" ] && phow="BENCH_ONLY=$only $phow"
+	[ -n "${POD_ARGS:-}" ] && phow="POD_ARGS='$POD_ARGS' $phow"
+	[ -n "${AGENT_GUEST:-}" ] && phow="AGENT_GUEST=$AGENT_GUEST $phow"
+	# $AGENT_GUEST: another directory for the image (one this branch's agent is built into).
+	agent_guest=${AGENT_GUEST:-${KVFS_CACHE:-/var/cache/kvfs}/agent-guest}
+	packaging/guest/build.sh --agent "$agent_guest"
+	# shellcheck disable=SC2086 # POD_ARGS is a list of arguments
+	bin/kvfspodbench -invoked "$phow" -rev "$rev" -shim-dir bin -guest "$agent_guest" \
+		-runs 10 -mem 512M -vcpus 1 -out docs/benchmarks.md ${POD_ARGS:-}
 fi

@@ -83,6 +83,7 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			log.G(ctx).WithError(err).Error("serving the sandbox's control API")
 		}
 	}()
+	vmStart := time.Now()
 	if err := sb.Start(ctx, sb.DefaultVM()); err != nil {
 		return nil, err
 	}
@@ -94,10 +95,32 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 		return nil, fmt.Errorf("the guest agent of sandbox %s (console: %s): %w", sb.ID(), sb.ConsolePath(), err)
 	}
 	p.client, p.agent = client, agent.NewAgentClient(client)
-	log.G(ctx).WithFields(log.Fields{"sandbox": sb.ID(), "agent": pong.GetVersion(), "kernel": pong.GetKernel(),
-		"boot": time.Since(start).Round(time.Millisecond)}).Info("the guest agent answers")
+	fields := log.Fields{"sandbox": sb.ID(), "agent": pong.GetVersion(), "kernel": pong.GetKernel(),
+		"boot": time.Since(start).Round(time.Millisecond)}
+	for k, v := range bootSplit(time.Since(vmStart), pong) {
+		fields[k] = v
+	}
+	log.G(ctx).WithFields(fields).Info("the guest agent answers")
 	go p.watch()
 	return p, nil
+}
+
+// bootSplit splits total, the time from QEMU's start to the agent's answer, with the guest's
+// times in pong (untrusted, only logged): boot_total; boot_qemu, QEMU and the firmware (total
+// less the guest's uptime at the answer); boot_kernel, the kernel's boot (when the agent
+// started); boot_agent, the agent's start-up to its answer. Only boot_total when the agent
+// answered no times or times that do not fit in total.
+func bootSplit(total time.Duration, pong *agent.PingResponse) log.Fields {
+	f := log.Fields{"boot_total": total.Round(time.Millisecond)}
+	const maxNs = uint64(1<<63 - 1)
+	up, init := pong.GetUptimeNs(), pong.GetInitStartedNs()
+	if up == 0 || init == 0 || up > maxNs || init > up || time.Duration(up) > total {
+		return f
+	}
+	f["boot_qemu"] = (total - time.Duration(up)).Round(time.Millisecond)
+	f["boot_kernel"] = time.Duration(init).Round(time.Millisecond)
+	f["boot_agent"] = time.Duration(up - init).Round(time.Millisecond)
+	return f
 }
 
 // connectAgent dials until the agent answers Ping, within timeout; the VM's exit ends the

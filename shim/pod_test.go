@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/protobuf/proto"
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
@@ -258,5 +260,27 @@ func TestCleanup(t *testing.T) {
 	// Nothing to do a second time.
 	if err := Cleanup(context.Background(), bundle); err != nil {
 		t.Errorf("second Cleanup: %v", err)
+	}
+}
+
+func TestBootSplit(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	for _, tc := range []struct {
+		name     string
+		total    time.Duration
+		init, up uint64
+		want     log.Fields
+	}{
+		{"split", ms(9000), uint64(ms(5000)), uint64(ms(7500)), log.Fields{"boot_total": ms(9000),
+			"boot_qemu": ms(1500), "boot_kernel": ms(5000), "boot_agent": ms(2500)}},
+		{"no times", ms(9000), 0, 0, log.Fields{"boot_total": ms(9000)}},
+		{"uptime beyond total", ms(9000), uint64(ms(5000)), uint64(ms(9001)), log.Fields{"boot_total": ms(9000)}},
+		{"init after uptime", ms(9000), uint64(ms(5000)), uint64(ms(4000)), log.Fields{"boot_total": ms(9000)}},
+		{"overflow", ms(9000), 1, 1 << 63, log.Fields{"boot_total": ms(9000)}},
+	} {
+		got := bootSplit(tc.total, &agent.PingResponse{InitStartedNs: tc.init, UptimeNs: tc.up})
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: bootSplit = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -175,15 +175,22 @@ func ratioNum(v float64) string {
 }
 
 // Splice puts section into doc: in place of an existing guest-level section (from its heading
-// to the end of the document, where this section always is), or appended.
+// to the next "## " heading, the pod-level section's, or the end), or appended.
 func Splice(doc, section string) string {
-	if i := strings.Index(doc, "\n"+SectionHeading+"\n"); i >= 0 {
-		doc = doc[:i+1]
-	} else if strings.HasPrefix(doc, SectionHeading+"\n") {
-		doc = ""
+	tail := ""
+	if i := strings.Index(doc, "\n"+SectionHeading+"\n"); i >= 0 || strings.HasPrefix(doc, SectionHeading+"\n") {
+		start := i + 1 // 0 when the document starts with the heading
+		rest := doc[start+len(SectionHeading)+1:]
+		if j := strings.Index(rest, "\n## "); j >= 0 {
+			tail = rest[j+1:]
+		}
+		doc = doc[:start]
 	}
 	if doc != "" && !strings.HasSuffix(doc, "\n\n") {
 		doc = strings.TrimRight(doc, "\n") + "\n\n"
 	}
-	return doc + section
+	if tail != "" && !strings.HasSuffix(section, "\n\n") {
+		section = strings.TrimRight(section, "\n") + "\n\n"
+	}
+	return doc + section + tail
 }

@@ -154,6 +154,14 @@ func TestSplice(t *testing.T) {
 	if got := Splice("", sec); got != sec {
 		t.Errorf("into nothing: %q", got)
 	}
+	// The pod-level section (bench/podbench) follows it and stays.
+	pod := "## Pod level: x\n\npod\n"
+	if got, want := Splice(old+"\n"+pod, sec), once+"\n"+pod; got != want {
+		t.Errorf("before the pod section:\n%q\nwant\n%q", got, want)
+	}
+	if got, want := Splice(SectionHeading+"\n\nold\n\n"+pod, sec), sec+"\n"+pod; got != want {
+		t.Errorf("at the start:\n%q\nwant\n%q", got, want)
+	}
 }
 
 // TestCSources compiles and runs the C build workload's program on the host with gcc: the

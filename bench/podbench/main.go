@@ -1,0 +1,76 @@
+package podbench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Main is the command line of bench/cmd/kvfspodbench; it returns the exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := Config{Command: strings.Join(args, " ")}
+	fs.IntVar(&cfg.Runs, "runs", 10, "rounds; each runs kvfs then runc")
+	fs.StringVar(&cfg.ShimDir, "shim-dir", "bin", "directory holding containerd-shim-kvfs-v2")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "/var/cache/kvfs/bin", "containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)")
+	fs.StringVar(&cfg.GuestDir, "guest", "/var/cache/kvfs/agent-guest", "the agent guest image (packaging/guest/build.sh --agent)")
+	fs.StringVar(&cfg.Accel, "accel", "", "QEMU accelerator: kvm, tcg, or empty for kvm if /dev/kvm opens")
+	fs.StringVar(&cfg.Memory, "mem", "512M", "the guest's memory (vm.memory)")
+	fs.IntVar(&cfg.VCPUs, "vcpus", 1, "the guest's vCPUs (vm.vcpus)")
+	fs.DurationVar(&cfg.Settle, "settle", 2*time.Second, "wait after a sleep container started before its memory is read")
+	fs.StringVar(&cfg.KeepLog, "keep-log", "", "copy containerd's log (its shims' lines included) here at the end")
+	fs.StringVar(&cfg.Invoked, "invoked", "", "how the benchmark was started, for the report")
+	fs.StringVar(&cfg.Rev, "rev", "", "kvfs's source revision, for the report")
+	out := fs.String("out", "docs/benchmarks.md", "document whose pod-level section is written (replaced, or appended); - for stdout")
+	quiet := fs.Bool("q", false, "do not print each round's figures")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kvfspodbench: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if cfg.Runs < 1 || cfg.VCPUs < 1 {
+		fmt.Fprintln(stderr, "kvfspodbench: -runs and -vcpus must be at least 1")
+		return 2
+	}
+	if !*quiet {
+		cfg.Progress = stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
+		return 1
+	}
+	if err := write(Section(rep), *out, stdout); err != nil {
+		fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func write(section, out string, stdout io.Writer) error {
+	if out == "-" {
+		_, err := io.WriteString(stdout, section)
+		return err
+	}
+	doc, err := os.ReadFile(out)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := os.WriteFile(tmp, []byte(Splice(string(doc), section)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, out)
+}

@@ -1,0 +1,316 @@
+package podbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvfs/kvfs/internal/ociimage"
+	"github.com/kvfs/kvfs/sandbox"
+)
+
+// The two runtimes, as ctr names them, and their shims' binaries.
+const (
+	RuntimeKvfs = "io.containerd.kvfs.v2"
+	RuntimeRunc = "io.containerd.runc.v2"
+	shimKvfs    = "containerd-shim-kvfs-v2"
+	shimRunc    = "containerd-shim-runc-v2"
+)
+
+// Config configures a run.
+type Config struct {
+	Runs     int           // rounds; each runs both runtimes, kvfs first
+	ShimDir  string        // holds containerd-shim-kvfs-v2
+	BinDir   string        // containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)
+	GuestDir string        // the agent guest image (packaging/guest/build.sh --agent)
+	Accel    string        // "" for kvm if /dev/kvm opens, else tcg
+	Memory   string        // the guest's memory (vm.memory)
+	VCPUs    int           // the guest's vCPUs (vm.vcpus)
+	Settle   time.Duration // wait after a sleep container started before its memory is read
+	KeepLog  string        // where containerd's log is copied at the end; "" for nowhere
+
+	Command, Invoked, Rev string // for the report
+	Progress              io.Writer
+}
+
+// Round is one runtime's figures in one round.
+type Round struct {
+	Run       time.Duration // ctr run --rm ... true, wall time
+	RunSpan   time.Duration // the same run in containerd's log: connecting to shim → shim disconnected
+	Detached  time.Duration // ctr run -d ... sleep, wall time (Create and Start, until ctr has the task running)
+	Shim      Mem           // the shim process (kvfsd inside it, for kvfs)
+	VMM       Mem           // QEMU (kvfs); zero for runc
+	Container Mem           // the shim's other descendants: the container's processes (runc)
+	Boot      map[string]time.Duration
+	// StartedAt is when `ctr run -d` returned (wall clock, as containerd's log); CreateStart
+	// is from the detached run's shim connection to then, in containerd's log, and
+	// AnswerToStarted (kvfs) from its agent's answer to then: Create's rest and Start.
+	StartedAt                    time.Time
+	CreateStart, AnswerToStarted time.Duration
+	// AfterAnswer is the kvfs run's time from the agent's answer to the shim's disconnect
+	// (the container made, started, run and deleted in the guest, the VM stopped); BeforeVM is
+	// from the shim's connection to QEMU's start (the sandbox made: layout, kvfsd).
+	AfterAnswer, BeforeVM time.Duration
+}
+
+// Total is the memory a pod costs the host: shim, QEMU and the container's processes.
+func (r Round) Total() Mem { return r.Shim.Add(r.VMM).Add(r.Container) }
+
+// Report is a run's results.
+type Report struct {
+	Config            Config
+	Machine           Machine
+	Accel, AccelWhy   string
+	Started, Finished time.Time
+	Rounds            map[string][]Round // by runtime
+	RSSMismatch       []string           // status VmRSS and smaps_rollup Rss disagreeing by over 5%
+	Teardown          []string           // sleep containers whose deletion hung (see teardown)
+}
+
+func (c *Config) logf(format string, args ...any) {
+	if c.Progress != nil {
+		fmt.Fprintf(c.Progress, "kvfspodbench: "+format+"\n", args...)
+	}
+}
+
+// Run runs the benchmark.
+func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
+	for _, d := range []*string{&cfg.ShimDir, &cfg.BinDir, &cfg.GuestDir} {
+		abs, err := filepath.Abs(*d) // containerd runs in its own directory
+		if err != nil {
+			return nil, err
+		}
+		*d = abs
+	}
+	rep := &Report{Config: cfg, Started: time.Now(), Rounds: map[string][]Round{}}
+	kernel, initrd := filepath.Join(cfg.GuestDir, "vmlinuz"), filepath.Join(cfg.GuestDir, "initramfs.gz")
+	for _, f := range []string{kernel, initrd, filepath.Join(cfg.ShimDir, shimKvfs), filepath.Join(cfg.BinDir, shimRunc)} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, err
+		}
+	}
+	rep.Accel = cfg.Accel
+	rep.AccelWhy = "set with -accel"
+	if rep.Accel == "" {
+		rep.Accel = sandbox.DetectAccel()
+		rep.AccelWhy = "/dev/kvm opens"
+		if rep.Accel != sandbox.AccelKVM {
+			rep.AccelWhy = "no usable /dev/kvm"
+		}
+	}
+	rep.Machine = describeMachine(cfg, kernel)
+
+	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := c.stop(cfg.KeepLog); err != nil && retErr == nil {
+			retErr = fmt.Errorf("stopping containerd: %w", err)
+		}
+	}()
+	cfg.logf("containerd in %s, namespace %s", c.dir, c.namespace)
+
+	img, err := ociimage.Busybox(ociimage.BusyboxName, ociimage.BusyboxPath)
+	if err != nil {
+		return nil, err
+	}
+	archive := filepath.Join(c.dir, "busybox.tar")
+	if err := img.WriteFile(archive); err != nil {
+		return nil, err
+	}
+	if _, err := c.ctr(ctx, "images", "import", archive); err != nil {
+		return nil, err
+	}
+	kcfg := filepath.Join(c.dir, "kvfs.toml")
+	toml := fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n",
+		filepath.Join(c.dir, "sandboxes"), kernel, initrd, rep.Accel, cfg.Memory, cfg.VCPUs)
+	if err := os.WriteFile(kcfg, []byte(toml), 0o644); err != nil {
+		return nil, err
+	}
+	runtimeArgs := map[string][]string{
+		RuntimeKvfs: {"--runtime", RuntimeKvfs, "--runtime-config-path", kcfg},
+		RuntimeRunc: {"--runtime", RuntimeRunc},
+	}
+
+	// A first run of each, not counted: the image's first unpack, page cache, binaries.
+	for _, rt := range []string{RuntimeKvfs, RuntimeRunc} {
+		if _, err := runTrue(ctx, c, runtimeArgs[rt], "warmup-"+short(rt)); err != nil {
+			return nil, err
+		}
+	}
+	for i := 1; i <= cfg.Runs; i++ {
+		for _, rt := range []string{RuntimeKvfs, RuntimeRunc} {
+			r, err := round(ctx, c, cfg, rt, runtimeArgs[rt], i, rep)
+			if err != nil {
+				return nil, fmt.Errorf("round %d, %s: %w", i, rt, err)
+			}
+			rep.Rounds[rt] = append(rep.Rounds[rt], r)
+			cfg.logf("round %d %s: run %v, detached start %v, shim %d KiB, vmm %d KiB, container %d KiB, boot %v",
+				i, short(rt), r.Run.Round(time.Millisecond), r.Detached.Round(time.Millisecond), r.Shim.RSS, r.VMM.RSS, r.Container.RSS, r.Boot)
+		}
+	}
+	// The second readings, from containerd's log.
+	log, err := c.log()
+	if err != nil {
+		return nil, err
+	}
+	ev, err := ParseEvents(log)
+	if err != nil {
+		return nil, err
+	}
+	for rt, rs := range rep.Rounds {
+		for i := range rs {
+			if d := ev[memID(rt, i+1)]; d != nil {
+				if !d.Connect.IsZero() {
+					rs[i].CreateStart = rs[i].StartedAt.Sub(d.Connect)
+				}
+				if !d.Answer.IsZero() {
+					rs[i].AnswerToStarted = rs[i].StartedAt.Sub(d.Answer)
+				}
+			}
+			e := ev[runID(rt, i+1)]
+			if e == nil {
+				continue
+			}
+			rs[i].RunSpan = e.Span()
+			if rt == RuntimeKvfs {
+				rs[i].Boot = e.Boot
+				if !e.Answer.IsZero() && !e.Disconnect.IsZero() {
+					rs[i].AfterAnswer = e.Disconnect.Sub(e.Answer)
+				}
+				if t, ok := e.Boot["total"]; ok && !e.Answer.IsZero() && !e.Connect.IsZero() {
+					rs[i].BeforeVM = e.Answer.Add(-t).Sub(e.Connect)
+				}
+			}
+		}
+	}
+	rep.Machine.LoadAfter = loadAvg()
+	rep.Finished = time.Now()
+	return rep, nil
+}
+
+func short(rt string) string { return strings.Split(strings.TrimPrefix(rt, "io.containerd."), ".")[0] }
+
+func runID(rt string, i int) string { return fmt.Sprintf("run-%s-%d", short(rt), i) }
+
+func memID(rt string, i int) string { return fmt.Sprintf("mem-%s-%d", short(rt), i) }
+
+func runTrue(ctx context.Context, c *containerd, rtArgs []string, id string) (time.Duration, error) {
+	args := append(append([]string{"run", "--rm"}, rtArgs...), ociimage.BusyboxName, id, "true")
+	t0 := time.Now()
+	_, err := c.ctr(ctx, args...)
+	return time.Since(t0), err
+}
+
+func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []string, i int, rep *Report) (Round, error) {
+	var r Round
+	var err error
+	if r.Run, err = runTrue(ctx, c, rtArgs, runID(rt, i)); err != nil {
+		return r, err
+	}
+	id := memID(rt, i)
+	args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
+	t0 := time.Now()
+	if _, err := c.ctr(ctx, args...); err != nil {
+		return r, err
+	}
+	r.Detached = time.Since(t0)
+	r.StartedAt = time.Now()
+	var vmm []int // QEMU's pid, once found
+	defer func() {
+		if err := teardown(ctx, c, id, vmm); err != nil {
+			rep.Teardown = append(rep.Teardown, fmt.Sprintf("round %d %s: %v", i, short(rt), err))
+		}
+	}()
+	select {
+	case <-ctx.Done():
+		return r, ctx.Err()
+	case <-time.After(cfg.Settle):
+	}
+	procs, err := processes()
+	if err != nil {
+		return r, err
+	}
+	bin := shimRunc
+	if rt == RuntimeKvfs {
+		bin = shimKvfs
+	}
+	shim, err := FindShim(procs, bin, c.namespace, id)
+	if err != nil {
+		return r, err
+	}
+	if r.Shim, err = readMem(shim); err != nil {
+		return r, err
+	}
+	check := func(what string, m Mem) {
+		if d := m.StatusRSS - m.RSS; d*20 > m.RSS || -d*20 > m.RSS {
+			rep.RSSMismatch = append(rep.RSSMismatch, fmt.Sprintf("round %d %s %s: VmRSS %d KiB, smaps_rollup Rss %d KiB", i, short(rt), what, m.StatusRSS, m.RSS))
+		}
+	}
+	check("shim", r.Shim)
+	for _, p := range Descendants(procs, shim) {
+		m, err := readMem(p.pid)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return r, err
+		}
+		if strings.HasPrefix(p.comm, "qemu") {
+			vmm = append(vmm, p.pid)
+			r.VMM = r.VMM.Add(m)
+			check("qemu", m)
+		} else {
+			r.Container = r.Container.Add(m)
+		}
+	}
+	if rt == RuntimeKvfs && r.VMM.RSS == 0 {
+		return r, fmt.Errorf("no QEMU under the kvfs shim (pid %d)", shim)
+	}
+	return r, nil
+}
+
+// deleteTimeout bounds the deletion of a killed container; a VM's shutdown takes seconds.
+const deleteTimeout = 90 * time.Second
+
+// teardown kills and deletes the sleep container id. If the deletion does not end within
+// deleteTimeout, the pod's QEMU (vmm, the benchmark's own descendants) is killed, so that
+// the shim sees its VM die, and the deletion is tried again; the error says what happened.
+func teardown(ctx context.Context, c *containerd, id string, vmm []int) error {
+	try := func(args ...string) error {
+		tctx, cancel := context.WithTimeout(ctx, deleteTimeout)
+		defer cancel()
+		_, err := c.ctr(tctx, args...)
+		if tctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("ctr %s: no answer within %v", strings.Join(args, " "), deleteTimeout)
+		}
+		return err
+	}
+	var hung error
+	if err := try("tasks", "kill", "-s", "SIGKILL", id); err != nil && strings.Contains(err.Error(), "no answer") {
+		hung = err
+	}
+	if err := try("tasks", "delete", "-f", id); err != nil && strings.Contains(err.Error(), "no answer") {
+		hung = err
+	}
+	if hung != nil {
+		for _, pid := range vmm {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if err := try("tasks", "delete", "-f", id); err != nil && strings.Contains(err.Error(), "no answer") {
+			return fmt.Errorf("%v; still none after QEMU was killed", hung)
+		}
+		hung = fmt.Errorf("%v; ended by killing QEMU", hung)
+	}
+	if err := try("containers", "delete", id); err != nil {
+		return errors.Join(hung, err)
+	}
+	return hung
+}
