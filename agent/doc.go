@@ -44,6 +44,11 @@
 // serial listener (ListenSerial) therefore polls the port every 10 ms: Accept waits for a host,
 // each session is one net.Conn handed to ttrpc, and a session ends when the host goes away
 // (its read sees end of file, or the poll sees POLLHUP), leaving the port open for the next.
+// The connection's reads and writes wait with poll(2) of their own (10 ms at a time, the host
+// probed in between), never in Go's edge-triggered poller: a poll of the port takes a buffer
+// the host just filled off the virtqueue, and if that comes before the buffer's interrupt is
+// handled, the handler finds no work and wakes nobody, so a reader parked in the poller would
+// sleep with a request in the port (the shim hung waiting for its answer).
 // The kernel keeps no trace of a disconnection followed at once by a reconnection, so the
 // connection also follows ttrpc's framing of what the host sends: a request whose stream id
 // does not grow starts a new session (a new client counts from 1 again), and the bytes from

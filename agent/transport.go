@@ -145,8 +145,7 @@ func (l *serialListener) Accept() (net.Conn, error) {
 		l.free <- struct{}{}
 		return nil, err
 	}
-	c := &serialConn{l: l, done: make(chan struct{})}
-	go c.watchHost()
+	c := &serialConn{l: l, checked: time.Now()}
 	l.log.Info("host connected")
 	return c, nil
 }
@@ -185,14 +184,14 @@ type serialAddr string
 func (a serialAddr) Network() string { return "virtio-serial" }
 func (a serialAddr) String() string  { return string(a) }
 
-// serialConn is one host session on the port. Besides watching the host, it follows ttrpc's
+// serialConn is one host session on the port. Its reads and writes wait on the port with
+// poll(2) (portIO) and probe the host between polls. Besides that, it follows ttrpc's
 // framing of what the host sends: a request whose stream id does not grow is the first of a
 // new host's session (a new ttrpc client starts again at 1), so the connection ends before it
 // and leaves its bytes to the next one. That catches the reconnections the poll is too slow
 // for, unless the previous host vanished in the middle of a message.
 type serialConn struct {
 	l        *serialListener
-	done     chan struct{} // closed by Close
 	mu       sync.Mutex
 	closed   bool // guarded by mu
 	inflight int  // guarded by mu: reads and writes under way
@@ -200,9 +199,10 @@ type serialConn struct {
 	hostGone bool // guarded by mu: the host went away; what is pending is its leftovers
 
 	// Used by the one reading goroutine (ttrpc's):
-	need    int    // bytes of the current message still to hand out
-	lastReq uint32 // the stream id of the last request
-	ended   bool   // the next session has begun
+	need    int       // bytes of the current message still to hand out
+	lastReq uint32    // the stream id of the last request
+	ended   bool      // the next session has begun
+	checked time.Time // when the host's presence was last probed
 }
 
 func (c *serialConn) enter() error {
@@ -244,28 +244,19 @@ func (c *serialConn) markHostGone() bool {
 	return first
 }
 
-// watchHost closes the connection when the host goes away. A read of the port answers end
-// of file then, but only if it runs before the host is back: the kernel takes both changes
-// without a trace, and a reader woken late would carry on with the next host session as if
-// it were this one. So the port is polled while a connection is open; a host that reconnects
-// faster than that is caught by Read's look at the stream ids.
-func (c *serialConn) watchHost() {
-	t := time.NewTicker(hostPollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-t.C:
-		}
-		if ok, err := c.l.connected(); err != nil || !ok {
-			if c.markHostGone() {
-				c.l.log.WithError(err).Info("host left (POLLHUP)")
-			}
-			c.Close()
-			return
-		}
+// probeHost looks whether the host is still there and, if it left, closes the connection
+// (its reads and writes end). It runs from Read and Write, between their own polls of the
+// port, never while another goroutine waits on the port (see portIO).
+func (c *serialConn) probeHost() (gone bool) {
+	ok, err := c.l.connected()
+	if err == nil && ok {
+		return false
 	}
+	if c.markHostGone() {
+		c.l.log.WithError(err).Info("host left (POLLHUP)")
+	}
+	c.Close()
+	return true
 }
 
 // Read hands out what the host sent, up to the start of a new host's session; end of file
@@ -299,15 +290,88 @@ func (c *serialConn) Read(b []byte) (int, error) {
 			c.need -= n
 			return n, nil
 		}
-		n, err := l.r.Read(l.buf)
-		l.pending = append(l.pending, l.buf[:n]...)
-		if err != nil && n == 0 {
-			if err == io.EOF && c.markHostGone() {
-				l.log.Info("host left (end of file)")
+		// The host is probed every hostPollInterval while Read waits: a read woken late would
+		// otherwise carry on with the next host session as if it were this one.
+		if time.Since(c.checked) >= hostPollInterval {
+			c.checked = time.Now()
+			if c.probeHost() {
+				return 0, io.EOF
 			}
+		}
+		n, ready, err := portIO(l.r, unix.POLLIN, unix.Read, l.buf)
+		l.pending = append(l.pending, l.buf[:n]...)
+		if err != nil {
 			return 0, err
 		}
+		if ready && n == 0 {
+			if c.markHostGone() {
+				l.log.Info("host left (end of file)")
+			}
+			return 0, io.EOF
+		}
 	}
+}
+
+// portIO makes one read or write (op) of the port f, waiting at most hostPollInterval for it
+// to be ready (events: POLLIN or POLLOUT), with poll(2) of its own rather than Go's poller.
+// ready reports whether poll said the call could proceed (then n == 0 on a read is end of
+// file); err is the connection's deadline (Close), the file's closing, or op's failure.
+//
+// Why not f.Read and f.Write, which wait in Go's poller: on virtio-serial that wait can last
+// for ever with the data there. The poller is edge-triggered and the port's wake-up comes
+// from the virtqueue's interrupt; but any poll of the port (the host probe's, say) moves a
+// buffer the host has just filled from the virtqueue into the port before that interrupt is
+// handled, and the handler, finding no new buffer (vring_interrupt: "no work"), wakes
+// nobody. A reader parked in the poller then sleeps with a request in the port until the
+// host sends something else, and the host waits for the answer: the shim's hang. The same
+// goes for a writer waiting for the host to take buffers. A level-triggered poll with a
+// timeout sees what is there whoever took it off the ring.
+func portIO(f *os.File, events int16, op func(int, []byte) (int, error), b []byte) (n int, ready bool, err error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, false, err
+	}
+	var oerr error
+	call := func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		k, perr := unix.Poll(fds, int(hostPollInterval/time.Millisecond))
+		if perr != nil {
+			if perr != unix.EINTR {
+				oerr = perr
+			}
+			return true
+		}
+		if k == 0 || fds[0].Revents == 0 {
+			return true
+		}
+		for {
+			n, oerr = op(int(fd), b)
+			if oerr != unix.EINTR {
+				break
+			}
+		}
+		if oerr == unix.EAGAIN {
+			n, oerr = 0, nil
+			return true
+		}
+		if n < 0 {
+			n = 0
+		}
+		ready = true
+		return true
+	}
+	if events == unix.POLLIN {
+		err = rc.Read(call)
+	} else {
+		err = rc.Write(call)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	if oerr != nil {
+		return n, ready, &os.PathError{Op: "serial port", Path: f.Name(), Err: oerr}
+	}
+	return n, ready, nil
 }
 
 func (c *serialConn) Write(b []byte) (int, error) {
@@ -315,7 +379,19 @@ func (c *serialConn) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	defer c.leave()
-	return c.l.w.Write(b)
+	written := 0
+	for len(b) > 0 {
+		n, ready, err := portIO(c.l.w, unix.POLLOUT, unix.Write, b)
+		written += n
+		b = b[n:]
+		if err != nil {
+			return written, err
+		}
+		if !ready && c.probeHost() {
+			return written, net.ErrClosed
+		}
+	}
+	return written, nil
 }
 
 // Close interrupts the connection's reads and writes; the port stays open for the next.
@@ -326,7 +402,6 @@ func (c *serialConn) Close() error {
 		return nil
 	}
 	c.closed = true
-	close(c.done)
 	// Under mu: a read that ends now gives the token back only after the deadline is set,
 	// so the next Accept's clearing of it comes after.
 	err := setDeadline(c.l.r, c.l.w, time.Now())

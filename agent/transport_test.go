@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/ttrpc"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -238,4 +239,74 @@ func discardLog() *logrus.Entry {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	return logrus.NewEntry(log)
+}
+
+// TestSerialConnReadWithoutWakeup: a read of the port sees the host's bytes even when the
+// kernel never reports the port ready to Go's (edge-triggered) poller. On virtio-serial that
+// happens: a poll of the port moves a buffer the host has just filled out of the virtqueue
+// before its interrupt is handled, and the handler then wakes nobody; a reader parked in the
+// poller slept with the shim's request in the port, and the shim waited for ever. Here the
+// port's descriptor is swapped under the listener for a pipe Go's poller does not watch (its
+// epoll registration went with the old file): only a reader that polls the port itself sees
+// what arrives.
+func TestSerialConnReadWithoutWakeup(t *testing.T) {
+	port, unused, err := os.Pipe() // registered with Go's poller
+	if err != nil {
+		t.Fatal(err)
+	}
+	wireR, wire, err := os.Pipe() // the bytes the host sends
+	if err != nil {
+		t.Fatal(err)
+	}
+	toHostR, toHostW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unused.Close(); wire.Close(); wireR.Close(); toHostR.Close(); toHostW.Close() })
+	fdOf := func(f *os.File) (fd int) { // without Fd(), which would make the file blocking
+		rc, err := f.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.Control(func(u uintptr) { fd = int(u) })
+		return fd
+	}
+	if err := unix.Dup3(fdOf(wireR), fdOf(port), unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	l := newSerialListener(port, toHostW, func() (bool, error) { return true, nil }, discardLog())
+	defer l.Close()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		b := make([]byte, 64)
+		n, err := c.Read(b)
+		if err != nil {
+			t.Errorf("read: %v", err)
+		}
+		got <- string(b[:n])
+	}()
+	time.Sleep(100 * time.Millisecond) // the reader waits on the port
+	// A request (ttrpc header: length 2, stream 1, type request, no flags) and its body.
+	msg := []byte{0, 0, 0, 2, 0, 0, 0, 1, ttrpcTypeRequest, 0, 'h', 'i'}
+	if _, err := wire.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s != string(msg[:len(s)]) || s == "" {
+			t.Errorf("read %q, want a prefix of %q", s, msg)
+		}
+	case <-time.After(3 * time.Second):
+		c.Close() // its deadline ends the read
+		<-got
+		t.Fatal("the read did not see the host's request in 3 s: it waits for a wake-up that never comes")
+	}
+	if _, err := c.Write([]byte("answer")); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	c.Close()
 }
