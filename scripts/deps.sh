@@ -9,17 +9,22 @@
 #   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
 #     its Go plugins);
 #   - runc: the OCI runtime of containerd's own runc shim, which the containerd tests run first;
+#   - containernetworking-plugins (in /usr/lib/cni), iproute2: the CNI bridge network and the
+#     network namespaces of the CRI tests;
 #   - a Go toolchain new enough for go.mod;
 #   - containerd, ctr and containerd-shim-runc-v2 of the version below, built with
 #     go install into ${KVFS_CACHE:-/var/cache/kvfs}/bin (never on the machine's PATH, so a
 #     system containerd is not shadowed); internal/ctrdtest runs them from there. A stamp file
-#     there records the version, so a second run does nothing.
+#     there records the version, so a second run does nothing;
+#   - crictl of the version below (sigs.k8s.io/cri-tools), the same way.
 set -euo pipefail
 
-# internal/ctrdtest.ContainerdVersion must name the same version (TestDepsVersion checks it).
+# internal/ctrdtest.ContainerdVersion and CrictlVersion must name the same versions
+# (TestDepsVersion checks them).
 containerd_version=v2.4.2
+crictl_version=v1.37.0
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc protobuf-compiler runc"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc protobuf-compiler runc containernetworking-plugins iproute2"
 
 missing=()
 for p in $packages; do
@@ -74,4 +79,19 @@ if [ $ctrd_ok = 0 ]; then
 	trap - EXIT
 	echo "$containerd_version" >"$stamp"
 fi
-echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version in $bindir)"
+
+# crictl, the same way.
+crictl_stamp=$bindir/.crictl-version
+if [ "$(cat "$crictl_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bindir/crictl" ]; then
+	echo "deps.sh: installing crictl $crictl_version into $bindir"
+	mkdir -p "$bindir"
+	rm -f "$crictl_stamp"
+	tmp=$(mktemp -d "$bindir/.new.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	GOBIN=$tmp go install "sigs.k8s.io/cri-tools/cmd/crictl@$crictl_version"
+	mv -f "$tmp/crictl" "$bindir/crictl"
+	rm -rf "$tmp"
+	trap - EXIT
+	echo "$crictl_version" >"$crictl_stamp"
+fi
+echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl $crictl_version in $bindir)"

@@ -7,9 +7,12 @@ import (
 	"testing"
 )
 
-// ContainerdVersion is the containerd the tests run, installed by scripts/deps.sh (which names
-// the same version: TestDepsVersion checks it).
-const ContainerdVersion = "v2.4.2"
+// ContainerdVersion is the containerd the tests run and CrictlVersion their crictl, installed
+// by scripts/deps.sh (which names the same versions: TestDepsVersion checks it).
+const (
+	ContainerdVersion = "v2.4.2"
+	CrictlVersion     = "v1.37.0"
+)
 
 // DefaultCacheDir holds the project's installed tools unless $KVFS_CACHE names another.
 const DefaultCacheDir = "/var/cache/kvfs"
@@ -22,6 +25,7 @@ type Bins struct {
 	Containerd string
 	Ctr        string
 	RuncShim   string // containerd-shim-runc-v2
+	Crictl     string
 }
 
 // Binaries returns the installed containerd binaries. When they are missing or of another
@@ -39,6 +43,7 @@ func Binaries(t testing.TB) Bins {
 		Containerd: filepath.Join(dir, "containerd"),
 		Ctr:        filepath.Join(dir, "ctr"),
 		RuncShim:   filepath.Join(dir, "containerd-shim-runc-v2"),
+		Crictl:     filepath.Join(dir, "crictl"),
 	}
 	stamp, err := os.ReadFile(filepath.Join(dir, ".containerd-version"))
 	if err != nil {
@@ -47,7 +52,14 @@ func Binaries(t testing.TB) Bins {
 	if v := strings.TrimSpace(string(stamp)); v != ContainerdVersion {
 		t.Fatalf("ctrdtest: %s holds containerd %s, the tests want %s: run scripts/deps.sh", dir, v, ContainerdVersion)
 	}
-	for _, p := range []string{b.Containerd, b.Ctr, b.RuncShim} {
+	stamp, err = os.ReadFile(filepath.Join(dir, ".crictl-version"))
+	if err != nil {
+		t.Fatalf("ctrdtest: crictl %s is not installed in %s (%v): run scripts/deps.sh", CrictlVersion, dir, err)
+	}
+	if v := strings.TrimSpace(string(stamp)); v != CrictlVersion {
+		t.Fatalf("ctrdtest: %s holds crictl %s, the tests want %s: run scripts/deps.sh", dir, v, CrictlVersion)
+	}
+	for _, p := range []string{b.Containerd, b.Ctr, b.RuncShim, b.Crictl} {
 		if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
 			t.Fatalf("ctrdtest: %s is missing or not executable (%v): run scripts/deps.sh", p, err)
 		}

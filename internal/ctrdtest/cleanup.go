@@ -47,6 +47,11 @@ func (c *Containerd) cleanup(t testing.TB) {
 		}
 		c.stop(t)
 	}
+	if c.opts.CRI {
+		if err := c.removeNetNS(); err != nil {
+			t.Errorf("ctrdtest: cleanup: %v", err)
+		}
+	}
 
 	now, err := c.snapshot()
 	if err != nil {

@@ -9,16 +9,19 @@ import (
 	"github.com/pelletier/go-toml/v2"
 )
 
-// disabledPlugins are off in every test containerd: the CRI (its image and runtime services,
-// its gRPC service and the pause-container sandbox controller), so that it needs no CNI, and
-// NRI, whose socket would be the machine's /var/run/nri/nri.sock.
-var disabledPlugins = []string{
+// criPlugins are the CRI's: its image and runtime services, its gRPC service and the
+// pause-container sandbox controller. They are off unless Options.CRI, so that a containerd
+// needs no CNI.
+var criPlugins = []string{
 	"io.containerd.grpc.v1.cri",
 	"io.containerd.cri.v1.images",
 	"io.containerd.cri.v1.runtime",
 	"io.containerd.podsandbox.controller.v1.podsandbox",
-	"io.containerd.nri.v1.nri",
 }
+
+// nriPlugin is off in every test containerd: its socket would be the machine's
+// /var/run/nri/nri.sock.
+const nriPlugin = "io.containerd.nri.v1.nri"
 
 // Socket names in the containerd's directory.
 const (
@@ -34,14 +37,20 @@ const (
 // The config is version 4, containerd 2.4's own: version 3 still loads but is migrated at
 // each start with a warning (in version 4 the gRPC, ttrpc, debug and metrics servers are
 // configured as the plugins io.containerd.server.v1.*).
-func config(dir, logLevel, extra string) ([]byte, error) {
+//
+// With cri, the CRI plugins are on and configured by criConfig.
+func config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
+	disabled := append([]string{nriPlugin}, criPlugins...)
+	if cri {
+		disabled = []string{nriPlugin}
+	}
 	cfg := map[string]any{
 		"version":          int64(4),
 		"root":             filepath.Join(dir, "root"),
 		"state":            filepath.Join(dir, "state"),
 		"temp":             filepath.Join(dir, "tmp"),
 		"imports":          []any{}, // not the default /etc/containerd/conf.d/*.toml
-		"disabled_plugins": toAny(disabledPlugins),
+		"disabled_plugins": toAny(disabled),
 		"debug":            map[string]any{"level": logLevel},
 		"plugins": map[string]any{
 			"io.containerd.server.v1.grpc":           map[string]any{"address": filepath.Join(dir, grpcSocket)},
@@ -51,6 +60,11 @@ func config(dir, logLevel, extra string) ([]byte, error) {
 			"io.containerd.internal.v1.opt":          map[string]any{"path": filepath.Join(dir, "opt")},
 			"io.containerd.image-verifier.v1.bindir": map[string]any{"bin_dir": filepath.Join(dir, "image-verifier")},
 		},
+	}
+	if cri {
+		if err := merge(cfg, criConfig(dir), nil); err != nil {
+			return nil, err
+		}
 	}
 	fixed := [][]string{
 		{"version"}, {"root"}, {"state"}, {"temp"}, {"imports"},

@@ -35,9 +35,13 @@ type Options struct {
 	LeakDirs []string
 	// LogLevel is containerd's log level; "info" when empty.
 	LogLevel string
-	// CtrTimeout bounds each ctr that Ctr and RunCtr run; 3 minutes when zero (a VM
-	// booted under TCG takes tens of seconds).
+	// CtrTimeout bounds each ctr that Ctr and RunCtr run (and each crictl); 3 minutes when
+	// zero (a VM booted under TCG takes tens of seconds).
 	CtrTimeout time.Duration
+	// CRI turns containerd's CRI on (see criConfig), for crictl (Crictl): containerd then runs
+	// in a network namespace of its own (NetNS), named after its namespace, where the CNI
+	// test network's bridge is, and the pod sandbox image PauseImage is imported.
+	CRI bool
 }
 
 // Containerd is a private containerd: its own directory, config, sockets and namespace.
@@ -90,7 +94,7 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	cfg, err := config(dir, opts.LogLevel, opts.Config)
+	cfg, err := config(dir, opts.LogLevel, opts.CRI, opts.Config)
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatal(err)
@@ -107,12 +111,23 @@ func Start(t testing.TB, opts Options) *Containerd {
 		}
 	}
 	c.opts.LeakDirs = append(append([]string{}, opts.LeakDirs...), c.SandboxBaseDir())
+	if opts.CRI {
+		if err := c.setupCRI(); err != nil {
+			os.RemoveAll(dir)
+			t.Fatalf("ctrdtest: %v", err)
+		}
+	}
 	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
+		c.removeNetNS()
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
 	c.cmd = exec.Command(bins.Containerd, "--config", cfgPath)
+	if opts.CRI {
+		// nsenter joins the network namespace and executes containerd in its place.
+		c.cmd = exec.Command("nsenter", "--net="+c.NetNS(), "--", bins.Containerd, "--config", cfgPath)
+	}
 	c.cmd.Dir = dir
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	c.cmd.Env = append(c.environ(), opts.Env...)
@@ -128,6 +143,9 @@ func Start(t testing.TB, opts Options) *Containerd {
 	}
 	if err := c.cmd.Start(); err != nil {
 		logf.Close()
+		if opts.CRI {
+			c.removeNetNS()
+		}
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: starting containerd: %v", err)
 	}
@@ -139,6 +157,9 @@ func Start(t testing.TB, opts Options) *Containerd {
 	t.Cleanup(func() { c.cleanup(t) })
 	if err := c.waitReady(30 * time.Second); err != nil {
 		t.Fatalf("ctrdtest: %v", err)
+	}
+	if opts.CRI {
+		c.importPause(t)
 	}
 	c.start = c.Snapshot(t)
 	return c

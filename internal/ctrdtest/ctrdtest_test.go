@@ -3,6 +3,7 @@ package ctrdtest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -31,6 +32,10 @@ func TestDepsVersion(t *testing.T) {
 	if m == nil || string(m[1]) != ContainerdVersion {
 		t.Fatalf("scripts/deps.sh installs containerd %q; ContainerdVersion is %s", m, ContainerdVersion)
 	}
+	m = regexp.MustCompile(`(?m)^crictl_version=(\S+)$`).FindSubmatch(b)
+	if m == nil || string(m[1]) != CrictlVersion {
+		t.Fatalf("scripts/deps.sh installs crictl %q; CrictlVersion is %s", m, CrictlVersion)
+	}
 }
 
 func TestConfig(t *testing.T) {
@@ -42,7 +47,7 @@ func TestConfig(t *testing.T) {
 		}
 		return m
 	}
-	b, err := config("/tmp/ctrd-x", "debug", "")
+	b, err := config("/tmp/ctrd-x", "debug", false, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +78,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins.'io.containerd.runtime.v2.task']
   platforms = ["linux/amd64"]
 `
-	b, err = config("/tmp/ctrd-x", "info", extra)
+	b, err = config("/tmp/ctrd-x", "info", false, extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +103,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 		{"[debug]\nlevel = [", "Options.Config"},
 		{"debug = 'x'", "debug: a table in one config and a value in the other"},
 	} {
-		if _, err := config("/tmp/ctrd-x", "info", tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := config("/tmp/ctrd-x", "info", false, tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want an error with %q", tc.extra, err, tc.want)
 		}
 	}
@@ -125,7 +130,7 @@ func TestRuncShim(t *testing.T) {
 
 	// The CRI and NRI are off.
 	plugins := c.Ctr(t, "plugins", "list")
-	for _, p := range disabledPlugins {
+	for _, p := range append([]string{nriPlugin}, criPlugins...) {
 		typ, id, _ := strings.Cut(strings.TrimPrefix(p, "io.containerd."), ".v1.")
 		if regexp.MustCompile(`(?m)^io\.containerd\.` + regexp.QuoteMeta(typ) + `\.v1\s+` + regexp.QuoteMeta(id) + `\s`).MatchString(plugins) {
 			t.Errorf("plugin %s is loaded:\n%s", p, plugins)
@@ -565,5 +570,71 @@ func TestShimDirs(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^marked .*-id t1 .*start$`).Match(b) {
 		t.Errorf("the shim's invocations:\n%s", b)
+	}
+}
+
+// TestCRIRunc runs a pod through the CRI with containerd's runc runtime: the CRI harness's
+// end-to-end proof (crictl, CNI, the pause image, the network namespace), and the peer the
+// kvfs pods are measured against.
+func TestCRIRunc(t *testing.T) {
+	requireContainerd(t)
+	c := Start(t, Options{CRI: true})
+	image := ImportImage(t, c, "localhost/busybox:cri")
+	before := c.Snapshot(t)
+
+	dir := t.TempDir()
+	pod := filepath.Join(dir, "pod.json")
+	ctr := filepath.Join(dir, "ctr.json")
+	writeJSON(t, pod, map[string]any{
+		"metadata":      map[string]any{"name": "p1", "namespace": "default", "uid": "u1"},
+		"log_directory": filepath.Join(dir, "logs"),
+		"dns_config":    map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
+	})
+	writeJSON(t, ctr, map[string]any{
+		"metadata": map[string]any{"name": "c1"},
+		"image":    map[string]any{"image": image},
+		"command":  []string{"sh", "-c", "echo started; cat /etc/resolv.conf; ip -4 -o addr show eth0; sleep 600"},
+		"log_path": "c1.log",
+	})
+	podID := strings.TrimSpace(c.Crictl(t, "runp", "--runtime", "runc", pod))
+	ctrID := strings.TrimSpace(c.Crictl(t, "create", podID, ctr, pod))
+	c.Crictl(t, "start", ctrID)
+
+	var logs string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if logs = c.Crictl(t, "logs", ctrID); strings.Contains(logs, "inet ") {
+			break
+		}
+	}
+	if !strings.Contains(logs, "started\n") || !strings.Contains(logs, "nameserver 10.99.0.53") || !strings.Contains(logs, "search kvfs.test") {
+		t.Errorf("the container's log: %q", logs)
+	}
+	m := regexp.MustCompile(`inet (10\.99\.0\.\d+)/24`).FindStringSubmatch(logs)
+	if m == nil {
+		t.Fatalf("no address from %s in the log: %q", PodSubnet, logs)
+	}
+	// The pod answers from the containerd's network namespace, beside its veth.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := c.InNetNS(ctx, "busybox", "ping", "-c", "1", "-W", "5", m[1]).CombinedOutput(); err != nil {
+		t.Errorf("ping %s from NetNS: %v\n%s", m[1], err, out)
+	}
+	// crictl prints the exec's stdout and stderr, each followed by a newline.
+	if out := c.Crictl(t, "exec", "--sync", ctrID, "echo", "from exec"); strings.TrimSpace(out) != "from exec" {
+		t.Errorf("exec: %q", out)
+	}
+	c.Crictl(t, "stopp", podID)
+	c.Crictl(t, "rmp", podID)
+	c.CheckNoLeaks(t, before)
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

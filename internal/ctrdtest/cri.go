@@ -1,0 +1,232 @@
+package ctrdtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfs/kvfs/internal/ociimage"
+)
+
+// The CRI test network: a CNI bridge network whose bridge is in the containerd's own network
+// namespace (NetNS), so its addresses and traffic stay there.
+const (
+	// PodSubnet is where the pods' addresses come from.
+	PodSubnet = "10.99.0.0/24"
+	// PodGateway is the bridge's address, in NetNS.
+	PodGateway = "10.99.0.1"
+	// cniNetwork is the network's name, cniBridge its bridge's.
+	cniNetwork = "kvfstest"
+	cniBridge  = "kvfsbr0"
+	// cniBinDir is where Debian's containernetworking-plugins installs the plugins.
+	cniBinDir = "/usr/lib/cni"
+)
+
+// CRINamespace is the containerd namespace of everything the CRI makes.
+const CRINamespace = "k8s.io"
+
+// PauseImage is the pod sandbox image the CRI is pinned to, imported into CRINamespace at
+// Start: the busybox test image sleeping for ever (there is no registry to pull the real pause
+// image from). A runtime whose VM does the pause container's job never runs it.
+const PauseImage = "localhost/pause:kvfs-test"
+
+// criDirs are the CRI's directories in the containerd's directory.
+const (
+	cniConfDir  = "cni/net.d"
+	cniDataDir  = "cni/ipam"
+	crictlYAML  = "crictl.yaml"
+	runcRootDir = "runc"
+)
+
+// criConfig is the CRI's part of the config.toml of a containerd in dir: CNI from cniBinDir
+// with the test network in dir, network namespaces under the containerd's state directory
+// (not the machine's /var/run/netns), the OOM score restricted (these machines lack
+// CAP_SYS_RESOURCE), the streaming server on a free loopback port of NetNS, the sandbox image
+// pinned to PauseImage, and runc's state under dir. Runtimes are the test's to add
+// (Options.Config: [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.NAME]).
+func criConfig(dir string) map[string]any {
+	return map[string]any{"plugins": map[string]any{
+		"io.containerd.cri.v1.runtime": map[string]any{
+			"enable_selinux":               false,
+			"restrict_oom_score_adj":       true,
+			"netns_mounts_under_state_dir": true,
+			"cni": map[string]any{
+				"bin_dirs":     []any{cniBinDir},
+				"conf_dir":     filepath.Join(dir, cniConfDir),
+				"max_conf_num": int64(1),
+			},
+			"containerd": map[string]any{
+				"default_runtime_name": "runc",
+				"runtimes": map[string]any{
+					"runc": map[string]any{
+						"runtime_type": "io.containerd.runc.v2",
+						"options":      map[string]any{"Root": filepath.Join(dir, runcRootDir)},
+					},
+				},
+			},
+		},
+		"io.containerd.cri.v1.images": map[string]any{
+			"snapshotter":   "overlayfs",
+			"pinned_images": map[string]any{"sandbox": PauseImage},
+		},
+		"io.containerd.grpc.v1.cri": map[string]any{
+			"disable_tcp_service":   true,
+			"stream_server_address": "127.0.0.1",
+			"stream_server_port":    "0",
+		},
+	}}
+}
+
+// cniConfList is the test network: a bridge in NetNS (the pods' gateway), host-local
+// addresses from PodSubnet kept in dir, a default route through the bridge.
+func cniConfList(dir string) ([]byte, error) {
+	return json.MarshalIndent(map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       cniNetwork,
+		"plugins": []any{map[string]any{
+			"type":      "bridge",
+			"bridge":    cniBridge,
+			"isGateway": true,
+			"ipMasq":    false,
+			"ipam": map[string]any{
+				"type":    "host-local",
+				"ranges":  []any{[]any{map[string]any{"subnet": PodSubnet, "gateway": PodGateway}}},
+				"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
+				"dataDir": filepath.Join(dir, cniDataDir),
+			},
+		}},
+	}, "", "  ")
+}
+
+// NetNS is the path of the containerd's network namespace, with CRI: the test network's
+// bridge is there, and the pods' veths have their host ends there. Commands run in it with
+// InNetNS. Empty without CRI (containerd then runs in the test's network namespace).
+func (c *Containerd) NetNS() string {
+	if !c.opts.CRI {
+		return ""
+	}
+	return filepath.Join("/run/netns", c.namespace)
+}
+
+// InNetNS is the command name args... run in NetNS (through nsenter), killed when ctx is done.
+func (c *Containerd) InNetNS(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + c.NetNS(), "--", name}, args...)...)
+	cmd.Env = c.environ()
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// setupCRI makes what a CRI containerd needs before it starts: its network namespace
+// (named after its containerd namespace, loopback up: the streaming server listens there), the
+// CNI config and crictl's config.
+func (c *Containerd) setupCRI() error {
+	if out, err := exec.Command("ip", "netns", "add", c.namespace).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns add %s: %v: %s", c.namespace, err, bytes.TrimSpace(out))
+	}
+	if out, err := exec.Command("ip", "-n", c.namespace, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		return errors.Join(fmt.Errorf("ip -n %s link set lo up: %v: %s", c.namespace, err, bytes.TrimSpace(out)), c.removeNetNS())
+	}
+	conf, err := cniConfList(c.dir)
+	if err != nil {
+		return errors.Join(err, c.removeNetNS())
+	}
+	if err := os.MkdirAll(filepath.Join(c.dir, cniConfDir), 0o700); err != nil {
+		return errors.Join(err, c.removeNetNS())
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, cniConfDir, "10-"+cniNetwork+".conflist"), conf, 0o600); err != nil {
+		return errors.Join(err, c.removeNetNS())
+	}
+	endpoint := "unix://" + c.Address()
+	yaml := fmt.Sprintf("runtime-endpoint: %s\nimage-endpoint: %s\ntimeout: %d\npull-image-on-create: false\n",
+		endpoint, endpoint, int(c.opts.CtrTimeout.Seconds()))
+	if err := os.WriteFile(filepath.Join(c.dir, crictlYAML), []byte(yaml), 0o600); err != nil {
+		return errors.Join(err, c.removeNetNS())
+	}
+	return nil
+}
+
+// removeNetNS removes the containerd's network namespace (with the bridge and the veth ends
+// left in it).
+func (c *Containerd) removeNetNS() error {
+	if out, err := exec.Command("ip", "netns", "del", c.namespace).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %v: %s", c.namespace, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// importPause imports PauseImage into CRINamespace.
+func (c *Containerd) importPause(t testing.TB) {
+	t.Helper()
+	img, err := ociimage.Busybox(PauseImage, ociimage.BusyboxPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.Config.Cmd = []string{"sleep", "2147483647"}
+	archive := filepath.Join(c.dir, "pause.tar")
+	if err := img.WriteFile(archive); err != nil {
+		t.Fatal(err)
+	}
+	c.Ctr(t, "--namespace", CRINamespace, "images", "import", archive)
+}
+
+// ImportImage imports the busybox test image into CRINamespace as name, for the CRI
+// (ImportBusybox imports it into the ctr namespace).
+func ImportImage(t testing.TB, c *Containerd, name string) string {
+	t.Helper()
+	img, err := ociimage.Busybox(name, ociimage.BusyboxPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(c.dir, strings.NewReplacer("/", "_", ":", "_").Replace(name)+".tar")
+	if err := img.WriteFile(archive); err != nil {
+		t.Fatal(err)
+	}
+	c.Ctr(t, "--namespace", CRINamespace, "images", "import", archive)
+	return name
+}
+
+// CrictlCmd is `crictl --config CONFIG args...` on the containerd's CRI, run in NetNS (the
+// streaming server of exec, attach and port-forward listens there), killed when ctx is done.
+func (c *Containerd) CrictlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	return c.InNetNS(ctx, c.bins.Crictl, append([]string{"--config", filepath.Join(c.dir, crictlYAML)}, args...)...)
+}
+
+// RunCrictl runs crictl with args and returns its output and exit status. It fails the test if
+// crictl cannot be started, is killed by a signal, or outlasts Options.CtrTimeout.
+func (c *Containerd) RunCrictl(t testing.TB, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.CtrTimeout+10*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := c.CrictlCmd(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("ctrdtest: crictl %s: timed out\nstdout: %s\nstderr: %s", strings.Join(args, " "), &stdout, &stderr)
+	case errors.As(err, &ee) && ee.ExitCode() >= 0:
+	case err != nil:
+		t.Fatalf("ctrdtest: crictl %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, &stdout, &stderr)
+	}
+	return Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: cmd.ProcessState.ExitCode()}
+}
+
+// Crictl runs crictl with args and returns its standard output; it fails the test unless
+// crictl exits 0.
+func (c *Containerd) Crictl(t testing.TB, args ...string) string {
+	t.Helper()
+	r := c.RunCrictl(t, args...)
+	if r.ExitCode != 0 {
+		t.Fatalf("ctrdtest: crictl %s: exit status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return r.Stdout
+}
