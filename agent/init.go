@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
 
 // What init does before the agent serves, and after Shutdown. Only PID 1 calls these (Main);
@@ -61,8 +63,8 @@ func LeaveInitramfs() error {
 }
 
 // MountSystem mounts /proc, /sys, /dev, /dev/pts, /dev/shm, /run, /tmp and the cgroup2
-// hierarchy, makes /dev/ptmx the devpts instance's, and enables every cgroup controller for
-// the containers' groups.
+// hierarchy, makes /dev/ptmx the devpts instance's, makes the cgroup of the containers
+// (agent.ContainersCgroup) and enables every cgroup controller for their groups.
 func MountSystem() error {
 	for _, m := range systemMounts {
 		if err := os.MkdirAll(m.target, 0o755); err != nil {
@@ -82,7 +84,14 @@ func MountSystem() error {
 			return err
 		}
 	}
-	return EnableControllers(DefaultCgroupRoot)
+	if err := EnableControllers(DefaultCgroupRoot); err != nil {
+		return err
+	}
+	pod := filepath.Join(DefaultCgroupRoot, apiv1.ContainersCgroup)
+	if err := os.Mkdir(pod, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("making the containers' cgroup: %w", err)
+	}
+	return EnableControllers(pod)
 }
 
 // EnableControllers writes every controller of the cgroup at dir to its subtree_control.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -494,7 +495,7 @@ func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.
 	spec.Root.Path = root
 	spec.Process.Terminal = stdio != nil && stdio.Terminal
 	if spec.Linux.CgroupsPath == "" {
-		spec.Linux.CgroupsPath = "/kvfs/" + id
+		spec.Linux.CgroupsPath = path.Join(apiv1.ContainersCgroup, id)
 	}
 	if !strings.HasPrefix(spec.Linux.CgroupsPath, "/") {
 		return nil, errf(codes.InvalidArgument, "spec: linux.cgroupsPath %q is not an absolute cgroup path (the guest runs runc with cgroupfs)", spec.Linux.CgroupsPath)
@@ -974,15 +975,20 @@ func (s *Service) ListPids(ctx context.Context, req *apiv1.ListPidsRequest) (*ap
 	return resp, nil
 }
 
-// Stats answers the container cgroup's metrics.
+// Stats answers the container cgroup's metrics, or without a container id the pod's: those of
+// ContainersCgroup.
 func (s *Service) Stats(ctx context.Context, req *apiv1.StatsRequest) (*apiv1.StatsResponse, error) {
-	c, err := s.lookup(req.ContainerId)
-	if err != nil {
-		return nil, err
+	group := apiv1.ContainersCgroup
+	if req.ContainerId != "" {
+		c, err := s.lookup(req.ContainerId)
+		if err != nil {
+			return nil, err
+		}
+		group = c.cgroup
 	}
-	m, err := s.cfg.Cgroups.Stats(c.cgroup)
+	m, err := s.cfg.Cgroups.Stats(group)
 	if err != nil {
-		return nil, errf(codes.Internal, "cgroup %s: %v", c.cgroup, err)
+		return nil, errf(codes.Internal, "cgroup %s: %v", group, err)
 	}
 	a, err := typeurl.MarshalAnyToProto(m)
 	if err != nil {

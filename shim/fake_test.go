@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
-	eventstypes "github.com/containerd/containerd/api/events"
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
@@ -35,6 +36,9 @@ type fakeAgent struct {
 	drainDelay time.Duration // how long after the exit the last output chunk comes
 	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
 	oversize int
+	// statsAsked are the container ids Stats was asked for; badStats, if set, is its answer.
+	statsAsked []string
+	badStats   *anypb.Any
 }
 
 type fakeProc struct {
@@ -285,7 +289,15 @@ func (a *fakeAgent) ListPids(_ context.Context, r *agent.ListPidsRequest) (*agen
 }
 
 func (a *fakeAgent) Stats(_ context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {
-	v, err := typeurl.MarshalAnyToProto(&eventstypes.TaskOOM{ContainerID: "stats-of-" + r.ContainerId})
+	a.mu.Lock()
+	a.statsAsked = append(a.statsAsked, r.ContainerId)
+	bad := a.badStats
+	a.mu.Unlock()
+	if bad != nil {
+		return &agent.StatsResponse{Stats: bad}, nil
+	}
+	// The container is told by the count of its pids: the length of its id (the pod's: 0).
+	v, err := typeurl.MarshalAnyToProto(&cgroupstats.Metrics{Pids: &cgroupstats.PidsStat{Current: uint64(len(r.ContainerId))}})
 	if err != nil {
 		return nil, err
 	}
@@ -329,6 +341,9 @@ func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.Sh
 	return &agent.ShutdownResponse{}, nil
 }
 
+// fakeVMPid is the VM pid of every fakePod.
+const fakeVMPid = 4242
+
 // fakePod is a Pod around a fakeAgent.
 type fakePod struct {
 	agent   *fakeAgent
@@ -363,6 +378,7 @@ func (p *fakePod) Unbind(name string) error {
 }
 
 func (p *fakePod) Done() <-chan struct{} { return p.done }
+func (p *fakePod) Pid() uint32           { return fakeVMPid }
 func (p *fakePod) Err() error            { return p.err }
 
 func (p *fakePod) Stop(ctx context.Context) error {

@@ -239,6 +239,14 @@ func (p *VMPod) Unbind(name string) error { return p.sb.Unbind(name) }
 // Done implements Pod.
 func (p *VMPod) Done() <-chan struct{} { return p.done }
 
+// Pid implements Pod: the QEMU process's.
+func (p *VMPod) Pid() uint32 {
+	if vm := p.sb.Stats().VM; vm != nil && vm.PID > 0 {
+		return uint32(vm.PID)
+	}
+	return 0
+}
+
 // Err implements Pod.
 func (p *VMPod) Err() error {
 	p.mu.Lock()

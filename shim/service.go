@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
@@ -28,6 +30,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -48,6 +51,8 @@ type Pod interface {
 	Done() <-chan struct{}
 	// Err says why Done was closed.
 	Err() error
+	// Pid is the VM's process id (0 if it has none on this host): the pod sandbox task's.
+	Pid() uint32
 	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
 	Stop(ctx context.Context) error
 }
@@ -60,6 +65,9 @@ type PodRequest struct {
 	Config *sandbox.Config
 	// Annotations are the first container's (untrusted; see sandbox.Config.Resolve).
 	Annotations map[string]string
+	// SandboxTask says the first container is CRI's pod sandbox container: its task is the
+	// VM's, answered by the shim (sandboxtask.go).
+	SandboxTask bool
 }
 
 // PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
@@ -225,8 +233,16 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	guestSpec, hostBinds, err := AdaptSpec(spec, r.ID)
-	if err != nil {
+	// CRI's pod sandbox container runs nothing: the VM is the pod (sandboxtask.go).
+	isSandbox := spec.Annotations[AnnotationContainerType] == containerTypeSandbox
+	podReq := PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations, SandboxTask: isSandbox}
+	var guestSpec *specs.Spec
+	var hostBinds []HostBind
+	if isSandbox {
+		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
+			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
+	} else if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	ns, _ := namespaces.Namespace(ctx)
@@ -261,37 +277,14 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })
-	pod, podCtx, err := s.acquirePod(ctx, PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations})
+	pod, podCtx, err := s.acquirePod(ctx, podReq)
 	if err != nil {
 		return nil, err
 	}
-
-	rootfs := filepath.Join(r.Bundle, "rootfs")
-	if len(r.Rootfs) > 0 {
-		if err := os.MkdirAll(rootfs, 0o711); err != nil {
+	if !isSandbox {
+		if err := s.bindContainer(pod, c, r, spec, hostBinds, &undo); err != nil {
 			return nil, err
 		}
-		if err := mount.All(mount.FromProto(r.Rootfs), rootfs); err != nil {
-			return nil, fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
-		}
-		c.rootfsMounted = true
-		undo = append(undo, func() { unmountRootfs(s.ctx, rootfs) })
-	} else if spec.Root != nil && spec.Root.Path != "" {
-		rootfs = spec.Root.Path
-		if !filepath.IsAbs(rootfs) {
-			rootfs = filepath.Join(r.Bundle, rootfs)
-		}
-	}
-	if err := pod.Bind(rootfs, r.ID, false); err != nil {
-		return nil, fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
-	}
-	c.binds = append(c.binds, r.ID)
-	undo = append(undo, func() { s.unbindAll(pod, c) })
-	for _, b := range hostBinds {
-		if err := pod.Bind(b.Source, b.Name, b.ReadOnly); err != nil {
-			return nil, fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
-		}
-		c.binds = append(c.binds, b.Name)
 	}
 
 	pio, err := stdio.Open(s.ctx, sc)
@@ -326,6 +319,40 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	})
 	s.watch(pod, podCtx, c, c.init)
 	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+}
+
+// bindContainer puts container c's files in the pod's share: its root filesystem (Create's
+// mounts, mounted on <bundle>/rootfs, or the spec's root path) at the container's id, then its
+// bind mounts. What it did is undone by the functions it appends to undo.
+func (s *Service) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) error {
+	rootfs := filepath.Join(r.Bundle, "rootfs")
+	if len(r.Rootfs) > 0 {
+		if err := os.MkdirAll(rootfs, 0o711); err != nil {
+			return err
+		}
+		if err := mount.All(mount.FromProto(r.Rootfs), rootfs); err != nil {
+			return fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
+		}
+		c.rootfsMounted = true
+		*undo = append(*undo, func() { unmountRootfs(s.ctx, rootfs) })
+	} else if spec.Root != nil && spec.Root.Path != "" {
+		rootfs = spec.Root.Path
+		if !filepath.IsAbs(rootfs) {
+			rootfs = filepath.Join(r.Bundle, rootfs)
+		}
+	}
+	if err := pod.Bind(rootfs, r.ID, false); err != nil {
+		return fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
+	}
+	c.binds = append(c.binds, r.ID)
+	*undo = append(*undo, func() { s.unbindAll(pod, c) })
+	for _, b := range hostBinds {
+		if err := pod.Bind(b.Source, b.Name, b.ReadOnly); err != nil {
+			return fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
+		}
+		c.binds = append(c.binds, b.Name)
+	}
+	return nil
 }
 
 // loadConfig decodes Create's options into the sandbox configuration: runtimeoptions'
@@ -398,6 +425,9 @@ func (s *Service) acquirePod(ctx context.Context, req PodRequest) (Pod, context.
 		s.mu.Unlock()
 
 		pod, err := s.opts.StartPod(ctx, req)
+		if err == nil && req.SandboxTask {
+			pod = withSandboxTask(pod, req.ID)
+		}
 		s.mu.Lock()
 		s.booting = nil
 		var pctx context.Context
@@ -1022,7 +1052,9 @@ func (s *Service) query(ctx context.Context, id string) (*container, agent.Agent
 	return c, ag, actx, cancel, nil
 }
 
-// Stats passes the agent's cgroup metrics through.
+// Stats answers the agent's cgroup metrics of the container (the pod's, for the pod sandbox).
+// They go to containerd only as what they must be, a cgroup2 Metrics that decodes: the guest's
+// answer is untrusted, and containerd's CRI decodes what it gets by its type.
 func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
 	c, ag, actx, cancel, err := s.query(ctx, r.ID)
 	if err != nil {
@@ -1033,7 +1065,19 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
 	}
-	return &taskAPI.StatsResponse{Stats: resp.Stats}, nil
+	var m cgroupstats.Metrics
+	url := resp.GetStats().GetTypeUrl()
+	if name := url[strings.LastIndex(url, "/")+1:]; name != string(m.ProtoReflect().Descriptor().FullName()) {
+		return nil, fmt.Errorf("the agent's stats of %s are of type %q, not %s: %w", c.id, url, m.ProtoReflect().Descriptor().FullName(), errdefs.ErrUnknown)
+	}
+	if err := proto.Unmarshal(resp.Stats.GetValue(), &m); err != nil {
+		return nil, fmt.Errorf("the agent's stats of %s: %v: %w", c.id, err, errdefs.ErrUnknown)
+	}
+	a, err := typeurl.MarshalAnyToProto(&m)
+	if err != nil {
+		return nil, err
+	}
+	return &taskAPI.StatsResponse{Stats: a}, nil
 }
 
 // Update sends new resource limits (linux.resources JSON) to the agent.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types"
@@ -477,9 +478,23 @@ func TestPauseResumeOOMStatsUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, err := typeurl.UnmarshalAny(st.Stats); err != nil || v.(*eventstypes.TaskOOM).ContainerID != "stats-of-c1" {
+	if v, err := typeurl.UnmarshalAny(st.Stats); err != nil || v.(*cgroupstats.Metrics).GetPids().GetCurrent() != 2 {
 		t.Errorf("Stats passed %v, %v", v, err)
 	}
+	// A guest's answer of another type, or one that does not decode, does not reach containerd.
+	for _, bad := range []*anypb.Any{
+		{TypeUrl: "io.containerd.cgroups.v1.Metrics", Value: nil},
+		{TypeUrl: "io.containerd.cgroups.v2.Metrics", Value: []byte{0xff, 0xff, 0xff}},
+	} {
+		h.agent.mu.Lock()
+		h.agent.badStats = bad
+		h.agent.mu.Unlock()
+		_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+		wantKind(t, "Stats of a bad answer "+bad.TypeUrl, err, errdefs.ErrUnknown)
+	}
+	h.agent.mu.Lock()
+	h.agent.badStats = nil
+	h.agent.mu.Unlock()
 	limit := int64(1 << 20)
 	res, _ := json.Marshal(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
 	if _, err := h.svc.Update(h.ctx, &taskAPI.UpdateTaskRequest{ID: "c1", Resources: &anypb.Any{TypeUrl: "x/LinuxResources", Value: res}}); err != nil {
@@ -921,14 +936,17 @@ func TestConcurrentCreates(t *testing.T) {
 		return inner(ctx, req)
 	}
 	errs := make(chan error, 2)
-	for _, id := range []string{"c1", "c2"} {
+	create := func(id string) {
 		b := h.bundle(id, inPod("pod"))
 		go func() {
 			_, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: id, Bundle: b})
 			errs <- err
 		}()
 	}
+	// c1 boots the pod; c2 comes while it boots.
+	create("c1")
 	<-booting
+	create("c2")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

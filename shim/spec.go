@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -33,8 +32,9 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //     is the network namespace: the pod's containers share the VM's network;
 //   - linux.devices (host device nodes), hooks (host binaries, run by the host's runtime, if
 //     anyone's) and AppArmor/SELinux labels (the host's policy) are dropped;
-//   - a systemd-style cgroups path ("slice:prefix:name") becomes /kvfs/<id>: the guest has no
-//     systemd;
+//   - the cgroups path becomes agent.ContainersCgroup/<id>: the host's (a systemd slice, or
+//     CRI's pod parent) means nothing in the guest, and the pod's metrics are those of the
+//     parent of every container's group;
 //   - each bind mount's source, a host path, is bound into the share as <id>-<n>-<base> and
 //     the mount's source becomes its guest path; it is read-only when the mount says ro.
 func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
@@ -62,9 +62,7 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 		}
 		l.Devices = nil
 		l.MountLabel = ""
-		if strings.Count(l.CgroupsPath, ":") == 2 {
-			l.CgroupsPath = "/kvfs/" + id
-		}
+		l.CgroupsPath = path.Join(agent.ContainersCgroup, id)
 		g.Linux = &l
 	}
 	var binds []HostBind

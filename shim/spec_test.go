@@ -57,7 +57,7 @@ func TestAdaptSpec(t *testing.T) {
 				if !reflect.DeepEqual(g.Linux.Namespaces, want) {
 					t.Errorf("namespaces %+v", g.Linux.Namespaces)
 				}
-				if g.Linux.CgroupsPath != "/default/c1" || g.Annotations["a"] != "b" || g.Process.Args[0] != "sh" {
+				if g.Linux.CgroupsPath != "/kvfs/c1" || g.Annotations["a"] != "b" || g.Process.Args[0] != "sh" {
 					t.Errorf("kept parts changed: %q %v %v", g.Linux.CgroupsPath, g.Annotations, g.Process.Args)
 				}
 				wantBinds := []HostBind{

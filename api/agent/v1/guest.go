@@ -7,6 +7,11 @@ const (
 	// container's root filesystem, bound at mounts/NAME on the host, is SharedDir/NAME here.
 	SharedDir = "/run/kvfs/shared"
 
+	// ContainersCgroup is the guest cgroup (below the cgroup2 root) that holds every
+	// container's, each at ContainersCgroup/ID: the agent makes it at boot, and its metrics
+	// are the pod's (Stats without a container id).
+	ContainersCgroup = "/kvfs"
+
 	// SerialPortName is the name of the virtio-serial port that carries the API
 	// (-device virtserialport,name=io.kvfs.agent.0); the guest finds it in
 	// /sys/class/virtio-ports/*/name.

@@ -1,0 +1,210 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+
+	"github.com/kvfs/kvfs/sandbox"
+)
+
+// criSandbox is the annotations CRI gives its pod sandbox container id.
+func criSandbox(id string, extra map[string]string) map[string]string {
+	m := map[string]string{AnnotationContainerType: containerTypeSandbox, AnnotationSandboxID: id}
+	for k, v := range extra {
+		m[k] = v
+	}
+	return m
+}
+
+// criContainer is the annotations CRI gives a container of pod sandbox.
+func criContainer(sandbox string) map[string]string {
+	return map[string]string{AnnotationContainerType: containerTypeContainer, AnnotationSandboxID: sandbox}
+}
+
+// TestSandboxTask: CRI's pod sandbox container boots the pod and runs nothing: no rootfs is
+// mounted or bound, the agent never hears of it, its pid is the VM's; it exits as the pause
+// process would; the pod's containers run beside it in its VM; its stats are the pod's.
+func TestSandboxTask(t *testing.T) {
+	h := newHarness(t)
+	b := h.bundle("pod", criSandbox("pod", nil))
+	// The snapshot CRI mounts for the pause image: the shim must not mount it.
+	resp := h.create(&taskAPI.CreateTaskRequest{ID: "pod", Bundle: b,
+		Rootfs: []*types.Mount{{Type: "bogus-never-mounted", Source: "none"}}})
+	if resp.Pid != fakeVMPid {
+		t.Errorf("the sandbox's pid %d, want the VM's %d", resp.Pid, fakeVMPid)
+	}
+	if !h.pod().req.SandboxTask {
+		t.Error("the pod was not started for a sandbox task")
+	}
+	if got := h.pod().bound(); len(got) != 0 {
+		t.Errorf("binds for the sandbox: %v", got)
+	}
+	h.agent.mu.Lock()
+	_, told := h.agent.specs["pod"]
+	h.agent.mu.Unlock()
+	if told {
+		t.Error("the agent was asked to create the sandbox container")
+	}
+	if _, err := os.Stat(filepath.Join(b, "rootfs", "x")); err == nil {
+		t.Error("the rootfs was mounted")
+	}
+	h.start("pod", "")
+	if st, _ := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "pod"}); st.GetPid() != fakeVMPid {
+		t.Errorf("State's pid %d", st.GetPid())
+	}
+
+	// A container of the pod joins its VM.
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer("pod"))})
+	h.start("c1", "")
+	if n := len(h.pods); n != 1 {
+		t.Errorf("%d pods started, want 1", n)
+	}
+	if _, ok := h.pod().bound()["c1"]; !ok {
+		t.Errorf("c1's rootfs is not bound: %v", h.pod().bound())
+	}
+
+	_, err := h.svc.Exec(h.ctx, &taskAPI.ExecProcessRequest{ID: "pod", ExecID: "e1", Spec: procAny(t)})
+	wantKind(t, "exec in the sandbox", err, errdefs.ErrNotImplemented)
+	_, err = h.svc.Pause(h.ctx, &taskAPI.PauseRequest{ID: "pod"})
+	wantKind(t, "pause the sandbox", err, errdefs.ErrNotImplemented)
+
+	st, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "pod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := typeurl.UnmarshalAny(st.Stats); err != nil || v.(*cgroupstats.Metrics).GetPids().GetCurrent() != 0 {
+		t.Errorf("the sandbox's stats %v, %v: want the pod's", v, err)
+	}
+	h.agent.mu.Lock()
+	asked := strings.Join(h.agent.statsAsked, ",")
+	h.agent.mu.Unlock()
+	if asked != "" {
+		t.Errorf("the agent was asked for stats of %q, want the pod's (no id)", asked)
+	}
+
+	// Signals that do not end the pause process leave it running.
+	for _, sig := range []syscall.Signal{syscall.SIGCHLD, syscall.SIGWINCH, 0} {
+		if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "pod", Signal: uint32(sig)}); err != nil {
+			t.Fatalf("kill -%d: %v", sig, err)
+		}
+	}
+	if s := h.status("pod", ""); s.String() != "RUNNING" {
+		t.Errorf("after ignored signals the sandbox is %v", s)
+	}
+	// CRI's StopPodSandbox: the containers first, then the sandbox with SIGKILL.
+	h.kill("c1", syscall.SIGKILL)
+	h.wait("c1", "")
+	h.kill("pod", syscall.SIGKILL)
+	if w := h.wait("pod", ""); w.ExitStatus != 137 {
+		t.Errorf("the sandbox exited %d after SIGKILL, want 137", w.ExitStatus)
+	}
+	h.delete("c1", "")
+	if h.pod().stopped != 0 {
+		t.Error("the pod stopped while its sandbox task was still there")
+	}
+	h.delete("pod", "")
+	if h.pod().stopped != 1 {
+		t.Errorf("the pod was stopped %d times, want once", h.pod().stopped)
+	}
+	if got := strings.Join(eventTypes(h.rec.all()), " "); got != "Create Start Create Start exit:c1 exit:pod Delete Delete" {
+		t.Errorf("events %q", got)
+	}
+}
+
+// TestSandboxTaskTerm: SIGTERM ends the sandbox task with status 0, as the pause process; the
+// pod's death ends it with exitVMDied.
+func TestSandboxTaskTerm(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(h *harness)
+		want uint32
+	}{
+		{"SIGTERM", func(h *harness) { h.kill("pod", syscall.SIGTERM) }, 0},
+		{"SIGHUP", func(h *harness) { h.kill("pod", syscall.SIGHUP) }, 128 + 1},
+		{"the VM dies", func(h *harness) { h.pod().die(errors.New("QEMU exited (test)")) }, exitVMDied},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.create(&taskAPI.CreateTaskRequest{ID: "pod", Bundle: h.bundle("pod", criSandbox("pod", nil))})
+			h.start("pod", "")
+			tc.end(h)
+			if w := h.wait("pod", ""); w.ExitStatus != tc.want {
+				t.Errorf("exit status %d, want %d", w.ExitStatus, tc.want)
+			}
+			h.delete("pod", "")
+		})
+	}
+}
+
+// TestSandboxSizing: the pod's CPU quota and memory limit from CRI's annotations are added
+// to the configured VM size; bad values are named.
+func TestSandboxSizing(t *testing.T) {
+	cfg := sandbox.DefaultConfig()
+	cfg.VM.VCPUs, cfg.VM.Memory = 1, "512M"
+	got, err := SizePod(cfg, map[string]string{
+		AnnotationSandboxCPUPeriod: "100000", AnnotationSandboxCPUQuota: "150000",
+		AnnotationSandboxMemory: "268435457"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCPUs := min(1+2, runtime.NumCPU())
+	if got.VM.VCPUs != wantCPUs || got.VM.Memory != "769M" {
+		t.Errorf("sized %d vCPUs, %s; want %d, 769M", got.VM.VCPUs, got.VM.Memory, wantCPUs)
+	}
+	if cfg.VM.VCPUs != 1 || cfg.VM.Memory != "512M" {
+		t.Error("SizePod changed its argument")
+	}
+	same, err := SizePod(cfg, map[string]string{AnnotationSandboxCPUQuota: "0", AnnotationSandboxCPUPeriod: "100000"})
+	if err != nil || same.VM.VCPUs != 1 || same.VM.Memory != "512M" {
+		t.Errorf("without limits: %v %v %v", same.VM.VCPUs, same.VM.Memory, err)
+	}
+	huge, err := SizePod(cfg, map[string]string{AnnotationSandboxCPUQuota: "100000000", AnnotationSandboxCPUPeriod: "1000"})
+	if err != nil || huge.VM.VCPUs != runtime.NumCPU() {
+		t.Errorf("a quota beyond the host: %d vCPUs, %v; want the host's %d", huge.VM.VCPUs, err, runtime.NumCPU())
+	}
+	for _, bad := range []map[string]string{
+		{AnnotationSandboxMemory: "-1"},
+		{AnnotationSandboxCPUQuota: "lots"},
+		{AnnotationSandboxMemory: "9223372036854775807"},
+	} {
+		if _, err := SizePod(cfg, bad); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+
+	// Through Create: the pod is started with the sized configuration, and a bad annotation
+	// fails the sandbox's Create with its name.
+	h := newHarness(t)
+	h.create(&taskAPI.CreateTaskRequest{ID: "pod", Bundle: h.bundle("pod", criSandbox("pod", map[string]string{
+		AnnotationSandboxMemory: "1073741824"}))})
+	base, _ := sandbox.ParseMemorySize(sandbox.DefaultConfig().VM.Memory)
+	if want := fmt.Sprintf("%dM", base>>20+1024); h.pod().req.Config.VM.Memory != want {
+		t.Errorf("the pod's memory %s, want %s", h.pod().req.Config.VM.Memory, want)
+	}
+	h2 := newHarness(t)
+	_, err = h2.svc.Create(h2.ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: h2.bundle("pod", criSandbox("pod", map[string]string{
+		AnnotationSandboxMemory: "1G"}))})
+	wantKind(t, "a bad sandbox-memory", err, errdefs.ErrInvalidArgument)
+	if err == nil || !strings.Contains(err.Error(), AnnotationSandboxMemory) {
+		t.Errorf("the error does not name the annotation: %v", err)
+	}
+}
+
+func (h *harness) kill(id string, sig syscall.Signal) {
+	h.t.Helper()
+	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: id, Signal: uint32(sig)}); err != nil {
+		h.t.Fatalf("Kill %s -%d: %v", id, sig, err)
+	}
+}
