@@ -33,6 +33,13 @@ type env struct {
 // (before its [vm] table).
 func newEnv(t *testing.T, extra string) *env {
 	t.Helper()
+	return startEnv(t, extra, false)
+}
+
+// startEnv is newEnv; with cri, the containerd's CRI is on, with the runtime handler
+// criHandler for the kvfs shim and this configuration, and the image is imported for it.
+func startEnv(t *testing.T, extra string, cri bool) *env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("boots VMs under QEMU (-short)")
 	}
@@ -54,14 +61,23 @@ func newEnv(t *testing.T, extra string) *env {
 	}
 	// Registered before Start, so it runs after the containerd's own cleanup (its leak check).
 	t.Cleanup(func() { checkBaseDirEmpty(t, e.baseDir) })
-	e.c = ctrdtest.Start(t, ctrdtest.Options{ShimDirs: []string{binDir}, LeakDirs: []string{e.baseDir}})
+	opts := ctrdtest.Options{ShimDirs: []string{binDir}, LeakDirs: []string{e.baseDir}}
+	if cri {
+		opts.CRI = true
+		opts.Config = criRuntime(e.config)
+	}
+	e.c = ctrdtest.Start(t, opts)
 	// Registered after Start, so it runs before the containerd's cleanup stops the pods.
 	t.Cleanup(func() {
 		if t.Failed() {
 			printConsoles(t, e.baseDir)
 		}
 	})
-	e.image = ctrdtest.ImportBusybox(t, e.c)
+	if cri {
+		e.image = ctrdtest.ImportImage(t, e.c, "localhost/busybox:cri")
+	} else {
+		e.image = ctrdtest.ImportBusybox(t, e.c)
+	}
 	return e
 }
 

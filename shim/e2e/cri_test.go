@@ -1,0 +1,227 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfs/kvfs/internal/ctrdtest"
+)
+
+// criHandler is the CRI runtime handler of the kvfs shim in the tests' containerd (crictl
+// runp --runtime kvfs), as packaging's containerd drop-in names it.
+const criHandler = "kvfs"
+
+// criRuntime is the CRI's runtime handler criHandler: the kvfs shim with the configuration at
+// config, pods started by the pause-container sandboxer.
+func criRuntime(config string) string {
+	return fmt.Sprintf(`
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]
+  runtime_type = %q
+  sandboxer = 'podsandbox'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s.options]
+    ConfigPath = %q
+`, criHandler, runtimeType, criHandler, config)
+}
+
+// pod is a CRI pod of the test: its config files and ids.
+type pod struct {
+	e      *env
+	dir    string // pod.json, the containers' configs, the logs
+	config string // pod.json
+	id     string
+}
+
+// runPod writes pod.json (with more fields from extra) and runs the pod through the kvfs
+// runtime handler.
+func (e *env) runPod(t *testing.T, name string, extra map[string]any) *pod {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := map[string]any{
+		"metadata":      map[string]any{"name": name, "namespace": "default", "uid": name + "-uid"},
+		"hostname":      name,
+		"log_directory": filepath.Join(dir, "logs"),
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	p := &pod{e: e, dir: dir, config: filepath.Join(dir, "pod.json")}
+	writeJSON(t, p.config, cfg)
+	p.id = strings.TrimSpace(e.c.Crictl(t, "runp", "--runtime", criHandler, p.config))
+	return p
+}
+
+// container creates and starts container name of the pod: the test image running sh -c script,
+// with the CRI mounts given (container_path, host_path, readonly, propagation).
+func (p *pod) container(t *testing.T, name, script string, mounts ...map[string]any) string {
+	t.Helper()
+	cfg := map[string]any{
+		"metadata": map[string]any{"name": name},
+		"image":    map[string]any{"image": p.e.image},
+		"command":  []string{"sh", "-c", script},
+		"log_path": name + ".log",
+		"mounts":   mounts,
+	}
+	path := filepath.Join(p.dir, name+".json")
+	writeJSON(t, path, cfg)
+	id := strings.TrimSpace(p.e.c.Crictl(t, "create", p.id, path, p.config))
+	p.e.c.Crictl(t, "start", id)
+	return id
+}
+
+// waitLog waits until the container's log (crictl logs) has want, and returns it.
+func (p *pod) waitLog(t *testing.T, id, want string) string {
+	t.Helper()
+	var logs string
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		r := p.e.c.RunCrictl(t, "logs", id)
+		if logs = r.Stdout + r.Stderr; strings.Contains(logs, want) {
+			return logs
+		}
+	}
+	t.Fatalf("container %s: no %q in its log after 2 minutes:\n%s", id, want, logs)
+	return ""
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// processesOf counts the containerd's processes whose command line has s.
+func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
+	n := 0
+	for _, p := range c.Snapshot(t).Processes {
+		if strings.Contains(p.Cmdline, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCRIPod: a pod through crictl is one VM (one QEMU, one shim) with two containers that
+// share a volume; a read-only hostPath refuses writes in the guest and on the host's bind; a
+// symlink in a hostPath does not reach the host file it names; /etc/hosts, /etc/resolv.conf
+// and /etc/hostname are the CRI's; the pod's resources size the VM; exec, logs and container
+// stats work; stopp and rmp leave nothing. (Pod stats: with the podsandbox sandboxer
+// containerd reads them from the pod's host cgroup, not from the runtime.)
+func TestCRIPod(t *testing.T) {
+	e := startEnv(t, "", true)
+	before := e.c.Snapshot(t)
+
+	vols := t.TempDir()
+	shared := filepath.Join(vols, "shared")
+	ro := filepath.Join(vols, "ro")
+	canary := filepath.Join(vols, "canary")
+	for _, d := range []string{shared, ro} {
+		if err := os.Mkdir(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ro, "data"), []byte("ro-data\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(canary, []byte("host-canary\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(canary, filepath.Join(ro, "escape")); err != nil {
+		t.Fatal(err)
+	}
+
+	p := e.runPod(t, "p1", map[string]any{
+		"dns_config": map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
+		"linux": map[string]any{"resources": map[string]any{
+			"cpu_period": 100000, "cpu_quota": 100000, "memory_limit_in_bytes": 256 << 20}},
+	})
+	if n := processesOf(t, e.c, "qemu-system"); n != 1 {
+		t.Errorf("%d QEMU processes for the pod, want 1", n)
+	}
+
+	a := p.container(t, "a", "echo a-started; echo hello-from-a > /shared/from-a; exec sleep 600",
+		map[string]any{"container_path": "/shared", "host_path": shared})
+	b := p.container(t, "b", `while [ ! -e /shared/from-a ]; do sleep 0.2; done
+echo "b-read $(cat /shared/from-a)"
+if echo x > /ro/new 2>/dev/null; then echo ro-writable; else echo ro-refused; fi
+echo "ro-file $(cat /ro/data)"
+echo "escape $(cat /ro/escape 2>&1)"
+echo "resolv $(grep -c 'nameserver 10.99.0.53' /etc/resolv.conf) $(grep -c 'search kvfs.test' /etc/resolv.conf)"
+echo "hostname $(cat /etc/hostname)"
+echo "hosts $(grep -c localhost /etc/hosts)"
+echo "mem $(awk '/MemTotal/ {print $2}' /proc/meminfo) cpus $(nproc)"
+echo b-done
+exec sleep 600`,
+		map[string]any{"container_path": "/shared", "host_path": shared},
+		map[string]any{"container_path": "/ro", "host_path": ro, "readonly": true})
+
+	p.waitLog(t, a, "a-started")
+	logs := p.waitLog(t, b, "b-done")
+	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1", "hosts 1"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("b's log has no %q:\n%s", want, logs)
+		}
+	}
+	if strings.Contains(logs, "host-canary") {
+		t.Errorf("a symlink in a hostPath read the host file it names:\n%s", logs)
+	}
+	if _, err := os.Stat(filepath.Join(ro, "new")); err == nil {
+		t.Error("the guest wrote into the read-only hostPath")
+	}
+	// 512M configured + 256M of the pod's limit; one vCPU + the pod's one, within the host's.
+	if m := regexp.MustCompile(`mem (\d+) cpus (\d+)`).FindStringSubmatch(logs); m == nil {
+		t.Errorf("no memory and CPUs in b's log:\n%s", logs)
+	} else if kb, _ := strconv.Atoi(m[1]); kb < 600<<10 || m[2] != "2" {
+		t.Errorf("the guest has %s kB and %s CPUs; want more than 600 MiB (512M + 256M) and 2", m[1], m[2])
+	}
+	if n := processesOf(t, e.c, "qemu-system"); n != 1 {
+		t.Errorf("%d QEMU processes with two containers, want 1", n)
+	}
+	if n := processesOf(t, e.c, "containerd-shim-kvfs-v2"); n != 1 {
+		t.Errorf("%d kvfs shims for the pod, want 1", n)
+	}
+
+	// The read-only bind is read-only on the host too (in containerd's mount namespace).
+	binds, _ := filepath.Glob(filepath.Join(fmt.Sprintf("/proc/%d/root", e.c.PID()), e.baseDir, p.id, "mounts", b+"-*-ro"))
+	if len(binds) != 1 {
+		t.Errorf("the read-only hostPath's bind: %q", binds)
+	} else if err := os.WriteFile(filepath.Join(binds[0], "host-write"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("writing through the host's read-only bind: %v, want EROFS", err)
+	}
+
+	if out := e.c.Crictl(t, "exec", "--sync", b, "cat", "/shared/from-a"); strings.TrimSpace(out) != "hello-from-a" {
+		t.Errorf("exec: %q", out)
+	}
+	// crictl reports a failed exec with its status and stderr.
+	r := e.c.RunCrictl(t, "exec", "--sync", b, "sh", "-c", "echo err >&2; exit 3")
+	if r.ExitCode == 0 || !strings.Contains(r.Stderr, "exited with 3: err") {
+		t.Errorf("exec exit 3: %+v", r)
+	}
+
+	var cs struct {
+		Stats []struct {
+			Attributes struct{ ID string }
+			Memory     struct{ WorkingSetBytes struct{ Value string } }
+			CPU        struct{ UsageCoreNanoSeconds struct{ Value string } }
+		}
+	}
+	if err := json.Unmarshal([]byte(e.c.Crictl(t, "stats", "-o", "json", "--id", b)), &cs); err != nil || len(cs.Stats) != 1 ||
+		cs.Stats[0].Memory.WorkingSetBytes.Value == "" || cs.Stats[0].Memory.WorkingSetBytes.Value == "0" {
+		t.Errorf("crictl stats: %+v, %v", cs, err)
+	}
+	e.c.Crictl(t, "stopp", p.id)
+	e.c.Crictl(t, "rmp", p.id)
+	e.c.CheckNoLeaks(t, before)
+}
