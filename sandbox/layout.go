@@ -319,18 +319,33 @@ func checkName(name string) error {
 // stagingDir: a remount to read-only does not reach copies already propagated to shared/, so
 // the read-only mount is made first in private/ and then bound into mounts/, whose propagated
 // copy inherits the flag.
+//
+// src is opened once, without following a symlink at its end, and bound from that descriptor:
+// what is checked is what is bound, whatever the path names meanwhile, and a symlink as the
+// source (a pod's volume pointing elsewhere on the host) is refused rather than followed.
+// Symlinks inside a bound directory are the guest's to read as links: the server never
+// follows them on the host.
 func bindMount(src, mountsDir, stagingDir, name string, readOnly bool) (err error) {
 	if err := checkName(name); err != nil {
 		return err
 	}
-	fi, err := os.Stat(src)
+	fd, err := unix.Open(src, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return fmt.Errorf("bind source %s: %w", src, err)
 	}
-	if !fi.IsDir() && !fi.Mode().IsRegular() {
-		return fmt.Errorf("bind source %s is a %s: want a directory or a regular file", src, fileKind(fi.Mode()))
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("bind source %s: %w", src, err)
 	}
-	source := src
+	fi := statMode(st.Mode)
+	switch {
+	case fi.Type() == fs.ModeSymlink:
+		return fmt.Errorf("bind source %s is a symlink: name the file or directory it points to", src)
+	case !fi.IsDir() && !fi.IsRegular():
+		return fmt.Errorf("bind source %s is a %s: want a directory or a regular file", src, fileKind(fi))
+	}
+	source := fmt.Sprintf("/proc/self/fd/%d", fd)
 	if readOnly {
 		staged, err := makeMountPoint(stagingDir, name, fi.IsDir())
 		if err != nil {
@@ -342,7 +357,7 @@ func bindMount(src, mountsDir, stagingDir, name string, readOnly bool) (err erro
 			}
 			removeMountPoint(stagingDir, name)
 		}()
-		if err := unix.Mount(src, staged, "", unix.MS_BIND, ""); err != nil {
+		if err := unix.Mount(source, staged, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind %s to %s: %w", src, staged, err)
 		}
 		if err := unix.Mount("", staged, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
@@ -402,6 +417,25 @@ func removeMountPoint(dir, name string) {
 	if err := unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR); errors.Is(err, unix.ENOTDIR) {
 		_ = unix.Unlinkat(dfd, name, 0)
 	}
+}
+
+// statMode is the fs.FileMode of a stat(2) mode: its type and permission bits.
+func statMode(m uint32) fs.FileMode {
+	mode := fs.FileMode(m & 0o777)
+	switch m & unix.S_IFMT {
+	case unix.S_IFDIR:
+		mode |= fs.ModeDir
+	case unix.S_IFLNK:
+		mode |= fs.ModeSymlink
+	case unix.S_IFSOCK:
+		mode |= fs.ModeSocket
+	case unix.S_IFIFO:
+		mode |= fs.ModeNamedPipe
+	case unix.S_IFREG:
+	default:
+		mode |= fs.ModeDevice
+	}
+	return mode
 }
 
 func fileKind(m fs.FileMode) string {

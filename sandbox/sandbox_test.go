@@ -93,6 +93,17 @@ func TestLayout(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(s.SharedDir(), "file")); err != nil || string(b) != "hello" {
 		t.Errorf("shared/file: %q, %v", b, err)
 	}
+	// A symlink as the source is refused, not followed.
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(src, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Bind(link, "link", false); err == nil || !strings.Contains(err.Error(), "is a symlink") {
+		t.Errorf("binding a symlink: %v, want a refusal", err)
+	}
+	if _, err := os.Lstat(filepath.Join(s.MountsDir(), "link")); err == nil {
+		t.Error("a refused bind left its mount point")
+	}
 	// Names are single components.
 	for _, bad := range []string{"", ".", "..", "a/b", "../x"} {
 		if err := s.Bind(src, bad, false); err == nil {
