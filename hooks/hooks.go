@@ -7,10 +7,12 @@
 // says: Path (absolute) with Args (Args[0] is argv[0]) and exactly Env (nothing of the
 // caller's environment), the container's state JSON on stdin, the working directory the
 // state's bundle. A hook's Timeout (seconds) kills it, with every process of its process
-// group, once it has passed. The first hook that fails ends the phase: its error names the
-// phase, the hook's index and path, how it ended and the last OutputMax bytes of its output
-// (stdout and stderr together). A hook that exits but leaves a child holding its output
-// does not hold Run: the output is cut WaitDelay after the hook's exit.
+// group, once it has passed. A hook's error names the phase, the hook's index and path, how
+// it ended and the last OutputMax bytes of its output (stdout and stderr together). As the
+// runtime spec says, the first failing prestart or createRuntime hook ends its phase (the
+// caller fails the create), while a failing poststart or poststop hook lets the phase's
+// other hooks run (the caller logs the errors). A hook that exits but leaves a child holding
+// its output does not hold Run: the output is cut WaitDelay after the hook's exit.
 //
 // # Threat model
 //
@@ -79,8 +81,15 @@ const (
 	WaitDelay = time.Second
 )
 
-// Run runs the hooks hs of phase, in order, each with state as JSON on its stdin, and stops
-// at the first that fails. ctx ends every hook still running (killed with its process group).
+// continues says whether the hooks of p after a failing one still run: the runtime spec
+// has a poststart or poststop failure logged and "the remaining hooks and lifecycle
+// continue".
+func (p Phase) continues() bool { return p == Poststart || p == Poststop }
+
+// Run runs the hooks hs of phase, in order, each with state as JSON on its stdin. A prestart
+// or createRuntime phase stops at the first hook that fails and returns its error; a
+// poststart or poststop phase runs every hook and returns the failures' errors joined. ctx
+// ends every hook still running (killed with its process group).
 func Run(ctx context.Context, phase Phase, hs []specs.Hook, state *specs.State) error {
 	if len(hs) == 0 {
 		return nil
@@ -89,12 +98,16 @@ func Run(ctx context.Context, phase Phase, hs []specs.Hook, state *specs.State) 
 	if err != nil {
 		return fmt.Errorf("%s hooks: the state: %w", phase, err)
 	}
+	var errs []error
 	for i, h := range hs {
 		if err := run(ctx, h, stdin, state.Bundle); err != nil {
-			return fmt.Errorf("%s hook %d (%s): %w", phase, i, h.Path, err)
+			errs = append(errs, fmt.Errorf("%s hook %d (%s): %w", phase, i, h.Path, err))
+			if !phase.continues() {
+				break
+			}
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // run runs one hook.

@@ -126,6 +126,36 @@ func TestRunStopsAtFailure(t *testing.T) {
 	}
 }
 
+// TestRunPostPhasesContinue: in poststart and poststop, a failing hook lets the next ones run,
+// and the error names each failure.
+func TestRunPostPhasesContinue(t *testing.T) {
+	for _, phase := range []Phase{Poststart, Poststop} {
+		t.Run(string(phase), func(t *testing.T) {
+			dir := t.TempDir()
+			hs := []specs.Hook{
+				{Path: script(t, dir, "fails", "echo first >>"+dir+"/ran\necho oops\nexit 1")},
+				{Path: script(t, dir, "ok", "echo second >>"+dir+"/ran")},
+				{Path: script(t, dir, "fails too", "echo third >>"+dir+"/ran\nexit 2")},
+			}
+			err := Run(context.Background(), phase, hs, testState(dir))
+			if got := read(t, filepath.Join(dir, "ran")); got != "first\nsecond\nthird\n" {
+				t.Errorf("hooks that ran: %q, want all three", got)
+			}
+			if err == nil {
+				t.Fatal("Run succeeded")
+			}
+			for _, want := range []string{string(phase) + " hook 0 (" + hs[0].Path + "): exit status 1", "oops", string(phase) + " hook 2 (" + hs[2].Path + "): exit status 2"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %v does not say %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "hook 1") {
+				t.Errorf("error %v names the hook that succeeded", err)
+			}
+		})
+	}
+}
+
 func TestRunSignalled(t *testing.T) {
 	dir := t.TempDir()
 	err := Run(context.Background(), Poststop, []specs.Hook{{Path: script(t, dir, "h", "kill -TERM $$")}}, testState(dir))
