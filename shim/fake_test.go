@@ -35,6 +35,15 @@ type fakeAgent struct {
 	drainDelay time.Duration // how long after the exit the last output chunk comes
 	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
 	oversize int
+	// trace, if set, is told of each create, start and delete, and of the pod's unbinds, as
+	// they come.
+	trace func(call string)
+}
+
+func (a *fakeAgent) note(call string) {
+	if a.trace != nil {
+		a.trace(call)
+	}
 }
 
 type fakeProc struct {
@@ -146,6 +155,7 @@ func (a *fakeAgent) Ping(context.Context, *agent.PingRequest) (*agent.PingRespon
 }
 
 func (a *fakeAgent) CreateContainer(_ context.Context, r *agent.CreateContainerRequest) (*agent.CreateContainerResponse, error) {
+	a.note("agent:create " + r.ContainerId)
 	a.mu.Lock()
 	a.specs[r.ContainerId] = r.Spec
 	a.mu.Unlock()
@@ -162,6 +172,7 @@ func (a *fakeAgent) ExecProcess(_ context.Context, r *agent.ExecProcessRequest) 
 }
 
 func (a *fakeAgent) StartProcess(_ context.Context, r *agent.StartProcessRequest) (*agent.StartProcessResponse, error) {
+	a.note("agent:start " + r.ContainerId)
 	p, err := a.proc(r.ContainerId, r.ExecId)
 	if err != nil {
 		return nil, err
@@ -209,6 +220,7 @@ func (a *fakeAgent) WaitProcess(ctx context.Context, r *agent.WaitProcessRequest
 }
 
 func (a *fakeAgent) DeleteProcess(_ context.Context, r *agent.DeleteProcessRequest) (*agent.DeleteProcessResponse, error) {
+	a.note("agent:delete " + r.ContainerId)
 	if _, err := a.proc(r.ContainerId, r.ExecId); err != nil {
 		return nil, err
 	}
@@ -353,6 +365,7 @@ func (p *fakePod) Bind(src, name string, ro bool) error {
 }
 
 func (p *fakePod) Unbind(name string) error {
+	p.agent.note("pod:unbind " + name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.binds[name]; !ok {
