@@ -66,7 +66,8 @@
 // it owns the VM. The agent still checks what it is asked, so that a confused or buggy host
 // gets an error rather than a broken guest: ids are one path component (no "/", no "." or
 // "..", no leading "-" that runc would parse as a flag, no control characters, at most 255
-// bytes), a spec's root must be below the share and it may carry no hooks, JSON documents are
+// bytes), a spec's root must be below the share and its only hooks are createContainer and
+// startContainer (runc runs them; the other phases are the host's), JSON documents are
 // bounded (4 MiB), a read answers at most 1 MiB, signals are 1 to 64. The containers are not
 // trusted: what they write reaches the host only as stream data, bounded by the host's reads.
 // A host that vanishes (a shim restart) costs its connection, never the agent: the next

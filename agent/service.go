@@ -489,8 +489,8 @@ func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.
 	if !filepath.IsAbs(root) || !strings.HasPrefix(root, s.cfg.RootDir+"/") {
 		return nil, errf(codes.InvalidArgument, "spec: root.path %q is not below %s", spec.Root.Path, s.cfg.RootDir)
 	}
-	if spec.Hooks != nil {
-		return nil, errf(codes.InvalidArgument, "spec: hooks are not run in the guest")
+	if h := spec.Hooks; h != nil && (len(h.Prestart) > 0 || len(h.CreateRuntime) > 0 || len(h.Poststart) > 0 || len(h.Poststop) > 0) {
+		return nil, errf(codes.InvalidArgument, "spec: prestart, createRuntime, poststart and poststop hooks run on the host, not in the guest")
 	}
 	spec.Root.Path = root
 	spec.Process.Terminal = stdio != nil && stdio.Terminal

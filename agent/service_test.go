@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -570,6 +571,34 @@ func TestDeleteCreatedForces(t *testing.T) {
 	}
 }
 
+// TestGuestHooksKept: the container-namespace hooks reach runc's bundle as they were sent.
+func TestGuestHooksKept(t *testing.T) {
+	fx := newFixture(t)
+	want := &specs.Hooks{
+		CreateContainer: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "true"}, Env: []string{"A=1"}}},
+		StartContainer:  []specs.Hook{{Path: "/bin/true"}},
+	}
+	b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sleep"}, Cwd: "/"},
+		Root: &specs.Root{Path: fx.root + "/c"}, Linux: &specs.Linux{}, Hooks: want})
+	if _, err := fx.svc.CreateContainer(fx.ctx, &apiv1.CreateContainerRequest{ContainerId: "c", Spec: b}); err != nil {
+		t.Fatal(err)
+	}
+	fx.rt.mu.Lock()
+	bundle := fx.rt.bundles["c"]
+	fx.rt.mu.Unlock()
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got specs.Spec
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Hooks, want) {
+		t.Errorf("hooks in runc's bundle %+v, want %+v", got.Hooks, want)
+	}
+}
+
 func TestNotFoundAndInvalid(t *testing.T) {
 	fx := newFixture(t)
 	ctx := fx.ctx
@@ -605,7 +634,8 @@ func TestNotFoundAndInvalid(t *testing.T) {
 		{`{"process":{"args":["sh"]},"root":{"path":"/etc"},"linux":{}}`, "not below"},
 		{`{"process":{"args":["sh"]},"root":{"path":"` + fx.root + `/../etc"},"linux":{}}`, "not below"},
 		{`{"process":{"args":["sh"]},"root":{"path":"` + fx.root + `/r"}}`, "linux is missing"},
-		{`{"process":{"args":["sh"]},"root":{"path":"` + fx.root + `/r"},"linux":{},"hooks":{"prestart":[{"path":"/x"}]}}`, "hooks"},
+		{`{"process":{"args":["sh"]},"root":{"path":"` + fx.root + `/r"},"linux":{},"hooks":{"prestart":[{"path":"/x"}]}}`, "hooks run on the host"},
+		{`{"process":{"args":["sh"]},"root":{"path":"` + fx.root + `/r"},"linux":{},"hooks":{"startContainer":[{"path":"/x"}],"poststop":[{"path":"/x"}]}}`, "hooks run on the host"},
 		{`{"process":{"args":["sh"]},"root":{"path":"` + fx.root + `/r"},"linux":{"cgroupsPath":"system.slice:x:y"}}`, "cgroupsPath"},
 	}
 	for _, s := range specs {

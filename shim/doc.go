@@ -34,6 +34,19 @@
 // exit status 255 and a TaskExit, and the log says why. Events are published in the order the
 // API promises: TaskCreate before TaskStart before TaskExit before TaskDelete.
 //
+// # Hooks
+//
+// A container's OCI hooks run as the runtime spec says, for every container the shim creates
+// (a CRI sandbox's too). The host phases run on the host (package hooks), with the shim's
+// context and no lock held, the state's pid the VM's (a host process of the pod): prestart then
+// createRuntime once the agent has created the container, before Create returns (state
+// "creating"); a failure fails Create with the hook's error and output and undoes it all, the
+// guest's container included, then runs the poststop hooks. Poststart runs once the agent has
+// started the init, before Start returns; poststop at the init's Delete, once the guest has
+// deleted the container and its binds and rootfs are gone. Their failures are logged, not
+// returned. createContainer and startContainer stay in the guest's spec (AdaptSpec): runc in
+// the guest runs them in the container's namespaces, with guest paths.
+//
 // # Locks
 //
 // Service.mu guards the container map and the pod; container.mu a container's execs;

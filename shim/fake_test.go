@@ -39,6 +39,15 @@ type fakeAgent struct {
 	// statsAsked are the container ids Stats was asked for; badStats, if set, is its answer.
 	statsAsked []string
 	badStats   *anypb.Any
+	// trace, if set, is told of each create, start and delete, and of the pod's unbinds, as
+	// they come.
+	trace func(call string)
+}
+
+func (a *fakeAgent) note(call string) {
+	if a.trace != nil {
+		a.trace(call)
+	}
 }
 
 type fakeProc struct {
@@ -150,6 +159,7 @@ func (a *fakeAgent) Ping(context.Context, *agent.PingRequest) (*agent.PingRespon
 }
 
 func (a *fakeAgent) CreateContainer(_ context.Context, r *agent.CreateContainerRequest) (*agent.CreateContainerResponse, error) {
+	a.note("agent:create " + r.ContainerId)
 	a.mu.Lock()
 	a.specs[r.ContainerId] = r.Spec
 	a.mu.Unlock()
@@ -166,6 +176,7 @@ func (a *fakeAgent) ExecProcess(_ context.Context, r *agent.ExecProcessRequest) 
 }
 
 func (a *fakeAgent) StartProcess(_ context.Context, r *agent.StartProcessRequest) (*agent.StartProcessResponse, error) {
+	a.note("agent:start " + r.ContainerId)
 	p, err := a.proc(r.ContainerId, r.ExecId)
 	if err != nil {
 		return nil, err
@@ -213,6 +224,7 @@ func (a *fakeAgent) WaitProcess(ctx context.Context, r *agent.WaitProcessRequest
 }
 
 func (a *fakeAgent) DeleteProcess(_ context.Context, r *agent.DeleteProcessRequest) (*agent.DeleteProcessResponse, error) {
+	a.note("agent:delete " + r.ContainerId)
 	if _, err := a.proc(r.ContainerId, r.ExecId); err != nil {
 		return nil, err
 	}
@@ -368,6 +380,7 @@ func (p *fakePod) Bind(src, name string, ro bool) error {
 }
 
 func (p *fakePod) Unbind(name string) error {
+	p.agent.note("pod:unbind " + name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.binds[name]; !ok {

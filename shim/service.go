@@ -35,6 +35,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/hooks"
 	"github.com/kvfs/kvfs/sandbox"
 	"github.com/kvfs/kvfs/shim/stdio"
 )
@@ -126,6 +127,7 @@ type container struct {
 	// Set by Create before the container is ready, read after: no lock.
 	rootfsMounted bool     // <bundle>/rootfs was mounted by us
 	binds         []string // names bound in the share, the rootfs (the id) first
+	hooks         containerHooks
 
 	mu    sync.Mutex
 	ready bool                // guarded by mu; Create has finished
@@ -247,7 +249,8 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
-	c := &container{id: r.ID, bundle: r.Bundle, init: newProcess(r.ID, "", sc), execs: map[string]*process{}}
+	c := &container{id: r.ID, bundle: r.Bundle, init: newProcess(r.ID, "", sc), execs: map[string]*process{},
+		hooks: containerHooks{hooks: spec.Hooks, annotations: spec.Annotations}}
 
 	s.mu.Lock()
 	if _, ok := s.containers[r.ID]; ok {
@@ -309,6 +312,17 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, fmt.Errorf("the agent creating container %s: %w", r.ID, err)
 	}
 	c.init.pid = resp.Pid
+	undo = append(undo, func() {
+		if err := s.agentDelete(s.ctx, pod, podCtx, c.init); err != nil {
+			log.G(s.ctx).WithError(err).Warnf("deleting container %s in the guest after its failed create", r.ID)
+		}
+	})
+	if err := s.createHooks(c); err != nil {
+		// The runtime spec goes on from a failed hook to the destroy, then the poststop
+		// hooks: first in the undo chain, they run once everything else is undone.
+		undo = slices.Insert(undo, 0, func() { s.postHooks(hooks.Poststop, c, specs.StateStopped) })
+		return nil, err
+	}
 
 	c.mu.Lock()
 	c.ready = true
@@ -680,6 +694,9 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		go s.exited(c, p, *pending)
 	}
 	s.copyStdin(pod, podCtx, p)
+	if p.execID == "" {
+		s.postHooks(hooks.Poststart, c, specs.StateRunning)
+	}
 	return &taskAPI.StartResponse{Pid: resp.Pid}, nil
 }
 
@@ -898,6 +915,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
 	}
+	s.postHooks(hooks.Poststop, c, specs.StateStopped)
 	s.mu.Lock()
 	delete(s.containers, c.id)
 	s.mu.Unlock()

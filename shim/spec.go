@@ -30,8 +30,12 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //   - root.path becomes agent.SharedDir/<id>, where the rootfs bound at mounts/<id> appears;
 //   - namespaces joined by a host path are dropped (the guest cannot open host paths), and so
 //     is the network namespace: the pod's containers share the VM's network;
-//   - linux.devices (host device nodes), hooks (host binaries, run by the host's runtime, if
-//     anyone's) and AppArmor/SELinux labels (the host's policy) are dropped;
+//   - linux.devices (host device nodes) and AppArmor/SELinux labels (the host's policy) are
+//     dropped;
+//   - of the hooks, only createContainer and startContainer stay: runc in the guest runs them
+//     in the container's namespaces, and their paths are the guest's (createContainer's in
+//     the guest's root, startContainer's in the container's). The shim runs the others on the
+//     host (package hooks);
 //   - the cgroups path becomes agent.ContainersCgroup/<id>: the host's (a systemd slice, or
 //     CRI's pod parent) means nothing in the guest, and the pod's metrics are those of the
 //     parent of every container's group;
@@ -49,7 +53,7 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 	if s.Root != nil {
 		g.Root.Readonly = s.Root.Readonly
 	}
-	g.Hooks = nil
+	g.Hooks = guestHooks(s.Hooks)
 	g.Process = adaptProcess(s.Process)
 	if s.Linux != nil {
 		l := *s.Linux
@@ -80,6 +84,14 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 		g.Mounts = append(g.Mounts, m)
 	}
 	return &g, binds, nil
+}
+
+// guestHooks are the hooks of h that run in the guest, or nil if there are none.
+func guestHooks(h *specs.Hooks) *specs.Hooks {
+	if h == nil || len(h.CreateContainer) == 0 && len(h.StartContainer) == 0 {
+		return nil
+	}
+	return &specs.Hooks{CreateContainer: slices.Clone(h.CreateContainer), StartContainer: slices.Clone(h.StartContainer)}
 }
 
 // adaptProcess drops the host's security labels from a process.

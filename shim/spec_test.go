@@ -14,7 +14,14 @@ func TestAdaptSpec(t *testing.T) {
 			Version: "1.2.0",
 			Root:    &specs.Root{Path: "/var/lib/containerd/bundle/rootfs", Readonly: true},
 			Process: &specs.Process{Args: []string{"sh"}, ApparmorProfile: "cri-containerd.apparmor.d", SelinuxLabel: "system_u:system_r:container_t"},
-			Hooks:   &specs.Hooks{Prestart: []specs.Hook{{Path: "/usr/bin/nvidia-hook"}}},
+			Hooks: &specs.Hooks{
+				Prestart:        []specs.Hook{{Path: "/usr/bin/nvidia-hook"}},
+				CreateRuntime:   []specs.Hook{{Path: "/usr/bin/cr"}},
+				CreateContainer: []specs.Hook{{Path: "/bin/cc", Args: []string{"cc", "-x"}, Env: []string{"A=1"}}},
+				StartContainer:  []specs.Hook{{Path: "/bin/sc"}, {Path: "/bin/sc2"}},
+				Poststart:       []specs.Hook{{Path: "/usr/bin/ps"}},
+				Poststop:        []specs.Hook{{Path: "/usr/bin/pt"}},
+			},
 			Linux: &specs.Linux{
 				Namespaces: []specs.LinuxNamespace{
 					{Type: specs.PIDNamespace},
@@ -48,9 +55,16 @@ func TestAdaptSpec(t *testing.T) {
 				if g.Root.Path != "/run/kvfs/shared/c1" || !g.Root.Readonly {
 					t.Errorf("root %+v", g.Root)
 				}
-				if g.Hooks != nil || g.Linux.Devices != nil || g.Linux.MountLabel != "" ||
+				wantHooks := &specs.Hooks{
+					CreateContainer: []specs.Hook{{Path: "/bin/cc", Args: []string{"cc", "-x"}, Env: []string{"A=1"}}},
+					StartContainer:  []specs.Hook{{Path: "/bin/sc"}, {Path: "/bin/sc2"}},
+				}
+				if !reflect.DeepEqual(g.Hooks, wantHooks) {
+					t.Errorf("guest hooks\n got %+v\nwant only the container-namespace phases %+v", g.Hooks, wantHooks)
+				}
+				if g.Linux.Devices != nil || g.Linux.MountLabel != "" ||
 					g.Process.ApparmorProfile != "" || g.Process.SelinuxLabel != "" {
-					t.Errorf("host-only parts kept: hooks %v devices %v labels %q %q %q", g.Hooks, g.Linux.Devices,
+					t.Errorf("host-only parts kept: devices %v labels %q %q %q", g.Linux.Devices,
 						g.Linux.MountLabel, g.Process.ApparmorProfile, g.Process.SelinuxLabel)
 				}
 				want := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
@@ -105,6 +119,15 @@ func TestAdaptSpec(t *testing.T) {
 			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
 				if g.Root == nil || g.Root.Path != "/run/kvfs/shared/c1" || g.Root.Readonly || g.Linux != nil {
 					t.Errorf("root %+v linux %+v", g.Root, g.Linux)
+				}
+			},
+		},
+		{
+			name:   "only host hooks: the guest's spec has none",
+			modify: func(s *specs.Spec) { s.Hooks.CreateContainer, s.Hooks.StartContainer = nil, nil },
+			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
+				if g.Hooks != nil {
+					t.Errorf("hooks %+v", g.Hooks)
 				}
 			},
 		},

@@ -1,0 +1,56 @@
+package shim
+
+import (
+	"fmt"
+
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kvfs/kvfs/hooks"
+)
+
+// containerHooks is what a container's host hooks are run with: its spec's hooks and
+// annotations. (AdaptSpec gives the guest the container-namespace phases.)
+type containerHooks struct {
+	hooks       *specs.Hooks
+	annotations map[string]string
+}
+
+// runHooks runs c's hooks of a host phase with the shim's context, the state saying status.
+// The state's pid is the VM's (as Kata gives its hypervisor's), 0 once the pod is gone: a
+// host hook that looks a pid up in /proc must find a process of the pod, which the guest's
+// pid of the container's init is not. No lock may be held: a hook may run as long as its
+// timeout.
+func (s *Service) runHooks(phase hooks.Phase, c *container, status specs.ContainerState) error {
+	hs := phase.Of(c.hooks.hooks)
+	if len(hs) == 0 {
+		return nil
+	}
+	var pid uint32
+	if pod, _, err := s.currentPod(); err == nil {
+		pid = pod.Pid()
+	}
+	return hooks.Run(s.ctx, phase, hs, &specs.State{
+		Version: specs.Version, ID: c.id, Status: status, Pid: int(pid), Bundle: c.bundle,
+		Annotations: c.hooks.annotations,
+	})
+}
+
+// createHooks runs c's prestart then createRuntime hooks, once the agent has created it (the
+// state is "creating", as runc has it: the create is not done). A failure fails the Create.
+func (s *Service) createHooks(c *container) error {
+	for _, phase := range []hooks.Phase{hooks.Prestart, hooks.CreateRuntime} {
+		if err := s.runHooks(phase, c, specs.StateCreating); err != nil {
+			return fmt.Errorf("container %s: %w", c.id, err)
+		}
+	}
+	return nil
+}
+
+// postHooks runs c's poststart or poststop hooks; as the runtime spec says, their failures are
+// logged and do not fail the call.
+func (s *Service) postHooks(phase hooks.Phase, c *container, status specs.ContainerState) {
+	if err := s.runHooks(phase, c, status); err != nil {
+		log.G(s.ctx).WithError(err).WithField("container", c.id).Warnf("%s hooks failed (logged only, as the runtime spec says)", phase)
+	}
+}
