@@ -40,7 +40,8 @@ type Options struct {
 	CtrTimeout time.Duration
 	// CRI turns containerd's CRI on (see criConfig), for crictl (Crictl): containerd then runs
 	// in a network namespace of its own (NetNS), named after its namespace, where the CNI
-	// test network's bridge is, and the pod sandbox image PauseImage is imported.
+	// test network's bridge is, and the pod sandbox image PauseImage is imported. The CRI's
+	// sandbox directories and network namespace files are LeakDirs.
 	CRI bool
 }
 
@@ -112,6 +113,11 @@ func Start(t testing.TB, opts Options) *Containerd {
 	}
 	c.opts.LeakDirs = append(append([]string{}, opts.LeakDirs...), c.SandboxBaseDir())
 	if opts.CRI {
+		// The CRI's per-pod directories and network namespace files.
+		for _, d := range []string{"root", "state"} {
+			c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(dir, d, "io.containerd.grpc.v1.cri", "sandboxes"))
+		}
+		c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(dir, "state", "io.containerd.grpc.v1.cri", "netns"))
 		if err := c.setupCRI(); err != nil {
 			os.RemoveAll(dir)
 			t.Fatalf("ctrdtest: %v", err)

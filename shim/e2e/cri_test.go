@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -225,3 +227,56 @@ exec sleep 600`,
 	e.c.Crictl(t, "rmp", p.id)
 	e.c.CheckNoLeaks(t, before)
 }
+
+// TestCRILifecycle: in a running pod, exec -it gets a terminal of the size asked, a container
+// stopped and removed is created again and runs; then criCycles runp/stopp/rmp cycles leave
+// no process, mount, network namespace file, descriptor or sandbox directory behind.
+func TestCRILifecycle(t *testing.T) {
+	e := startEnv(t, "", true)
+	before := e.c.Snapshot(t)
+	p := e.runPod(t, "p2", nil)
+	c1 := p.container(t, "c", "echo run; exec sleep 600")
+	p.waitLog(t, c1, "run")
+
+	script, err := exec.LookPath("script")
+	if err != nil {
+		t.Fatalf("script(1) (util-linux) is needed to give crictl a terminal: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	crictl := e.c.CrictlCmd(ctx, "exec", "-it", c1, "sh", "-c", "tty; stty size")
+	cmd := exec.CommandContext(ctx, script, "-qec", "stty rows 33 cols 101; exec "+shellQuote(crictl.Args), "/dev/null")
+	cmd.Env = crictl.Env
+	out, err := cmd.Output()
+	if got := strings.ReplaceAll(string(out), "\r", ""); err != nil || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "33 101\n") {
+		t.Errorf("crictl exec -it: %v, output %q; want a /dev/pts tty and the size 33 101", err, got)
+	}
+
+	// A container of the running pod restarted, as the kubelet does: stopped, removed,
+	// created again under its name.
+	e.c.Crictl(t, "stop", c1)
+	e.c.Crictl(t, "rm", c1)
+	c2 := p.container(t, "c", "echo run again; exec sleep 600")
+	p.waitLog(t, c2, "run again")
+	if n := processesOf(t, e.c, "qemu-system"); n != 1 {
+		t.Errorf("%d QEMU processes after the restart, want the pod's 1", n)
+	}
+	e.c.Crictl(t, "stopp", p.id)
+	e.c.Crictl(t, "rmp", p.id)
+	e.c.CheckNoLeaks(t, before)
+
+	start := time.Now()
+	for i := range criCycles {
+		id := strings.TrimSpace(e.c.Crictl(t, "runp", "--runtime", criHandler, p.config))
+		e.c.Crictl(t, "stopp", id)
+		e.c.Crictl(t, "rmp", id)
+		if i == 0 {
+			e.c.CheckNoLeaks(t, before)
+		}
+	}
+	t.Logf("%d runp/stopp/rmp cycles in %v", criCycles, time.Since(start).Round(time.Millisecond))
+	e.c.CheckNoLeaks(t, before)
+}
+
+// criCycles is how many pods TestCRILifecycle runs one after the other.
+const criCycles = 30
