@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 )
 
 // ErrHostNetwork is what CheckPodNetNS answers, wrapped, for a pod on the host's network.
@@ -544,4 +546,30 @@ func checkIfName(name string) error {
 		}
 	}
 	return nil
+}
+
+// AgentRequest is the guest agent's ConfigureNetwork request that gives the guest's NIC (the
+// one with the interface's MAC) the interface's name, MTU, addresses and routes.
+func (e *Endpoint) AgentRequest() *agent.ConfigureNetworkRequest {
+	in := &agent.Interface{Mac: e.Interface.MAC.String(), Name: e.Interface.Name, Mtu: uint32(e.Interface.MTU)}
+	for _, a := range e.Interface.Addresses {
+		in.Addresses = append(in.Addresses, a.String())
+	}
+	req := &agent.ConfigureNetworkRequest{Interfaces: []*agent.Interface{in}}
+	for _, r := range e.Routes {
+		ar := &agent.Route{Destination: r.Dst.String(), Interface: e.Interface.Name}
+		if r.Gateway.IsValid() {
+			ar.Gateway = r.Gateway.String()
+		}
+		switch r.Scope {
+		case ScopeLink:
+			ar.Scope = agent.RouteScope_ROUTE_SCOPE_LINK
+		case ScopeHost:
+			ar.Scope = agent.RouteScope_ROUTE_SCOPE_HOST
+		default:
+			ar.Scope = agent.RouteScope_ROUTE_SCOPE_UNIVERSE
+		}
+		req.Routes = append(req.Routes, ar)
+	}
+	return req
 }

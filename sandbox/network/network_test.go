@@ -90,6 +90,29 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("routes %v, want %v with the link-scope one first", ep.Routes, wantRoutes)
 	}
 
+	// What the guest agent is asked: the same, as strings.
+	req := ep.AgentRequest()
+	if len(req.Interfaces) != 1 {
+		t.Fatalf("AgentRequest: %v", req)
+	}
+	in := req.Interfaces[0]
+	if in.Mac != eth0.Attrs().HardwareAddr.String() || in.Name != "eth0" || in.Mtu != 1400 ||
+		!sameSet(in.Addresses, []string{"10.77.0.2/24", "fd77::2/64"}) {
+		t.Errorf("AgentRequest interface %v", in)
+	}
+	var rs []string
+	for _, r := range req.Routes {
+		rs = append(rs, r.Destination+" via "+r.Gateway+" dev "+r.Interface+" "+r.Scope.String())
+	}
+	if want := []string{
+		"10.78.0.0/16 via  dev eth0 ROUTE_SCOPE_LINK",
+		"0.0.0.0/0 via 10.77.0.1 dev eth0 ROUTE_SCOPE_UNIVERSE",
+		"192.168.77.0/24 via 10.77.0.1 dev eth0 ROUTE_SCOPE_UNIVERSE",
+		"::/0 via fd77::1 dev eth0 ROUTE_SCOPE_UNIVERSE",
+	}; !sameSet(rs, want) {
+		t.Errorf("AgentRequest routes %q, want %q", rs, want)
+	}
+
 	// The tap: up, the pod interface's MTU, its queue is the returned descriptor.
 	tl, err := h.LinkByName(tap)
 	if err != nil {
