@@ -35,6 +35,7 @@ type fakeAgent struct {
 	drainDelay time.Duration // how long after the exit the last output chunk comes
 	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
 	oversize int
+	networks []*agent.ConfigureNetworkRequest
 }
 
 type fakeProc struct {
@@ -320,6 +321,13 @@ func (a *fakeAgent) GetOOMEvent(ctx context.Context, _ *agent.GetOOMEventRequest
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+func (a *fakeAgent) ConfigureNetwork(_ context.Context, r *agent.ConfigureNetworkRequest) (*agent.ConfigureNetworkResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.networks = append(a.networks, r)
+	return &agent.ConfigureNetworkResponse{}, nil
 }
 
 func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {

@@ -60,6 +60,9 @@ type PodRequest struct {
 	Config *sandbox.Config
 	// Annotations are the first container's (untrusted; see sandbox.Config.Resolve).
 	Annotations map[string]string
+	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
+	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
+	NetNS string
 }
 
 // PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
@@ -229,6 +232,10 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
+	netNS, err := podNetNS(spec)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
 	c := &container{id: r.ID, bundle: r.Bundle, init: newProcess(r.ID, "", sc), execs: map[string]*process{}}
@@ -261,7 +268,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })
-	pod, podCtx, err := s.acquirePod(ctx, PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations})
+	pod, podCtx, err := s.acquirePod(ctx, PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations, NetNS: netNS})
 	if err != nil {
 		return nil, err
 	}
