@@ -14,9 +14,10 @@
 // of the process that opened /dev/net/tun, so /dev/net/tun is opened on a locked OS thread
 // that joins the namespace and goes back to its own (a thread that cannot go back stays
 // locked and the runtime ends it). TUNSETIFF on that descriptor, from any thread, then makes
-// the tap in the pod's namespace. The other way round does not work: a descriptor opened in the host's
-// namespace cannot attach to a tap in the pod's by name (TUNSETIFF looks the name up in the
-// descriptor's namespace and makes a new tap there; TestTapNameIsPerNamespace shows it).
+// the tap in the pod's namespace. The other way round does not work: a descriptor opened in
+// another namespace (the host's) cannot attach to a tap in the pod's by name: TUNSETIFF looks
+// the name up in the descriptor's own namespace and makes a new tap there
+// (TestTapNameIsPerNamespace shows it, a second test namespace standing for the host's).
 //
 // The pod's interface is chosen among the namespace's Ethernet interfaces other than
 // loopback and tun/tap devices (tunnel devices such as sit0, which a new namespace may hold,
