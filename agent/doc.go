@@ -28,6 +28,13 @@
 // runc shim waits as long for an exec's output), so the host's wait for eof ends; a pty is
 // not (its end comes when the last process holding the terminal goes).
 //
+// ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host
+// gave QEMU, is renamed, given its MTU and addresses and brought up, then the routes are
+// added, all through netlink ([Netlink]; vishvananda/netlink, pure Go, so the agent stays a
+// static binary). The whole request is checked before anything changes
+// ([ParseNetworkRequest]: bad input is InvalidArgument naming the field). lo is up from boot
+// whether or not a network comes.
+//
 // [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
 // ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.
 //
@@ -68,7 +75,8 @@
 // "..", no leading "-" that runc would parse as a flag, no control characters, at most 255
 // bytes), a spec's root must be below the share and its only hooks are createContainer and
 // startContainer (runc runs them; the other phases are the host's), JSON documents are
-// bounded (4 MiB), a read answers at most 1 MiB, signals are 1 to 64. The containers are not
+// bounded (4 MiB), a read answers at most 1 MiB, signals are 1 to 64, a network request's
+// names, MACs, addresses and routes parse and are bounded in number. The containers are not
 // trusted: what they write reaches the host only as stream data, bounded by the host's reads.
 // A host that vanishes (a shim restart) costs its connection, never the agent: the next
 // connection on the port is served.

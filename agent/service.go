@@ -62,6 +62,9 @@ type Config struct {
 	// (held by a child it left behind) before they are read out and ended (default
 	// DefaultOutputGrace).
 	OutputGrace time.Duration
+	// Network configures the guest's NICs for ConfigureNetwork (default: Netlink{}, the
+	// agent's own network namespace).
+	Network Network
 }
 
 // Service implements apiv1.AgentService. Processes' exits reach it through ProcessExited,
@@ -76,6 +79,8 @@ type Service struct {
 	done   chan struct{} // closed when Shutdown has stopped everything
 
 	shutdownOnce sync.Once
+	// netMu serialises ConfigureNetwork requests; a leaf.
+	netMu sync.Mutex
 
 	mu         sync.Mutex
 	containers map[string]*container       // guarded by mu
@@ -159,6 +164,9 @@ func NewService(cfg Config) (*Service, error) {
 	}
 	if cfg.OutputGrace == 0 {
 		cfg.OutputGrace = DefaultOutputGrace
+	}
+	if cfg.Network == nil {
+		cfg.Network = Netlink{}
 	}
 	return &Service{
 		cfg:        cfg,

@@ -138,6 +138,14 @@
 // (AgentVsock; needs /dev/vhost-vsock). agent.boot_timeout bounds the owner's wait for the
 // agent's first answer. The agent is as untrusted as the rest of the guest.
 //
+// # Network
+//
+// VM.NICs are virtio-net NICs, each on a tap whose descriptor QEMU inherits (descriptor 3+i
+// for NIC i; QEMURunner passes VM.Files as the command's extra files): -netdev
+// tap,fd=N,vhost=off and -device virtio-net-pci with the NIC's MAC (on pcie.0 on q35, like
+// the virtio-fs device, without an option ROM). Package sandbox/network makes the tap in the
+// pod's network namespace; the shim puts it on the VM.
+//
 // Cleanup(baseDir, id) tears down one sandbox a dead owner left behind, as Recover would,
 // without adopting it: the shim's delete action after its long-lived process died.
 package sandbox

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -25,6 +27,17 @@ const (
 	consoleID   = "kvfs-console0"
 	serialID    = "kvfs-serial0"
 	agentCharID = "kvfs-agent0"
+	// netdevID and nicID, followed by the NIC's index, name its tap back end and its device.
+	netdevID = "kvfs-net"
+	nicID    = "kvfs-nic"
+	// firstNICFd is the descriptor number of NIC 0's tap in QEMU: the first of
+	// exec.Cmd.ExtraFiles.
+	firstNICFd = 3
+	// maxNICs bounds VM.NICs.
+	maxNICs = 8
+	// minMTU and maxMTU bound NIC.MTU: IPv4's minimum, and the largest virtio-net takes.
+	minMTU      = 68
+	maxMTU      = 65535
 	minMemBytes = 128 << 20
 	// maxSocketPath is the longest path connect(2) takes: sun_path holds 108 bytes with the NUL.
 	maxSocketPath = 107
@@ -56,6 +69,9 @@ type VM struct {
 	Console string
 	// Agent is the channel to the guest agent; the zero value adds none.
 	Agent AgentDevice
+	// NICs are virtio-net NICs backed by taps whose descriptors QEMU inherits: NIC i's is
+	// descriptor 3+i (Files gives them in that order; the runner passes them).
+	NICs []NIC
 	// ExtraArgs are appended as they are: more devices, -d flags, ...
 	ExtraArgs []string
 }
@@ -85,6 +101,28 @@ type FSDevice struct {
 	QueueSize int
 	// NumRequestQueues is the number of request queues, at least 1.
 	NumRequestQueues int
+}
+
+// NIC is a virtio-net NIC on a tap QEMU is given the descriptor of (-netdev tap,fd=N,
+// vhost=off: QEMU moves the frames itself, no /dev/vhost-net needed).
+type NIC struct {
+	// Tap is the tap's queue, opened IFF_TAP|IFF_NO_PI (IFF_VNET_HDR lets QEMU offload).
+	Tap *os.File
+	// MAC is the guest NIC's address: a unicast Ethernet address.
+	MAC net.HardwareAddr
+	// MTU, if not 0, is announced to the guest's driver (host_mtu, VIRTIO_NET_F_MTU): 68 to
+	// 65535.
+	MTU int
+}
+
+// Files are the descriptors QEMU inherits for vm, in order from descriptor 3: the NICs'
+// taps.
+func (vm *VM) Files() []*os.File {
+	files := make([]*os.File, 0, len(vm.NICs))
+	for _, n := range vm.NICs {
+		files = append(files, n.Tap)
+	}
+	return files
 }
 
 // Agent transports: how the shim reaches the guest agent (api/agent/v1).
@@ -173,6 +211,22 @@ func (vm *VM) Args() ([]string, error) {
 	case AgentVsock:
 		args = append(args, "-device", "vhost-vsock-pci,guest-cid="+strconv.FormatUint(uint64(vm.Agent.GuestCID), 10))
 	}
+	for i, n := range vm.NICs {
+		netdev := netdevID + strconv.Itoa(i)
+		dev := fmt.Sprintf("virtio-net-pci,id=%s%d,netdev=%s,mac=%s", nicID, i, netdev, n.MAC)
+		if n.MTU != 0 {
+			dev += ",host_mtu=" + strconv.Itoa(n.MTU)
+		}
+		// No option ROM: the guest boots its kernel directly, never from the network.
+		dev += ",romfile="
+		if isQ35(vm.Machine) {
+			dev += ",bus=pcie.0"
+		}
+		args = append(args,
+			"-netdev", fmt.Sprintf("tap,id=%s,fd=%d,vhost=off", netdev, firstNICFd+i),
+			"-device", dev,
+		)
+	}
 	if vm.Kernel != "" {
 		args = append(args, "-kernel", vm.Kernel)
 		if vm.Initrd != "" {
@@ -210,6 +264,7 @@ func (vm *VM) validate() error {
 		{"virtio-fs num-request-queues " + strconv.Itoa(vm.FS.NumRequestQueues), checkNumRequestQueues(vm.FS.NumRequestQueues)},
 		{"kernel", checkBoot(vm)},
 		{"agent transport " + strconv.Quote(vm.Agent.Transport), checkAgentDevice(vm.Agent)},
+		{"nics", checkNICs(vm.NICs)},
 		{"console " + strconv.Quote(vm.Console), checkNoNUL(vm.Console)},
 	}
 	for _, c := range checks {
@@ -333,6 +388,31 @@ func checkAgentDevice(a AgentDevice) error {
 		return nil
 	}
 	return fmt.Errorf("want %s, %s or empty", AgentSerial, AgentVsock)
+}
+
+func checkNICs(nics []NIC) error {
+	if len(nics) > maxNICs {
+		return fmt.Errorf("%d NICs, more than %d", len(nics), maxNICs)
+	}
+	seen := map[string]bool{}
+	for i, n := range nics {
+		switch {
+		case n.Tap == nil:
+			return fmt.Errorf("NIC %d: no tap descriptor", i)
+		case len(n.MAC) != 6:
+			return fmt.Errorf("NIC %d: MAC %q is not a 6-byte Ethernet address", i, n.MAC)
+		case n.MAC[0]&1 != 0:
+			return fmt.Errorf("NIC %d: MAC %s is a multicast address", i, n.MAC)
+		case string(n.MAC) == "\x00\x00\x00\x00\x00\x00":
+			return fmt.Errorf("NIC %d: MAC %s is all zeros", i, n.MAC)
+		case seen[string(n.MAC)]:
+			return fmt.Errorf("NIC %d: MAC %s is another NIC's", i, n.MAC)
+		case n.MTU != 0 && (n.MTU < minMTU || n.MTU > maxMTU):
+			return fmt.Errorf("NIC %d: MTU %d: want %d to %d (or 0: not announced)", i, n.MTU, minMTU, maxMTU)
+		}
+		seen[string(n.MAC)] = true
+	}
+	return nil
 }
 
 func checkNoNUL(s string) error {

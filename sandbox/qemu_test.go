@@ -1,10 +1,23 @@
 package sandbox
 
 import (
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 )
+
+func mustMAC(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// tapFile stands for a tap's descriptor: Args only needs one to be there.
+var tapFile = os.Stdin
 
 // baseVM is a valid VM that the cases below modify.
 func baseVM() VM {
@@ -137,6 +150,38 @@ func TestVMArgs(t *testing.T) {
 				[]string{"-device", "vhost-vsock-pci,guest-cid=1234"}, boot),
 		},
 		{
+			name: "a NIC on q35: the tap's descriptor is 3, the device on pcie.0, no option ROM",
+			modify: func(vm *VM) {
+				vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1234}
+				vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:42:0a:4d:00:02"), MTU: 1400}}
+			},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{"-device", "vhost-vsock-pci,guest-cid=1234"},
+				[]string{
+					"-netdev", "tap,id=kvfs-net0,fd=3,vhost=off",
+					"-device", "virtio-net-pci,id=kvfs-nic0,netdev=kvfs-net0,mac=02:42:0a:4d:00:02,host_mtu=1400,romfile=,bus=pcie.0",
+				}, boot),
+		},
+		{
+			name: "two NICs on pc: descriptors 3 and 4, no MTU announced for the second",
+			modify: func(vm *VM) {
+				vm.Machine = "pc"
+				vm.NICs = []NIC{
+					{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01"), MTU: 9000},
+					{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:02")},
+				}
+			},
+			want: slices.Concat(head, cpu("pc,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024"),
+				[]string{
+					"-netdev", "tap,id=kvfs-net0,fd=3,vhost=off",
+					"-device", "virtio-net-pci,id=kvfs-nic0,netdev=kvfs-net0,mac=02:00:00:00:00:01,host_mtu=9000,romfile=",
+					"-netdev", "tap,id=kvfs-net1,fd=4,vhost=off",
+					"-device", "virtio-net-pci,id=kvfs-nic1,netdev=kvfs-net1,mac=02:00:00:00:00:02,romfile=",
+				}, boot),
+		},
+		{
 			name:   "memory units: 1G, 1024MiB and 1073741824 are the same",
 			modify: func(vm *VM) { vm.Memory.Size = "1024MiB" },
 			want: slices.Concat(head, []string{"-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "1", "-m", "1024M"},
@@ -192,6 +237,23 @@ func TestVMArgsErrors(t *testing.T) {
 			vm.Agent = AgentDevice{Transport: AgentSerial, Socket: "/" + strings.Repeat("s", 110)}
 		}, "longer than the 107"},
 		{"vsock CID of the host", func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 2} }, "guest CID 2: want 3 to"},
+		{"NIC without a tap", func(vm *VM) { vm.NICs = []NIC{{MAC: mustMAC("02:00:00:00:00:01")}} }, "nics: NIC 0: no tap descriptor"},
+		{"NIC with an 8-byte MAC", func(vm *VM) {
+			vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:00:00:01")}}
+		}, "is not a 6-byte Ethernet address"},
+		{"NIC with a multicast MAC", func(vm *VM) {
+			vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("01:00:5e:00:00:01")}}
+		}, "MAC 01:00:5e:00:00:01 is a multicast address"},
+		{"NIC with a zero MAC", func(vm *VM) { vm.NICs = []NIC{{Tap: tapFile, MAC: make(net.HardwareAddr, 6)}} }, "all zeros"},
+		{"two NICs with one MAC", func(vm *VM) {
+			vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01")}, {Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01")}}
+		}, "NIC 1: MAC 02:00:00:00:00:01 is another NIC's"},
+		{"NIC MTU too small", func(vm *VM) {
+			vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01"), MTU: 67}}
+		}, "MTU 67: want 68 to 65535"},
+		{"NIC MTU too large", func(vm *VM) {
+			vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01"), MTU: 65536}}
+		}, "MTU 65536"},
 		{"vsock CID any", func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1<<32 - 1} }, "guest CID 4294967295"},
 	}
 	for _, tt := range tests {
@@ -206,6 +268,18 @@ func TestVMArgsErrors(t *testing.T) {
 				t.Errorf("error %q does not contain %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestVMFiles(t *testing.T) {
+	a, b := os.Stdin, os.Stdout
+	vm := baseVM()
+	if f := vm.Files(); len(f) != 0 {
+		t.Errorf("Files without NICs: %v", f)
+	}
+	vm.NICs = []NIC{{Tap: a, MAC: mustMAC("02:00:00:00:00:01")}, {Tap: b, MAC: mustMAC("02:00:00:00:00:02")}}
+	if f := vm.Files(); len(f) != 2 || f[0] != a || f[1] != b {
+		t.Errorf("Files: %v, want the taps in the NICs' order (descriptors 3 and 4)", f)
 	}
 }
 

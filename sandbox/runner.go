@@ -25,6 +25,9 @@ type VMCommand struct {
 	Args []string
 	// LogPath is a file for its stdout and stderr.
 	LogPath string
+	// ExtraFiles are inherited by the hypervisor as descriptors 3, 4, ... (VM.Files: the NICs'
+	// taps). The runner does not close them.
+	ExtraFiles []*os.File
 }
 
 // QEMURunner runs the hypervisor as a child process in a session of its own, without a
@@ -44,6 +47,7 @@ func (QEMURunner) Run(ctx context.Context, c VMCommand) (Process, error) {
 	cmd := exec.Command(c.Path, c.Args...)
 	cmd.Stdout = log
 	cmd.Stderr = log
+	cmd.ExtraFiles = c.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	p, err := startChild(cmd)
 	if err != nil {

@@ -17,6 +17,13 @@
 //     sandbox.DefaultVM, the agent dialled on agent.sock (virtio-serial) or vsock until it
 //     answers Ping within agent.boot_timeout, and the sandbox's control API served on
 //     control.sock in the sandbox directory.
+//   - The pod's network (network.go): the sandbox container's network namespace path
+//     (PodRequest.NetNS) is joined to the VM by package sandbox/network before the VM starts
+//     (a tap and tc redirects beside the pod's veth, the tap a virtio-net NIC with the veth's
+//     MAC), the agent's ConfigureNetwork gives the guest's NIC the veth's name, MTU, addresses
+//     and routes once it answers, and the tap and filters are removed after the VM stops. A
+//     network namespace entry without a path is a VM without a NIC; none at all is the host's
+//     network (hostNetwork), refused at Create, like a path that is the host's namespace.
 //   - AdaptSpec turns a container's OCI spec into the guest's: its root under
 //     /run/kvfs/shared/<id>, host-only parts dropped, host bind mounts bound into the share.
 //   - Package stdio opens containerd's stdio (fifos, file://, binary://).
@@ -63,5 +70,7 @@
 // never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
 // never follows the guest's symlinks when it unbinds and cleans up. containerd, its
 // requests and the configuration file are trusted; a pod's annotations are not (see
-// sandbox.Config.Resolve).
+// sandbox.Config.Resolve). The network namespace path comes from containerd and is trusted;
+// the guest can send any frame on its NIC, and those frames only reach the pod's veth (see
+// package sandbox/network).
 package shim

@@ -39,6 +39,7 @@ type fakeAgent struct {
 	// statsAsked are the container ids Stats was asked for; badStats, if set, is its answer.
 	statsAsked []string
 	badStats   *anypb.Any
+	networks   []*agent.ConfigureNetworkRequest
 	// trace, if set, is told of each create, start and delete, and of the pod's unbinds, as
 	// they come.
 	trace func(call string)
@@ -344,6 +345,13 @@ func (a *fakeAgent) GetOOMEvent(ctx context.Context, _ *agent.GetOOMEventRequest
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+func (a *fakeAgent) ConfigureNetwork(_ context.Context, r *agent.ConfigureNetworkRequest) (*agent.ConfigureNetworkResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.networks = append(a.networks, r)
+	return &agent.ConfigureNetworkResponse{}, nil
 }
 
 func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {

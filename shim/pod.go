@@ -28,6 +28,7 @@ type VMPod struct {
 	ctl    *sandbox.ControlServer
 	client *ttrpc.Client
 	agent  agent.AgentService
+	net    *podNetwork // nil: no network namespace, no NIC
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -83,8 +84,15 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			log.G(ctx).WithError(err).Error("serving the sandbox's control API")
 		}
 	}()
+	vm := sb.DefaultVM()
+	if req.NetNS != "" {
+		if p.net, err = attachNetwork(req.NetNS, sb.ID()); err != nil {
+			return nil, err
+		}
+		vm.NICs = p.net.nics()
+	}
 	vmStart := time.Now()
-	if err := sb.Start(ctx, sb.DefaultVM()); err != nil {
+	if err := sb.Start(ctx, vm); err != nil {
 		return nil, err
 	}
 	timeout := sb.Config().Agent.BootTimeoutDuration()
@@ -101,6 +109,11 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 		fields[k] = v
 	}
 	log.G(ctx).WithFields(fields).Info("the guest agent answers")
+	if p.net != nil {
+		if err := p.net.configure(ctx, p.agent); err != nil {
+			return nil, err
+		}
+	}
 	go p.watch()
 	return p, nil
 }
@@ -287,6 +300,11 @@ func (p *VMPod) teardown(ctx context.Context) error {
 	}
 	if err := p.sb.Stop(ctx); err != nil {
 		errs = append(errs, err)
+	}
+	if p.net != nil {
+		if err := p.net.detach(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	p.doneOnce.Do(func() { close(p.done) })
 	return errors.Join(errs...)

@@ -69,6 +69,9 @@ type PodRequest struct {
 	// SandboxTask says the first container is CRI's pod sandbox container: its task is the
 	// VM's, answered by the shim (sandboxtask.go).
 	SandboxTask bool
+	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
+	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
+	NetNS string
 }
 
 // PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
@@ -246,6 +249,9 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 	} else if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if podReq.NetNS, err = podNetNS(spec); err != nil {
+		return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/internal/nettest"
 	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/sandbox/network"
 )
 
 // agentGuest returns the guest image with the agent (vmtest.AgentImage builds it when its
@@ -34,8 +37,9 @@ func agentGuest(t *testing.T) (g vmtest.Guest, accel string) {
 	return g, accel
 }
 
-// busyboxBundle writes a bundle whose rootfs is a static busybox and whose process is args.
-func busyboxBundle(t *testing.T, dir string, args ...string) string {
+// busyboxBundle writes a bundle whose rootfs is a static busybox, whose network namespace is
+// netns and whose process is args.
+func busyboxBundle(t *testing.T, dir, netns string, args ...string) string {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
@@ -53,7 +57,7 @@ func busyboxBundle(t *testing.T, dir string, args ...string) string {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755)
-	for _, a := range []string{"sh", "echo", "cat"} {
+	for _, a := range []string{"sh", "echo", "cat", "ip", "grep"} {
 		os.Symlink("busybox", filepath.Join(root, "bin", a))
 	}
 	spec := specs.Spec{
@@ -66,7 +70,7 @@ func busyboxBundle(t *testing.T, dir string, args ...string) string {
 		},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-			{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace, Path: "/var/run/netns/host-only"},
+			{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace, Path: netns},
 		}},
 	}
 	js, _ := json.Marshal(&spec)
@@ -77,10 +81,15 @@ func busyboxBundle(t *testing.T, dir string, args ...string) string {
 }
 
 // TestVMPod boots a real pod: the guest image with the agent under QEMU, behind the task
-// service with StartVMPod. The container's process, in the VM, reads its stdin and writes
-// to its stdout fifo, exits 3; the last Delete powers the VM off and removes the sandbox.
+// service with StartVMPod. The pod's network namespace (a veth, eth0, to a client namespace)
+// is joined to the VM: the container sees eth0's address, and the client's ping reaches the
+// guest. The container's process, in the VM, reads its stdin and writes to its stdout fifo,
+// exits 3; the last Delete powers the VM off and removes the sandbox, the tap and the filter.
 func TestVMPod(t *testing.T) {
 	g, accel := agentGuest(t)
+	podNS, clientNS := nettest.New(t, "kvfs-shimpod"), nettest.New(t, "kvfs-shimclient")
+	nettest.Veth(t, podNS, "eth0", []netip.Prefix{netip.MustParsePrefix("10.77.3.2/24")},
+		clientNS, "veth-pod", []netip.Prefix{netip.MustParsePrefix("10.77.3.1/24")})
 	kernel, initrd := g.Kernel, g.Initrd
 	dir := shortTempDir(t)
 	cfg := filepath.Join(dir, "kvfs.toml")
@@ -96,7 +105,8 @@ initrd = "`+initrd+`"
 	svc := NewService(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod})
 	t.Cleanup(func() { svc.Close(context.Background()) })
 
-	bundle := busyboxBundle(t, dir, "sh", "-c", "echo hello from the VM; read x; echo got $x; exit 3")
+	bundle := busyboxBundle(t, dir, podNS.Path, "sh", "-c",
+		"echo hello from the VM; ip -4 addr show eth0 | grep -o 'inet [0-9./]*'; read x; echo got $x; exit 3")
 	in := filepath.Join(dir, "in")
 	unix.Mkfifo(in, 0o600)
 	out := filepath.Join(dir, "out")
@@ -121,6 +131,15 @@ initrd = "`+initrd+`"
 	if _, err := svc.Start(ctx, &taskAPI.StartRequest{ID: "t1"}); err != nil {
 		t.Fatal(err)
 	}
+	var ping []byte
+	err = clientNS.Do(func() error {
+		var err error
+		ping, err = exec.Command("busybox", "ping", "-c", "2", "-W", "5", "10.77.3.2").CombinedOutput()
+		return err
+	})
+	if err != nil {
+		t.Errorf("ping the pod from the client namespace: %v\n%s", err, ping)
+	}
 	w, err := os.OpenFile(in, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +152,7 @@ initrd = "`+initrd+`"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := drain(outFd); string(got) != "hello from the VM\ngot input\n" || wr.ExitStatus != 3 {
+	if got, _ := drain(outFd); string(got) != "hello from the VM\ninet 10.77.3.2/24\ngot input\n" || wr.ExitStatus != 3 {
 		t.Errorf("output %q, exit %d", got, wr.ExitStatus)
 	}
 	if _, err := svc.Delete(ctx, &taskAPI.DeleteRequest{ID: "t1"}); err != nil {
@@ -144,6 +163,23 @@ initrd = "`+initrd+`"
 	}
 	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), dir) {
 		t.Errorf("mounts left under %s", dir)
+	}
+	h := podNS.Handle()
+	if _, err := h.LinkByName(network.TapName("t1")); err == nil {
+		t.Errorf("the tap is left after the pod's end")
+	}
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs, err := h.QdiscList(eth0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q.Type() == "ingress" {
+			t.Errorf("eth0 keeps its ingress qdisc after the pod's end: %v", q)
+		}
 	}
 	if got := strings.Join(eventTypes(rec.all()), " "); got != "Create Start exit:t1 Delete" {
 		t.Errorf("events %q", got)

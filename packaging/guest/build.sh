@@ -18,8 +18,8 @@
 # helpers in bench/*.c. The default image does not change.
 #
 # --agent builds the pod VM's image, into an OUTDIR of its own: the same kernel,
-# the virtio, virtio-fs, virtio-serial and vsock guest modules (listed in
-# /etc/kvfs/modules), static busybox with its applets in /bin, Debian's runc
+# the virtio, virtio-fs, virtio-serial, vsock and virtio-net guest modules
+# (listed in /etc/kvfs/modules, with their dependencies), static busybox with its applets in /bin, Debian's runc
 # with the shared libraries and dynamic loader it needs, and kvfs-agent built
 # from this repository (CGO_ENABLED=0 go build -trimpath) as /init. Neither init
 # nor tools/*.c go in. It is rebuilt when the contents of build.sh, the agent
@@ -71,7 +71,7 @@ if [ -n "$bench" ]; then
 	inputs+=("$here"/bench/*.c)
 fi
 if [ -n "$agent" ]; then
-	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport"
+	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net"
 	host_packages+=" runc"
 	inputs=("$here/build.sh")
 	repo=$(cd "$here/../.." && pwd)

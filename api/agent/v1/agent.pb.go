@@ -40,6 +40,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RouteScope int32
+
+const (
+	RouteScope_ROUTE_SCOPE_UNIVERSE RouteScope = 0
+	RouteScope_ROUTE_SCOPE_LINK     RouteScope = 1
+	RouteScope_ROUTE_SCOPE_HOST     RouteScope = 2
+)
+
+// Enum value maps for RouteScope.
+var (
+	RouteScope_name = map[int32]string{
+		0: "ROUTE_SCOPE_UNIVERSE",
+		1: "ROUTE_SCOPE_LINK",
+		2: "ROUTE_SCOPE_HOST",
+	}
+	RouteScope_value = map[string]int32{
+		"ROUTE_SCOPE_UNIVERSE": 0,
+		"ROUTE_SCOPE_LINK":     1,
+		"ROUTE_SCOPE_HOST":     2,
+	}
+)
+
+func (x RouteScope) Enum() *RouteScope {
+	p := new(RouteScope)
+	*p = x
+	return p
+}
+
+func (x RouteScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RouteScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_agent_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (RouteScope) Type() protoreflect.EnumType {
+	return &file_api_agent_v1_agent_proto_enumTypes[0]
+}
+
+func (x RouteScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RouteScope.Descriptor instead.
+func (RouteScope) EnumDescriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
 type PingRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1800,6 +1849,239 @@ func (x *GetOOMEventResponse) GetContainerId() string {
 	return ""
 }
 
+// Interface is one guest NIC as the host wants it.
+type Interface struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mac finds the NIC: a unicast Ethernet address, "02:42:0a:00:00:02".
+	Mac string `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	// name is what it is renamed to: 1 to 15 bytes, no '/', ':' or white space; not "lo".
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// mtu is set if not 0: 68 to 65535.
+	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// addresses are IPv4 or IPv6 addresses with their prefix lengths, "10.0.0.2/24".
+	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Interface) Reset() {
+	*x = Interface{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Interface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Interface) ProtoMessage() {}
+
+func (x *Interface) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Interface.ProtoReflect.Descriptor instead.
+func (*Interface) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *Interface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *Interface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Interface) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *Interface) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+type Route struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// destination is a prefix, "10.1.0.0/16", or "default" (or empty) for a default route,
+	// whose family is the gateway's.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// gateway is the next hop, of the destination's family; empty for none.
+	Gateway string `protobuf:"bytes,2,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// interface names one of the request's interfaces (by its new name).
+	Interface     string     `protobuf:"bytes,3,opt,name=interface,proto3" json:"interface,omitempty"`
+	Scope         RouteScope `protobuf:"varint,4,opt,name=scope,proto3,enum=kvfs.agent.v1.RouteScope" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Route) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Route) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *Route) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *Route) GetScope() RouteScope {
+	if x != nil {
+		return x.Scope
+	}
+	return RouteScope_ROUTE_SCOPE_UNIVERSE
+}
+
+type ConfigureNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces    []*Interface           `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	Routes        []*Route               `protobuf:"bytes,2,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkRequest) Reset() {
+	*x = ConfigureNetworkRequest{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkRequest) ProtoMessage() {}
+
+func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ConfigureNetworkRequest) GetInterfaces() []*Interface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *ConfigureNetworkRequest) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+type ConfigureNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigureNetworkResponse) Reset() {
+	*x = ConfigureNetworkResponse{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigureNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigureNetworkResponse) ProtoMessage() {}
+
+func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
+func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+}
+
 type ShutdownRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1808,7 +2090,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2102,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2115,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type ShutdownResponse struct {
@@ -1844,7 +2126,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2138,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2151,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -1969,9 +2251,30 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x17ResumeContainerResponse\"\x14\n" +
 	"\x12GetOOMEventRequest\"8\n" +
 	"\x13GetOOMEventResponse\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x11\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"a\n" +
+	"\tInterface\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\"\x92\x01\n" +
+	"\x05Route\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x02 \x01(\tR\agateway\x12\x1c\n" +
+	"\tinterface\x18\x03 \x01(\tR\tinterface\x12/\n" +
+	"\x05scope\x18\x04 \x01(\x0e2\x19.kvfs.agent.v1.RouteScopeR\x05scope\"\x81\x01\n" +
+	"\x17ConfigureNetworkRequest\x128\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\v2\x18.kvfs.agent.v1.InterfaceR\n" +
+	"interfaces\x12,\n" +
+	"\x06routes\x18\x02 \x03(\v2\x14.kvfs.agent.v1.RouteR\x06routes\"\x1a\n" +
+	"\x18ConfigureNetworkResponse\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\xda\f\n" +
+	"\x10ShutdownResponse*R\n" +
+	"\n" +
+	"RouteScope\x12\x18\n" +
+	"\x14ROUTE_SCOPE_UNIVERSE\x10\x00\x12\x14\n" +
+	"\x10ROUTE_SCOPE_LINK\x10\x01\x12\x14\n" +
+	"\x10ROUTE_SCOPE_HOST\x10\x022\xbf\r\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.kvfs.agent.v1.PingRequest\x1a\x1b.kvfs.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.kvfs.agent.v1.CreateContainerRequest\x1a&.kvfs.agent.v1.CreateContainerResponse\x12T\n" +
@@ -1994,7 +2297,8 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fUpdateContainer\x12%.kvfs.agent.v1.UpdateContainerRequest\x1a&.kvfs.agent.v1.UpdateContainerResponse\x12]\n" +
 	"\x0ePauseContainer\x12$.kvfs.agent.v1.PauseContainerRequest\x1a%.kvfs.agent.v1.PauseContainerResponse\x12`\n" +
 	"\x0fResumeContainer\x12%.kvfs.agent.v1.ResumeContainerRequest\x1a&.kvfs.agent.v1.ResumeContainerResponse\x12T\n" +
-	"\vGetOOMEvent\x12!.kvfs.agent.v1.GetOOMEventRequest\x1a\".kvfs.agent.v1.GetOOMEventResponse\x12K\n" +
+	"\vGetOOMEvent\x12!.kvfs.agent.v1.GetOOMEventRequest\x1a\".kvfs.agent.v1.GetOOMEventResponse\x12c\n" +
+	"\x10ConfigureNetwork\x12&.kvfs.agent.v1.ConfigureNetworkRequest\x1a'.kvfs.agent.v1.ConfigureNetworkResponse\x12K\n" +
 	"\bShutdown\x12\x1e.kvfs.agent.v1.ShutdownRequest\x1a\x1f.kvfs.agent.v1.ShutdownResponseB)Z'github.com/kvfs/kvfs/api/agent/v1;agentb\x06proto3"
 
 var (
@@ -2009,98 +2313,109 @@ func file_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_api_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_api_agent_v1_agent_proto_goTypes = []any{
-	(*PingRequest)(nil),             // 0: kvfs.agent.v1.PingRequest
-	(*PingResponse)(nil),            // 1: kvfs.agent.v1.PingResponse
-	(*Stdio)(nil),                   // 2: kvfs.agent.v1.Stdio
-	(*CreateContainerRequest)(nil),  // 3: kvfs.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil), // 4: kvfs.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),      // 5: kvfs.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),     // 6: kvfs.agent.v1.ExecProcessResponse
-	(*StartProcessRequest)(nil),     // 7: kvfs.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),    // 8: kvfs.agent.v1.StartProcessResponse
-	(*SignalProcessRequest)(nil),    // 9: kvfs.agent.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),   // 10: kvfs.agent.v1.SignalProcessResponse
-	(*WaitProcessRequest)(nil),      // 11: kvfs.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),     // 12: kvfs.agent.v1.WaitProcessResponse
-	(*DeleteProcessRequest)(nil),    // 13: kvfs.agent.v1.DeleteProcessRequest
-	(*DeleteProcessResponse)(nil),   // 14: kvfs.agent.v1.DeleteProcessResponse
-	(*ReadStreamRequest)(nil),       // 15: kvfs.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),      // 16: kvfs.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),       // 17: kvfs.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 18: kvfs.agent.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),       // 19: kvfs.agent.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),      // 20: kvfs.agent.v1.CloseStdinResponse
-	(*ResizePtyRequest)(nil),        // 21: kvfs.agent.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),       // 22: kvfs.agent.v1.ResizePtyResponse
-	(*ListPidsRequest)(nil),         // 23: kvfs.agent.v1.ListPidsRequest
-	(*ProcessInfo)(nil),             // 24: kvfs.agent.v1.ProcessInfo
-	(*ListPidsResponse)(nil),        // 25: kvfs.agent.v1.ListPidsResponse
-	(*StatsRequest)(nil),            // 26: kvfs.agent.v1.StatsRequest
-	(*StatsResponse)(nil),           // 27: kvfs.agent.v1.StatsResponse
-	(*UpdateContainerRequest)(nil),  // 28: kvfs.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil), // 29: kvfs.agent.v1.UpdateContainerResponse
-	(*PauseContainerRequest)(nil),   // 30: kvfs.agent.v1.PauseContainerRequest
-	(*PauseContainerResponse)(nil),  // 31: kvfs.agent.v1.PauseContainerResponse
-	(*ResumeContainerRequest)(nil),  // 32: kvfs.agent.v1.ResumeContainerRequest
-	(*ResumeContainerResponse)(nil), // 33: kvfs.agent.v1.ResumeContainerResponse
-	(*GetOOMEventRequest)(nil),      // 34: kvfs.agent.v1.GetOOMEventRequest
-	(*GetOOMEventResponse)(nil),     // 35: kvfs.agent.v1.GetOOMEventResponse
-	(*ShutdownRequest)(nil),         // 36: kvfs.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),        // 37: kvfs.agent.v1.ShutdownResponse
-	(*timestamppb.Timestamp)(nil),   // 38: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 39: google.protobuf.Any
+	(RouteScope)(0),                  // 0: kvfs.agent.v1.RouteScope
+	(*PingRequest)(nil),              // 1: kvfs.agent.v1.PingRequest
+	(*PingResponse)(nil),             // 2: kvfs.agent.v1.PingResponse
+	(*Stdio)(nil),                    // 3: kvfs.agent.v1.Stdio
+	(*CreateContainerRequest)(nil),   // 4: kvfs.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),  // 5: kvfs.agent.v1.CreateContainerResponse
+	(*ExecProcessRequest)(nil),       // 6: kvfs.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 7: kvfs.agent.v1.ExecProcessResponse
+	(*StartProcessRequest)(nil),      // 8: kvfs.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),     // 9: kvfs.agent.v1.StartProcessResponse
+	(*SignalProcessRequest)(nil),     // 10: kvfs.agent.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),    // 11: kvfs.agent.v1.SignalProcessResponse
+	(*WaitProcessRequest)(nil),       // 12: kvfs.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),      // 13: kvfs.agent.v1.WaitProcessResponse
+	(*DeleteProcessRequest)(nil),     // 14: kvfs.agent.v1.DeleteProcessRequest
+	(*DeleteProcessResponse)(nil),    // 15: kvfs.agent.v1.DeleteProcessResponse
+	(*ReadStreamRequest)(nil),        // 16: kvfs.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),       // 17: kvfs.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),        // 18: kvfs.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 19: kvfs.agent.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),        // 20: kvfs.agent.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),       // 21: kvfs.agent.v1.CloseStdinResponse
+	(*ResizePtyRequest)(nil),         // 22: kvfs.agent.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),        // 23: kvfs.agent.v1.ResizePtyResponse
+	(*ListPidsRequest)(nil),          // 24: kvfs.agent.v1.ListPidsRequest
+	(*ProcessInfo)(nil),              // 25: kvfs.agent.v1.ProcessInfo
+	(*ListPidsResponse)(nil),         // 26: kvfs.agent.v1.ListPidsResponse
+	(*StatsRequest)(nil),             // 27: kvfs.agent.v1.StatsRequest
+	(*StatsResponse)(nil),            // 28: kvfs.agent.v1.StatsResponse
+	(*UpdateContainerRequest)(nil),   // 29: kvfs.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil),  // 30: kvfs.agent.v1.UpdateContainerResponse
+	(*PauseContainerRequest)(nil),    // 31: kvfs.agent.v1.PauseContainerRequest
+	(*PauseContainerResponse)(nil),   // 32: kvfs.agent.v1.PauseContainerResponse
+	(*ResumeContainerRequest)(nil),   // 33: kvfs.agent.v1.ResumeContainerRequest
+	(*ResumeContainerResponse)(nil),  // 34: kvfs.agent.v1.ResumeContainerResponse
+	(*GetOOMEventRequest)(nil),       // 35: kvfs.agent.v1.GetOOMEventRequest
+	(*GetOOMEventResponse)(nil),      // 36: kvfs.agent.v1.GetOOMEventResponse
+	(*Interface)(nil),                // 37: kvfs.agent.v1.Interface
+	(*Route)(nil),                    // 38: kvfs.agent.v1.Route
+	(*ConfigureNetworkRequest)(nil),  // 39: kvfs.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 40: kvfs.agent.v1.ConfigureNetworkResponse
+	(*ShutdownRequest)(nil),          // 41: kvfs.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 42: kvfs.agent.v1.ShutdownResponse
+	(*timestamppb.Timestamp)(nil),    // 43: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                // 44: google.protobuf.Any
 }
 var file_api_agent_v1_agent_proto_depIdxs = []int32{
-	2,  // 0: kvfs.agent.v1.CreateContainerRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	2,  // 1: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	38, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	24, // 3: kvfs.agent.v1.ListPidsResponse.processes:type_name -> kvfs.agent.v1.ProcessInfo
-	39, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	0,  // 5: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
-	3,  // 6: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
-	5,  // 7: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
-	7,  // 8: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
-	9,  // 9: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
-	11, // 10: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
-	13, // 11: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
-	15, // 12: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
-	15, // 13: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
-	17, // 14: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
-	19, // 15: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
-	21, // 16: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
-	23, // 17: kvfs.agent.v1.Agent.ListPids:input_type -> kvfs.agent.v1.ListPidsRequest
-	26, // 18: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
-	28, // 19: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
-	30, // 20: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
-	32, // 21: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
-	34, // 22: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
-	36, // 23: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
-	1,  // 24: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
-	4,  // 25: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
-	6,  // 26: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
-	8,  // 27: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
-	10, // 28: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
-	12, // 29: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
-	14, // 30: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
-	16, // 31: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
-	16, // 32: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
-	18, // 33: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
-	20, // 34: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
-	22, // 35: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
-	25, // 36: kvfs.agent.v1.Agent.ListPids:output_type -> kvfs.agent.v1.ListPidsResponse
-	27, // 37: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
-	29, // 38: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
-	31, // 39: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
-	33, // 40: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
-	35, // 41: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
-	37, // 42: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
-	24, // [24:43] is the sub-list for method output_type
-	5,  // [5:24] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	3,  // 0: kvfs.agent.v1.CreateContainerRequest.stdio:type_name -> kvfs.agent.v1.Stdio
+	3,  // 1: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
+	43, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	25, // 3: kvfs.agent.v1.ListPidsResponse.processes:type_name -> kvfs.agent.v1.ProcessInfo
+	44, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	0,  // 5: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
+	37, // 6: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
+	38, // 7: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
+	1,  // 8: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
+	4,  // 9: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
+	6,  // 10: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
+	8,  // 11: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
+	10, // 12: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
+	12, // 13: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
+	14, // 14: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
+	16, // 15: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
+	16, // 16: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
+	18, // 17: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
+	20, // 18: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
+	22, // 19: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
+	24, // 20: kvfs.agent.v1.Agent.ListPids:input_type -> kvfs.agent.v1.ListPidsRequest
+	27, // 21: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
+	29, // 22: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
+	31, // 23: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
+	33, // 24: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
+	35, // 25: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
+	39, // 26: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
+	41, // 27: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
+	2,  // 28: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
+	5,  // 29: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
+	7,  // 30: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
+	9,  // 31: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
+	11, // 32: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
+	13, // 33: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
+	15, // 34: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
+	17, // 35: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
+	17, // 36: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
+	19, // 37: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
+	21, // 38: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
+	23, // 39: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
+	26, // 40: kvfs.agent.v1.Agent.ListPids:output_type -> kvfs.agent.v1.ListPidsResponse
+	28, // 41: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
+	30, // 42: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
+	32, // 43: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
+	34, // 44: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
+	36, // 45: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
+	40, // 46: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
+	42, // 47: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
+	28, // [28:48] is the sub-list for method output_type
+	8,  // [8:28] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_agent_v1_agent_proto_init() }
@@ -2113,13 +2428,14 @@ func file_api_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_agent_v1_agent_proto_rawDesc), len(file_api_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   38,
+			NumEnums:      1,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_api_agent_v1_agent_proto_goTypes,
 		DependencyIndexes: file_api_agent_v1_agent_proto_depIdxs,
+		EnumInfos:         file_api_agent_v1_agent_proto_enumTypes,
 		MessageInfos:      file_api_agent_v1_agent_proto_msgTypes,
 	}.Build()
 	File_api_agent_v1_agent_proto = out.File

@@ -26,6 +26,7 @@ type AgentService interface {
 	PauseContainer(context.Context, *PauseContainerRequest) (*PauseContainerResponse, error)
 	ResumeContainer(context.Context, *ResumeContainerRequest) (*ResumeContainerResponse, error)
 	GetOOMEvent(context.Context, *GetOOMEventRequest) (*GetOOMEventResponse, error)
+	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
 }
 
@@ -157,6 +158,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.GetOOMEvent(ctx, &req)
+			},
+			"ConfigureNetwork": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ConfigureNetworkRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ConfigureNetwork(ctx, &req)
 			},
 			"Shutdown": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ShutdownRequest
@@ -318,6 +326,14 @@ func (c *agentClient) ResumeContainer(ctx context.Context, req *ResumeContainerR
 func (c *agentClient) GetOOMEvent(ctx context.Context, req *GetOOMEventRequest) (*GetOOMEventResponse, error) {
 	var resp GetOOMEventResponse
 	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "GetOOMEvent", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error) {
+	var resp ConfigureNetworkResponse
+	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "ConfigureNetwork", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
