@@ -250,8 +250,13 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	} else if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	if podReq.NetNS, err = podNetNS(spec); err != nil {
-		return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+	// The pod's network is its sandbox's (or, without CRI, its one container's). A CRI
+	// container joins the pod's VM, whose network it shares: its spec names the sandbox task's
+	// namespace by pid, the VM's, which is not the pod's.
+	if spec.Annotations[AnnotationContainerType] != containerTypeContainer {
+		if podReq.NetNS, err = podNetNS(spec); err != nil {
+			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}

@@ -94,6 +94,21 @@ func (c *Containerd) cleanup(t testing.TB) {
 // test left, each with a note in the test's log.
 func (c *Containerd) removeLeftovers(t testing.TB) {
 	t.Helper()
+	if c.opts.CRI {
+		// The CRI's pods first: with their containers, network namespaces and shm mounts.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		out, err := c.CrictlCmd(ctx, "pods", "--quiet").Output()
+		for _, id := range strings.Fields(string(out)) {
+			t.Logf("ctrdtest: cleanup: removing pod %s left by the test", id)
+			if out, err := c.CrictlCmd(ctx, "rmp", "--force", id).CombinedOutput(); err != nil {
+				t.Errorf("ctrdtest: cleanup: crictl rmp --force %s: %v: %s", id, err, out)
+			}
+		}
+		cancel()
+		if err != nil {
+			t.Errorf("ctrdtest: cleanup: crictl pods: %v", err)
+		}
+	}
 	nss, err := c.ctrIn("", "namespaces", "list", "--quiet")
 	if err != nil {
 		t.Errorf("ctrdtest: cleanup: %v", err)

@@ -115,8 +115,9 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 	return n
 }
 
-// TestCRIPod: a pod through crictl is one VM (one QEMU, one shim) with two containers that
-// share a volume; a read-only hostPath refuses writes in the guest and on the host's bind; a
+// TestCRIPod: a hostNetwork pod is refused; a pod through crictl is one VM (one QEMU, one shim) with two containers that
+// share a volume; the pod's IP is the guest's, and a server in it answers ping and TCP from
+// beside the pod's veth; a read-only hostPath refuses writes in the guest and on the host's bind; a
 // symlink in a hostPath does not reach the host file it names; /etc/hosts, /etc/resolv.conf
 // and /etc/hostname are the CRI's; the pod's resources size the VM; exec, logs and container
 // stats work; stopp and rmp leave nothing. (Pod stats: with the podsandbox sandboxer
@@ -124,6 +125,18 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 func TestCRIPod(t *testing.T) {
 	e := startEnv(t, "", true)
 	before := e.c.Snapshot(t)
+
+	// A pod on the host's network is refused, as Kata refuses it, with an error that says so.
+	dir := t.TempDir()
+	hostNet := filepath.Join(dir, "hostnet.json")
+	writeJSON(t, hostNet, map[string]any{
+		"metadata": map[string]any{"name": "hostnet", "namespace": "default", "uid": "hostnet-uid"},
+		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
+	})
+	if r := e.c.RunCrictl(t, "runp", "--runtime", criHandler, hostNet); r.ExitCode == 0 || !strings.Contains(r.Stderr, "host networking is not supported") {
+		t.Errorf("a hostNetwork pod: %+v, want a refusal that names host networking", r)
+	}
+	e.c.CheckNoLeaks(t, before)
 
 	vols := t.TempDir()
 	shared := filepath.Join(vols, "shared")
@@ -153,7 +166,8 @@ func TestCRIPod(t *testing.T) {
 		t.Errorf("%d QEMU processes for the pod, want 1", n)
 	}
 
-	a := p.container(t, "a", "echo a-started; echo hello-from-a > /shared/from-a; exec sleep 600",
+	a := p.container(t, "a", `echo hello-from-a > /shared/from-a; ip -4 -o addr show eth0; echo a-started
+exec nc -l -p 8080 -e sh -c 'echo pong-from-the-pod; head -n1 > /shared/got'`,
 		map[string]any{"container_path": "/shared", "host_path": shared})
 	b := p.container(t, "b", `while [ ! -e /shared/from-a ]; do sleep 0.2; done
 echo "b-read $(cat /shared/from-a)"
@@ -169,7 +183,7 @@ exec sleep 600`,
 		map[string]any{"container_path": "/shared", "host_path": shared},
 		map[string]any{"container_path": "/ro", "host_path": ro, "readonly": true})
 
-	p.waitLog(t, a, "a-started")
+	aLog := p.waitLog(t, a, "a-started")
 	logs := p.waitLog(t, b, "b-done")
 	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1", "hosts 1"} {
 		if !strings.Contains(logs, want) {
@@ -193,6 +207,31 @@ exec sleep 600`,
 	}
 	if n := processesOf(t, e.c, "containerd-shim-kvfs-v2"); n != 1 {
 		t.Errorf("%d kvfs shims for the pod, want 1", n)
+	}
+
+	// The pod's address is the guest's, and answers from beside the pod's veth (in the
+	// containerd's network namespace, where the CNI bridge is).
+	var inspect struct {
+		Status struct{ Network struct{ IP string } }
+	}
+	if err := json.Unmarshal([]byte(e.c.Crictl(t, "inspectp", "-o", "json", p.id)), &inspect); err != nil || inspect.Status.Network.IP == "" {
+		t.Fatalf("crictl inspectp: no pod IP: %+v, %v", inspect, err)
+	}
+	ip := inspect.Status.Network.IP
+	if !strings.Contains(aLog, "inet "+ip+"/") {
+		t.Errorf("the guest's eth0 does not have the pod's address %s:\n%s", ip, aLog)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := e.c.InNetNS(ctx, "busybox", "ping", "-c", "2", "-W", "5", ip).CombinedOutput(); err != nil {
+		t.Errorf("ping %s from the containerd's network namespace: %v\n%s", ip, err, out)
+	}
+	out, err := e.c.InNetNS(ctx, "sh", "-c", "(echo from-the-client; sleep 5) | busybox nc -w 20 "+ip+" 8080").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "pong-from-the-pod") {
+		t.Errorf("TCP to the pod's port 8080: %v, %q", err, out)
+	}
+	if got, err := os.ReadFile(filepath.Join(shared, "got")); err != nil || string(got) != "from-the-client\n" {
+		t.Errorf("what the pod's server received (on the host, through the volume): %q, %v", got, err)
 	}
 
 	// The read-only bind is read-only on the host too (in containerd's mount namespace).
