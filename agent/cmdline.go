@@ -24,6 +24,8 @@ type BootParams struct {
 	VsockPort uint32
 	// Debug is kvfs.debug=1.
 	Debug bool
+	// Hostname is the guest's hostname (kvfs.hostname=), if given.
+	Hostname string
 }
 
 // ParseCmdline reads the agent's parameters from a kernel command line (/proc/cmdline);
@@ -58,6 +60,11 @@ func ParseCmdline(cmdline string) (BootParams, error) {
 			default:
 				return p, fmt.Errorf("%s=%s: want serial or vsock[:PORT]", apiv1.CmdlineTransport, val)
 			}
+		case apiv1.CmdlineHostname:
+			if err := apiv1.CheckHostname(val); err != nil {
+				return p, fmt.Errorf("%s: %w", apiv1.CmdlineHostname, err)
+			}
+			p.Hostname = val
 		case apiv1.CmdlineDebug:
 			switch val {
 			case "1", "true", "on":

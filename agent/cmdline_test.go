@@ -19,6 +19,7 @@ func TestParseCmdline(t *testing.T) {
 		{"kvfs.tag=t kvfs.agent=vsock:5000 kvfs.debug=1\n", BootParams{Tag: "t", Transport: TransportVsock, VsockPort: 5000, Debug: true}},
 		{"kvfs.agent=vsock:7 kvfs.agent=serial kvfs.tag=a kvfs.tag=b kvfs.debug=1 kvfs.debug=0 ro",
 			BootParams{Tag: "b", Transport: TransportSerial}},
+		{"kvfs.tag=t kvfs.hostname=web-0.ns", BootParams{Tag: "t", Transport: TransportSerial, Hostname: "web-0.ns"}},
 	}
 	for _, g := range good {
 		got, err := ParseCmdline(g.line)
@@ -34,6 +35,10 @@ func TestParseCmdline(t *testing.T) {
 		{"kvfs.tag=t kvfs.agent=vsock:0", "kvfs.agent=vsock:0"},
 		{"kvfs.tag=t kvfs.agent=vsock:99999999999", "vsock port"},
 		{"kvfs.tag=t kvfs.debug=yes", "kvfs.debug=yes"},
+		{"kvfs.tag=t kvfs.hostname=", "kvfs.hostname: hostname \"\""},
+		{"kvfs.tag=t kvfs.hostname=-x", "kvfs.hostname: hostname \"-x\""},
+		{"kvfs.tag=t kvfs.hostname=a_b", "kvfs.hostname: hostname \"a_b\""},
+		{"kvfs.tag=t kvfs.hostname=" + strings.Repeat("a", 65), "want 1 to 64 bytes"},
 	}
 	for _, b := range bad {
 		_, err := ParseCmdline(b.line)

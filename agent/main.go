@@ -112,6 +112,11 @@ func run(log *logrus.Entry, pid1 bool) error {
 		if err := LoopbackUp(); err != nil {
 			return err
 		}
+		if params.Hostname != "" {
+			if err := unix.Sethostname([]byte(params.Hostname)); err != nil {
+				return fmt.Errorf("setting the hostname %q: %w", params.Hostname, err)
+			}
+		}
 	}
 
 	reaper := NewReaper()

@@ -12,6 +12,12 @@
 //   - Service is the task API. The first Create makes and boots the pod (a PodStarter:
 //     StartVMPod in production), the last Delete stops it, Shutdown with no container left
 //     ends the shim.
+//   - The pod sandbox's task (sandboxtask.go): with CRI's podsandbox sandboxer the first
+//     container is the pause container. The VM is the pod, so it runs nothing: its Create
+//     boots the pod, sized by CRI's resource annotations (SizePod), named by its hostname (the
+//     guest's, kvfs.hostname=), with the network of its namespace; a sandboxAgent in front of
+//     the guest agent answers every call about it (the VM's pid, the pause process's exits,
+//     the pod's stats), so its task runs through the same state machine as any.
 //   - Pod is the narrow interface to the VM: the agent (api/agent/v1), the share's Bind and
 //     Unbind, and the pod's death. VMPod is the real one: a sandbox.Sandbox booted with
 //     sandbox.DefaultVM, the agent dialled on agent.sock (virtio-serial) or vsock until it

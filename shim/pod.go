@@ -85,6 +85,9 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 		}
 	}()
 	vm := sb.DefaultVM()
+	if req.Hostname != "" {
+		vm.Cmdline += " " + agent.CmdlineHostname + "=" + req.Hostname
+	}
 	if req.NetNS != "" {
 		if p.net, err = attachNetwork(req.NetNS, sb.ID()); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvfs/kvfs/sandbox"
 )
@@ -206,5 +208,41 @@ func (h *harness) kill(id string, sig syscall.Signal) {
 	h.t.Helper()
 	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: id, Signal: uint32(sig)}); err != nil {
 		h.t.Fatalf("Kill %s -%d: %v", id, sig, err)
+	}
+}
+
+// TestSandboxHostname: the sandbox container's hostname is the pod's, for the guest; one that
+// could not be the kernel's hostname (or a word of its command line) fails Create, named.
+func TestSandboxHostname(t *testing.T) {
+	withHostname := func(h *harness, id, name string) string {
+		b := h.bundle(id, criSandbox(id, nil))
+		p := filepath.Join(b, "config.json")
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec specs.Spec
+		if err := json.Unmarshal(data, &spec); err != nil {
+			t.Fatal(err)
+		}
+		spec.Hostname = name
+		data, _ = json.Marshal(&spec)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	h := newHarness(t)
+	h.create(&taskAPI.CreateTaskRequest{ID: "pod", Bundle: withHostname(h, "pod", "web-0")})
+	if got := h.pod().req.Hostname; got != "web-0" {
+		t.Errorf("the pod's hostname %q, want web-0", got)
+	}
+	for _, bad := range []string{"a b", "x kvfs.tag=evil", "-lead", strings.Repeat("h", 65)} {
+		h := newHarness(t)
+		_, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: withHostname(h, "pod", bad)})
+		wantKind(t, "hostname "+bad, err, errdefs.ErrInvalidArgument)
+		if err == nil || !strings.Contains(err.Error(), "hostname") {
+			t.Errorf("hostname %q: the error does not name it: %v", bad, err)
+		}
 	}
 }

@@ -69,6 +69,9 @@ type PodRequest struct {
 	// SandboxTask says the first container is CRI's pod sandbox container: its task is the
 	// VM's, answered by the shim (sandboxtask.go).
 	SandboxTask bool
+	// Hostname is the pod's (the sandbox container's spec), given to the guest, whose UTS
+	// namespace the pod's containers share. Empty: none.
+	Hostname string
 	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
 	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
 	NetNS string
@@ -256,6 +259,11 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if spec.Annotations[AnnotationContainerType] != containerTypeContainer {
 		if podReq.NetNS, err = podNetNS(spec); err != nil {
 			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
+		if podReq.Hostname = spec.Hostname; podReq.Hostname != "" {
+			if err := agent.CheckHostname(podReq.Hostname); err != nil {
+				return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+			}
 		}
 	}
 	ns, _ := namespaces.Namespace(ctx)

@@ -175,7 +175,7 @@ if echo x > /ro/new 2>/dev/null; then echo ro-writable; else echo ro-refused; fi
 echo "ro-file $(cat /ro/data)"
 echo "escape $(cat /ro/escape 2>&1)"
 echo "resolv $(grep -c 'nameserver 10.99.0.53' /etc/resolv.conf) $(grep -c 'search kvfs.test' /etc/resolv.conf)"
-echo "hostname $(cat /etc/hostname)"
+echo "hostname $(cat /etc/hostname) $(hostname)"
 echo "hosts $(grep -c localhost /etc/hosts)"
 echo "mem $(awk '/MemTotal/ {print $2}' /proc/meminfo) cpus $(nproc)"
 echo b-done
@@ -185,7 +185,7 @@ exec sleep 600`,
 
 	aLog := p.waitLog(t, a, "a-started")
 	logs := p.waitLog(t, b, "b-done")
-	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1", "hosts 1"} {
+	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("b's log has no %q:\n%s", want, logs)
 		}

@@ -1,5 +1,7 @@
 package agent
 
+import "fmt"
+
 // What the host and the guest agent agree on besides the RPCs: where the share is mounted, how
 // the agent is reached, and the kernel command line that tells the agent both.
 const (
@@ -27,4 +29,26 @@ const (
 	CmdlineTransport = "kvfs.agent"
 	// CmdlineDebug (kvfs.debug=1) makes the agent log at debug level on the console.
 	CmdlineDebug = "kvfs.debug"
+	// CmdlineHostname (kvfs.hostname=NAME) is the guest's hostname: the pod's, which its
+	// containers share with the guest's UTS namespace. A valid one (CheckHostname).
+	CmdlineHostname = "kvfs.hostname"
 )
+
+// CheckHostname accepts a hostname for CmdlineHostname: 1 to 64 bytes (the kernel's limit) of
+// letters, digits, '-' and '.', starting and ending with a letter or digit (RFC 1123), so it is
+// one word of the kernel command line.
+func CheckHostname(name string) error {
+	if name == "" || len(name) > 64 {
+		return fmt.Errorf("hostname %q: want 1 to 64 bytes", name)
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !alnum(c) && c != '-' && c != '.' {
+			return fmt.Errorf("hostname %q: %q is not a letter, a digit, '-' or '.'", name, c)
+		}
+	}
+	if !alnum(name[0]) || !alnum(name[len(name)-1]) {
+		return fmt.Errorf("hostname %q: want a letter or digit first and last", name)
+	}
+	return nil
+}
