@@ -65,12 +65,21 @@ func (e *env) runPod(t *testing.T, name string, extra map[string]any) *pod {
 // with the CRI mounts given (container_path, host_path, readonly, propagation).
 func (p *pod) container(t *testing.T, name, script string, mounts ...map[string]any) string {
 	t.Helper()
+	return p.containerWith(t, name, script, nil, mounts...)
+}
+
+// containerWith is container with more fields of the container config from extra.
+func (p *pod) containerWith(t *testing.T, name, script string, extra map[string]any, mounts ...map[string]any) string {
+	t.Helper()
 	cfg := map[string]any{
 		"metadata": map[string]any{"name": name},
 		"image":    map[string]any{"image": p.e.image},
 		"command":  []string{"sh", "-c", script},
 		"log_path": name + ".log",
 		"mounts":   mounts,
+	}
+	for k, v := range extra {
+		cfg[k] = v
 	}
 	path := filepath.Join(p.dir, name+".json")
 	writeJSON(t, path, cfg)
@@ -118,7 +127,8 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 // TestCRIPod: a hostNetwork pod is refused; a pod through crictl is one VM (one QEMU, one shim) with two containers that
 // share a volume; the pod's IP is the guest's, and a server in it answers ping and TCP from
 // beside the pod's veth; a read-only hostPath refuses writes in the guest and on the host's bind; a
-// symlink in a hostPath does not reach the host file it names; /etc/hosts, /etc/resolv.conf
+// symlink in a hostPath does not reach the host file it names; a container's memory limit is
+// its guest cgroup's; /etc/hosts, /etc/resolv.conf
 // and /etc/hostname are the CRI's; the pod's resources size the VM; exec, logs and container
 // stats work; stopp and rmp leave nothing. (Pod stats: with the podsandbox sandboxer
 // containerd reads them from the pod's host cgroup, not from the runtime.)
@@ -169,7 +179,7 @@ func TestCRIPod(t *testing.T) {
 	a := p.container(t, "a", `echo hello-from-a > /shared/from-a; ip -4 -o addr show eth0; echo a-started
 exec nc -l -p 8080 -e sh -c 'echo pong-from-the-pod; head -n1 > /shared/got'`,
 		map[string]any{"container_path": "/shared", "host_path": shared})
-	b := p.container(t, "b", `while [ ! -e /shared/from-a ]; do sleep 0.2; done
+	b := p.containerWith(t, "b", `while [ ! -e /shared/from-a ]; do sleep 0.2; done
 echo "b-read $(cat /shared/from-a)"
 if echo x > /ro/new 2>/dev/null; then echo ro-writable; else echo ro-refused; fi
 echo "ro-file $(cat /ro/data)"
@@ -178,14 +188,16 @@ echo "resolv $(grep -c 'nameserver 10.99.0.53' /etc/resolv.conf) $(grep -c 'sear
 echo "hostname $(cat /etc/hostname) $(hostname)"
 echo "hosts $(grep -c localhost /etc/hosts)"
 echo "mem $(awk '/MemTotal/ {print $2}' /proc/meminfo) cpus $(nproc)"
+echo "memory.max $(cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max)"
 echo b-done
 exec sleep 600`,
+		map[string]any{"linux": map[string]any{"resources": map[string]any{"memory_limit_in_bytes": 96 << 20}}},
 		map[string]any{"container_path": "/shared", "host_path": shared},
 		map[string]any{"container_path": "/ro", "host_path": ro, "readonly": true})
 
 	aLog := p.waitLog(t, a, "a-started")
 	logs := p.waitLog(t, b, "b-done")
-	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1"} {
+	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", fmt.Sprintf("memory.max %d\n", 96<<20)} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("b's log has no %q:\n%s", want, logs)
 		}
