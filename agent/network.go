@@ -21,7 +21,6 @@ const (
 	maxInterfaces     = 16
 	maxAddresses      = 64
 	maxRoutes         = 256
-	maxIfNameLen      = 15 // IFNAMSIZ less the NUL
 	minMTU, maxMTU    = 68, 65535
 	dumpRetries       = 5
 	defaultRouteAlias = "default"
@@ -203,23 +202,12 @@ func ParseNetworkRequest(req *apiv1.ConfigureNetworkRequest) (*NetworkConfig, er
 	return cfg, nil
 }
 
-// checkIfName accepts an interface name: 1 to 15 bytes, not "lo", "." or "..", no '/', ':',
-// white space or character outside printable ASCII.
+// checkIfName accepts a name for a guest interface: one the kernel takes, and not "lo".
 func checkIfName(name string) error {
-	switch {
-	case name == "" || len(name) > maxIfNameLen:
-		return fmt.Errorf("want 1 to %d bytes, not %d", maxIfNameLen, len(name))
-	case name == "." || name == "..":
-		return errors.New("not a name")
-	case name == "lo":
+	if name == "lo" {
 		return errors.New("the loopback interface's name")
 	}
-	for _, r := range name {
-		if r == '/' || r == ':' || r <= ' ' || r >= 0x7f {
-			return errors.New("contains '/', ':', a space or a character outside printable ASCII")
-		}
-	}
-	return nil
+	return apiv1.CheckInterfaceName(name)
 }
 
 // Netlink configures the network namespace its handle is bound to (the zero value: the

@@ -4,7 +4,10 @@ import (
 	"context"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
@@ -29,8 +32,18 @@ func edge[Req, Resp any](f func(context.Context, Req) (Resp, error)) func(contex
 func (e errorEdge) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
 	return edge(e.s.State)(ctx, r)
 }
+
+// Create's errors are never Unimplemented: containerd takes that answer to Create as a shim
+// that does not speak task API v3, and retries with v2 (which this shim does not serve),
+// hiding the real error. The only Unimplemented a Create can meet here is a guest agent older
+// than the shim (a call its image does not have), which is a precondition of the pod; a
+// restore is refused as what it is, a request this shim does not implement.
 func (e errorEdge) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*taskAPI.CreateTaskResponse, error) {
-	return edge(e.s.Create)(ctx, r)
+	resp, err := e.s.Create(ctx, r)
+	if err != nil && r.Checkpoint == "" && r.ParentCheckpoint == "" && errdefs.IsNotImplemented(errgrpc.ToNative(grpcErr(err))) {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s (is the guest image older than the shim?)", err)
+	}
+	return resp, grpcErr(err)
 }
 func (e errorEdge) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	return edge(e.s.Start)(ctx, r)

@@ -22,9 +22,6 @@ import (
 // ErrHostNetwork is what CheckPodNetNS answers, wrapped, for a pod on the host's network.
 var ErrHostNetwork = errors.New("host networking is not supported: the pod's VM needs a network namespace of its own")
 
-// maxIfNameLen is the longest interface name the kernel takes (IFNAMSIZ less the NUL).
-const maxIfNameLen = 15
-
 // podIfName is the interface chosen among several: the name containerd's CRI gives CNI.
 const podIfName = "eth0"
 
@@ -92,7 +89,7 @@ type Route struct {
 // 15 bytes, the longest name the kernel takes.
 func TapName(id string) string {
 	sum := sha256.Sum256([]byte(id))
-	return "kvfs" + hex.EncodeToString(sum[:])[:maxIfNameLen-len("kvfs")]
+	return "kvfs" + hex.EncodeToString(sum[:])[:agent.MaxInterfaceName-len("kvfs")]
 }
 
 // Close closes the Endpoint's descriptor of the tap.
@@ -173,7 +170,7 @@ func openNetNS(path string) (netns.NsHandle, error) {
 // both and the two redirecting filters, and brings the tap up. A failure undoes what was
 // made. The caller owns the Endpoint's TapFile and calls Detach when the VM is gone.
 func Attach(netnsPath, tap string) (_ *Endpoint, retErr error) {
-	if err := checkIfName(tap); err != nil {
+	if err := agent.CheckInterfaceName(tap); err != nil {
 		return nil, fmt.Errorf("tap name %q: %w", tap, err)
 	}
 	if netnsPath == "" {
@@ -254,7 +251,7 @@ func Attach(netnsPath, tap string) (_ *Endpoint, retErr error) {
 // filter) of the interface named iface in the namespace at netnsPath. What is already gone —
 // the tap, the qdisc, the interface, the namespace itself — is not an error.
 func Detach(netnsPath, tap, iface string) error {
-	if err := checkIfName(tap); err != nil {
+	if err := agent.CheckInterfaceName(tap); err != nil {
 		return fmt.Errorf("tap name %q: %w", tap, err)
 	}
 	ns, err := openNetNS(netnsPath)
@@ -526,23 +523,6 @@ func delIngress(h *netlink.Handle, l netlink.Link) error {
 			if err := h.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 				return err
 			}
-		}
-	}
-	return nil
-}
-
-// checkIfName accepts an interface name the kernel takes: 1 to 15 bytes, not "." or "..", no
-// '/', ':' (alias syntax), whitespace or control character.
-func checkIfName(name string) error {
-	switch {
-	case name == "" || len(name) > maxIfNameLen:
-		return fmt.Errorf("want 1 to %d bytes, not %d", maxIfNameLen, len(name))
-	case name == "." || name == "..":
-		return errors.New("not a name")
-	}
-	for _, r := range name {
-		if r == '/' || r == ':' || r <= ' ' || r >= 0x7f {
-			return errors.New("contains '/', ':', a space or a character outside printable ASCII")
 		}
 	}
 	return nil

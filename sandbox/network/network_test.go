@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/internal/nettest"
@@ -302,7 +304,7 @@ func TestTapName(t *testing.T) {
 	if len(a) != 15 || !strings.HasPrefix(a, "kvfs") || a == b || TapName("sandbox-a") != a {
 		t.Errorf("TapName: %q, %q", a, b)
 	}
-	if err := checkIfName(a); err != nil {
+	if err := agent.CheckInterfaceName(a); err != nil {
 		t.Errorf("TapName %q: %v", a, err)
 	}
 }

@@ -1,6 +1,9 @@
 package agent
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // What the host and the guest agent agree on besides the RPCs: where the share is mounted, how
 // the agent is reached, and the kernel command line that tells the agent both.
@@ -33,6 +36,28 @@ const (
 	// containers share with the guest's UTS namespace. A valid one (CheckHostname).
 	CmdlineHostname = "kvfs.hostname"
 )
+
+// MaxInterfaceName is the longest network interface name the kernel takes (IFNAMSIZ less the
+// NUL).
+const MaxInterfaceName = 15
+
+// CheckInterfaceName accepts a network interface name the kernel takes: 1 to MaxInterfaceName
+// bytes, not "." or "..", no '/', ':' (alias syntax), white space or character outside
+// printable ASCII. The error says why, not which name: the caller names it.
+func CheckInterfaceName(name string) error {
+	switch {
+	case name == "" || len(name) > MaxInterfaceName:
+		return fmt.Errorf("want 1 to %d bytes, not %d", MaxInterfaceName, len(name))
+	case name == "." || name == "..":
+		return errors.New("not a name")
+	}
+	for _, r := range name {
+		if r == '/' || r == ':' || r <= ' ' || r >= 0x7f {
+			return errors.New("contains '/', ':', a space or a character outside printable ASCII")
+		}
+	}
+	return nil
+}
 
 // CheckHostname accepts a hostname for CmdlineHostname: 1 to 64 bytes (the kernel's limit) of
 // letters, digits, '-' and '.', starting and ending with a letter or digit (RFC 1123), so it is
