@@ -17,6 +17,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvfs/kvfs/sandbox"
 )
@@ -244,5 +246,21 @@ func TestSandboxHostname(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "hostname") {
 			t.Errorf("hostname %q: the error does not name it: %v", bad, err)
 		}
+	}
+}
+
+// TestCreateNeverUnimplemented: an agent older than the shim (Unimplemented from the guest)
+// fails Create as FailedPrecondition, naming the call: containerd would take Unimplemented
+// from Create as a shim without task API v3. A restore is still Unimplemented.
+func TestCreateNeverUnimplemented(t *testing.T) {
+	h := newHarness(t)
+	h.startErr = status.Error(codes.Unimplemented, "method ConfigureNetwork")
+	_, err := (errorEdge{h.svc}).Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", inPod("pod"))})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ConfigureNetwork") {
+		t.Errorf("Create with an old agent: %v, want FailedPrecondition naming the call", err)
+	}
+	_, err = (errorEdge{h.svc}).Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", inPod("pod")), Checkpoint: "/x"})
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("a restore: %v, want Unimplemented", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -279,8 +280,9 @@ exec sleep 600`,
 	e.c.CheckNoLeaks(t, before)
 }
 
-// TestCRILifecycle: in a running pod, exec -it gets a terminal of the size asked, a container
-// stopped and removed is created again and runs; then criCycles runp/stopp/rmp cycles leave
+// TestCRILifecycle: in a running pod, exec -it gets a terminal of the size asked, crictl
+// attach reaches a container's stdin and output, a container stopped and removed is created
+// again and runs; then criCycles runp/stopp/rmp cycles leave
 // no process, mount, network namespace file, descriptor or sandbox directory behind.
 func TestCRILifecycle(t *testing.T) {
 	e := startEnv(t, "", true)
@@ -302,6 +304,55 @@ func TestCRILifecycle(t *testing.T) {
 	if got := strings.ReplaceAll(string(out), "\r", ""); err != nil || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "33 101\n") {
 		t.Errorf("crictl exec -it: %v, output %q; want a /dev/pts tty and the size 33 101", err, got)
 	}
+
+	// crictl attach: a line to the stdin of a container reading it, its answer back.
+	reader := p.containerWith(t, "reader", "echo ready; read line; echo got $line; exec sleep 600", map[string]any{"stdin": true})
+	p.waitLog(t, reader, "ready")
+	// Its stdin stays open until the answer has come: crictl ends the attach at its EOF.
+	attach := e.c.CrictlCmd(ctx, "attach", "--stdin", reader)
+	stdin, err := attach.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := attach.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attachErr strings.Builder
+	attach.Stderr = &attachErr
+	if err := attach.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdin, "hello-attach\n"); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 256)
+		for !strings.Contains(b.String(), "got hello-attach") {
+			n, err := stdout.Read(buf)
+			b.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		got <- b.String()
+	}()
+	select {
+	case out := <-got:
+		if !strings.Contains(out, "got hello-attach") {
+			t.Errorf("crictl attach: %q, want the container's answer; stderr %s", out, attachErr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Errorf("crictl attach: no answer within a minute; stderr %s", attachErr.String())
+	}
+	stdin.Close()
+	attach.Process.Kill()
+	attach.Wait()
+	p.waitLog(t, reader, "got hello-attach")
+	e.c.Crictl(t, "stop", reader)
+	e.c.Crictl(t, "rm", reader)
 
 	// A container of the running pod restarted, as the kubelet does: stopped, removed,
 	// created again under its name.
