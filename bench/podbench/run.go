@@ -106,7 +106,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 	}
 	rep.Machine = describeMachine(cfg, kernel)
 
-	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir})
+	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, false, "")
 	if err != nil {
 		return nil, err
 	}
