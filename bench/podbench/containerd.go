@@ -36,10 +36,13 @@ type containerd struct {
 }
 
 // startContainerd starts containerd from binDir with shimDirs first on its PATH, and returns
-// once it answers. With cri, its CRI is on (see ctrdconf.Config), with extra (TOML) merged
-// into its config: the runtime handlers beside runc.
-func startContainerd(binDir string, shimDirs []string, cri bool, extra string) (*containerd, error) {
-	dir, err := os.MkdirTemp("/tmp", "kvfspodbench-")
+// once it answers. With cri, its CRI is on (see ctrdconf.Config). extra, if not nil, is
+// given the containerd's directory and returns TOML merged into its config (the CRI's
+// runtime handlers beside runc).
+func startContainerd(binDir string, shimDirs []string, cri bool, extra func(dir string) string) (*containerd, error) {
+	// Short: the kvfs shim's sockets are in sandboxesDir/SANDBOX_ID, and the CRI's sandbox
+	// ids are 64 characters (a Unix socket's path holds 107 bytes).
+	dir, err := os.MkdirTemp("/tmp", "kvfspb-")
 	if err != nil {
 		return nil, err
 	}
@@ -61,12 +64,16 @@ func startContainerd(binDir string, shimDirs []string, cri bool, extra string) (
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return fail(err)
 	}
-	for _, d := range []string{"tmp", "sandboxes"} {
+	for _, d := range []string{"tmp", sandboxesDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return fail(err)
 		}
 	}
-	cfg, err := ctrdconf.Config(dir, "info", cri, extra)
+	more := ""
+	if extra != nil {
+		more = extra(dir)
+	}
+	cfg, err := ctrdconf.Config(dir, "info", cri, more)
 	if err != nil {
 		return fail(fmt.Errorf("containerd's config: %w", err))
 	}
@@ -127,6 +134,9 @@ func startContainerd(binDir string, shimDirs []string, cri bool, extra string) (
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// sandboxesDir is the kvfs shim's base_dir in the containerd's directory.
+const sandboxesDir = "sb"
 
 func ipCmd(args ...string) error {
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
