@@ -15,10 +15,16 @@
 #    `ctr run --rm ... true`, the memory of a pod running sleep, and kvfs's boot split. Adds its
 #    section to docs/benchmarks.md; about 20 minutes under TCG. $POD_ARGS are passed on to
 #    kvfspodbench; the agent guest image is built (packaging/guest/build.sh --agent) if needed.
+# 4. Pod level through the CRI (kvfspodbench -cri): the same containerd with its CRI on, in a
+#    network namespace of its own with a CNI bridge, runs pods with crictl through the runtime
+#    handlers kvfs and runc, interleaved: runp + create + start to the container's first log
+#    line, the memory and CPU of a running pod's host processes, stopp and rmp. Adds its section
+#    to docs/benchmarks.md; about 15 minutes under TCG. $CRI_ARGS are passed on to kvfspodbench.
 #
-# BENCH_ONLY=server, guest or pod runs one part only; the others' sections stay as they are.
+# BENCH_ONLY=server, guest, pod or cri runs one part only; the others' sections stay as they are.
 #   BENCH_ONLY=guest GUEST_ARGS='-runs 1 -fio-runtime 1 -files 200' scripts/bench.sh   # a quick look
 #   BENCH_ONLY=pod POD_ARGS='-runs 2' scripts/bench.sh
+#   BENCH_ONLY=cri CRI_ARGS='-runs 2' scripts/bench.sh
 # Runs as root (both servers and the guest's 9p passthrough need it); scripts/deps.sh installs the
 # C virtiofsd, QEMU, fio and tcc.
 set -euo pipefail
@@ -49,15 +55,15 @@ rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 only=${BENCH_ONLY:-}
 case $only in
-"" | server | guest | pod) ;;
+"" | server | guest | pod | cri) ;;
 *)
-	echo "bench.sh: BENCH_ONLY must be server, guest or pod, not $only" >&2
+	echo "bench.sh: BENCH_ONLY must be server, guest, pod or cri, not $only" >&2
 	exit 1
 	;;
 esac
 
 # kvfsbench rewrites the whole document: with BENCH_ONLY=server keep the guest and pod sections
-# (always the last ones, in that order) and put them back after.
+# (always the last ones, in that order: guest, pod, CRI) and put them back after.
 guest_section=
 if [ "$only" = server ] && [ -f docs/benchmarks.md ]; then
 	guest_section=$(sed -n '/^## Guest level: /,$p' docs/benchmarks.md)
@@ -84,15 +90,27 @@ if [ "$only" = "" ] || [ "$only" = guest ]; then
 		-out docs/benchmarks.md -chart docs/benchmarks-guest.png ${GUEST_ARGS:-}
 fi
 
+# $AGENT_GUEST: another directory for the agent guest image (one this branch's agent is built into).
+agent_guest=${AGENT_GUEST:-${KVFS_CACHE:-/var/cache/kvfs}/agent-guest}
+
 if [ "$only" = "" ] || [ "$only" = pod ]; then
 	phow=$how
 	[ -n "$only" ] && phow="BENCH_ONLY=$only $phow"
 	[ -n "${POD_ARGS:-}" ] && phow="POD_ARGS='$POD_ARGS' $phow"
 	[ -n "${AGENT_GUEST:-}" ] && phow="AGENT_GUEST=$AGENT_GUEST $phow"
-	# $AGENT_GUEST: another directory for the image (one this branch's agent is built into).
-	agent_guest=${AGENT_GUEST:-${KVFS_CACHE:-/var/cache/kvfs}/agent-guest}
 	packaging/guest/build.sh --agent "$agent_guest"
 	# shellcheck disable=SC2086 # POD_ARGS is a list of arguments
 	bin/kvfspodbench -invoked "$phow" -rev "$rev" -shim-dir bin -guest "$agent_guest" \
 		-runs 10 -mem 512M -vcpus 1 -out docs/benchmarks.md ${POD_ARGS:-}
+fi
+
+if [ "$only" = "" ] || [ "$only" = cri ]; then
+	chow=$how
+	[ -n "$only" ] && chow="BENCH_ONLY=$only $chow"
+	[ -n "${CRI_ARGS:-}" ] && chow="CRI_ARGS='$CRI_ARGS' $chow"
+	[ -n "${AGENT_GUEST:-}" ] && chow="AGENT_GUEST=$AGENT_GUEST $chow"
+	packaging/guest/build.sh --agent "$agent_guest"
+	# shellcheck disable=SC2086 # CRI_ARGS is a list of arguments
+	bin/kvfspodbench -cri -invoked "$chow" -rev "$rev" -shim-dir bin -guest "$agent_guest" \
+		-runs 10 -mem 512M -vcpus 1 -settle 2s -idle 5s -out docs/benchmarks.md ${CRI_ARGS:-}
 fi

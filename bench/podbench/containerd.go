@@ -10,59 +10,39 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 )
 
 // containerd is the benchmark's private containerd: its own directory under /tmp (config,
-// log, root, state, sockets), namespace and mount namespace, as internal/ctrdtest makes one for
-// tests (that package is built on testing.TB, so it is not linked here; this is the minimum
-// the benchmark needs: start, ctr, stop).
+// log, root, state, sockets), namespace and mount namespace, its config and environment made
+// as internal/ctrdtest makes a test's (package ctrdconf); ctrdtest itself is built on
+// testing.TB, so it is not linked here: this is the minimum the benchmark needs: start, ctr,
+// crictl, stop. With the CRI on, containerd runs in a network namespace of its own, named
+// after its namespace, where the CNI network's bridge is.
 type containerd struct {
-	binDir    string // containerd and ctr
+	binDir    string // containerd, ctr and crictl
 	dir       string
-	namespace string
+	namespace string // unique: runc's state and ctr's cgroups are named after it
+	cri       bool
 	logPath   string
 	env       []string
 	cmd       *exec.Cmd
 	exited    chan struct{}
 }
 
-// containerdConfig is the config.toml of a containerd kept to dir: version 4, the CRI and NRI
-// off (no CNI, no machine-wide NRI socket), every path containerd would take on the machine
-// pointed into dir.
-func containerdConfig(dir, logLevel string) string {
-	p := func(name string) string { return filepath.Join(dir, name) }
-	return fmt.Sprintf(`version = 4
-root = %q
-state = %q
-temp = %q
-imports = []
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.podsandbox.controller.v1.podsandbox", "io.containerd.nri.v1.nri"]
-
-[debug]
-level = %q
-
-[plugins."io.containerd.server.v1.grpc"]
-address = %q
-[plugins."io.containerd.server.v1.ttrpc"]
-address = %q
-[plugins."io.containerd.server.v1.debug"]
-address = ""
-[plugins."io.containerd.server.v1.metrics"]
-address = ""
-[plugins."io.containerd.internal.v1.opt"]
-path = %q
-[plugins."io.containerd.image-verifier.v1.bindir"]
-bin_dir = %q
-`, p("root"), p("state"), p("tmp"), logLevel, p("containerd.sock"), p("containerd.sock.ttrpc"), p("opt"), p("image-verifier"))
-}
-
 // startContainerd starts containerd from binDir with shimDirs first on its PATH, and returns
-// once it answers.
-func startContainerd(binDir string, shimDirs []string) (*containerd, error) {
-	dir, err := os.MkdirTemp("/tmp", "kvfspodbench-")
+// once it answers. With cri, its CRI is on (see ctrdconf.Config). extra, if not nil, is
+// given the containerd's directory and returns TOML merged into its config (the CRI's
+// runtime handlers beside runc).
+func startContainerd(binDir string, shimDirs []string, cri bool, extra func(dir string) string) (*containerd, error) {
+	// Short: the kvfs shim's sockets are in sandboxesDir/SANDBOX_ID, and the CRI's sandbox
+	// ids are 64 characters (a Unix socket's path holds 107 bytes).
+	dir, err := os.MkdirTemp("/tmp", "kvfspb-")
 	if err != nil {
 		return nil, err
 	}
@@ -70,45 +50,58 @@ func startContainerd(binDir string, shimDirs []string) (*containerd, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	c := &containerd{binDir: binDir, dir: dir, namespace: "kvfspodbench-" + hex.EncodeToString(b[:]),
+	c := &containerd{binDir: binDir, dir: dir, namespace: "kvfspodbench-" + hex.EncodeToString(b[:]), cri: cri,
 		logPath: filepath.Join(dir, "containerd.log"), exited: make(chan struct{})}
+	c.env = ctrdconf.Environ(dir, append(slices.Clone(shimDirs), binDir))
+	netns := false
 	fail := func(err error) (*containerd, error) {
+		if netns {
+			err = errors.Join(err, c.removeNetNS())
+		}
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return fail(err)
 	}
-	for _, d := range []string{"tmp", "sandboxes"} {
+	for _, d := range []string{"tmp", sandboxesDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return fail(err)
 		}
 	}
+	more := ""
+	if extra != nil {
+		more = extra(dir)
+	}
+	cfg, err := ctrdconf.Config(dir, "info", cri, more)
+	if err != nil {
+		return fail(fmt.Errorf("containerd's config: %w", err))
+	}
 	cfgPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfgPath, []byte(containerdConfig(dir, "info")), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
 		return fail(err)
 	}
-	var env []string
-	path := ""
-	for _, kv := range os.Environ() {
-		switch {
-		case strings.HasPrefix(kv, "PATH="):
-			path = strings.TrimPrefix(kv, "PATH=")
-		case strings.HasPrefix(kv, "TMPDIR="), strings.HasPrefix(kv, "CONTAINERD_"):
-		default:
-			env = append(env, kv)
+	c.cmd = exec.Command(filepath.Join(binDir, "containerd"), "--config", cfgPath)
+	if cri {
+		if err := ctrdconf.WriteCRIFiles(dir, 3*time.Minute); err != nil {
+			return fail(err)
 		}
+		if err := ipCmd("netns", "add", c.namespace); err != nil {
+			return fail(err)
+		}
+		netns = true
+		if err := ipCmd("-n", c.namespace, "link", "set", "lo", "up"); err != nil {
+			return fail(err)
+		}
+		// nsenter joins the network namespace and executes containerd in its place.
+		c.cmd = exec.Command("nsenter", "--net="+filepath.Join("/run/netns", c.namespace), "--", filepath.Join(binDir, "containerd"), "--config", cfgPath)
 	}
-	dirs := append(append(shimDirs[:len(shimDirs):len(shimDirs)], binDir), filepath.SplitList(path)...)
-	dirs = append(dirs, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-	c.env = append(env, "PATH="+strings.Join(dirs, ":"), "TMPDIR="+filepath.Join(dir, "tmp"))
 
 	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fail(err)
 	}
 	defer logf.Close()
-	c.cmd = exec.Command(filepath.Join(binDir, "containerd"), "--config", cfgPath)
 	c.cmd.Dir, c.cmd.Env = dir, c.env
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	// Its own mount namespace, so that the containers' and sandboxes' mounts stay out of the
@@ -131,8 +124,7 @@ func startContainerd(binDir string, shimDirs []string) (*containerd, error) {
 		}
 		select {
 		case <-c.exited:
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("containerd exited at start; its log: %s", c.logPath)
+			return fail(fmt.Errorf("containerd exited at start; its log: %s", c.logPath))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -143,8 +135,29 @@ func startContainerd(binDir string, shimDirs []string) (*containerd, error) {
 	}
 }
 
+// sandboxesDir is the kvfs shim's base_dir in the containerd's directory.
+const sandboxesDir = "sb"
+
+func ipCmd(args ...string) error {
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func (c *containerd) removeNetNS() error { return ipCmd("netns", "del", c.namespace) }
+
+// ctrNamespace is where ctr works: the CRI's namespace with the CRI on, else the
+// benchmark's own.
+func (c *containerd) ctrNamespace() string {
+	if c.cri {
+		return ctrdconf.CRINamespace
+	}
+	return c.namespace
+}
+
 func (c *containerd) ctrCmd(ctx context.Context, args ...string) *exec.Cmd {
-	a := append([]string{"--address", filepath.Join(c.dir, "containerd.sock"), "--namespace", c.namespace}, args...)
+	a := append([]string{"--address", filepath.Join(c.dir, ctrdconf.GRPCSocket), "--namespace", c.ctrNamespace()}, args...)
 	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "ctr"), a...)
 	cmd.Env = c.env
 	cmd.Dir = c.dir
@@ -163,19 +176,43 @@ func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
 	return out.String(), nil
 }
 
+// crictl runs crictl with args on the CRI and returns its standard output; a failure's error
+// carries its standard error.
+func (c *containerd) crictl(ctx context.Context, args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, "crictl"), append([]string{"--config", ctrdconf.CrictlConfig(c.dir)}, args...)...)
+	cmd.Env, cmd.Dir = c.env, c.dir
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("crictl %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(errOut.Bytes()))
+	}
+	return out.String(), nil
+}
+
 // Log is containerd's log so far (its shims' lines included).
 func (c *containerd) log() (string, error) {
 	b, err := os.ReadFile(c.logPath)
 	return string(b), err
 }
 
-// stop removes what is left in the namespace (tasks killed, containers removed), stops
-// containerd (SIGTERM, SIGKILL after 10 s) and removes its directory, keeping the log at
+// stop removes what is left in the namespace (the CRI's pods, then tasks killed and
+// containers removed), stops containerd (SIGTERM, SIGKILL after 10 s) and removes its directory, keeping the log at
 // keepLog if that is not empty.
 func (c *containerd) stop(keepLog string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var errs []error
+	if c.cri {
+		if out, err := c.crictl(ctx, "pods", "-q"); err != nil {
+			errs = append(errs, err)
+		} else {
+			for _, id := range strings.Fields(out) {
+				if _, err := c.crictl(ctx, "rmp", "-f", id); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
 	if out, err := c.ctr(ctx, "containers", "list", "-q"); err == nil {
 		for _, id := range strings.Fields(out) {
 			c.ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
@@ -194,7 +231,13 @@ func (c *containerd) stop(keepLog string) error {
 		c.cmd.Process.Kill()
 		<-c.exited
 	}
-	// runc's state and ctr's cgroups are named after the namespace, outside the directory.
+	if c.cri {
+		if err := c.removeNetNS(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// runc's state and ctr's cgroups (and the CRI pods' cgroup parent) are named after the
+	// namespace, outside the directory.
 	dirs := []string{filepath.Join("/run/containerd/runc", c.namespace)}
 	for _, p := range []string{"/sys/fs/cgroup/" + c.namespace, "/sys/fs/cgroup/*/" + c.namespace} {
 		m, _ := filepath.Glob(p)

@@ -3,7 +3,7 @@
 // containerd's runc shim, side by side in one run, interleaved round by round.
 //
 // Method. A private containerd (its own directory under /tmp, namespace and mount namespace;
-// see containerd.go for why it is not internal/ctrdtest) imports the busybox image
+// its config from internal/ctrdtest/ctrdconf, as the tests' containerd's) imports the busybox image
 // (internal/ociimage). Each round runs, for kvfs and then runc, `ctr run --rm ... true` (wall
 // time) and `ctr run -d ... sleep 3600`, whose shim and its descendants (QEMU; the
 // container's processes) have their memory read from /proc (VmRSS, and smaps_rollup's Rss and
@@ -12,4 +12,12 @@
 // boot_* fields split QEMU's start to the agent's answer into QEMU+firmware, kernel boot and
 // agent start-up (the agent's Ping times, guest CLOCK_BOOTTIME). Section renders medians,
 // ranges and per-round ratios kvfs ÷ runc as the pod-level section of docs/benchmarks.md.
+//
+// With Config.CRI (RunCRI, CRISection) the containerd has its CRI on, in a network namespace
+// of its own with a CNI bridge, and each round runs a pod through crictl with the runtime
+// handler kvfs, then one with runc: runp, create and start of a busybox container that prints
+// a line, timed to that line in its CRI log file; the memory of the pod's shim and its
+// descendants (QEMU; pause and the container for runc) and their CPU time, idle included;
+// stopp and rmp. containerd's log gives the second readings (RunPodSandbox received to
+// StartContainer returned, and to the line's CRI timestamp).
 package podbench

@@ -13,6 +13,7 @@ type Machine struct {
 	sb.Host
 	LoadBefore, LoadAfter  string
 	QEMU, Containerd, Runc string
+	Crictl                 string // the CRI benchmark's
 	GuestKernel            string
 }
 

@@ -26,10 +26,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Memory, "mem", "512M", "the guest's memory (vm.memory)")
 	fs.IntVar(&cfg.VCPUs, "vcpus", 1, "the guest's vCPUs (vm.vcpus)")
 	fs.DurationVar(&cfg.Settle, "settle", 2*time.Second, "wait after a sleep container started before its memory is read")
+	fs.BoolVar(&cfg.CRI, "cri", false, "run pods through containerd's CRI with crictl (runtime handlers kvfs and runc) and write the CRI section, instead of ctr's")
+	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "with -cri: how long a running pod's CPU use is measured for")
 	fs.StringVar(&cfg.KeepLog, "keep-log", "", "copy containerd's log (its shims' lines included) here at the end")
 	fs.StringVar(&cfg.Invoked, "invoked", "", "how the benchmark was started, for the report")
 	fs.StringVar(&cfg.Rev, "rev", "", "kvfs's source revision, for the report")
-	out := fs.String("out", "docs/benchmarks.md", "document whose pod-level section is written (replaced, or appended); - for stdout")
+	out := fs.String("out", "docs/benchmarks.md", "document whose pod-level section (ctr's, or with -cri the CRI's) is written (replaced, or appended); - for stdout")
 	quiet := fs.Bool("q", false, "do not print each round's figures")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
@@ -42,24 +44,39 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvfspodbench: -runs and -vcpus must be at least 1")
 		return 2
 	}
+	if cfg.Idle <= 0 {
+		fmt.Fprintln(stderr, "kvfspodbench: -idle must be positive")
+		return 2
+	}
 	if !*quiet {
 		cfg.Progress = stderr
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := Run(ctx, cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
-		return 1
+	heading, section := SectionHeading, ""
+	if cfg.CRI {
+		rep, err := RunCRI(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
+			return 1
+		}
+		heading, section = CRISectionHeading, CRISection(rep)
+	} else {
+		rep, err := Run(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
+			return 1
+		}
+		section = Section(rep)
 	}
-	if err := write(Section(rep), *out, stdout); err != nil {
+	if err := write(heading, section, *out, stdout); err != nil {
 		fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func write(section, out string, stdout io.Writer) error {
+func write(heading, section, out string, stdout io.Writer) error {
 	if out == "-" {
 		_, err := io.WriteString(stdout, section)
 		return err
@@ -69,7 +86,7 @@ func write(section, out string, stdout io.Writer) error {
 		return err
 	}
 	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, []byte(Splice(string(doc), section)), 0o644); err != nil {
+	if err := os.WriteFile(tmp, []byte(Splice(string(doc), heading, section)), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, out)

@@ -158,18 +158,18 @@ func TestSummarize(t *testing.T) {
 func TestSplice(t *testing.T) {
 	head := "# Benchmarks\n\n## Server level\n\ntext\n"
 	sec := SectionHeading + "\n\nnew\n"
-	once := Splice(head, sec)
+	once := Splice(head, SectionHeading, sec)
 	if once != head+"\n"+sec {
 		t.Errorf("appended:\n%q", once)
 	}
-	if got := Splice(head+"\n"+SectionHeading+"\n\nold\nlines\n", sec); got != once {
+	if got := Splice(head+"\n"+SectionHeading+"\n\nold\nlines\n", SectionHeading, sec); got != once {
 		t.Errorf("replaced:\n%q\nwant\n%q", got, once)
 	}
 	after := "## Later\n\nx\n"
-	if got, want := Splice(head+"\n"+SectionHeading+"\n\nold\n\n"+after, sec), once+"\n"+after; got != want {
+	if got, want := Splice(head+"\n"+SectionHeading+"\n\nold\n\n"+after, SectionHeading, sec), once+"\n"+after; got != want {
 		t.Errorf("replaced before another section:\n%q\nwant\n%q", got, want)
 	}
-	if got := Splice("", sec); got != sec {
+	if got := Splice("", SectionHeading, sec); got != sec {
 		t.Errorf("into nothing: %q", got)
 	}
 }

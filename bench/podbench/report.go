@@ -264,13 +264,13 @@ func orUnknown(s string) string {
 	return s
 }
 
-// Splice puts section into doc in place of an existing pod-level section (from its heading to
-// the next "## " heading or the end), or appends it.
-func Splice(doc, section string) string {
+// Splice puts section into doc in place of an existing section that starts with heading
+// (from it to the next "## " heading or the end), or appends it.
+func Splice(doc, heading, section string) string {
 	start := -1
-	if strings.HasPrefix(doc, SectionHeading+"\n") {
+	if strings.HasPrefix(doc, heading+"\n") {
 		start = 0
-	} else if i := strings.Index(doc, "\n"+SectionHeading+"\n"); i >= 0 {
+	} else if i := strings.Index(doc, "\n"+heading+"\n"); i >= 0 {
 		start = i + 1
 	}
 	if start < 0 {
@@ -279,7 +279,7 @@ func Splice(doc, section string) string {
 		}
 		return doc + section
 	}
-	rest := doc[start+len(SectionHeading)+1:]
+	rest := doc[start+len(heading)+1:]
 	tail := ""
 	if j := strings.Index(rest, "\n## "); j >= 0 {
 		tail = rest[j+1:]

@@ -34,6 +34,8 @@ type Config struct {
 	VCPUs    int           // the guest's vCPUs (vm.vcpus)
 	Settle   time.Duration // wait after a sleep container started before its memory is read
 	KeepLog  string        // where containerd's log is copied at the end; "" for nowhere
+	CRI      bool          // pods through the CRI (crictl) instead of ctr (RunCRI)
+	Idle     time.Duration // CRI: how long a running pod's CPU use is measured for
 
 	Command, Invoked, Rev string // for the report
 	Progress              io.Writer
@@ -79,34 +81,61 @@ func (c *Config) logf(format string, args ...any) {
 	}
 }
 
-// Run runs the benchmark.
-func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
+// prepared is what both benchmarks find before containerd starts.
+type prepared struct {
+	kernel, initrd  string // the agent guest image's
+	accel, accelWhy string
+}
+
+// prepare makes cfg's directories absolute (containerd runs in its own directory), checks
+// that the guest image, the shims and the binaries of binDir named in bins are there, and
+// picks the accelerator.
+func prepare(cfg *Config, bins ...string) (prepared, error) {
 	for _, d := range []*string{&cfg.ShimDir, &cfg.BinDir, &cfg.GuestDir} {
-		abs, err := filepath.Abs(*d) // containerd runs in its own directory
+		abs, err := filepath.Abs(*d)
 		if err != nil {
-			return nil, err
+			return prepared{}, err
 		}
 		*d = abs
 	}
-	rep := &Report{Config: cfg, Started: time.Now(), Rounds: map[string][]Round{}}
-	kernel, initrd := filepath.Join(cfg.GuestDir, "vmlinuz"), filepath.Join(cfg.GuestDir, "initramfs.gz")
-	for _, f := range []string{kernel, initrd, filepath.Join(cfg.ShimDir, shimKvfs), filepath.Join(cfg.BinDir, shimRunc)} {
+	p := prepared{kernel: filepath.Join(cfg.GuestDir, "vmlinuz"), initrd: filepath.Join(cfg.GuestDir, "initramfs.gz")}
+	files := []string{p.kernel, p.initrd, filepath.Join(cfg.ShimDir, shimKvfs), filepath.Join(cfg.BinDir, shimRunc)}
+	for _, b := range bins {
+		files = append(files, filepath.Join(cfg.BinDir, b))
+	}
+	for _, f := range files {
 		if _, err := os.Stat(f); err != nil {
-			return nil, err
+			return prepared{}, err
 		}
 	}
-	rep.Accel = cfg.Accel
-	rep.AccelWhy = "set with -accel"
-	if rep.Accel == "" {
-		rep.Accel = sandbox.DetectAccel()
-		rep.AccelWhy = "/dev/kvm opens"
-		if rep.Accel != sandbox.AccelKVM {
-			rep.AccelWhy = "no usable /dev/kvm"
+	p.accel, p.accelWhy = cfg.Accel, "set with -accel"
+	if p.accel == "" {
+		p.accel = sandbox.DetectAccel()
+		p.accelWhy = "/dev/kvm opens"
+		if p.accel != sandbox.AccelKVM {
+			p.accelWhy = "no usable /dev/kvm"
 		}
 	}
-	rep.Machine = describeMachine(cfg, kernel)
+	return p, nil
+}
 
-	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir})
+// kvfsConfig is the kvfs shim's configuration for a containerd in dir: its sandboxes in
+// dir's sandboxesDir, the guest image, accelerator and size.
+func (p prepared) kvfsConfig(dir string, cfg Config) string {
+	return fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n",
+		filepath.Join(dir, sandboxesDir), p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs)
+}
+
+// Run runs the benchmark through ctr.
+func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
+	p, err := prepare(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Config: cfg, Started: time.Now(), Rounds: map[string][]Round{}, Accel: p.accel, AccelWhy: p.accelWhy}
+	rep.Machine = describeMachine(cfg, p.kernel)
+
+	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -117,21 +146,11 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 	}()
 	cfg.logf("containerd in %s, namespace %s", c.dir, c.namespace)
 
-	img, err := ociimage.Busybox(ociimage.BusyboxName, ociimage.BusyboxPath)
-	if err != nil {
-		return nil, err
-	}
-	archive := filepath.Join(c.dir, "busybox.tar")
-	if err := img.WriteFile(archive); err != nil {
-		return nil, err
-	}
-	if _, err := c.ctr(ctx, "images", "import", archive); err != nil {
+	if err := importImage(ctx, c, ociimage.BusyboxName, nil); err != nil {
 		return nil, err
 	}
 	kcfg := filepath.Join(c.dir, "kvfs.toml")
-	toml := fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n",
-		filepath.Join(c.dir, "sandboxes"), kernel, initrd, rep.Accel, cfg.Memory, cfg.VCPUs)
-	if err := os.WriteFile(kcfg, []byte(toml), 0o644); err != nil {
+	if err := os.WriteFile(kcfg, []byte(p.kvfsConfig(c.dir, cfg)), 0o644); err != nil {
 		return nil, err
 	}
 	runtimeArgs := map[string][]string{

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 )
 
 // Options configure a test containerd.
@@ -25,7 +27,7 @@ type Options struct {
 	// inherit the PATH.
 	ShimDirs []string
 	// Config is TOML merged into the generated config.toml: tables merged key by key, other
-	// values replaced (see config). It may not set the version, root, state, temp, imports
+	// values replaced (see ctrdconf.Config). It may not set the version, root, state, temp, imports
 	// or the server addresses.
 	Config string
 	// Env is added to containerd's environment, and so to its shims'.
@@ -38,7 +40,7 @@ type Options struct {
 	// CtrTimeout bounds each ctr that Ctr and RunCtr run (and each crictl); 3 minutes when
 	// zero (a VM booted under TCG takes tens of seconds).
 	CtrTimeout time.Duration
-	// CRI turns containerd's CRI on (see criConfig), for crictl (Crictl): containerd then runs
+	// CRI turns containerd's CRI on (see ctrdconf.Config), for crictl (Crictl): containerd then runs
 	// in a network namespace of its own (NetNS), named after its namespace, where the CNI
 	// test network's bridge is, and the pod sandbox image PauseImage is imported. The CRI's
 	// sandbox directories and network namespace files are LeakDirs.
@@ -95,10 +97,10 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	cfg, err := config(dir, opts.LogLevel, opts.CRI, opts.Config)
+	cfg, err := ctrdconf.Config(dir, opts.LogLevel, opts.CRI, opts.Config)
 	if err != nil {
 		os.RemoveAll(dir)
-		t.Fatal(err)
+		t.Fatalf("ctrdtest: Options.Config: %v", err)
 	}
 	cfgPath := filepath.Join(dir, "config.toml")
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
@@ -182,30 +184,10 @@ func namespaceFor(t testing.TB) string {
 	return "kvfstest-" + hex.EncodeToString(b[:])
 }
 
-// environ is the environment of containerd and ctr: the test's, with PATH made of
-// Options.ShimDirs, the installed binaries and the test's PATH (with the system directories,
-// where runc is, added if missing), TMPDIR in the containerd's directory, and no CONTAINERD_*
-// variables (ctr would take its snapshotter or runtime from them).
+// environ is the environment of containerd, ctr and crictl (ctrdconf.Environ): PATH made of
+// Options.ShimDirs, the installed binaries and the test's PATH.
 func (c *Containerd) environ() []string {
-	var env []string
-	path := ""
-	for _, kv := range os.Environ() {
-		switch {
-		case strings.HasPrefix(kv, "PATH="):
-			path = strings.TrimPrefix(kv, "PATH=")
-		case strings.HasPrefix(kv, "TMPDIR="), strings.HasPrefix(kv, "CONTAINERD_"):
-		default:
-			env = append(env, kv)
-		}
-	}
-	dirs := append(append([]string{}, c.opts.ShimDirs...), c.bins.Dir)
-	dirs = append(dirs, filepath.SplitList(path)...)
-	for _, sys := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
-		if !slices.Contains(dirs, sys) {
-			dirs = append(dirs, sys)
-		}
-	}
-	return append(env, "PATH="+strings.Join(dirs, string(filepath.ListSeparator)), "TMPDIR="+filepath.Join(c.dir, "tmp"))
+	return ctrdconf.Environ(c.dir, append(slices.Clone(c.opts.ShimDirs), c.bins.Dir))
 }
 
 // waitReady polls `ctr version` until containerd answers, it exits, or the timeout passes.
@@ -231,7 +213,7 @@ func (c *Containerd) waitReady(timeout time.Duration) error {
 }
 
 // Address is containerd's gRPC socket.
-func (c *Containerd) Address() string { return filepath.Join(c.dir, grpcSocket) }
+func (c *Containerd) Address() string { return filepath.Join(c.dir, ctrdconf.GRPCSocket) }
 
 // Namespace is the containerd namespace ctr uses: unique to this containerd.
 func (c *Containerd) Namespace() string { return c.namespace }

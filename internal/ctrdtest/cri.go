@@ -3,108 +3,34 @@ package ctrdtest
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/ociimage"
 )
 
-// The CRI test network: a CNI bridge network whose bridge is in the containerd's own network
-// namespace (NetNS), so its addresses and traffic stay there.
+// The CRI test network (see ctrdconf): a CNI bridge network whose bridge is in the
+// containerd's own network namespace (NetNS), so its addresses and traffic stay there.
 const (
 	// PodSubnet is where the pods' addresses come from.
-	PodSubnet = "10.99.0.0/24"
+	PodSubnet = ctrdconf.PodSubnet
 	// PodGateway is the bridge's address, in NetNS.
-	PodGateway = "10.99.0.1"
-	// cniNetwork is the network's name, cniBridge its bridge's.
-	cniNetwork = "kvfstest"
-	cniBridge  = "kvfsbr0"
-	// cniBinDir is where Debian's containernetworking-plugins installs the plugins.
-	cniBinDir = "/usr/lib/cni"
+	PodGateway = ctrdconf.PodGateway
 )
 
 // CRINamespace is the containerd namespace of everything the CRI makes.
-const CRINamespace = "k8s.io"
+const CRINamespace = ctrdconf.CRINamespace
 
 // PauseImage is the pod sandbox image the CRI is pinned to, imported into CRINamespace at
 // Start: the busybox test image sleeping for ever (there is no registry to pull the real pause
 // image from). A runtime whose VM does the pause container's job never runs it.
-const PauseImage = "localhost/pause:kvfs-test"
-
-// criDirs are the CRI's directories in the containerd's directory.
-const (
-	cniConfDir  = "cni/net.d"
-	cniDataDir  = "cni/ipam"
-	crictlYAML  = "crictl.yaml"
-	runcRootDir = "runc"
-)
-
-// criConfig is the CRI's part of the config.toml of a containerd in dir: CNI from cniBinDir
-// with the test network in dir, network namespaces under the containerd's state directory
-// (not the machine's /var/run/netns), the OOM score restricted (these machines lack
-// CAP_SYS_RESOURCE), the streaming server on a free loopback port of NetNS, the sandbox image
-// pinned to PauseImage, and runc's state under dir. Runtimes are the test's to add
-// (Options.Config: [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.NAME]).
-func criConfig(dir string) map[string]any {
-	return map[string]any{"plugins": map[string]any{
-		"io.containerd.cri.v1.runtime": map[string]any{
-			"enable_selinux":               false,
-			"restrict_oom_score_adj":       true,
-			"netns_mounts_under_state_dir": true,
-			"cni": map[string]any{
-				"bin_dirs":     []any{cniBinDir},
-				"conf_dir":     filepath.Join(dir, cniConfDir),
-				"max_conf_num": int64(1),
-			},
-			"containerd": map[string]any{
-				"default_runtime_name": "runc",
-				"runtimes": map[string]any{
-					"runc": map[string]any{
-						"runtime_type": "io.containerd.runc.v2",
-						"options":      map[string]any{"Root": filepath.Join(dir, runcRootDir)},
-					},
-				},
-			},
-		},
-		"io.containerd.cri.v1.images": map[string]any{
-			"snapshotter":   "overlayfs",
-			"pinned_images": map[string]any{"sandbox": PauseImage},
-		},
-		"io.containerd.grpc.v1.cri": map[string]any{
-			"disable_tcp_service":   true,
-			"stream_server_address": "127.0.0.1",
-			"stream_server_port":    "0",
-		},
-	}}
-}
-
-// cniConfList is the test network: a bridge in NetNS (the pods' gateway), host-local
-// addresses from PodSubnet kept in dir, a default route through the bridge.
-func cniConfList(dir string) ([]byte, error) {
-	return json.MarshalIndent(map[string]any{
-		"cniVersion": "1.0.0",
-		"name":       cniNetwork,
-		"plugins": []any{map[string]any{
-			"type":      "bridge",
-			"bridge":    cniBridge,
-			"isGateway": true,
-			"ipMasq":    false,
-			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  []any{[]any{map[string]any{"subnet": PodSubnet, "gateway": PodGateway}}},
-				"routes":  []any{map[string]any{"dst": "0.0.0.0/0"}},
-				"dataDir": filepath.Join(dir, cniDataDir),
-			},
-		}},
-	}, "", "  ")
-}
+const PauseImage = ctrdconf.PauseImage
 
 // NetNS is the path of the containerd's network namespace, with CRI: the test network's
 // bridge is there, and the pods' veths have their host ends there. Commands run in it with
@@ -126,7 +52,7 @@ func (c *Containerd) InNetNS(ctx context.Context, name string, args ...string) *
 
 // setupCRI makes what a CRI containerd needs before it starts: its network namespace
 // (named after its containerd namespace, loopback up: the streaming server listens there), the
-// CNI config and crictl's config.
+// CNI config and crictl's config (ctrdconf.WriteCRIFiles).
 func (c *Containerd) setupCRI() error {
 	if out, err := exec.Command("ip", "netns", "add", c.namespace).CombinedOutput(); err != nil {
 		return fmt.Errorf("ip netns add %s: %v: %s", c.namespace, err, bytes.TrimSpace(out))
@@ -134,20 +60,7 @@ func (c *Containerd) setupCRI() error {
 	if out, err := exec.Command("ip", "-n", c.namespace, "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		return errors.Join(fmt.Errorf("ip -n %s link set lo up: %v: %s", c.namespace, err, bytes.TrimSpace(out)), c.removeNetNS())
 	}
-	conf, err := cniConfList(c.dir)
-	if err != nil {
-		return errors.Join(err, c.removeNetNS())
-	}
-	if err := os.MkdirAll(filepath.Join(c.dir, cniConfDir), 0o700); err != nil {
-		return errors.Join(err, c.removeNetNS())
-	}
-	if err := os.WriteFile(filepath.Join(c.dir, cniConfDir, "10-"+cniNetwork+".conflist"), conf, 0o600); err != nil {
-		return errors.Join(err, c.removeNetNS())
-	}
-	endpoint := "unix://" + c.Address()
-	yaml := fmt.Sprintf("runtime-endpoint: %s\nimage-endpoint: %s\ntimeout: %d\npull-image-on-create: false\n",
-		endpoint, endpoint, int(c.opts.CtrTimeout.Seconds()))
-	if err := os.WriteFile(filepath.Join(c.dir, crictlYAML), []byte(yaml), 0o600); err != nil {
+	if err := ctrdconf.WriteCRIFiles(c.dir, c.opts.CtrTimeout); err != nil {
 		return errors.Join(err, c.removeNetNS())
 	}
 	return nil
@@ -196,7 +109,7 @@ func ImportImage(t testing.TB, c *Containerd, name string) string {
 // CrictlCmd is `crictl --config CONFIG args...` on the containerd's CRI, run in NetNS (the
 // streaming server of exec, attach and port-forward listens there), killed when ctx is done.
 func (c *Containerd) CrictlCmd(ctx context.Context, args ...string) *exec.Cmd {
-	return c.InNetNS(ctx, c.bins.Crictl, append([]string{"--config", filepath.Join(c.dir, crictlYAML)}, args...)...)
+	return c.InNetNS(ctx, c.bins.Crictl, append([]string{"--config", ctrdconf.CrictlConfig(c.dir)}, args...)...)
 }
 
 // RunCrictl runs crictl with args and returns its output and exit status. It fails the test if

@@ -19,7 +19,8 @@ import (
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
-	"github.com/pelletier/go-toml/v2"
+
+	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 )
 
 // TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
@@ -35,77 +36,6 @@ func TestDepsVersion(t *testing.T) {
 	m = regexp.MustCompile(`(?m)^crictl_version=(\S+)$`).FindSubmatch(b)
 	if m == nil || string(m[1]) != CrictlVersion {
 		t.Fatalf("scripts/deps.sh installs crictl %q; CrictlVersion is %s", m, CrictlVersion)
-	}
-}
-
-func TestConfig(t *testing.T) {
-	parse := func(b []byte) map[string]any {
-		t.Helper()
-		var m map[string]any
-		if err := toml.Unmarshal(b, &m); err != nil {
-			t.Fatalf("%v\n%s", err, b)
-		}
-		return m
-	}
-	b, err := config("/tmp/ctrd-x", "debug", false, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := parse(b)
-	for path, want := range map[string]any{
-		"version":     int64(4),
-		"root":        "/tmp/ctrd-x/root",
-		"state":       "/tmp/ctrd-x/state",
-		"debug.level": "debug",
-		"plugins.io.containerd.server.v1.grpc.address":  "/tmp/ctrd-x/containerd.sock",
-		"plugins.io.containerd.server.v1.ttrpc.address": "/tmp/ctrd-x/containerd.sock.ttrpc",
-		"plugins.io.containerd.server.v1.debug.address": "",
-	} {
-		p := strings.Split(path, ".")
-		if p[0] == "plugins" {
-			p = []string{"plugins", strings.Join(p[1:len(p)-1], "."), p[len(p)-1]}
-		}
-		if got := lookup(m, p); got != want {
-			t.Errorf("%s = %#v, want %#v", path, got, want)
-		}
-	}
-
-	// Extra TOML: tables merged, values replaced.
-	extra := `
-disabled_plugins = ["io.containerd.nri.v1.nri"]
-[plugins.'io.containerd.server.v1.grpc']
-  max_recv_message_size = 1024
-[plugins.'io.containerd.runtime.v2.task']
-  platforms = ["linux/amd64"]
-`
-	b, err = config("/tmp/ctrd-x", "info", false, extra)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m = parse(b)
-	if got := lookup(m, []string{"plugins", "io.containerd.server.v1.grpc", "address"}); got != "/tmp/ctrd-x/containerd.sock" {
-		t.Errorf("merged grpc address %v", got)
-	}
-	if got := lookup(m, []string{"plugins", "io.containerd.server.v1.grpc", "max_recv_message_size"}); got != int64(1024) {
-		t.Errorf("merged max_recv_message_size %v", got)
-	}
-	if got := lookup(m, []string{"plugins", "io.containerd.runtime.v2.task", "platforms"}); fmt.Sprint(got) != "[linux/amd64]" {
-		t.Errorf("added table: %v", got)
-	}
-	if got := lookup(m, []string{"disabled_plugins"}); fmt.Sprint(got) != "[io.containerd.nri.v1.nri]" {
-		t.Errorf("replaced list: %v", got)
-	}
-
-	for _, tc := range []struct{ extra, want string }{
-		{`root = "/var/lib/containerd"`, "may not set root"},
-		{"[plugins.'io.containerd.server.v1.ttrpc']\naddress = '/run/x.sock'", "may not set plugins.io.containerd.server.v1.ttrpc.address"},
-		{"version = 3", "may not set version"},
-		{"[debug]\nlevel = [", "Options.Config"},
-		{"debug = 'x'", "debug: a table in one config and a value in the other"},
-	} {
-		if _, err := config("/tmp/ctrd-x", "info", false, tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%q: %v, want an error with %q", tc.extra, err, tc.want)
-		}
 	}
 }
 
@@ -130,7 +60,7 @@ func TestRuncShim(t *testing.T) {
 
 	// The CRI and NRI are off.
 	plugins := c.Ctr(t, "plugins", "list")
-	for _, p := range append([]string{nriPlugin}, criPlugins...) {
+	for _, p := range append([]string{ctrdconf.NRIPlugin}, ctrdconf.CRIPlugins()...) {
 		typ, id, _ := strings.Cut(strings.TrimPrefix(p, "io.containerd."), ".v1.")
 		if regexp.MustCompile(`(?m)^io\.containerd\.` + regexp.QuoteMeta(typ) + `\.v1\s+` + regexp.QuoteMeta(id) + `\s`).MatchString(plugins) {
 			t.Errorf("plugin %s is loaded:\n%s", p, plugins)

@@ -14,8 +14,9 @@
 // state/, the gRPC and ttrpc sockets) and its own namespace (kvfstest-XXXXXXXX): runc's state
 // (/run/containerd/runc/NAMESPACE) and ctr's cgroups (/NAMESPACE/ID) are shared by every
 // containerd on the machine, and the namespace keeps tests running at once apart. Its config
-// disables the CRI (no CNI needed) and NRI, and points every path containerd would otherwise
-// take on the machine (/var/lib/containerd, /run/containerd/containerd.sock, /opt/containerd,
+// (package ctrdconf writes it) disables the CRI (no CNI needed; Options.CRI turns it on) and
+// NRI, and points every path containerd would otherwise take on the machine
+// (/var/lib/containerd, /run/containerd/containerd.sock, /opt/containerd,
 // /etc/containerd/conf.d) into the directory. The shims' sockets are containerd's usual
 // /run/containerd/s/HASH, the hash taken over the containerd's address.
 //

@@ -1,35 +1,44 @@
-package ctrdtest
+// Package ctrdconf writes the files a private containerd runs from, every path of it kept in
+// one directory: its config.toml, its environment and, with the CRI on, the CNI test network
+// and crictl's config. internal/ctrdtest starts such a containerd for tests, bench/podbench
+// for the pod benchmarks; this package needs no testing.TB, so a benchmark binary can link
+// it.
+package ctrdconf
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
 )
 
-// criPlugins are the CRI's: its image and runtime services, its gRPC service and the
-// pause-container sandbox controller. They are off unless Options.CRI, so that a containerd
-// needs no CNI.
-var criPlugins = []string{
-	"io.containerd.grpc.v1.cri",
-	"io.containerd.cri.v1.images",
-	"io.containerd.cri.v1.runtime",
-	"io.containerd.podsandbox.controller.v1.podsandbox",
-}
-
-// nriPlugin is off in every test containerd: its socket would be the machine's
-// /var/run/nri/nri.sock.
-const nriPlugin = "io.containerd.nri.v1.nri"
-
 // Socket names in the containerd's directory.
 const (
-	grpcSocket  = "containerd.sock"
-	ttrpcSocket = "containerd.sock.ttrpc"
+	GRPCSocket  = "containerd.sock"
+	TTRPCSocket = "containerd.sock.ttrpc"
 )
 
-// config is containerd's config.toml for a containerd whose every path is under dir, with
+// NRIPlugin is off in every private containerd: its socket would be the machine's
+// /var/run/nri/nri.sock.
+const NRIPlugin = "io.containerd.nri.v1.nri"
+
+// CRIPlugins are the CRI's: its image and runtime services, its gRPC service and the
+// pause-container sandbox controller. They are off unless Config's cri, so that a containerd
+// needs no CNI.
+func CRIPlugins() []string {
+	return []string{
+		"io.containerd.grpc.v1.cri",
+		"io.containerd.cri.v1.images",
+		"io.containerd.cri.v1.runtime",
+		"io.containerd.podsandbox.controller.v1.podsandbox",
+	}
+}
+
+// Config is containerd's config.toml for a containerd whose every path is under dir, with
 // extra (TOML) merged in: tables are merged key by key, other values replaced. extra may not
 // change what keeps the containerd to its directory: the version, root, state, temp,
 // imports and the server addresses.
@@ -38,11 +47,11 @@ const (
 // each start with a warning (in version 4 the gRPC, ttrpc, debug and metrics servers are
 // configured as the plugins io.containerd.server.v1.*).
 //
-// With cri, the CRI plugins are on and configured by criConfig.
-func config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
-	disabled := append([]string{nriPlugin}, criPlugins...)
+// With cri, the CRI plugins are on and configured as criConfig says.
+func Config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
+	disabled := append([]string{NRIPlugin}, CRIPlugins()...)
 	if cri {
-		disabled = []string{nriPlugin}
+		disabled = []string{NRIPlugin}
 	}
 	cfg := map[string]any{
 		"version":          int64(4),
@@ -53,8 +62,8 @@ func config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
 		"disabled_plugins": toAny(disabled),
 		"debug":            map[string]any{"level": logLevel},
 		"plugins": map[string]any{
-			"io.containerd.server.v1.grpc":           map[string]any{"address": filepath.Join(dir, grpcSocket)},
-			"io.containerd.server.v1.ttrpc":          map[string]any{"address": filepath.Join(dir, ttrpcSocket)},
+			"io.containerd.server.v1.grpc":           map[string]any{"address": filepath.Join(dir, GRPCSocket)},
+			"io.containerd.server.v1.ttrpc":          map[string]any{"address": filepath.Join(dir, TTRPCSocket)},
 			"io.containerd.server.v1.debug":          map[string]any{"address": ""},
 			"io.containerd.server.v1.metrics":        map[string]any{"address": ""},
 			"io.containerd.internal.v1.opt":          map[string]any{"path": filepath.Join(dir, "opt")},
@@ -75,22 +84,48 @@ func config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
 	if extra != "" {
 		var add map[string]any
 		if err := toml.Unmarshal([]byte(extra), &add); err != nil {
-			return nil, fmt.Errorf("ctrdtest: Options.Config: %w", err)
+			return nil, fmt.Errorf("the extra config: %w", err)
 		}
 		want := make([]any, len(fixed))
 		for i, p := range fixed {
 			want[i] = lookup(cfg, p)
 		}
 		if err := merge(cfg, add, nil); err != nil {
-			return nil, fmt.Errorf("ctrdtest: Options.Config: %w", err)
+			return nil, fmt.Errorf("the extra config: %w", err)
 		}
 		for i, p := range fixed {
 			if !reflect.DeepEqual(lookup(cfg, p), want[i]) {
-				return nil, fmt.Errorf("ctrdtest: Options.Config may not set %s: the harness sets it", strings.Join(p, "."))
+				return nil, fmt.Errorf("the extra config may not set %s: it keeps the containerd to its directory", strings.Join(p, "."))
 			}
 		}
 	}
 	return toml.Marshal(cfg)
+}
+
+// Environ is the environment of a containerd in dir and of its ctr and crictl: this
+// process's, with PATH made of first, then this process's PATH (with the system
+// directories, where runc is, added if missing), TMPDIR in dir's tmp (which the caller
+// makes), and no CONTAINERD_* variables (ctr would take its snapshotter or runtime from
+// them).
+func Environ(dir string, first []string) []string {
+	var env []string
+	path := ""
+	for _, kv := range os.Environ() {
+		switch {
+		case strings.HasPrefix(kv, "PATH="):
+			path = strings.TrimPrefix(kv, "PATH=")
+		case strings.HasPrefix(kv, "TMPDIR="), strings.HasPrefix(kv, "CONTAINERD_"):
+		default:
+			env = append(env, kv)
+		}
+	}
+	dirs := append(slices.Clone(first), filepath.SplitList(path)...)
+	for _, sys := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		if !slices.Contains(dirs, sys) {
+			dirs = append(dirs, sys)
+		}
+	}
+	return append(env, "PATH="+strings.Join(dirs, string(filepath.ListSeparator)), "TMPDIR="+filepath.Join(dir, "tmp"))
 }
 
 // merge merges src into dst: a table into a table key by key, anything else replaced. A table
