@@ -1,0 +1,136 @@
+package confine
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// capsEnvVar makes the test binary, run again by TestExecWithCapabilities, drop capabilities
+// and exec itself ("exec"), then report every thread's capabilities ("report").
+const capsEnvVar = "CONFINE_TEST_CAPS_CHILD"
+
+func capsChild(step string) int {
+	switch step {
+	case "exec":
+		// Threads that exist before the drop: they end with the execve.
+		for range 4 {
+			go func() { runtime.LockOSThread(); select {} }()
+		}
+		os.Setenv(capsEnvVar, "report")
+		env := os.Environ()
+		err := ExecWithCapabilities("/proc/self/exe", []string{os.Args[0], "-test.run=^$"}, env, ServerCapabilities)
+		fmt.Println("exec:", err)
+		return 1
+	case "report":
+		// New threads after the execve inherit the main thread's sets.
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 4 {
+			wg.Add(1)
+			go func() { defer wg.Done(); runtime.LockOSThread(); <-start }()
+		}
+		defer close(start)
+		tasks, _ := filepath.Glob("/proc/self/task/*/status")
+		for _, t := range tasks {
+			b, err := os.ReadFile(t)
+			if err != nil {
+				fmt.Println("read:", err)
+				return 1
+			}
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(l, "Cap") {
+					fmt.Println(l)
+				}
+			}
+		}
+		fmt.Println("threads:", len(tasks))
+		return 0
+	}
+	return 2
+}
+
+// TestExecWithCapabilities checks that every thread of the program ExecWithCapabilities starts
+// has exactly ServerCapabilities in its bounding, permitted and effective sets, and none
+// inheritable or ambient.
+func TestExecWithCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: checks that root's capabilities are dropped")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), capsEnvVar+"=exec")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out.String())
+	}
+	var want uint64
+	for _, c := range ServerCapabilities {
+		want |= 1 << c
+	}
+	// What the test process has bounds what the child can keep.
+	self, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want &= capField(t, string(self), "CapBnd")
+	if want&(1<<unix.CAP_SETUID) == 0 {
+		t.Skip("the test process lacks CAP_SETUID: nothing to check")
+	}
+	threads := 0
+	sets := map[string]int{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		name, v, ok := strings.Cut(l, ":")
+		if !ok || !strings.HasPrefix(name, "Cap") {
+			if strings.HasPrefix(l, "threads: ") {
+				threads, _ = strconv.Atoi(strings.TrimPrefix(l, "threads: "))
+			}
+			continue
+		}
+		got, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		exp := want
+		if name == "CapInh" || name == "CapAmb" {
+			exp = 0
+		}
+		if got != exp {
+			t.Errorf("%s = %016x, want %016x", name, got, exp)
+		}
+		sets[name]++
+	}
+	if threads < 2 {
+		t.Errorf("the child reported %d threads:\n%s", threads, out.String())
+	}
+	for _, name := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+		if sets[name] != threads {
+			t.Errorf("%s reported for %d of %d threads:\n%s", name, sets[name], threads, out.String())
+		}
+	}
+}
+
+// capField returns the hexadecimal capability set name of a /proc/PID/status text.
+func capField(t *testing.T, status, name string) uint64 {
+	t.Helper()
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, name+":"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in status", name)
+	return 0
+}
