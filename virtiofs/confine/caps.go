@@ -3,8 +3,8 @@ package confine
 import (
 	"errors"
 	"fmt"
+	"os/exec"
 	"runtime"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,20 +40,34 @@ var ServerCapabilities = []Capability{
 // /proc/sys/kernel/cap_last_cap (40 in Linux 6.1) and answers EINVAL above.
 const maxCapability = 63
 
-// ExecWithCapabilities replaces the process with the program at path (argv, env) keeping only
-// the capabilities keep, on every thread of the new program. Capabilities are per thread and a
-// running Go program has several, which only syscall.AllThreadsSyscall reaches, and that only
-// in a binary built without cgo (and so without the race detector). An execve has one thread,
-// whose capabilities every later thread inherits: so the calling thread drops the others from
-// its bounding set, clears its ambient and inheritable sets, reduces its permitted and effective
-// sets to keep, and then makes the execve. For root, a program's capabilities after execve are
-// its bounding set, so the new program has exactly keep (those of keep the process had) in its
-// bounding, permitted and effective sets, and none it could regain.
-//
-// It returns only on failure; the calling goroutine then stays locked to a thread that may have
-// lost capabilities, and the caller should exit.
-func ExecWithCapabilities(path string, argv, env []string, keep []Capability) error {
-	runtime.LockOSThread()
+// StartWithCapabilities starts cmd keeping only the capabilities keep, on every thread of the
+// new program. Capabilities are per thread and a running Go program has several, which only
+// syscall.AllThreadsSyscall reaches, and that only in a binary built without cgo (so neither
+// with the race detector nor with Debian's default build of a program that uses package net).
+// A new process, though, starts with one thread, whose capabilities every later thread
+// inherits, and it gets them from the thread that forked it. So a thread of its own, locked to
+// a goroutine that never unlocks it (the thread ends with the goroutine), drops the others from
+// its bounding set, clears its ambient and inheritable sets, reduces its permitted and
+// effective sets to keep, and starts cmd. For root, a program's capabilities after execve are
+// its bounding set: the new program has exactly keep (those of keep this process had) in its
+// bounding, permitted and effective sets, and none it could regain. The calling thread, and so
+// this process, keeps its own.
+func StartWithCapabilities(cmd *exec.Cmd, keep []Capability) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		if err := dropCapabilities(keep); err != nil {
+			errc <- err
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}
+
+// dropCapabilities reduces the calling thread's capabilities to keep (see
+// StartWithCapabilities).
+func dropCapabilities(keep []Capability) error {
 	var keepMask uint64
 	for _, c := range keep {
 		if c < 0 || c > maxCapability {
@@ -88,9 +102,6 @@ func ExecWithCapabilities(path string, argv, env []string, keep []Capability) er
 	}
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("capabilities: capset: %w", err)
-	}
-	if err := syscall.Exec(path, argv, env); err != nil {
-		return fmt.Errorf("capabilities: exec %s: %w", path, err)
 	}
 	return nil
 }

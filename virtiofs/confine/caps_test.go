@@ -15,22 +15,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// capsEnvVar makes the test binary, run again by TestExecWithCapabilities, drop capabilities
-// and exec itself ("exec"), then report every thread's capabilities ("report").
+// capsEnvVar makes the test binary, run again by TestStartWithCapabilities, start itself with
+// the server's capabilities ("start"), which then reports every thread's ("report").
 const capsEnvVar = "CONFINE_TEST_CAPS_CHILD"
 
 func capsChild(step string) int {
 	switch step {
-	case "exec":
-		// Threads that exist before the drop: they end with the execve.
-		for range 4 {
-			go func() { runtime.LockOSThread(); select {} }()
-		}
+	case "start":
 		os.Setenv(capsEnvVar, "report")
-		env := os.Environ()
-		err := ExecWithCapabilities("/proc/self/exe", []string{os.Args[0], "-test.run=^$"}, env, ServerCapabilities)
-		fmt.Println("exec:", err)
-		return 1
+		cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := StartWithCapabilities(cmd, ServerCapabilities); err != nil {
+			fmt.Println("start:", err)
+			return 1
+		}
+		if err := cmd.Wait(); err != nil {
+			fmt.Println("wait:", err)
+			return 1
+		}
+		// This process keeps its capabilities: its other threads (the one that forked is gone,
+		// or wedged if it was the main thread, which /proc/self/status shows).
+		runtime.LockOSThread()
+		b, _ := os.ReadFile("/proc/thread-self/status")
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "CapEff:") {
+				fmt.Println("starter", l)
+			}
+		}
+		return 0
 	case "report":
 		// New threads after the execve inherit the main thread's sets.
 		var wg sync.WaitGroup
@@ -59,15 +71,15 @@ func capsChild(step string) int {
 	return 2
 }
 
-// TestExecWithCapabilities checks that every thread of the program ExecWithCapabilities starts
-// has exactly ServerCapabilities in its bounding, permitted and effective sets, and none
-// inheritable or ambient.
-func TestExecWithCapabilities(t *testing.T) {
+// TestStartWithCapabilities checks that every thread of the program StartWithCapabilities
+// starts has exactly ServerCapabilities in its bounding, permitted and effective sets, and none
+// inheritable or ambient, and that the starting process keeps its own.
+func TestStartWithCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: checks that root's capabilities are dropped")
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), capsEnvVar+"=exec")
+	cmd.Env = append(os.Environ(), capsEnvVar+"=start")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -86,9 +98,15 @@ func TestExecWithCapabilities(t *testing.T) {
 	if want&(1<<unix.CAP_SETUID) == 0 {
 		t.Skip("the test process lacks CAP_SETUID: nothing to check")
 	}
+	if !strings.Contains(out.String(), "starter "+strings.SplitN(capLine(string(self), "CapEff"), "\n", 2)[0]) {
+		t.Errorf("the starting process lost capabilities:\n%s", out.String())
+	}
 	threads := 0
 	sets := map[string]int{}
 	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "starter ") {
+			continue
+		}
 		name, v, ok := strings.Cut(l, ":")
 		if !ok || !strings.HasPrefix(name, "Cap") {
 			if strings.HasPrefix(l, "threads: ") {
@@ -117,6 +135,16 @@ func TestExecWithCapabilities(t *testing.T) {
 			t.Errorf("%s reported for %d of %d threads:\n%s", name, sets[name], threads, out.String())
 		}
 	}
+}
+
+// capLine returns the line of capability set name in a /proc/PID/status text.
+func capLine(status, name string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if strings.HasPrefix(l, name+":") {
+			return l
+		}
+	}
+	return ""
 }
 
 // capField returns the hexadecimal capability set name of a /proc/PID/status text.
