@@ -53,7 +53,7 @@ func TestLayout(t *testing.T) {
 		t.Errorf("socket: %v %v", fi.Mode(), err)
 	}
 	st, err := readState(s.Dir())
-	if err != nil || st.Phase != PhaseCreated || st.Server.Daemon != InProcess || st.Owner.PID != os.Getpid() {
+	if err != nil || st.Phase != PhaseCreated || st.Server.Daemon != Confined || st.Owner.PID != os.Getpid() {
 		t.Errorf("state %+v, %v", st, err)
 	}
 
@@ -355,6 +355,7 @@ func (f *fakeServer) stop() error {
 func (f *fakeServer) describe() string     { return "fake server" }
 func (f *fakeServer) info() ServerStats    { return ServerStats{Daemon: "fake"} }
 func (f *fakeServer) record() serverRecord { return serverRecord{Daemon: "fake"} }
+func (f *fakeServer) process() Process     { return nil }
 
 // fakeVM is a Process that exits when signalled.
 type fakeVM struct {
@@ -450,7 +451,10 @@ func TestFailurePolicies(t *testing.T) {
 		s.mu.Lock()
 		srv := s.srv
 		s.mu.Unlock()
-		srv.(*inProcServer).cancel()
+		// SIGKILL, from outside, of the confined server: reported by the same monitor.
+		if err := srv.process().Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
 		select {
 		case <-s.Done():
 		case <-time.After(10 * time.Second):
