@@ -40,7 +40,8 @@
 //
 // The server exits 0 when the front-end disconnects (QEMU exited) or on a signal the supervisor
 // forwards, and 1 with the error in the log otherwise; a system call outside the allowlist
-// kills it (SIGSYS, which the supervisor logs). The owner holds the supervisor: killing it
+// kills it (SIGSYS, which the supervisor logs). The supervisor exits as a shell does: with the
+// server's status, or 128 plus the signal that killed it. The owner holds the supervisor: killing it
 // (SIGKILL) ends the namespace, and the server with it.
 //
 // # The channel
@@ -172,6 +173,10 @@ func runStep(step string) int {
 	}
 	if err := run(spec); err != nil {
 		log.L.WithError(err).Error("confined virtio-fs server failed")
+		var e *serverExit
+		if errors.As(err, &e) {
+			return e.status
+		}
 		return 1
 	}
 	return 0
@@ -257,16 +262,34 @@ func setup(spec Spec) error {
 	}
 }
 
-// serverEnd turns the serving process's end into the supervisor's: an error unless it exited 0.
+// serverEnd turns the serving process's end into the supervisor's: nil if it exited 0, else a
+// *serverExit with its status.
 func serverEnd(cmd *exec.Cmd, err error) error {
 	if err == nil {
 		return nil
 	}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGSYS {
-		return errors.New("the server was killed by SIGSYS: it made a system call outside the seccomp allowlist")
+	e := &serverExit{status: 1, err: fmt.Errorf("the server (pid %d in its namespace): %w", cmd.Process.Pid, err)}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		e.status = 128 + int(ws.Signal())
+		if ws.Signal() == syscall.SIGSYS {
+			e.err = errors.New("the server was killed by SIGSYS: it made a system call outside the seccomp allowlist " +
+				"(the kernel's audit log, dmesg, has it as a type=1326 record)")
+		}
+	} else if ok {
+		e.status = ws.ExitStatus()
 	}
-	return fmt.Errorf("the server (pid %d in its namespace): %w", cmd.Process.Pid, err)
+	return e
 }
+
+// serverExit is how the serving process ended; the supervisor exits with status, as a shell
+// does: the exit status, or 128 plus the signal that killed it.
+type serverExit struct {
+	status int
+	err    error
+}
+
+func (e *serverExit) Error() string { return e.err.Error() }
+func (e *serverExit) Unwrap() error { return e.err }
 
 // serve is the serving process: it takes its working directory into /proc/self/fd, waits
 // until the supervisor has detached the host's root, and serves under the seccomp filter.
