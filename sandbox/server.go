@@ -319,6 +319,11 @@ type confinedServer struct {
 	id      procID
 	started time.Time
 	channel confined.Client
+	// final is closed once finalStats, the counters the server left when it stopped serving,
+	// is written (nil if it left none); nil for an adopted server, whose pipe was its first
+	// owner's.
+	final      chan struct{}
+	finalStats *virtiofs.Stats
 }
 
 // startConfined starts the confined server of spec on l, with its channel on channel and its
@@ -336,13 +341,25 @@ func startConfined(ctx context.Context, spec confined.Spec, l, channel *net.Unix
 	}
 	defer lf.Close()
 	defer cf.Close()
-	s := &confinedServer{ctx: ctx, channel: confined.Client{Path: channelPath}}
+	fr, fw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer fw.Close()
+	s := &confinedServer{ctx: ctx, channel: confined.Client{Path: channelPath}, final: make(chan struct{})}
+	go func() {
+		if st, err := confined.FinalStats(fr); err == nil {
+			s.finalStats = &st
+		}
+		close(s.final)
+	}()
 	err = startServerProcess(logPath, func(out *os.File) (*exec.Cmd, error) {
-		return confined.Command(spec, lf, cf, out)
+		return confined.Command(spec, lf, cf, fw, out)
 	}, func(p Process, id procID) {
 		s.proc, s.id, s.started = p, id, time.Now()
 	}, s.describe)
 	if err != nil {
+		fw.Close() // ends the reader, if the command never started
 		return nil, err
 	}
 	return s, nil
@@ -369,12 +386,22 @@ func (s *confinedServer) describe() string {
 	return fmt.Sprintf("confined kvfsd (pid %d)", s.proc.Pid())
 }
 
-// info asks the server for its counters; FS stays nil, and the failure is logged, if it does
-// not answer.
+// finalWait bounds the wait, once the server has exited, for the counters it left.
+const finalWait = time.Second
+
+// info asks the running server for its counters (FS stays nil, and the failure is logged, if it
+// does not answer); an exited one's are those it left when it stopped serving.
 func (s *confinedServer) info() ServerStats {
 	st := ServerStats{Daemon: Confined, PID: s.proc.Pid(), Started: s.started, Uptime: time.Since(s.started),
 		Running: !isClosed(s.proc.Exited())}
 	if !st.Running {
+		if s.final != nil {
+			select {
+			case <-s.final: // the pipe's writers are gone with the process
+				st.FS = s.finalStats
+			case <-time.After(finalWait):
+			}
+		}
 		return st
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, channelTimeout)

@@ -11,7 +11,8 @@
 // (confine.Namespaces) and a session of its own, so that it outlives its owner, which records
 // it in the sandbox's state and may adopt it again after a restart. It inherits the vhost-user
 // listening socket the owner created (descriptor 3), the listening socket of its channel
-// (descriptor 4) and, for its stdout and stderr, the sandbox's server log. The Spec (the
+// (descriptor 4), the write end of a pipe on which it leaves its last statistics when it stops
+// serving (descriptor 5; FinalStats), and, for its stdout and stderr, the sandbox's server log. The Spec (the
 // server's virtiofs.Config, the sandbox's id and the log level) is in its environment.
 //
 // Init, in the new process, sees the marker and serves instead of returning; the marker is
@@ -62,6 +63,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -92,10 +94,13 @@ const (
 	stepServe = "serve"
 )
 
-// Descriptors of the server process: the first two of exec.Cmd.ExtraFiles.
+// Descriptors of the server process, the supervisor's as Command passes them (exec.Cmd's
+// ExtraFiles): the vhost-user and channel listening sockets, and the pipe of the final
+// statistics (see FinalStats).
 const (
 	vhostFD   = 3
 	channelFD = 4
+	finalFD   = 5
 )
 
 // Spec is what a server process serves.
@@ -110,9 +115,10 @@ type Spec struct {
 }
 
 // Command returns the command that starts the server of spec (see the package documentation):
-// vhost is the vhost-user listening socket, channel the channel's, out its log. The caller
-// starts it and, once it has started, closes its copies of the three files.
-func Command(spec Spec, vhost, channel, out *os.File) (*exec.Cmd, error) {
+// vhost is the vhost-user listening socket, channel the channel's, final the write end of a pipe
+// whose read end goes to FinalStats, out its log. The caller starts it and, once it has started,
+// closes its copies of the four files.
+func Command(spec Spec, vhost, channel, final, out *os.File) (*exec.Cmd, error) {
 	if spec.Server.SharedDir == "" {
 		return nil, errors.New("confined server: no shared directory")
 	}
@@ -129,7 +135,7 @@ func Command(spec Spec, vhost, channel, out *os.File) (*exec.Cmd, error) {
 	}
 	cmd.Env = append(cmd.Env, markerEnv+"="+stepSetup, specEnv+"="+string(b))
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{vhost, channel}
+	cmd.ExtraFiles = []*os.File{vhost, channel, final}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: confine.Namespaces, Setsid: true}
 	return cmd, nil
 }
@@ -183,10 +189,11 @@ func runStep(step string) int {
 }
 
 // Descriptors of the serving process, besides vhostFD and channelFD: the pipes of its
-// handshake with the supervisor.
+// handshake with the supervisor, and the final statistics'.
 const (
-	movedFD    = 5 // the server writes a byte once its working directory is in /proc/self/fd
-	detachedFD = 6 // the supervisor writes a byte once it has pivoted into the shared directory
+	movedFD      = 5 // the server writes a byte once its working directory is in /proc/self/fd
+	detachedFD   = 6 // the supervisor writes a byte once it has pivoted into the shared directory
+	serveFinalFD = 7 // the server writes its statistics when it stops serving
 )
 
 // setup is the supervisor, PID 1 of the namespaces: it mounts the namespace's proc, starts the
@@ -226,7 +233,7 @@ func setup(spec Spec) error {
 	}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	vhost, channel := os.NewFile(vhostFD, "vhost-user"), os.NewFile(channelFD, "channel")
-	cmd.ExtraFiles = []*os.File{vhost, channel, movedW, detachedR}
+	cmd.ExtraFiles = []*os.File{vhost, channel, movedW, detachedR, os.NewFile(finalFD, "final statistics")}
 	err = confine.StartWithCapabilities(cmd, confine.ServerCapabilities)
 	for _, f := range cmd.ExtraFiles {
 		f.Close()
@@ -334,6 +341,7 @@ func serve(spec Spec) error {
 	}
 	go serveChannel(channel, srv)
 	err = srv.Serve(ctx, vhost)
+	writeFinalStats(srv.Stats())
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
 		log.L.Info("signal received, shut down")
 		return nil
@@ -370,6 +378,40 @@ func handshake(sharedDir string) error {
 		return fmt.Errorf("the root is not the shared directory %s (dev %d ino %d, want dev %d ino %d)", sharedDir, got.Dev, got.Ino, want.Dev, want.Ino)
 	}
 	return nil
+}
+
+// writeFinalStats hands the owner the server's last counters, which it reports once the
+// server has exited (after the VM, usually).
+func writeFinalStats(st virtiofs.Stats) {
+	f := os.NewFile(serveFinalFD, "final statistics")
+	defer f.Close()
+	b, err := json.Marshal(st)
+	if err == nil {
+		_, err = f.Write(b)
+	}
+	if err != nil {
+		log.L.WithError(err).Warn("handing over the final statistics")
+	}
+}
+
+// FinalStats reads what the server writes to the final statistics pipe when it stops serving
+// (r is the pipe's read end, which FinalStats closes): its last counters, or an error if it
+// wrote nothing it could decode (it was killed, say). The server is as untrusted as the guest:
+// at most maxReply bytes are read.
+func FinalStats(r io.ReadCloser) (virtiofs.Stats, error) {
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, maxReply+1))
+	if err != nil {
+		return virtiofs.Stats{}, fmt.Errorf("final statistics: %w", err)
+	}
+	if len(b) > maxReply {
+		return virtiofs.Stats{}, fmt.Errorf("final statistics: longer than %d bytes", maxReply)
+	}
+	var st virtiofs.Stats
+	if err := json.Unmarshal(b, &st); err != nil {
+		return virtiofs.Stats{}, fmt.Errorf("final statistics: %w", err)
+	}
+	return st, nil
 }
 
 // inheritedListener returns the listening Unix socket at descriptor fd.
