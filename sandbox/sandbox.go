@@ -775,7 +775,8 @@ type Stats struct {
 type ServerStats struct {
 	// Daemon is Confined, InProcessUnconfined or the external daemon's path.
 	Daemon string
-	// PID is the server's process: the owner's own for the in-process server.
+	// PID is the server's process: the owner's own for the in-process server; for a confined
+	// server, its supervisor's (PID 1 of its namespaces; the serving process is its child).
 	PID     int
 	Started time.Time
 	Uptime  time.Duration
