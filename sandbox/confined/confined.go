@@ -141,8 +141,9 @@ func Command(spec Spec, vhost, channel, final, out *os.File) (*exec.Cmd, error) 
 }
 
 // Init serves, and exits, if this process is a server Command started; otherwise it returns at
-// once. Call it first thing in main (or TestMain) of every binary that creates sandboxes:
-// nothing of the owner's may run in the server before it confines itself.
+// once. Call it first thing in main (or TestMain) of every binary that creates sandboxes, so
+// that none of the owner's own work runs in the server (package initialisers do run: keep them
+// free of side effects).
 func Init() {
 	step, ok := os.LookupEnv(markerEnv)
 	if !ok {
@@ -150,8 +151,8 @@ func Init() {
 	}
 	// The supervisor is PID 1 of a new PID namespace, the server its child. Anything else was
 	// not started by Command but given its marker: it runs as what was asked for, and keeps the
-	// marker from its children. (An orphan of the host's init with a forged marker would fail
-	// at the supervisor's handshake, having nothing at its descriptors.)
+	// marker from its children. (An orphan of the host's init given a forged serve marker fails
+	// at the handshake: nothing is at its descriptors.)
 	if !(step == stepSetup && os.Getpid() == 1 || step == stepServe && os.Getppid() == 1) {
 		os.Unsetenv(markerEnv)
 		os.Unsetenv(specEnv)
