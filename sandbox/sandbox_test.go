@@ -204,7 +204,7 @@ func TestCreateFailsCleanly(t *testing.T) {
 }
 
 // TestNoLeaks runs 50 create/bind/stat/destroy cycles without a VM, alternating the
-// in-process server and an external kvfsd, and checks that mounts, descriptors, child
+// confined server (the default) and an external kvfsd, and checks that mounts, descriptors, child
 // processes, goroutines and files are all given back.
 func TestNoLeaks(t *testing.T) {
 	requireRoot(t)
@@ -214,10 +214,10 @@ func TestNoLeaks(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	inproc, external := testConfig(base), externalConfig(t, base)
+	confined, external := testConfig(base), externalConfig(t, base)
 
 	cycle := func(i int) {
-		cfg := inproc
+		cfg := confined
 		if i%2 == 1 {
 			cfg = external
 		}
