@@ -17,9 +17,30 @@ import (
 	"github.com/kvfs/kvfs/virtiofs"
 )
 
-// InProcess is the value of server.daemon that serves the share from the owning process
-// (kvfsd as a library) instead of executing a daemon.
-const InProcess = "in-process"
+// Values of server.daemon besides an external daemon's path: kvfsd's own server, which is the
+// same code in both.
+const (
+	// Confined, the default, runs kvfsd in a process of its own started from the owner's
+	// executable and confined as kvfsd --sandbox=namespace --seccomp=kill is, with only the
+	// capabilities it needs (package sandbox/confined). The owning binary must call
+	// confined.Init first thing in main.
+	Confined = "confined"
+	// InProcessUnconfined runs kvfsd inside the owning process as a library, with all of its
+	// privileges: an explicit opt-in, logged as a warning at every start.
+	InProcessUnconfined = "in-process-unconfined"
+	// legacyInProcess was the unconfined in-process server's name and default; it is refused
+	// with a message saying what replaced it.
+	legacyInProcess = "in-process"
+)
+
+// unconfinedWarning is logged at every start of an in-process server.
+const unconfinedWarning = `the virtio-fs server runs unconfined inside this process (server.daemon = "in-process-unconfined"): ` +
+	`a guest that exploits a bug in it gets this process's privileges; the default, "confined", runs the same server ` +
+	`in new namespaces with the shared directory as its root, a seccomp allowlist and only the capabilities it needs`
+
+// isKvfsd says whether daemon is kvfsd's own server (confined or in-process) rather than an
+// external daemon.
+func isKvfsd(daemon string) bool { return daemon == Confined || daemon == InProcessUnconfined }
 
 // Failure policies: what a sandbox does when its virtio-fs server dies while the VM runs.
 const (
@@ -54,7 +75,8 @@ type Config struct {
 
 // ServerConfig is the [server] table: the virtio-fs server of each pod.
 type ServerConfig struct {
-	// Daemon is InProcess or the absolute path of a virtiofsd-compatible binary.
+	// Daemon is Confined (the default), InProcessUnconfined, or the absolute path of a
+	// virtiofsd-compatible binary.
 	Daemon string `toml:"daemon" json:"daemon"`
 	// ValidDaemonPaths are the values an annotation may give Daemon. The configured Daemon
 	// itself need not be listed.
@@ -146,12 +168,13 @@ type AnnotationConfig struct {
 
 // DefaultConfig returns the defaults, which are Kata's for virtio-fs: cache=auto, no remote
 // POSIX locks, no thread pool, submounts announced, queue size 1024, tag kataShared; the
-// server in-process; the VM's memory a shared memfd. No annotation is enabled.
+// server kvfsd, confined in a process of its own; the VM's memory a shared memfd. No
+// annotation is enabled.
 func DefaultConfig() *Config {
 	return &Config{
 		BaseDir: "/run/kvfs/sandboxes",
 		Server: ServerConfig{
-			Daemon:            InProcess,
+			Daemon:            Confined,
 			Cache:             "auto",
 			ThreadPoolSize:    0,
 			AnnounceSubmounts: true,
@@ -344,7 +367,7 @@ func (c *Config) Resolve(annotations map[string]string) (*Config, error) {
 	return r, nil
 }
 
-// serverConfig returns the in-process server's configuration for sharedDir.
+// serverConfig returns kvfsd's configuration (confined or in-process) for sharedDir.
 func (c *Config) serverConfig(sharedDir string) (virtiofs.Config, error) {
 	mode, err := virtiofs.ParseCacheMode(c.Server.Cache)
 	if err != nil {
@@ -402,10 +425,10 @@ const (
 	maxThreadPoolSize = 1024 // kvfsd's own bound
 	maxVCPUs          = 288  // QEMU q35's
 	// kvfsd serves at most this many request queues; QEMU's bound is higher.
-	maxInProcessRequestQueues = 16
-	maxTagLen                 = 36 // the tag field of struct virtio_fs_config
-	maxQueueSize              = 1024
-	maxBootTimeout            = time.Hour
+	maxKvfsdRequestQueues = 16
+	maxTagLen             = 36 // the tag field of struct virtio_fs_config
+	maxQueueSize          = 1024
+	maxBootTimeout        = time.Hour
 )
 
 // configKeys is every leaf key, in file order. It is filled in init because the check of
@@ -422,12 +445,7 @@ func allKeys() []configKey {
 		},
 		{
 			name: "server.daemon", show: func(c *Config) string { return strconv.Quote(c.Server.Daemon) },
-			check: func(c *Config) error {
-				if c.Server.Daemon == InProcess {
-					return nil
-				}
-				return checkAbsPath(c.Server.Daemon)
-			},
+			check: func(c *Config) error { return checkDaemon(c.Server.Daemon) },
 			set: func(c *Config, v string) error {
 				if !slices.Contains(c.Server.ValidDaemonPaths, v) {
 					return fmt.Errorf("%q is not in server.valid_daemon_paths %q", v, c.Server.ValidDaemonPaths)
@@ -440,11 +458,8 @@ func allKeys() []configKey {
 			name: "server.valid_daemon_paths", show: func(c *Config) string { return fmt.Sprintf("%q", c.Server.ValidDaemonPaths) },
 			check: func(c *Config) error {
 				for _, p := range c.Server.ValidDaemonPaths {
-					if p == InProcess {
-						continue
-					}
-					if err := checkAbsPath(p); err != nil {
-						return err
+					if err := checkDaemon(p); err != nil {
+						return fmt.Errorf("%q: %w", p, err)
 					}
 				}
 				return nil
@@ -489,8 +504,8 @@ func allKeys() []configKey {
 		{
 			name: "server.extra_args", show: func(c *Config) string { return fmt.Sprintf("%q", c.Server.ExtraArgs) },
 			check: func(c *Config) error {
-				if len(c.Server.ExtraArgs) > 0 && c.Server.Daemon == InProcess {
-					return errors.New("extra arguments apply only to an external server.daemon, not the in-process server")
+				if len(c.Server.ExtraArgs) > 0 && isKvfsd(c.Server.Daemon) {
+					return fmt.Errorf("extra arguments apply only to an external server.daemon, not to %q", c.Server.Daemon)
 				}
 				return checkExtraArgs(c.Server.ExtraArgs)
 			},
@@ -541,8 +556,8 @@ func allKeys() []configKey {
 				if err := checkNumRequestQueues(c.Device.NumRequestQueues); err != nil {
 					return err
 				}
-				if c.Server.Daemon == InProcess && c.Device.NumRequestQueues > maxInProcessRequestQueues {
-					return fmt.Errorf("the in-process server serves at most %d request queues", maxInProcessRequestQueues)
+				if isKvfsd(c.Server.Daemon) && c.Device.NumRequestQueues > maxKvfsdRequestQueues {
+					return fmt.Errorf("kvfsd (server.daemon = %q) serves at most %d request queues", c.Server.Daemon, maxKvfsdRequestQueues)
 				}
 				return nil
 			},
@@ -720,6 +735,20 @@ func parseStringList(v string) ([]string, error) {
 		return nil, fmt.Errorf(`want a JSON array of strings, e.g. ["--xattr"]: %v`, err)
 	}
 	return list, nil
+}
+
+// checkDaemon checks a value of server.daemon.
+func checkDaemon(d string) error {
+	switch {
+	case isKvfsd(d):
+		return nil
+	case d == legacyInProcess:
+		return fmt.Errorf("the unconfined in-process server is now an explicit opt-in: use %q (the default: the same server, "+
+			"confined in a process of its own) or %q", Confined, InProcessUnconfined)
+	case !strings.HasPrefix(d, "/"):
+		return fmt.Errorf("want %q, %q or the absolute path of a virtiofsd-compatible daemon", Confined, InProcessUnconfined)
+	}
+	return checkAbsPath(d)
 }
 
 func checkAbsPath(p string) error {

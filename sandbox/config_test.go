@@ -72,7 +72,7 @@ func TestDefaults(t *testing.T) {
 	// Kata's defaults for virtio-fs.
 	s, d := c.Server, c.Device
 	if s.Cache != "auto" || s.PosixLock || s.ThreadPoolSize != 0 || !s.AnnounceSubmounts ||
-		d.QueueSize != 1024 || d.Tag != "kataShared" || s.OnFailure != PolicyStop || s.Daemon != InProcess {
+		d.QueueSize != 1024 || d.Tag != "kataShared" || s.OnFailure != PolicyStop || s.Daemon != Confined {
 		t.Errorf("defaults %+v %+v", s, d)
 	}
 	if got := c.daemonArgs("/sb/shared"); !slices.Equal(got, []string{"--fd=3", "--shared-dir=/sb/shared", "--cache=auto", "--announce-submounts"}) {
@@ -111,11 +111,21 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad queue size", "[device]\nqueue_size = 1000\n", "device.queue_size", []string{"device.queue_size = 1000: want a power of two"}},
 		{"long tag", "[device]\ntag = \"" + strings.Repeat("x", 37) + "\"\n", "device.tag", []string{"want 1 to 36 bytes"}},
 		{"bad policy", "[server]\non_failure = \"explode\"\n", "server.on_failure", []string{`"explode": want stop or restart`}},
-		{"relative daemon", "[server]\ndaemon = \"kvfsd\"\n", "server.daemon", []string{`server.daemon = "kvfsd": not an absolute path`}},
+		{"relative daemon", "[server]\ndaemon = \"kvfsd\"\n", "server.daemon",
+			[]string{`server.daemon = "kvfsd": want "confined", "in-process-unconfined" or the absolute path of a virtiofsd-compatible daemon`}},
+		{"unclean daemon path", "[server]\ndaemon = \"/usr//bin/kvfsd\"\n", "server.daemon", []string{"not a clean path (want /usr/bin/kvfsd)"}},
+		{"the old in-process name", "[server]\ndaemon = \"in-process\"\n", "server.daemon",
+			[]string{`server.daemon = "in-process": the unconfined in-process server is now an explicit opt-in: use "confined"`, `or "in-process-unconfined"`}},
+		{"in-process as a valid daemon path", "[server]\nvalid_daemon_paths = [\"in-process\"]\n", "server.valid_daemon_paths",
+			[]string{`"in-process": the unconfined in-process server is now an explicit opt-in`}},
 		{"negative pool", "[server]\nthread_pool_size = -1\n", "server.thread_pool_size", []string{"= -1: want 0 to 1024"}},
 		{"small memory", "[vm]\nmemory = \"100M\"\n", "vm.memory", []string{`vm.memory = "100M"`, "minimum of 128 MiB"}},
 		{"no request queues", "[device]\nnum_request_queues = 0\n", "device.num_request_queues", []string{"= 0: want 1 to"}},
-		{"extra args in-process", "[server]\nextra_args = [\"-d\"]\n", "server.extra_args", []string{"only to an external"}},
+		{"extra args confined", "[server]\nextra_args = [\"-d\"]\n", "server.extra_args", []string{`only to an external server.daemon, not to "confined"`}},
+		{"extra args in-process", "[server]\ndaemon = \"in-process-unconfined\"\nextra_args = [\"-d\"]\n", "server.extra_args",
+			[]string{`not to "in-process-unconfined"`}},
+		{"too many queues confined", "[device]\nnum_request_queues = 17\n", "device.num_request_queues",
+			[]string{`kvfsd (server.daemon = "confined") serves at most 16 request queues`}},
 		{"extra args set the directory", "[server]\ndaemon = \"/bin/true\"\nextra_args = [\"-o\", \"source=/\"]\n",
 			"server.extra_args", []string{"sets the shared directory"}},
 		{"extra args set the fd", "[server]\ndaemon = \"/bin/true\"\nextra_args = [\"--fd=4\"]\n",
@@ -186,7 +196,7 @@ func TestResolveAnnotations(t *testing.T) {
 	const p = "io.kvfs.config."
 	base := func() *Config {
 		c := DefaultConfig()
-		c.Server.ValidDaemonPaths = []string{"/usr/libexec/kvfsd", InProcess}
+		c.Server.ValidDaemonPaths = []string{"/usr/libexec/kvfsd", InProcessUnconfined}
 		c.Annotations.Enabled = []string{"server.cache", "server.daemon", "device.queue_size", "device.tag",
 			"server.thread_pool_size", "server.announce_submounts", "device.num_request_queues"}
 		return c
@@ -302,8 +312,8 @@ func TestResolveAnnotations(t *testing.T) {
 				c.Server.Daemon = "/usr/libexec/kvfsd"
 				c.Device.NumRequestQueues = 32 // fine for an external daemon
 			},
-			ann:  map[string]string{p + "server.daemon": InProcess},
-			errs: []string{"config (with the pod's annotations): device.num_request_queues = 32: the in-process server serves at most 16"},
+			ann:  map[string]string{p + "server.daemon": InProcessUnconfined},
+			errs: []string{`config (with the pod's annotations): device.num_request_queues = 32: kvfsd (server.daemon = "in-process-unconfined") serves at most 16`},
 		},
 	}
 	for _, tt := range tests {

@@ -65,7 +65,9 @@ func (c *ControlService) SandboxStatus(ctx context.Context, req *control.Sandbox
 // errors, so they are refused.
 var logLevels = []string{"trace", "debug", "info", "warn", "error"}
 
-// SetLogLevel sets the level of the process's logger (containerd/log).
+// SetLogLevel sets the level of the process's logger (containerd/log), which its in-process
+// servers share, and of every confined server of its sandboxes; a confined server started later
+// starts at that level. An external daemon's level is its command line's.
 func (c *ControlService) SetLogLevel(ctx context.Context, req *control.SetLogLevelRequest) (*control.SetLogLevelResponse, error) {
 	level := strings.ToLower(req.GetLevel())
 	if level == "warning" {
@@ -79,6 +81,15 @@ func (c *ControlService) SetLogLevel(ctx context.Context, req *control.SetLogLev
 		return nil, fmt.Errorf("log level %q: %v: %w", level, err, ErrInvalidArgument)
 	}
 	log.G(ctx).WithField("previous", prev).Infof("log level set to %s", level)
+	var errs []error
+	for _, s := range c.m.List() {
+		if err := s.SetServerLogLevel(ctx, level); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("log level set to %s in this process, not in every confined server: %w", level, err)
+	}
 	return &control.SetLogLevelResponse{PreviousLevel: prev, Level: levelName(log.GetLevel())}, nil
 }
 
@@ -92,8 +103,8 @@ func levelName(l log.Level) string {
 // daxWindowAlign is the granularity of a DAX window (the guest maps it in 2 MiB ranges).
 const daxWindowAlign = 2 << 20
 
-// UpdateDAXPolicy replaces the DAX policy of a sandbox's in-process server (Sandbox.SetDAXPolicy):
-// external daemons answer ErrFailedPrecondition. The window is the front-end's (QEMU's
+// UpdateDAXPolicy replaces the DAX policy of a sandbox's kvfsd, confined or in-process
+// (Sandbox.SetDAXPolicy): external daemons answer ErrFailedPrecondition. The window is the front-end's (QEMU's
 // cache-size), fixed when the VM starts, so a size other than 0 answers ErrNotImplemented.
 func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.UpdateDAXPolicyRequest) (*control.UpdateDAXPolicyResponse, error) {
 	var p passthrough.DAXPolicy
@@ -126,7 +137,7 @@ func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.Updat
 		return nil, fmt.Errorf("sandbox %q: the DAX window is the front-end's (QEMU cache-size), fixed when the VM starts; it cannot be resized: %w",
 			req.GetId(), ErrNotImplemented)
 	}
-	if err := s.SetDAXPolicy(p); err != nil {
+	if err := s.SetDAXPolicy(ctx, p); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithField("sandbox", s.ID()).WithField("mode", p.Mode).WithField("rules", len(p.Rules)).

@@ -116,12 +116,19 @@ func TestControlValidation(t *testing.T) {
 }
 
 // TestUpdateDAXPolicy: the policy reaches the in-process server at once and the state file;
-// bad rules, a window size and an external daemon are refused with their codes.
+// bad rules, a window size and an external daemon are refused with their codes. (The confined
+// server's half is TestConfinedServer's.)
 func TestUpdateDAXPolicy(t *testing.T) {
 	requireRoot(t)
 	base := testBase(t)
 	m := NewManager()
-	sb := createSandbox(t, base, "dax")
+	c := testConfig(base)
+	c.Server.Daemon = InProcessUnconfined
+	sb, err := Create(context.Background(), "dax", Options{Config: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, sb)
 	if err := m.Add(sb); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,8 @@
 //	owner.lock      flocked by the owning process
 //	console.log     the guest's serial console (DefaultVM)
 //	qemu.log        QEMU's stdout and stderr
-//	server.log      an external server's stdout and stderr
+//	server.log      the server's stdout and stderr (confined or external)
+//	server.sock     the confined server's channel (statistics, log level, DAX policy), mode 0600
 //	control.sock    the control API of the sandbox's owner (a shim), if it serves one
 //	agent.sock      the host side of the guest agent's virtio-serial port (DefaultVM with
 //	                agent.transport = "serial"): QEMU listens (server=on,wait=off), the shim
@@ -37,10 +38,10 @@
 //	         connection is accepted whenever QEMU comes. A failure undoes every step.
 //	Bind     bind a directory or file into mounts/ (appears in the guest at once).
 //	Start    run QEMU (through a VMRunner; QEMURunner by default) with VM.Args.
-//	monitor  a goroutine per server notices its end: for the in-process server, Serve
-//	         returning; for an external one, the process exiting. A server that ends while the
-//	         VM runs (more than a second after, if the VM ended too) is a failure, handled by
-//	         server.on_failure:
+//	monitor  a goroutine per server notices its end: for a confined or an external server,
+//	         its process exiting (by pidfd or wait, so at once); for the in-process server,
+//	         Serve returning. A server that ends while the VM runs (more than a second after,
+//	         if the VM ended too) is a failure, handled by server.on_failure:
 //	           stop     (default, Kata's behaviour) QEMU is killed, the sandbox goes to
 //	                    PhaseFailed, Done is closed and Err says which server died, how, and
 //	                    what was done. The owner then calls Stop.
@@ -71,19 +72,23 @@
 //
 // state.json (written to a temporary file, fsynced, renamed, the directory fsynced) holds: the
 // format version, the ID, the creation time, the phase, the pod's resolved configuration, the
-// server (in-process, or the daemon's path, arguments, pid and start time), the VM (QEMU's
+// server (confined, with its supervisor's pid and start time; in-process; or the daemon's path,
+// arguments, pid and start time), the VM (QEMU's
 // path and arguments, pid and start time), the restart count, the failure, and the owner's pid.
 // A process is identified by its pid, its start time (field 22 of /proc/PID/stat) and the boot
 // ID, so a reused pid is recognised.
 //
 // Recover (after the owner restarts) goes through the base directory. A sandbox whose lock is
-// held by a live owner is skipped. One whose external server still runs — and whose VM still
-// runs, if one was started — is adopted: both are held by pidfd (signals cannot reach a
+// held by a live owner is skipped. One whose confined or external server still runs — and whose
+// VM still runs, if one was started — is adopted (a confined server's channel too: its socket
+// is in the sandbox directory): both are held by pidfd (signals cannot reach a
 // process that reused the pid; the pidfd is opened first and the start time checked after),
 // monitored again with the same policy, and can be stopped. Everything else is cleaned up:
 // what still runs of it (verified as above) is stopped, the mounts detached, the directory
 // removed. A sandbox with an in-process server is always cleaned up, VM included: its server
-// ended with the previous owner, so its guest's share is dead (see above). Processes that were
+// ended with the previous owner, so its guest's share is dead (see above). An adopted confined
+// server reports its counters over its channel, but not the last ones it leaves when it stops
+// serving (their pipe was the first owner's). Processes that were
 // the previous owner's children are reaped by whoever inherited them; if the new owner is a
 // child subreaper, by the new owner.
 //
@@ -114,15 +119,38 @@
 // descriptors opened O_NOFOLLOW and refuses to cross into another file system. Bind takes
 // only a single path component as the name and creates its mount point with O_EXCL.
 //
-// The base directory is root's (0700); the socket is 0600, so QEMU must run as root or the
-// socket be given to its user by the owner. The in-process server runs with the owner's
-// privileges; kvfsd's own hardening is documented in package virtiofs.
+// The base directory is root's (0700); the sockets are 0600, so QEMU must run as root or the
+// socket be given to its user by the owner.
+//
+// What a guest that takes over its server (a bug in the FUSE, ring or vhost-user code, which
+// parse what it sends) can reach depends on server.daemon:
+//
+//	confined (the default)  the server's process only: kvfsd in new mount, PID, network and IPC
+//	                        namespaces whose root is the shared directory (nothing else of the
+//	                        host's files, no other process, no network, no host IPC), under the
+//	                        seccomp allowlist (kill on any other call; no execve, mount, ptrace,
+//	                        setns, socket other than AF_UNIX, ...) with no_new_privs, with only
+//	                        the capabilities serving needs (confine.ServerCapabilities: no
+//	                        CAP_SYS_ADMIN, no CAP_DAC_READ_SEARCH, whose open_by_handle_at would
+//	                        reach around the root), on every thread. The share itself, read-write
+//	                        where binds are, is what it can damage; the owner's process, its
+//	                        other sandboxes and the host are behind those walls. What it answers
+//	                        on its channel and leaves on its pipe is untrusted: bounded in size and
+//	                        time, decoded only into counters. Its log (server.log) is the one host
+//	                        file it holds, append-only. See package sandbox/confined.
+//	in-process-unconfined   everything the owner can: the server is a library in the owner's
+//	                        process, as root, in the host's namespaces, without a filter. An
+//	                        explicit opt-in, logged as a warning at every start.
+//	an external daemon      whatever that daemon confines itself to (kvfsd and virtiofsd:
+//	                        --sandbox=namespace and --seccomp=kill by default).
+//
+// The data path is the same code in every kvfsd mode; confinement adds nothing per request.
 //
 // # Defaults
 //
 // DefaultConfig has Kata's virtio-fs defaults: cache=auto, no remote POSIX locks
 // (no_posix_lock), thread pool 0, submounts announced, queue size 1024, one request queue,
-// tag kataShared, failure policy stop; the server in-process. Guest RAM is a shared memfd by
+// tag kataShared, failure policy stop; the server kvfsd, confined. Guest RAM is a shared memfd by
 // default (memory-backend-memfd,share=on): Kata's shared file in /dev/shm counts against
 // /dev/shm's size, and a full /dev/shm makes a running guest die of SIGBUS.
 // testdata/defaults.toml lists every key with its default.

@@ -24,7 +24,8 @@ const (
 	consoleName   = "console.log"
 	qemuLogName   = "qemu.log"
 	serverLogName = "server.log"
-	agentSockName = "agent.sock" // the agent's virtio-serial port: QEMU listens, the shim connects
+	channelName   = "server.sock" // the confined server's channel (no longer than socketName)
+	agentSockName = "agent.sock"  // the agent's virtio-serial port: QEMU listens, the shim connects
 )
 
 // ControlSocketName is the control API socket a sandbox's owner serves in the sandbox

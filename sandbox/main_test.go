@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/sandbox/confined"
 )
 
 // helperEnv makes the test binary act as a sandbox owner that exits without stopping its
@@ -24,6 +25,7 @@ import (
 const helperEnv = "KVFS_SANDBOX_TEST_HELPER"
 
 func TestMain(m *testing.M) {
+	confined.Init() // the sandboxes' confined servers are this test binary run again
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelper(spec))
 	}
@@ -337,12 +339,16 @@ func runHelperProcess(t testing.TB, spec helperSpec) helperResult {
 // subreaper when they were killed, as a shim's reaper would: kvfsd --sandbox=namespace (its
 // default) serves from a child, PID 1 of its own PID namespace, which dies with its supervisor
 // and is then reparented here. Only such children are reaped: a leftover supervisor or QEMU
-// still shows in childPids.
+// still shows in childPids. The confined servers of the test's own sandboxes are left alone
+// (they are PID 1 of their namespaces too, and still run).
 func reapSandboxedServers(t testing.TB) {
 	t.Helper()
 	for _, pid := range childPids(t) {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 		if err != nil {
+			continue
+		}
+		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.HasPrefix(string(cmd), confined.Argv0+"\x00") {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {

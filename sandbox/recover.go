@@ -42,8 +42,8 @@ type Skipped struct {
 // Recover finds the sandboxes under baseDir left by an owner that exited without stopping them
 // (a crash, an upgrade) and either adopts or cleans up each one:
 //
-//   - adopted, when its server is an external daemon that still runs, and its VM, if it was
-//     started, still runs too. Processes are recognised by pid and start time, and held by
+//   - adopted, when its server is a confined server or an external daemon that still runs, and
+//     its VM, if it was started, still runs too. Processes are recognised by pid and start time, and held by
 //     pidfd, so a pid reused by another process is never signalled. The adopted sandbox
 //     monitors both again with its failure policy, and can be stopped as usual.
 //   - cleaned up otherwise: what still runs of it is stopped, mounts are detached, the
@@ -106,11 +106,7 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 		return
 	}
 
-	var srv *extServer
-	var srvErr error
-	if st.Server != nil && st.Server.Daemon != InProcess {
-		srv, srvErr = adoptExternal(*st.Server)
-	}
+	srv, srvErr := adoptServer(ctx, st, dir)
 	var vm *adoptedProcess
 	var vmErr error
 	if st.VM != nil && st.VM.Process != nil {
@@ -123,7 +119,7 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 		reason = fmt.Sprintf("it was %s", st.Phase)
 	case st.Server == nil:
 		reason = "no server recorded"
-	case st.Server.Daemon == InProcess:
+	case st.Server.Daemon == InProcessUnconfined:
 		reason = "its server ran in-process and ended with the previous owner"
 	case srvErr != nil:
 		reason = "its server is gone: " + srvErr.Error()
@@ -135,7 +131,7 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 	if reason != "" {
 		var sp, vp Process
 		if srv != nil {
-			sp = srv.proc
+			sp = srv.process()
 		}
 		if vm != nil {
 			vp = vm
@@ -176,6 +172,26 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 	logger.WithField("server", srv.describe()).Info("recover: adopted")
 }
 
+// adoptServer takes hold of the server process st records: a confined server or an external
+// daemon. It returns nil, nil when the server was in-process (or none is recorded).
+func adoptServer(ctx context.Context, st *state, dir string) (fsServer, error) {
+	switch {
+	case st.Server == nil || st.Server.Daemon == InProcessUnconfined:
+		return nil, nil
+	case st.Server.Daemon == Confined:
+		s, err := adoptConfined(ctx, *st.Server, filepath.Join(dir, channelName))
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := adoptExternal(*st.Server)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // cleanupRecovered stops the verified processes vm and srv (either may be nil), tears the
 // directory down and releases the lock.
 func cleanupRecovered(id, dir string, lock *os.File, vm, srv Process, reason string) Cleaned {
@@ -203,7 +219,7 @@ func cleanupRecovered(id, dir string, lock *os.File, vm, srv Process, reason str
 var ErrInUse = errors.New("in use by a live owner")
 
 // Cleanup tears down the sandbox id under baseDir that its owner left behind (a shim that
-// died): the VM and an external server, if still running and recognised as the recorded
+// died): the VM and a confined or external server, if still running and recognised as the recorded
 // processes (pid, start time, boot id: a reused pid is never signalled), are stopped; the
 // mounts are detached and the directory removed, as Stop does. It is Recover for one sandbox
 // that never adopts. A sandbox whose owner.lock is held by a live owner is left alone
@@ -245,10 +261,8 @@ func Cleanup(ctx context.Context, baseDir, id string) error {
 	if st, err := readState(dir); err != nil {
 		reason = "no usable state: " + err.Error()
 	} else {
-		if st.Server != nil && st.Server.Daemon != InProcess {
-			if p, err := adoptExternal(*st.Server); err == nil {
-				srv = p.proc
-			}
+		if p, err := adoptServer(ctx, st, dir); err == nil && p != nil {
+			srv = p.process()
 		}
 		if st.VM != nil && st.VM.Process != nil {
 			if p, err := adopt(*st.VM.Process); err == nil {

@@ -24,8 +24,13 @@ func TestRecover(t *testing.T) {
 	src := t.TempDir()
 
 	// An in-process server dies with its owner: cleaned up.
-	runHelperProcess(t, helperSpec{Config: testConfig(base), ID: "inproc",
+	inproc := testConfig(base)
+	inproc.Server.Daemon = InProcessUnconfined
+	runHelperProcess(t, helperSpec{Config: inproc, ID: "inproc",
 		Binds: []helperBind{{Src: src, Name: "vol", ReadOnly: true}}})
+	// A confined server (the default) outlives it: adopted, its channel too.
+	conf := runHelperProcess(t, helperSpec{Config: testConfig(base), ID: "confined",
+		Binds: []helperBind{{Src: src, Name: "vol"}}})
 	// An external server outlives it: adopted.
 	ext := runHelperProcess(t, helperSpec{Config: externalConfig(t, base), ID: "ext",
 		Binds: []helperBind{{Src: src, Name: "vol"}}})
@@ -89,11 +94,13 @@ func TestRecover(t *testing.T) {
 		t.Logf("skipped %s: %s", s.Name, s.Reason)
 	}
 
-	if len(rep.Adopted) != 1 || rep.Adopted[0].ID() != "ext" {
-		t.Fatalf("adopted %v, want [ext]", rep.Adopted)
+	for _, a := range rep.Adopted {
+		stopOnCleanup(t, a)
 	}
-	s := rep.Adopted[0]
-	stopOnCleanup(t, s)
+	if len(rep.Adopted) != 2 || rep.Adopted[0].ID() != "confined" || rep.Adopted[1].ID() != "ext" {
+		t.Fatalf("adopted %d sandboxes, want confined and ext", len(rep.Adopted))
+	}
+	cs, s := rep.Adopted[0], rep.Adopted[1]
 	wantCleaned := map[string]string{
 		"inproc":   "ran in-process",
 		"recycled": "belongs to another process",
@@ -126,9 +133,30 @@ func TestRecover(t *testing.T) {
 		t.Errorf("the process that reused the recorded pid was killed")
 	}
 	if under, _ := mountsUnder(base); slices.ContainsFunc(under, func(p string) bool {
-		return !strings.HasPrefix(p, filepath.Join(base, "live")) && !strings.HasPrefix(p, filepath.Join(base, "ext"))
+		return !strings.HasPrefix(p, filepath.Join(base, "live")) && !strings.HasPrefix(p, filepath.Join(base, "ext")) &&
+			!strings.HasPrefix(p, filepath.Join(base, "confined"))
 	}) {
 		t.Errorf("mounts left: %q", under)
+	}
+
+	// The adopted confined server: the same process, its counters over its channel.
+	cstats := cs.Stats()
+	if cstats.Server.PID != conf.Stats.Server.PID || !cstats.Server.Running || cstats.Server.FS == nil {
+		t.Errorf("adopted confined server %+v, helper's %+v", cstats.Server, conf.Stats.Server)
+	}
+	if err := syscall.Kill(cstats.Server.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cs.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the adopted sandbox did not notice its confined server's death")
+	}
+	if err := cs.Err(); err == nil || !strings.Contains(err.Error(), "confined kvfsd") || !strings.Contains(err.Error(), "signal: killed") {
+		t.Errorf("Err() = %v", err)
+	}
+	if err := cs.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 
 	// The adopted sandbox: same server, still serving its layout, monitored again.
@@ -162,8 +190,10 @@ func TestRecover(t *testing.T) {
 		t.Errorf("adopted sandbox left its directory: %v", err)
 	}
 	reapSandboxedServers(t)
-	if kids := childPids(t); len(kids) != 1 || kids[0] != sleeper.Process.Pid {
-		t.Errorf("children %v, want only the sleeper %d (no zombie servers)", kids, sleeper.Process.Pid)
+	want := []int{sleeper.Process.Pid, live.Stats().Server.PID} // the live sandbox's confined server
+	slices.Sort(want)
+	if kids := childPids(t); !slices.Equal(kids, want) {
+		t.Errorf("children %v, want only the sleeper and the live sandbox's server %v (no zombie servers)", kids, want)
 	}
 }
 

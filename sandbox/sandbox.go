@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox/confined"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
@@ -102,7 +103,7 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	if rc.Server.Daemon != InProcess {
+	if !isKvfsd(rc.Server.Daemon) {
 		if err := checkExecutable(rc.Server.Daemon); err != nil {
 			return nil, &ConfigError{Source: "config", Key: "server.daemon", Value: strconv.Quote(rc.Server.Daemon), Err: err}
 		}
@@ -507,19 +508,32 @@ func (s *Sandbox) startServer() (fsServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.cfg.Server.Daemon == InProcess {
-		vcfg, err := s.cfg.serverConfig(s.SharedDir())
-		if err != nil {
-			l.Close()
-			return nil, err
-		}
-		if s.dax != nil {
-			vcfg.DAX = *s.dax
-		}
+	if !isKvfsd(s.cfg.Server.Daemon) {
+		return startExternal(s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
+	}
+	vcfg, err := s.cfg.serverConfig(s.SharedDir())
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	if s.dax != nil {
+		vcfg.DAX = *s.dax
+	}
+	if s.cfg.Server.Daemon == InProcessUnconfined {
+		log.G(s.ctx).Warn(unconfinedWarning)
 		return startInProcess(s.ctx, vcfg, l)
 	}
-	return startExternal(s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
+	channel, err := listen(s.channelPath())
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	spec := confined.Spec{Sandbox: s.id, Server: vcfg, LogLevel: levelName(log.GetLevel())}
+	return startConfined(s.ctx, spec, l, channel, s.channelPath(), filepath.Join(s.dir, serverLogName))
 }
+
+// channelPath is the socket of the confined server's channel.
+func (s *Sandbox) channelPath() string { return filepath.Join(s.dir, channelName) }
 
 // persistLocked writes the state file. s.mu is held.
 func (s *Sandbox) persistLocked() error {
@@ -544,10 +558,10 @@ func (s *Sandbox) persistLocked() error {
 	return writeState(s.dir, st)
 }
 
-// SetDAXPolicy replaces the DAX policy of the sandbox's in-process server at run time and
-// records it in the state file, so a restarted server keeps it. A sandbox served by an external
-// daemon refuses (ErrFailedPrecondition): kvfs cannot reach into that process.
-func (s *Sandbox) SetDAXPolicy(p passthrough.DAXPolicy) error {
+// SetDAXPolicy replaces the DAX policy of the sandbox's kvfsd (confined or in-process) at run
+// time and records it in the state file, so a restarted server keeps it. A sandbox served by an
+// external daemon refuses (ErrFailedPrecondition): kvfs cannot reach into that process.
+func (s *Sandbox) SetDAXPolicy(ctx context.Context, p passthrough.DAXPolicy) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
 	}
@@ -556,20 +570,40 @@ func (s *Sandbox) SetDAXPolicy(p passthrough.DAXPolicy) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	in, ok := s.srv.(*inProcServer)
+	phase, srv := s.phase, s.srv
+	s.mu.Unlock()
+	d, ok := srv.(daxSetter)
 	switch {
-	case s.cfg.Server.Daemon != InProcess:
+	case !isKvfsd(s.cfg.Server.Daemon):
 		return fmt.Errorf("sandbox %s: its server is the external daemon %s, whose DAX policy is set on its command line (--dax, --dax-rules): %w",
 			s.id, s.cfg.Server.Daemon, ErrFailedPrecondition)
-	case s.phase != PhaseCreated && s.phase != PhaseRunning || !ok:
-		return fmt.Errorf("sandbox %s is %s: %w", s.id, s.phase, ErrFailedPrecondition)
+	case phase != PhaseCreated && phase != PhaseRunning || !ok:
+		return fmt.Errorf("sandbox %s is %s: %w", s.id, phase, ErrFailedPrecondition)
 	}
-	if err := in.srv.SetDAXPolicy(p); err != nil {
-		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+	if err := d.setDAXPolicy(ctx, p); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.dax = &passthrough.DAXPolicy{Mode: p.Mode, Rules: slices.Clone(p.Rules)}
 	return s.persistLocked()
+}
+
+// SetServerLogLevel sets the log level of the sandbox's confined server (trace, debug, info,
+// warn or error). An in-process server shares this process's logger, and an external daemon's
+// level is set on its command line: for those there is nothing to do.
+func (s *Sandbox) SetServerLogLevel(ctx context.Context, level string) error {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	c, ok := srv.(*confinedServer)
+	if !ok || isClosed(c.exited()) {
+		return nil
+	}
+	if err := c.setLogLevel(ctx, level); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	return nil
 }
 
 func ownerID() procID {
@@ -583,7 +617,7 @@ func ownerID() procID {
 // ServerError is why a sandbox's server stopped serving while its VM was running, and what
 // the failure policy did about it.
 type ServerError struct {
-	// Server names the server: "in-process kvfsd" or "PATH (pid N)".
+	// Server names the server: "confined kvfsd (pid N)", "in-process kvfsd" or "PATH (pid N)".
 	Server string
 	// Err is how it ended: an error from Serve, an exit status or signal, or errServerClean.
 	Err error
@@ -739,9 +773,10 @@ type Stats struct {
 
 // ServerStats describes the virtio-fs server.
 type ServerStats struct {
-	// Daemon is InProcess or the external daemon's path.
+	// Daemon is Confined, InProcessUnconfined or the external daemon's path.
 	Daemon string
-	// PID is the server's process: the owner's own for the in-process server.
+	// PID is the server's process: the owner's own for the in-process server; for a confined
+	// server, its supervisor's (PID 1 of its namespaces; the serving process is its child).
 	PID     int
 	Started time.Time
 	Uptime  time.Duration
@@ -749,8 +784,9 @@ type ServerStats struct {
 	// Restarts counts restarts by the restart policy; LastFailure is the last server failure.
 	Restarts    int
 	LastFailure string
-	// FS holds the in-process server's counters (requests per opcode, errors, latency, bytes,
-	// inodes, open files); nil for an external daemon, of which only the above is known.
+	// FS holds kvfsd's counters (requests per opcode, errors, latency, bytes, inodes, open
+	// files), asked over its channel for a confined server; nil for an external daemon, of
+	// which only the above is known, and for a confined server that did not answer.
 	FS *virtiofs.Stats
 }
 

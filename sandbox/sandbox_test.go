@@ -53,7 +53,7 @@ func TestLayout(t *testing.T) {
 		t.Errorf("socket: %v %v", fi.Mode(), err)
 	}
 	st, err := readState(s.Dir())
-	if err != nil || st.Phase != PhaseCreated || st.Server.Daemon != InProcess || st.Owner.PID != os.Getpid() {
+	if err != nil || st.Phase != PhaseCreated || st.Server.Daemon != Confined || st.Owner.PID != os.Getpid() {
 		t.Errorf("state %+v, %v", st, err)
 	}
 
@@ -215,7 +215,7 @@ func TestCreateFailsCleanly(t *testing.T) {
 }
 
 // TestNoLeaks runs 50 create/bind/stat/destroy cycles without a VM, alternating the
-// in-process server and an external kvfsd, and checks that mounts, descriptors, child
+// confined server (the default) and an external kvfsd, and checks that mounts, descriptors, child
 // processes, goroutines and files are all given back.
 func TestNoLeaks(t *testing.T) {
 	requireRoot(t)
@@ -225,10 +225,10 @@ func TestNoLeaks(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	inproc, external := testConfig(base), externalConfig(t, base)
+	confined, external := testConfig(base), externalConfig(t, base)
 
 	cycle := func(i int) {
-		cfg := inproc
+		cfg := confined
 		if i%2 == 1 {
 			cfg = external
 		}
@@ -366,6 +366,7 @@ func (f *fakeServer) stop() error {
 func (f *fakeServer) describe() string     { return "fake server" }
 func (f *fakeServer) info() ServerStats    { return ServerStats{Daemon: "fake"} }
 func (f *fakeServer) record() serverRecord { return serverRecord{Daemon: "fake"} }
+func (f *fakeServer) process() Process     { return nil }
 
 // fakeVM is a Process that exits when signalled.
 type fakeVM struct {
@@ -461,7 +462,10 @@ func TestFailurePolicies(t *testing.T) {
 		s.mu.Lock()
 		srv := s.srv
 		s.mu.Unlock()
-		srv.(*inProcServer).cancel()
+		// SIGKILL, from outside, of the confined server: reported by the same monitor.
+		if err := srv.process().Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
 		select {
 		case <-s.Done():
 		case <-time.After(10 * time.Second):

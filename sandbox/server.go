@@ -14,13 +14,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/sandbox/confined"
 	"github.com/kvfs/kvfs/virtiofs"
+	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
-// readyLine is what kvfsd and both virtiofsd print on stderr once they wait for the front-end
-// (Kata's runtime-rs waits for it too).
+// readyLine is what kvfsd, its confined server and both virtiofsd print on stderr once they
+// wait for the front-end (Kata's runtime-rs waits for it too).
 const readyLine = "Waiting for vhost-user socket connection"
 
 // Timeouts of the server's life.
@@ -33,7 +36,7 @@ const (
 	serverStopGrace = 2 * time.Second
 )
 
-// fsServer is a running virtio-fs server: in-process or an external daemon.
+// fsServer is a running virtio-fs server: confined, in-process, or an external daemon.
 type fsServer interface {
 	// exited is closed when the server stopped serving.
 	exited() <-chan struct{}
@@ -42,17 +45,26 @@ type fsServer interface {
 	exitErr() error
 	// stop ends the server and waits for it.
 	stop() error
-	// describe names the server in messages: "in-process kvfsd", "/usr/bin/kvfsd (pid 123)".
+	// describe names the server in messages: "confined kvfsd (pid 123)", "in-process kvfsd",
+	// "/usr/bin/kvfsd (pid 123)".
 	describe() string
 	// info returns what is known of the server for Stats.
 	info() ServerStats
 	// record returns what the state file keeps of it.
 	record() serverRecord
+	// process is the server's own process; nil for the in-process server.
+	process() Process
+}
+
+// daxSetter is a server whose DAX policy can be replaced while it runs: kvfsd's own, confined
+// or in-process.
+type daxSetter interface {
+	setDAXPolicy(ctx context.Context, p passthrough.DAXPolicy) error
 }
 
 // serverRecord is the persisted description of a server.
 type serverRecord struct {
-	Daemon  string    `json:"daemon"` // InProcess or a path
+	Daemon  string    `json:"daemon"` // Confined, InProcessUnconfined or a path
 	Args    []string  `json:"args,omitempty"`
 	Process *procID   `json:"process,omitempty"`
 	Started time.Time `json:"started"`
@@ -126,12 +138,21 @@ func (s *inProcServer) info() ServerStats {
 		running = false
 	default:
 	}
-	return ServerStats{Daemon: InProcess, PID: os.Getpid(), Started: s.started, Uptime: time.Since(s.started),
+	return ServerStats{Daemon: InProcessUnconfined, PID: os.Getpid(), Started: s.started, Uptime: time.Since(s.started),
 		Running: running, FS: &st}
 }
 
 func (s *inProcServer) record() serverRecord {
-	return serverRecord{Daemon: InProcess, Started: s.started}
+	return serverRecord{Daemon: InProcessUnconfined, Started: s.started}
+}
+
+func (s *inProcServer) process() Process { return nil }
+
+func (s *inProcServer) setDAXPolicy(_ context.Context, p passthrough.DAXPolicy) error {
+	if err := s.srv.SetDAXPolicy(p); err != nil {
+		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+	}
+	return nil
 }
 
 // extServer is a virtiofsd-compatible daemon in its own process.
@@ -154,37 +175,56 @@ func startExternal(daemon string, args []string, l *net.UnixListener, logPath st
 		return nil, err
 	}
 	defer lf.Close()
-	log, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
+	s := &extServer{daemon: daemon, args: args}
+	err = startServerProcess(logPath, func(out *os.File) (*exec.Cmd, error) {
+		cmd := exec.Command(daemon, args...)
+		cmd.Stdout, cmd.Stderr = out, out
+		cmd.ExtraFiles = []*os.File{lf}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		return cmd, nil
+	}, func(p Process, id procID) {
+		s.proc, s.id, s.started = p, id, time.Now()
+	}, s.describe)
 	if err != nil {
 		return nil, err
-	}
-	defer log.Close()
-	fi, err := log.Stat()
-	if err != nil {
-		return nil, err
-	}
-	logStart := fi.Size()
-
-	cmd := exec.Command(daemon, args...)
-	cmd.Stdin = nil
-	cmd.Stdout = log
-	cmd.Stderr = log
-	cmd.ExtraFiles = []*os.File{lf}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	p, err := startChild(cmd)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", daemon, err)
-	}
-	s := &extServer{daemon: daemon, args: args, proc: p, started: time.Now()}
-	if s.id, err = identify(p.Pid()); err != nil {
-		// It died at once: report that below.
-		s.id = procID{PID: p.Pid(), BootID: bootID()}
-	}
-	if err := waitReady(p, logPath, logStart); err != nil {
-		_ = kill(p)
-		return nil, fmt.Errorf("%s: %w", s.describe(), err)
 	}
 	return s, nil
+}
+
+// startServerProcess starts the server command makes (its output appended to logPath, which it
+// is given open) and waits until it says it is ready, or fails with the log's tail if it exits
+// first. started is told of the process as soon as it runs; describe names it in errors.
+func startServerProcess(logPath string, command func(out *os.File) (*exec.Cmd, error),
+	started func(Process, procID), describe func() string) error {
+	out, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	fi, err := out.Stat()
+	if err != nil {
+		return err
+	}
+	logStart := fi.Size()
+	cmd, err := command(out)
+	if err != nil {
+		return err
+	}
+	p, err := startChild(cmd)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	id, err := identify(p.Pid())
+	if err != nil {
+		// It died at once: report that below.
+		id = procID{PID: p.Pid(), BootID: bootID()}
+	}
+	started(p, id)
+	if err := waitReady(p, logPath, logStart); err != nil {
+		_ = kill(p)
+		return fmt.Errorf("%s: %w", describe(), err)
+	}
+	return nil
 }
 
 // adoptExternal takes hold of a daemon recorded by an earlier owner.
@@ -264,6 +304,136 @@ func (s *extServer) info() ServerStats {
 func (s *extServer) record() serverRecord {
 	id := s.id
 	return serverRecord{Daemon: s.daemon, Args: s.args, Process: &id, Started: s.started}
+}
+
+func (s *extServer) process() Process { return s.proc }
+
+// channelTimeout bounds a call on a confined server's channel.
+const channelTimeout = 2 * time.Second
+
+// confinedServer is kvfsd in a confined process of its own, started from this executable
+// (package sandbox/confined) and reached over its channel.
+type confinedServer struct {
+	ctx     context.Context // for logging
+	proc    Process
+	id      procID
+	started time.Time
+	channel confined.Client
+	// final is closed once finalStats, the counters the server left when it stopped serving,
+	// is written (nil if it left none); nil for an adopted server, whose pipe was its first
+	// owner's.
+	final      chan struct{}
+	finalStats *virtiofs.Stats
+}
+
+// startConfined starts the confined server of spec on l, with its channel on channel and its
+// output appended to logPath, and returns once it says it is ready, or fails with the log's tail
+// if it exits first. l and channel are closed either way: the server holds the sockets.
+func startConfined(ctx context.Context, spec confined.Spec, l, channel *net.UnixListener, channelPath, logPath string) (*confinedServer, error) {
+	lf, err := l.File()
+	l.Close()
+	cf, cerr := channel.File()
+	channel.Close()
+	if err = errors.Join(err, cerr); err != nil {
+		lf.Close()
+		cf.Close()
+		return nil, err
+	}
+	defer lf.Close()
+	defer cf.Close()
+	fr, fw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer fw.Close()
+	s := &confinedServer{ctx: ctx, channel: confined.Client{Path: channelPath}, final: make(chan struct{})}
+	go func() {
+		if st, err := confined.FinalStats(fr); err == nil {
+			s.finalStats = &st
+		}
+		close(s.final)
+	}()
+	err = startServerProcess(logPath, func(out *os.File) (*exec.Cmd, error) {
+		return confined.Command(spec, lf, cf, fw, out)
+	}, func(p Process, id procID) {
+		s.proc, s.id, s.started = p, id, time.Now()
+	}, s.describe)
+	if err != nil {
+		fw.Close() // ends the reader, if the command never started
+		return nil, err
+	}
+	return s, nil
+}
+
+// adoptConfined takes hold of a confined server recorded by an earlier owner.
+func adoptConfined(ctx context.Context, rec serverRecord, channelPath string) (*confinedServer, error) {
+	if rec.Process == nil {
+		return nil, fmt.Errorf("no process recorded: %w", errNotRunning)
+	}
+	p, err := adopt(*rec.Process)
+	if err != nil {
+		return nil, err
+	}
+	return &confinedServer{ctx: ctx, proc: p, id: *rec.Process, started: rec.Started, channel: confined.Client{Path: channelPath}}, nil
+}
+
+func (s *confinedServer) exited() <-chan struct{} { return s.proc.Exited() }
+func (s *confinedServer) exitErr() error          { return s.proc.ExitErr() }
+func (s *confinedServer) stop() error             { return terminate(s.proc, serverStopGrace) }
+func (s *confinedServer) process() Process        { return s.proc }
+
+func (s *confinedServer) describe() string {
+	return fmt.Sprintf("confined kvfsd (pid %d)", s.proc.Pid())
+}
+
+// finalWait bounds the wait, once the server has exited, for the counters it left.
+const finalWait = time.Second
+
+// info asks the running server for its counters (FS stays nil, and the failure is logged, if it
+// does not answer); an exited one's are those it left when it stopped serving.
+func (s *confinedServer) info() ServerStats {
+	st := ServerStats{Daemon: Confined, PID: s.proc.Pid(), Started: s.started, Uptime: time.Since(s.started),
+		Running: !isClosed(s.proc.Exited())}
+	if !st.Running {
+		if s.final != nil {
+			select {
+			case <-s.final: // the pipe's writers are gone with the process
+				st.FS = s.finalStats
+			case <-time.After(finalWait):
+			}
+		}
+		return st
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, channelTimeout)
+	defer cancel()
+	fs, err := s.channel.Stats(ctx)
+	if err != nil {
+		log.G(s.ctx).WithError(err).Warn("no statistics from the confined server")
+		return st
+	}
+	st.FS = &fs
+	return st
+}
+
+func (s *confinedServer) record() serverRecord {
+	id := s.id
+	return serverRecord{Daemon: Confined, Process: &id, Started: s.started}
+}
+
+func (s *confinedServer) setDAXPolicy(ctx context.Context, p passthrough.DAXPolicy) error {
+	ctx, cancel := context.WithTimeout(ctx, channelTimeout)
+	defer cancel()
+	err := s.channel.SetDAXPolicy(ctx, p)
+	if errors.Is(err, confined.ErrRefused) {
+		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+	}
+	return err
+}
+
+func (s *confinedServer) setLogLevel(ctx context.Context, level string) error {
+	ctx, cancel := context.WithTimeout(ctx, channelTimeout)
+	defer cancel()
+	return s.channel.SetLogLevel(ctx, level)
 }
 
 // errServerClean is the exit reason of a server whose front-end disconnected.

@@ -12,7 +12,7 @@
 # io.containerd.kvfs.v2), kvfsctl, the pod VM's image (build.sh --agent) and the busybox OCI
 # archive; starts a private containerd (its own directory under /tmp, sockets and namespace, in
 # a private mount namespace, the shim first on its PATH); imports the image; and shows a
-# `ctr run --rm` in a VM, a detached container seen by kvfsctl (list, status with the in-process
+# `ctr run --rm` in a VM, a detached container seen by kvfsctl (list, status with the confined
 # kvfsd's request counters), a `ctr task exec` in it, its kill and removal. Each VM start is
 # timed. containerd is stopped at the end, and the script fails if a process, a mount or a
 # sandbox directory of it is left.
@@ -263,7 +263,7 @@ say "kvfsctl list (sandboxes in $base)"
 kvfsctl list | tee "$ctrd/list.out"
 grep -Eq '^demo2[[:space:]]' "$ctrd/list.out" || die "kvfsctl list does not show demo2"
 
-say "kvfsctl status demo2: the pod and its in-process kvfsd's request counters"
+say "kvfsctl status demo2: the pod and its confined kvfsd's request counters"
 kvfsctl status demo2 | tee "$ctrd/status.out"
 grep -Eq '^Sandbox:[[:space:]]+demo2$' "$ctrd/status.out" || die "kvfsctl status does not show demo2"
 grep -Eq '^LOOKUP[[:space:]]+[1-9]' "$ctrd/status.out" || die "kvfsctl status shows no LOOKUP requests"

@@ -21,7 +21,7 @@ import (
 // agentShutdownTimeout bounds the agent's Shutdown at the pod's stop; the VM is killed after.
 const agentShutdownTimeout = 10 * time.Second
 
-// VMPod is a pod in a QEMU VM: a sandbox (layout, in-process kvfsd, VM) whose guest agent is
+// VMPod is a pod in a QEMU VM: a sandbox (layout, confined kvfsd, VM) whose guest agent is
 // reached over agent.sock (or vsock), and the sandbox's control API on control.sock.
 type VMPod struct {
 	sb     *sandbox.Sandbox

@@ -172,7 +172,7 @@ func Section(rep *Report) string {
 			}
 			return r.Run - r.RunSpan
 		}},
-		{"shim start and the sandbox (layout, in-process kvfsd) until QEMU starts — ours", func(r Round) time.Duration { return r.BeforeVM }},
+		{"shim start and the sandbox (layout, confined kvfsd) until QEMU starts — ours", func(r Round) time.Duration { return r.BeforeVM }},
 		{"QEMU + firmware (host time − guest uptime at the answer) — QEMU", bootPart("qemu")},
 		{"kernel boot (guest uptime when the agent started) — the kernel", bootPart("kernel")},
 		{"agent start-up to its first answer (modules, virtio-fs mount, serial port) — ours", bootPart("agent")},

@@ -1,8 +1,11 @@
 // Package confine is kvfsd's self-confinement: the sandbox it enters before serving
 // (--sandbox=namespace|chroot|none) and the seccomp filter it installs on itself
-// (--seccomp=kill|log|trap|none). The library (package virtiofs) and the in-process servers of
-// package sandbox never use it: only the kvfsd command confines itself, since confinement is
-// for the whole process.
+// (--seccomp=kill|log|trap|none), and the capabilities a confined server keeps
+// ([ServerCapabilities], [StartWithCapabilities]). The library (package virtiofs) never uses it,
+// since confinement is for the whole process: the kvfsd command confines itself, and package
+// sandbox/confined confines the process a sandbox's default server runs in (namespaces as
+// here, [PrepareMounts] and [PivotRoot] in two steps, the same allowlist, and only
+// ServerCapabilities on every thread).
 //
 // # Threat model
 //

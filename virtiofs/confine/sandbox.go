@@ -45,9 +45,10 @@ const childEnv = "KVFSD_SANDBOX_CHILD"
 // exec.Cmd.ExtraFiles.
 const childListenFD = 3
 
-// cloneFlags are the namespaces of the sandbox: its own mount tree, process IDs, (empty)
-// network and System V IPC.
-const cloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC
+// Namespaces are the namespaces of the sandbox, as clone flags: its own mount tree, process
+// IDs, (empty) network and System V IPC. A process started in them is the child EnterNamespace
+// expects.
+const Namespaces = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC
 
 // Child reports whether this process is the sandboxed child of Supervise and, if so, the
 // descriptor of the listening socket it inherited. It removes the marker from the environment.
@@ -65,7 +66,7 @@ func Child() (listenFD int, ok bool) {
 	return childListenFD, true
 }
 
-// Supervise runs the current executable again with args in new namespaces (cloneFlags), the
+// Supervise runs the current executable again with args in new namespaces (Namespaces), the
 // listening socket l as its descriptor 3 and the given stdio, and waits for it. It forwards
 // SIGTERM, SIGINT and SIGHUP to the child, and returns the child's exit status, or 128 plus
 // the number of the signal that killed it, with an error saying so. The child gets SIGKILL
@@ -90,7 +91,7 @@ func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Wri
 	cmd.ExtraFiles = []*os.File{l}
 	// A process group of its own: a terminal's ^C reaches the supervisor alone, which forwards
 	// it once.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneFlags, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: Namespaces, Pdeathsig: syscall.SIGKILL, Setpgid: true}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -130,49 +131,75 @@ func exitStatus(ps *os.ProcessState, err error) (int, error) {
 	return ws.ExitStatus(), nil
 }
 
-// EnterNamespace confines the sandboxed child to dir, its shared directory: it makes the mount
-// tree a recursive slave of the host's, mounts a proc for its PID namespace, moves its working
-// directory into that proc's /proc/self/fd, bind-mounts dir onto itself and pivot_roots into it,
-// then detaches the old root. Afterwards "/" is dir and ProcSelfFd reaches /proc/self/fd. It
-// must run in the child of Supervise (Child reported ok): in the host's mount namespace it
-// would pivot the host's.
+// EnterNamespace confines the sandboxed child to dir, its shared directory: PrepareMounts, then
+// it opens the new proc's /proc/self/fd, PivotRoots into dir and moves its working directory
+// into that /proc/self/fd. Afterwards "/" is dir and ProcSelfFd reaches /proc/self/fd. It must
+// run in the child of Supervise (Child reported ok): in the host's mount namespace it would
+// pivot the host's.
 func EnterNamespace(dir string) error {
-	if err := enterNamespace(dir); err != nil {
+	if err := PrepareMounts(); err != nil {
+		return err
+	}
+	procfd, err := unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("--sandbox=namespace: open /proc/self/fd: %w", err)
+	}
+	defer unix.Close(procfd)
+	if err := PivotRoot(dir); err != nil {
+		return err
+	}
+	// The old root, with the proc mounted in it, is detached: the working directory is now
+	// the only way to /proc/self/fd.
+	if err := unix.Fchdir(procfd); err != nil {
+		return fmt.Errorf("--sandbox=namespace: move to /proc/self/fd: %w", err)
+	}
+	return nil
+}
+
+// PrepareMounts is the first half of entering the namespaces, for a process started in
+// Namespaces: it makes the mount tree a recursive slave of the host's and mounts a proc for its
+// PID namespace over /proc. A process that opens /proc/self/fd afterwards, and keeps it as its
+// working directory, reaches it once PivotRoot has taken the host's tree away.
+func PrepareMounts() error {
+	// Slave, not private: mounts the host adds under the shared directory later must still
+	// reach us, and nothing we mount may reach the host.
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("--sandbox=namespace: make / a recursive slave mount: %w", err)
+	}
+	// The proc the server keeps (its working directory) is read-only and, where the kernel has
+	// subset=pid (Linux 5.8), holds only process directories: code running in kvfsd can walk
+	// up from its working directory to this proc's root, and a writable proc with /proc/sys
+	// there would let it, as root, change the host's sysctls (kernel.core_pattern). Reopening
+	// files through /proc/self/fd/N still writes: the link leads to the file's own mount.
+	const procFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY
+	if err := unix.Mount("proc", "/proc", "proc", procFlags, "subset=pid"); err == unix.EINVAL {
+		err = unix.Mount("proc", "/proc", "proc", procFlags, "")
+		if err != nil {
+			return fmt.Errorf("--sandbox=namespace: mount proc: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("--sandbox=namespace: mount proc (subset=pid): %w", err)
+	}
+	return nil
+}
+
+// PivotRoot is the second half: it bind-mounts dir onto itself, pivot_roots into it and
+// detaches the old root, then checks that "/" is dir. pivot_root(2) moves the root (and a
+// working directory that was the old root) of every process of the mount namespace, so a
+// process started before, in the host's tree (whose dynamic loader found its libraries there),
+// is confined to dir as well. The working directory of the caller is "/" afterwards.
+func PivotRoot(dir string) error {
+	if err := pivotRoot(dir); err != nil {
 		return fmt.Errorf("--sandbox=namespace: %w", err)
 	}
 	return nil
 }
 
-func enterNamespace(dir string) error {
+func pivotRoot(dir string) error {
 	var want unix.Stat_t
 	if err := unix.Stat(dir, &want); err != nil {
 		return fmt.Errorf("shared directory %s: %w", dir, err)
 	}
-	// Slave, not private: mounts the host adds under the shared directory later must still
-	// reach us, and nothing we mount may reach the host.
-	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("make / a recursive slave mount: %w", err)
-	}
-	// The proc the server keeps (its working directory, see below) is read-only and, where the
-	// kernel has subset=pid (Linux 5.8), holds only process directories: code running in kvfsd
-	// can walk up from its working directory to this proc's root, and a writable proc with
-	// /proc/sys there would let it, as root, change the host's sysctls (kernel.core_pattern).
-	// Reopening files through /proc/self/fd/N still writes: the link leads to the file's own
-	// mount.
-	const procFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY
-	if err := unix.Mount("proc", "/proc", "proc", procFlags, "subset=pid"); err == unix.EINVAL {
-		err = unix.Mount("proc", "/proc", "proc", procFlags, "")
-		if err != nil {
-			return fmt.Errorf("mount proc: %w", err)
-		}
-	} else if err != nil {
-		return fmt.Errorf("mount proc (subset=pid): %w", err)
-	}
-	procfd, err := unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open /proc/self/fd: %w", err)
-	}
-	defer unix.Close(procfd)
 	// pivot_root needs the new root to be a mount point.
 	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mount the shared directory onto itself: %w", err)
@@ -191,15 +218,7 @@ func enterNamespace(dir string) error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
-	if err := checkRoot(&want); err != nil {
-		return err
-	}
-	// The old root, with the proc mounted in it, is detached: the working directory is now
-	// the only way to /proc/self/fd.
-	if err := unix.Fchdir(procfd); err != nil {
-		return fmt.Errorf("move to /proc/self/fd: %w", err)
-	}
-	return nil
+	return checkRoot(&want)
 }
 
 // Chroot confines the process to dir, its shared directory, with chroot(2), its working

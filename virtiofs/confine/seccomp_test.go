@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if a := os.Getenv(childEnvVar); a != "" {
 		os.Exit(seccompChild(Action(a)))
 	}
+	if step := os.Getenv(capsEnvVar); step != "" {
+		os.Exit(capsChild(step))
+	}
 	os.Exit(m.Run())
 }
 

@@ -172,7 +172,7 @@ type SandboxSummary struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// phase is the sandbox's phase: created, running, failed, stopping, stopped.
 	Phase string `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
-	// daemon is "in-process" or the external server's path.
+	// daemon is "confined", "in-process-unconfined" or the external server's path.
 	Daemon        string `protobuf:"bytes,3,opt,name=daemon,proto3" json:"daemon,omitempty"`
 	ServerRunning bool   `protobuf:"varint,4,opt,name=server_running,json=serverRunning,proto3" json:"server_running,omitempty"`
 	// vm_pid is 0 before the VM is started.
@@ -379,8 +379,9 @@ type ServerStatus struct {
 	// restarts counts restarts by the restart policy; last_failure is the last server failure.
 	Restarts    uint32 `protobuf:"varint,6,opt,name=restarts,proto3" json:"restarts,omitempty"`
 	LastFailure string `protobuf:"bytes,7,opt,name=last_failure,json=lastFailure,proto3" json:"last_failure,omitempty"`
-	// stats are the in-process server's counters; absent for an external daemon, whose
-	// counters the process cannot see.
+	// stats are kvfsd's counters (asked over its channel when it is confined); absent for an
+	// external daemon, whose counters the process cannot see, and for a confined server that
+	// did not answer.
 	Stats         *ServerStats `protobuf:"bytes,8,opt,name=stats,proto3" json:"stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

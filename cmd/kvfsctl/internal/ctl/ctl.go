@@ -49,7 +49,7 @@ Commands:
   log-level LEVEL                   set the log level (trace, debug, info, warn, error)
   dax-policy [--rules RULES] [--window BYTES] ID POLICY
                                     set the DAX policy (never, always, inode) of a
-                                    sandbox's in-process server; RULES as kvfsd's
+                                    sandbox's kvfsd (not an external daemon); RULES as kvfsd's
                                     --dax-rules ("on glob=*.so; on size>=2M")
 
 Options:

@@ -1,0 +1,15 @@
+package shim
+
+import (
+	"os"
+	"testing"
+
+	"github.com/kvfs/kvfs/sandbox/confined"
+)
+
+// TestMain lets the pods of the VM tests (StartVMPod) start their sandboxes' confined servers,
+// which are this test binary run again.
+func TestMain(m *testing.M) {
+	confined.Init()
+	os.Exit(m.Run())
+}
