@@ -38,8 +38,14 @@ const (
 // each start with a warning (in version 4 the gRPC, ttrpc, debug and metrics servers are
 // configured as the plugins io.containerd.server.v1.*).
 //
-// With cri, the CRI plugins are on and configured by criConfig.
-func config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
+// With cri, the CRI plugins are on and configured by criConfig. imports are the config's
+// imports (none: not the default /etc/containerd/conf.d/*.toml); each must be an absolute path.
+func config(dir, logLevel string, cri bool, imports []string, extra string) ([]byte, error) {
+	for _, p := range imports {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("ctrdtest: Options.Imports: %q is not an absolute path", p)
+		}
+	}
 	disabled := append([]string{nriPlugin}, criPlugins...)
 	if cri {
 		disabled = []string{nriPlugin}
@@ -49,7 +55,7 @@ func config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
 		"root":             filepath.Join(dir, "root"),
 		"state":            filepath.Join(dir, "state"),
 		"temp":             filepath.Join(dir, "tmp"),
-		"imports":          []any{}, // not the default /etc/containerd/conf.d/*.toml
+		"imports":          toAny(imports), // not the default /etc/containerd/conf.d/*.toml
 		"disabled_plugins": toAny(disabled),
 		"debug":            map[string]any{"level": logLevel},
 		"plugins": map[string]any{

@@ -47,7 +47,7 @@ func TestConfig(t *testing.T) {
 		}
 		return m
 	}
-	b, err := config("/tmp/ctrd-x", "debug", false, "")
+	b, err := config("/tmp/ctrd-x", "debug", false, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +69,22 @@ func TestConfig(t *testing.T) {
 			t.Errorf("%s = %#v, want %#v", path, got, want)
 		}
 	}
+	if got := lookup(m, []string{"imports"}); fmt.Sprint(got) != "[]" {
+		t.Errorf("imports %v, want none", got)
+	}
+	b, err = config("/tmp/ctrd-x", "info", false, []string{"/etc/x/conf.d/*.toml"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lookup(parse(b), []string{"imports"}); fmt.Sprint(got) != "[/etc/x/conf.d/*.toml]" {
+		t.Errorf("Options.Imports: imports %v", got)
+	}
+	if _, err := config("/tmp/ctrd-x", "info", false, []string{"conf.d/*.toml"}, ""); err == nil {
+		t.Error("a relative import: no error")
+	}
+	if _, err := config("/tmp/ctrd-x", "info", false, nil, "imports = ['/etc/containerd/conf.d/*.toml']"); err == nil {
+		t.Error("imports through Options.Config: no error")
+	}
 
 	// Extra TOML: tables merged, values replaced.
 	extra := `
@@ -78,7 +94,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins.'io.containerd.runtime.v2.task']
   platforms = ["linux/amd64"]
 `
-	b, err = config("/tmp/ctrd-x", "info", false, extra)
+	b, err = config("/tmp/ctrd-x", "info", false, nil, extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +119,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 		{"[debug]\nlevel = [", "Options.Config"},
 		{"debug = 'x'", "debug: a table in one config and a value in the other"},
 	} {
-		if _, err := config("/tmp/ctrd-x", "info", false, tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := config("/tmp/ctrd-x", "info", false, nil, tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want an error with %q", tc.extra, err, tc.want)
 		}
 	}
