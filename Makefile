@@ -3,13 +3,38 @@
 GO ?= go
 BIN := bin
 GUEST := $(or $(KVFS_CACHE),/var/cache/kvfs)/guest
+# The guest image that install and deb ship: its own directory, so that its KVFS_VERSION does
+# not make the tests' agent image (agent-guest, version "devel") rebuild.
+DIST_GUEST := $(or $(KVFS_CACHE),/var/cache/kvfs)/dist-guest
+VERSION ?= $(shell git describe --tags --always 2>/dev/null || echo devel)
 
-.PHONY: all build deps test test-unit demo bench vet fmt-check clean generate check-generate
+# The install layout (packaging/install.sh): FHS, every part overridable.
+DESTDIR ?=
+PREFIX ?= /usr/local
+SYSCONFDIR ?= /etc
+LOCALSTATEDIR ?= /var
+LAYOUT = --destdir "$(DESTDIR)" --prefix "$(PREFIX)" --sysconfdir "$(SYSCONFDIR)" --localstatedir "$(LOCALSTATEDIR)"
+
+.PHONY: all build deps test test-unit demo bench vet fmt-check clean generate check-generate \
+	guest-image install uninstall
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/...
+
+# The pod VM's guest image (vmlinuz, initramfs.gz, image.json, SHA256SUMS), reproducible.
+guest-image:
+	KVFS_VERSION=$(VERSION) packaging/guest/build.sh --agent $(DIST_GUEST)
+
+# Binaries to PREFIX/bin, the guest image to PREFIX/share/kvfs/guest, the configuration to
+# SYSCONFDIR/kvfs, containerd's drop-in to SYSCONFDIR/containerd/conf.d; a manifest of it all in
+# LOCALSTATEDIR/lib/kvfs, which uninstall follows. A user's edited file is never overwritten.
+install: build guest-image
+	packaging/install.sh install --bin $(BIN) --guest $(DIST_GUEST) $(LAYOUT)
+
+uninstall:
+	packaging/install.sh uninstall $(LAYOUT)
 
 deps:
 	scripts/deps.sh

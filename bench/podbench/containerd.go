@@ -73,7 +73,7 @@ func startContainerd(binDir string, shimDirs []string, cri bool, extra func(dir 
 	if extra != nil {
 		more = extra(dir)
 	}
-	cfg, err := ctrdconf.Config(dir, "info", cri, more)
+	cfg, err := ctrdconf.Config(dir, "info", cri, nil, more)
 	if err != nil {
 		return fail(fmt.Errorf("containerd's config: %w", err))
 	}

@@ -30,6 +30,10 @@ type Options struct {
 	// values replaced (see ctrdconf.Config). It may not set the version, root, state, temp, imports
 	// or the server addresses.
 	Config string
+	// Imports are drop-in files (or glob patterns of them) containerd's config imports, as a
+	// host's config.toml imports /etc/containerd/conf.d/*.toml: the installer's drop-in, for
+	// one. Without them the config imports nothing (not the host's conf.d).
+	Imports []string
 	// Env is added to containerd's environment, and so to its shims'.
 	Env []string
 	// LeakDirs are more directories the leak check covers, as it covers SandboxBaseDir: the
@@ -97,7 +101,7 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	cfg, err := ctrdconf.Config(dir, opts.LogLevel, opts.CRI, opts.Config)
+	cfg, err := ctrdconf.Config(dir, opts.LogLevel, opts.CRI, opts.Imports, opts.Config)
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: Options.Config: %v", err)

@@ -49,7 +49,30 @@ func AgentImage(t testing.TB) Guest {
 	return build(t, agentCacheDir(), "--agent")
 }
 
+// BuildAgentImage builds the pod VM's guest afresh into dir, an empty directory, with env
+// added to build.sh's environment (SOURCE_DATE_EPOCH, KVFS_VERSION). The kernel packages
+// AgentImage downloaded are linked into dir/debs first, so that only a machine without them
+// downloads.
+func BuildAgentImage(t testing.TB, dir string, env ...string) Guest {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, "debs"), 0o755); err != nil {
+		t.Fatalf("vmtest: %v", err)
+	}
+	debs, _ := filepath.Glob(filepath.Join(agentCacheDir(), "debs", "*.deb"))
+	for _, d := range debs {
+		if err := os.Link(d, filepath.Join(dir, "debs", filepath.Base(d))); err != nil {
+			t.Logf("vmtest: not reusing %s: %v", d, err)
+		}
+	}
+	return buildEnv(t, dir, env, "--agent")
+}
+
 func build(t testing.TB, dir string, flags ...string) Guest {
+	t.Helper()
+	return buildEnv(t, dir, nil, flags...)
+}
+
+func buildEnv(t testing.TB, dir string, env []string, flags ...string) Guest {
 	t.Helper()
 	imageMu.Lock()
 	defer imageMu.Unlock()
@@ -61,7 +84,9 @@ func build(t testing.TB, dir string, flags ...string) Guest {
 	script := filepath.Join(root, "packaging", "guest", "build.sh")
 	args := append(append([]string{script}, flags...), dir)
 	start := time.Now()
-	out, err := exec.Command("bash", args...).CombinedOutput()
+	cmd := exec.Command("bash", args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("vmtest: building the guest image failed (bash %s): %v\n%s", strings.Join(args, " "), err, out)
 	}

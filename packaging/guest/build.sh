@@ -26,7 +26,11 @@
 # binary, the runc package's version or the kernel package change (the check
 # builds the agent first: go's build cache makes that quick). The archive is
 # reproducible: every file's time is SOURCE_DATE_EPOCH (default 0), cpio's input
-# sorted and --reproducible, gzip -n.
+# sorted and --reproducible, gzip -n. The image describes itself in
+# /etc/kvfs/image.json (kernel, agent, runc and busybox versions, KVFS_VERSION,
+# default "devel"), also written beside it as OUTDIR/image.json, and
+# OUTDIR/SHA256SUMS holds the checksums of vmlinuz, initramfs.gz and image.json
+# (sha256sum -c SHA256SUMS; kvfsctl image info).
 set -euo pipefail
 
 prog=build.sh
@@ -77,6 +81,8 @@ if [ -n "$agent" ]; then
 	repo=$(cd "$here/../.." && pwd)
 	epoch=${SOURCE_DATE_EPOCH:-0}
 	[[ $epoch =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$epoch is not a number of seconds"
+	kvfs_version=${KVFS_VERSION:-devel}
+	[[ $kvfs_version =~ ^[A-Za-z0-9._+~-]+$ ]] || die "KVFS_VERSION=$kvfs_version: want letters, digits and ._+~-"
 fi
 
 # inputs_hash identifies the contents of the inputs, so that a fresh checkout
@@ -87,10 +93,10 @@ inputs_hash() {
 		[ -z "$bench" ] || echo bench
 		if [ -n "$agent" ]; then
 			echo "agent $(sha256sum <"$agent_bin" | cut -d' ' -f1)"
-			dpkg-query -W -f='${Package} ${Version}\n' runc
+			dpkg-query -W -f='${Package} ${Version}\n' runc busybox-static
 			# The kernel packages in use: their file names carry their versions.
 			(cd "$out/debs" 2>/dev/null && compgen -G 'linux-image-*.deb' | LC_ALL=C sort) || echo "no kernel yet"
-			echo "epoch $epoch"
+			echo "epoch $epoch version $kvfs_version"
 		fi
 	} | sha256sum | cut -d' ' -f1
 }
@@ -98,6 +104,7 @@ inputs_hash() {
 up_to_date() {
 	local f newer=1
 	[ -s "$out/vmlinuz" ] && [ -s "$out/initramfs.gz" ] || return 1
+	[ -z "$agent" ] || { [ -s "$out/image.json" ] && [ -s "$out/SHA256SUMS" ]; } || return 1
 	# The agent image also depends on the agent's sources and the runc package, which
 	# have no single file to compare times with: only its hash decides.
 	[ -z "$agent" ] || newer=
@@ -363,6 +370,27 @@ if [ -n "$bench" ]; then
 	add_bench_tools
 fi
 
+# image_json prints the agent image's description: what it was built from.
+image_json() {
+	local kpkg
+	kpkg=$(basename "$kdeb" .deb)
+	cat <<-EOF
+		{
+		  "kvfs_version": "$kvfs_version",
+		  "source_date_epoch": $epoch,
+		  "kernel": {"version": "$kver", "package": "${kpkg%%_*}", "package_version": "$(echo "$kpkg" | cut -d_ -f2)", "sha256": "$(sha256sum <"$vmlinuz" | cut -d' ' -f1)"},
+		  "agent": {"sha256": "$(sha256sum <"$agent_bin" | cut -d' ' -f1)", "go": "$("$gobin" env GOVERSION)"},
+		  "runc": {"package_version": "$(dpkg-query -W -f='${Version}' runc)"},
+		  "busybox": {"package_version": "$(dpkg-query -W -f='${Version}' busybox-static)"},
+		  "modules": [$(sed 's/.*\///; s/\.ko$//; s/.*/"&"/' "$root/etc/kvfs/modules" | paste -sd, | sed 's/,/, /g')]
+		}
+	EOF
+}
+if [ -n "$agent" ]; then
+	say "describing the image in /etc/kvfs/image.json"
+	image_json >"$root/etc/kvfs/image.json" || die "cannot write image.json"
+fi
+
 # The kernel opens /dev/console for init before /init can mount devtmpfs.
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
 
@@ -381,6 +409,13 @@ cp "$vmlinuz" "$out/vmlinuz.tmp"
 mv -f "$out/vmlinuz.tmp" "$out/vmlinuz"
 mv -f "$out/initramfs.gz.tmp" "$out/initramfs.gz"
 echo "$kver" >"$out/kernel-version"
+if [ -n "$agent" ]; then
+	cp "$root/etc/kvfs/image.json" "$out/image.json"
+	touch -d "@$epoch" "$out/image.json"
+	say "writing SHA256SUMS"
+	(cd "$out" && sha256sum vmlinuz initramfs.gz image.json >SHA256SUMS.tmp && mv -f SHA256SUMS.tmp SHA256SUMS) ||
+		die "cannot write $out/SHA256SUMS"
+fi
 inputs_hash >"$out/inputs.sha256"
 rm -rf "$work"
 say "built $out/vmlinuz and $out/initramfs.gz"

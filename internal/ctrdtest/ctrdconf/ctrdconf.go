@@ -47,8 +47,14 @@ func CRIPlugins() []string {
 // each start with a warning (in version 4 the gRPC, ttrpc, debug and metrics servers are
 // configured as the plugins io.containerd.server.v1.*).
 //
-// With cri, the CRI plugins are on and configured as criConfig says.
-func Config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
+// With cri, the CRI plugins are on and configured as criConfig says. imports are the config's
+// imports (none: not the default /etc/containerd/conf.d/*.toml); each must be an absolute path.
+func Config(dir, logLevel string, cri bool, imports []string, extra string) ([]byte, error) {
+	for _, p := range imports {
+		if !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("imports: %q is not an absolute path", p)
+		}
+	}
 	disabled := append([]string{NRIPlugin}, CRIPlugins()...)
 	if cri {
 		disabled = []string{NRIPlugin}
@@ -58,7 +64,7 @@ func Config(dir, logLevel string, cri bool, extra string) ([]byte, error) {
 		"root":             filepath.Join(dir, "root"),
 		"state":            filepath.Join(dir, "state"),
 		"temp":             filepath.Join(dir, "tmp"),
-		"imports":          []any{}, // not the default /etc/containerd/conf.d/*.toml
+		"imports":          toAny(imports), // not the default /etc/containerd/conf.d/*.toml
 		"disabled_plugins": toAny(disabled),
 		"debug":            map[string]any{"level": logLevel},
 		"plugins": map[string]any{

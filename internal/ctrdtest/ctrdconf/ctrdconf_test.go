@@ -22,7 +22,7 @@ func TestConfig(t *testing.T) {
 		}
 		return m
 	}
-	b, err := Config("/tmp/ctrd-x", "debug", false, "")
+	b, err := Config("/tmp/ctrd-x", "debug", false, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +45,23 @@ func TestConfig(t *testing.T) {
 		}
 	}
 
+	if got := lookup(m, []string{"imports"}); fmt.Sprint(got) != "[]" {
+		t.Errorf("imports %v, want none", got)
+	}
+	b, err = Config("/tmp/ctrd-x", "info", false, []string{"/etc/x/conf.d/*.toml"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lookup(parse(b), []string{"imports"}); fmt.Sprint(got) != "[/etc/x/conf.d/*.toml]" {
+		t.Errorf("imports: %v", got)
+	}
+	if _, err := Config("/tmp/ctrd-x", "info", false, []string{"conf.d/*.toml"}, ""); err == nil {
+		t.Error("a relative import: no error")
+	}
+	if _, err := Config("/tmp/ctrd-x", "info", false, nil, "imports = ['/etc/containerd/conf.d/*.toml']"); err == nil {
+		t.Error("imports through the extra TOML: no error")
+	}
+
 	// Extra TOML: tables merged, values replaced.
 	extra := `
 disabled_plugins = ["io.containerd.nri.v1.nri"]
@@ -53,7 +70,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins.'io.containerd.runtime.v2.task']
   platforms = ["linux/amd64"]
 `
-	b, err = Config("/tmp/ctrd-x", "info", false, extra)
+	b, err = Config("/tmp/ctrd-x", "info", false, nil, extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +95,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 		{"[debug]\nlevel = [", "the extra config"},
 		{"debug = 'x'", "debug: a table in one config and a value in the other"},
 	} {
-		if _, err := Config("/tmp/ctrd-x", "info", false, tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Config("/tmp/ctrd-x", "info", false, nil, tc.extra); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want an error with %q", tc.extra, err, tc.want)
 		}
 	}
@@ -87,7 +104,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 // TestCRIConfig: with cri the CRI plugins are on, its network config and crictl's are in the
 // directory, and runc is a runtime handler with its state there.
 func TestCRIConfig(t *testing.T) {
-	b, err := Config("/tmp/ctrd-x", "info", true, "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kvfs]\nruntime_type = 'io.containerd.kvfs.v2'\n")
+	b, err := Config("/tmp/ctrd-x", "info", true, nil, "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kvfs]\nruntime_type = 'io.containerd.kvfs.v2'\n")
 	if err != nil {
 		t.Fatal(err)
 	}

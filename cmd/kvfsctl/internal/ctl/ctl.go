@@ -52,6 +52,14 @@ Commands:
                                     sandbox's kvfsd (not an external daemon); RULES as kvfsd's
                                     --dax-rules ("on glob=*.so; on size>=2M")
 
+Local commands (no socket):
+  config default [--guest DIR]      print the default sandbox configuration, every key
+                                    documented; with the guest image in DIR
+  image info [--config PATH | --kernel FILE --initrd FILE]
+                                    which guest image this host has: checksums (and
+                                    whether SHA256SUMS beside it agrees), kernel version,
+                                    what the image was built from
+
 Options:
 `
 
@@ -195,6 +203,13 @@ func run(ctx context.Context, opts options, args []string, w, stderr io.Writer) 
 		return usagef("no command")
 	}
 	name := args[0]
+	if lc, ok := localCommands[name]; ok {
+		err := lc.run(opts, args[1:], w)
+		if errors.Is(err, errWrongArgs) {
+			return usagef("usage: kvfsctl %s", lc.usage)
+		}
+		return err
+	}
 	cmd, ok := commands[name]
 	if !ok {
 		return usagef("unknown command %q", name)

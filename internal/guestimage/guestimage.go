@@ -1,0 +1,287 @@
+// Package guestimage reads what a kvfs guest image says about itself: the kernel's version
+// from its bzImage header, the description packaging/guest/build.sh --agent records in the
+// initramfs (/etc/kvfs/image.json), and the checksums in the SHA256SUMS file beside it. It
+// is what `kvfsctl image info` prints.
+//
+// The image is the host's own file, not the guest's input, but it may be any file a
+// configuration names: every size read from it is bounded before use.
+package guestimage
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// DescriptionPath is where build.sh puts the image's description inside the initramfs; it
+// also writes it beside the image as DescriptionFile.
+const (
+	DescriptionPath = "etc/kvfs/image.json"
+	DescriptionFile = "image.json"
+	SumsFile        = "SHA256SUMS"
+)
+
+// Description is image.json: what the image was built from.
+type Description struct {
+	KVFSVersion     string `json:"kvfs_version"`
+	SourceDateEpoch int64  `json:"source_date_epoch"`
+	Kernel          struct {
+		Version        string `json:"version"`
+		Package        string `json:"package"`
+		PackageVersion string `json:"package_version"`
+		SHA256         string `json:"sha256"`
+	} `json:"kernel"`
+	Agent struct {
+		SHA256 string `json:"sha256"`
+		Go     string `json:"go"`
+	} `json:"agent"`
+	Runc struct {
+		PackageVersion string `json:"package_version"`
+	} `json:"runc"`
+	Busybox struct {
+		PackageVersion string `json:"package_version"`
+	} `json:"busybox"`
+	Modules []string `json:"modules"`
+}
+
+// File is one file of the image.
+type File struct {
+	Path   string `json:"path"`
+	SHA256 string `json:"sha256"`
+	// Listed is the checksum SHA256SUMS beside the file gives it; "" when there is none.
+	Listed string `json:"listed_sha256,omitempty"`
+}
+
+// Matches says whether the file's checksum is the one SHA256SUMS lists.
+func (f File) Matches() bool { return f.Listed != "" && f.Listed == f.SHA256 }
+
+// Info is what a host's guest image is.
+type Info struct {
+	Kernel File `json:"kernel"`
+	// KernelVersion is the version string in the kernel's bzImage header.
+	KernelVersion string `json:"kernel_version"`
+	Initrd        File   `json:"initrd"`
+	// Description is the initramfs's own /etc/kvfs/image.json; nil if it has none (an image
+	// not built by build.sh --agent).
+	Description *Description `json:"description"`
+}
+
+// Read describes the image made of kernel and initrd.
+func Read(kernel, initrd string) (*Info, error) {
+	var info Info
+	var err error
+	if info.Kernel, err = checksum(kernel); err != nil {
+		return nil, err
+	}
+	if info.KernelVersion, err = KernelVersion(kernel); err != nil {
+		return nil, err
+	}
+	if info.Initrd, err = checksum(initrd); err != nil {
+		return nil, err
+	}
+	desc, err := ReadInitramfsFile(initrd, DescriptionPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, err
+	default:
+		var d Description
+		if err := json.Unmarshal(desc, &d); err != nil {
+			return nil, fmt.Errorf("%s in %s: %w", DescriptionPath, initrd, err)
+		}
+		info.Description = &d
+	}
+	return &info, nil
+}
+
+// checksum hashes path and looks it up in the SHA256SUMS beside it.
+func checksum(path string) (File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return File{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return File{}, fmt.Errorf("reading %s: %w", path, err)
+	}
+	out := File{Path: path, SHA256: hex.EncodeToString(h.Sum(nil))}
+	sums, err := ReadSums(filepath.Join(filepath.Dir(path), SumsFile))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return File{}, err
+	default:
+		out.Listed = sums[filepath.Base(path)]
+	}
+	return out, nil
+}
+
+// ReadSums reads a sha256sum file: file name → checksum.
+func ReadSums(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sums := map[string]string{}
+	for i, line := range strings.Split(strings.TrimRight(string(data), "\n"), "\n") {
+		sum, name, ok := strings.Cut(line, "  ")
+		if b, err := hex.DecodeString(sum); !ok || err != nil || len(b) != sha256.Size || name == "" {
+			return nil, fmt.Errorf("%s line %d: want \"SHA256  NAME\", got %q", path, i+1, line)
+		}
+		sums[name] = sum
+	}
+	return sums, nil
+}
+
+// KernelVersion reads the version string of an x86 bzImage (the boot protocol's
+// kernel_version field: a pointer at 0x20e to a string at that offset + 0x200).
+func KernelVersion(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var hdr [0x210]byte
+	if _, err := io.ReadFull(f, hdr[:]); err != nil {
+		return "", fmt.Errorf("%s: not a bzImage: %w", path, err)
+	}
+	if string(hdr[0x202:0x206]) != "HdrS" {
+		return "", fmt.Errorf("%s: not a bzImage (no HdrS boot header)", path)
+	}
+	off := int64(binary.LittleEndian.Uint16(hdr[0x20e:])) + 0x200
+	var s [256]byte
+	n, err := f.ReadAt(s[:], off)
+	if n == 0 {
+		return "", fmt.Errorf("%s: kernel version at offset %d: %w", path, off, err)
+	}
+	v, _, ok := bytes.Cut(s[:n], []byte{0})
+	if !ok || len(v) == 0 {
+		return "", fmt.Errorf("%s: no kernel version string at offset %d", path, off)
+	}
+	// "6.1.0-57-amd64 (debian-kernel@lists.debian.org) #1 SMP ...": the release is the first word.
+	return string(bytes.Fields(v)[0]), nil
+}
+
+// Entry is one member of a newc cpio archive.
+type Entry struct {
+	Name  string // without a leading "./"
+	Mode  uint32
+	Mtime int64
+	Size  int64
+}
+
+// maxMemberSize bounds a member ReadInitramfsFile reads into memory.
+const maxMemberSize = 1 << 20
+
+// ReadInitramfsFile returns the contents of the member name ("etc/kvfs/image.json") of a
+// gzip-compressed newc cpio archive; an error wrapping os.ErrNotExist if it has none.
+func ReadInitramfsFile(path, name string) ([]byte, error) {
+	var data []byte
+	found := false
+	err := WalkInitramfs(path, func(e Entry, body io.Reader) error {
+		if e.Name != name || found {
+			return nil
+		}
+		if e.Size > maxMemberSize {
+			return fmt.Errorf("%s is %d bytes, more than %d", name, e.Size, maxMemberSize)
+		}
+		found = true
+		var err error
+		data, err = io.ReadAll(body)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%s: no %s in the archive: %w", path, name, os.ErrNotExist)
+	}
+	return data, nil
+}
+
+// WalkInitramfs calls fn for each member of a gzip-compressed newc cpio archive, in archive
+// order, with a reader of its contents (valid until fn returns).
+func WalkInitramfs(path string, fn func(Entry, io.Reader) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(bufio.NewReader(f))
+	if err != nil {
+		return fmt.Errorf("%s: not a gzip-compressed initramfs: %w", path, err)
+	}
+	if err := walkCPIO(bufio.NewReader(zr), fn); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// newc header: the magic and 13 fields of 8 hex digits.
+const (
+	newcMagic      = "070701"
+	newcHeaderSize = 110
+	maxNameSize    = 4096
+)
+
+func walkCPIO(r *bufio.Reader, fn func(Entry, io.Reader) error) error {
+	var offset int64 // for alignment: headers and contents start at multiples of 4
+	for {
+		var hdr [newcHeaderSize]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return fmt.Errorf("cpio header at %d: %w", offset, err)
+		}
+		if string(hdr[:6]) != newcMagic {
+			return fmt.Errorf("cpio header at %d: magic %q, want %q (newc)", offset, hdr[:6], newcMagic)
+		}
+		field := func(i int) (uint64, error) {
+			return strconv.ParseUint(string(hdr[6+8*i:14+8*i]), 16, 32)
+		}
+		var v [13]uint64
+		for i := range v {
+			var err error
+			if v[i], err = field(i); err != nil {
+				return fmt.Errorf("cpio header at %d: field %d: %w", offset, i, err)
+			}
+		}
+		mode, mtime, size, nameSize := v[1], v[5], v[6], v[11]
+		if nameSize == 0 || nameSize > maxNameSize {
+			return fmt.Errorf("cpio header at %d: name size %d", offset, nameSize)
+		}
+		offset += newcHeaderSize
+		name := make([]byte, pad4(offset+int64(nameSize))-offset)
+		if _, err := io.ReadFull(r, name); err != nil {
+			return fmt.Errorf("cpio name at %d: %w", offset, err)
+		}
+		offset += int64(len(name))
+		n := string(bytes.TrimRight(name[:nameSize], "\x00"))
+		if n == "TRAILER!!!" {
+			return nil
+		}
+		e := Entry{Name: strings.TrimPrefix(n, "./"), Mode: uint32(mode), Mtime: int64(mtime), Size: int64(size)}
+		body := &io.LimitedReader{R: r, N: e.Size}
+		if err := fn(e, body); err != nil {
+			return fmt.Errorf("%s: %w", e.Name, err)
+		}
+		// What fn left of the contents, and the padding after them.
+		end := pad4(offset + e.Size)
+		if _, err := io.CopyN(io.Discard, r, body.N+end-offset-e.Size); err != nil {
+			return fmt.Errorf("cpio member %s: truncated: %w", e.Name, err)
+		}
+		offset = end
+	}
+}
+
+func pad4(n int64) int64 { return (n + 3) &^ 3 }

@@ -1,0 +1,103 @@
+package packaging_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/guestimage"
+	"github.com/kvfs/kvfs/internal/vmtest"
+)
+
+// TestInstalledRuntime installs into a scratch root (PREFIX, SYSCONFDIR and LOCALSTATEDIR
+// under it, no DESTDIR: the paths in the installed files are real) and starts a containerd
+// v2 whose config imports the installed drop-in, as a host's imports conf.d/*.toml: its CRI
+// must show the runtime handler kvfs with the installed shim and configuration, and `ctr run`
+// through the installed shim must boot the installed guest image with the installed
+// configuration (one VM). Then uninstall must leave the root as it was.
+func TestInstalledRuntime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM under QEMU (-short)")
+	}
+	g := vmtest.AgentImage(t)
+	root, err := os.MkdirTemp("/tmp", "kvfs-root-") // short: the sandbox sockets are under it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	before := tree(t, root)
+	layout := []string{"--prefix", root + "/usr", "--sysconfdir", root + "/etc", "--localstatedir", root + "/var"}
+	installer(t, append([]string{"install", "--bin", bins, "--guest", filepath.Dir(g.Kernel)}, layout...)...)
+
+	config := filepath.Join(root, "etc/kvfs/configuration.toml")
+	c := ctrdtest.Start(t, ctrdtest.Options{
+		ShimDirs: []string{filepath.Join(root, "usr/bin")},
+		Imports:  []string{filepath.Join(root, "etc/containerd/conf.d/*.toml")},
+		CRI:      true,
+	})
+	// The operator's one edit: where the sandboxes go (the test containerd's directory, which
+	// its leak check covers), and the accelerator if /dev/kvm opens but KVM cannot boot.
+	data, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(data), "\n# base_dir = \"/run/kvfs/sandboxes\"\n", "\nbase_dir = \""+c.SandboxBaseDir()+"\"\n", 1)
+	if accel, why := vmtest.Accel(context.Background(), g); accel == "tcg" {
+		t.Logf("accelerator tcg: %s", why)
+		edited = strings.Replace(edited, "\n# accel = \"\"\n", "\naccel = \"tcg\"\n", 1)
+	}
+	if edited == string(data) {
+		t.Fatalf("no base_dir to set in the installed configuration:\n%s", data)
+	}
+	if err := os.WriteFile(config, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// The CRI loaded the drop-in.
+	var info struct {
+		Config struct {
+			Containerd struct {
+				Runtimes map[string]struct {
+					RuntimeType string         `json:"runtimeType"`
+					RuntimePath string         `json:"runtimePath"`
+					Sandboxer   string         `json:"sandboxer"`
+					Options     map[string]any `json:"options"`
+				} `json:"runtimes"`
+			} `json:"containerd"`
+		} `json:"config"`
+	}
+	out := c.Crictl(t, "info")
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		t.Fatalf("crictl info: %v\n%s", err, out)
+	}
+	rt, ok := info.Config.Containerd.Runtimes["kvfs"]
+	if !ok || rt.RuntimeType != "io.containerd.kvfs.v2" || rt.RuntimePath != filepath.Join(root, "usr/bin/containerd-shim-kvfs-v2") ||
+		rt.Sandboxer != "podsandbox" || rt.Options["ConfigPath"] != config {
+		t.Errorf("the CRI's runtime kvfs: %+v (found %v)\n%s", rt, ok, out)
+	}
+
+	// ctr run through the installed shim, on the installed configuration: the guest is the
+	// installed image.
+	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinuz"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := ctrdtest.ImportBusybox(t, c)
+	r := c.RunCtr(t, "run", "--rm", "--runtime", "io.containerd.kvfs.v2", "--runtime-config-path", config,
+		image, "installed", "uname", "-r")
+	if r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != want.KernelVersion {
+		t.Errorf("ctr run: exit %d, stdout %q (want the installed guest's kernel %s), stderr %s", r.ExitCode, r.Stdout, want.KernelVersion, r.Stderr)
+	}
+
+	// The edited configuration is kept by uninstall and removed by --purge.
+	out = installer(t, append([]string{"uninstall"}, layout...)...)
+	if !strings.Contains(out, "kept "+config) {
+		t.Errorf("uninstall did not keep the edited %s", config)
+	}
+	installer(t, append([]string{"uninstall", "--purge"}, layout...)...)
+	sameTree(t, "after uninstall --purge, compared with before install", tree(t, root), before)
+}
