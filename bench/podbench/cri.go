@@ -69,18 +69,6 @@ type CRIReport struct {
 	RSSMismatch       []string              // status VmRSS and smaps_rollup Rss disagreeing by over 5%
 }
 
-// criRuntime is the CRI's runtime handler HandlerKvfs: the kvfs shim with the configuration
-// at config, its pods started by the pause-container sandboxer (as shim/e2e runs it).
-func criRuntime(config string) string {
-	return fmt.Sprintf(`
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]
-  runtime_type = %q
-  sandboxer = 'podsandbox'
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s.options]
-    ConfigPath = %q
-`, HandlerKvfs, RuntimeKvfs, HandlerKvfs, config)
-}
-
 // RunCRI runs the CRI benchmark: in each round a pod through HandlerKvfs, then one through
 // HandlerRunc.
 func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
@@ -102,7 +90,7 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 	kcfg := ""
 	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, true, func(dir string) string {
 		kcfg = filepath.Join(dir, "kvfs.toml")
-		return criRuntime(kcfg)
+		return ctrdconf.KvfsRuntime(HandlerKvfs, kcfg, "podsandbox")
 	})
 	if err != nil {
 		return nil, err

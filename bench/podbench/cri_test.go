@@ -93,7 +93,7 @@ func TestParseCPUTicks(t *testing.T) {
 
 // TestCRIRuntime: the kvfs handler merges into the CRI config beside runc.
 func TestCRIRuntime(t *testing.T) {
-	b, err := ctrdconf.Config("/tmp/kvfspb-x", "info", true, nil, criRuntime("/tmp/kvfspb-x/kvfs.toml"))
+	b, err := ctrdconf.Config("/tmp/kvfspb-x", "info", true, nil, ctrdconf.KvfsRuntime(HandlerKvfs, "/tmp/kvfspb-x/kvfs.toml", "podsandbox"))
 	if err != nil {
 		t.Fatal(err)
 	}
