@@ -1,0 +1,449 @@
+package virtiofs_test
+
+// More hostile guests: a guest that exhausts the host's descriptors, one that races renames
+// with lookups to reach outside the share, FORGET storms, lock floods with interrupted waits,
+// xattrs at the kernel's size limits, and a front-end that hangs up inside every vhost-user
+// message and comes back.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/virtiofs"
+	"github.com/kvfs/kvfs/virtiofs/frontend"
+	"github.com/kvfs/kvfs/virtiofs/fuse"
+)
+
+func hostileOpts() frontend.Options {
+	return frontend.Options{MemSize: hostileMemSize, QueueSize: hostileQueueSize}
+}
+
+// TestHostileFdExhaustion: the guest looks up and opens files until kvfsd runs out of
+// descriptors (RLIMIT_NOFILE lowered for this process, which is kvfsd's), then keeps asking.
+// Every request that needs a descriptor is answered EMFILE or ENFILE, the others are served,
+// kvfsd keeps serving, and once the guest releases and forgets what it holds the next requests
+// work again.
+func TestHostileFdExhaustion(t *testing.T) {
+	hostileNeedsRoot(t)
+	h := newHostileShare(t)
+	const files = 200
+	for i := range files {
+		hostileMust(t, os.WriteFile(filepath.Join(h.share, "dir", fmt.Sprintf("n%03d", i)), []byte{byte(i)}, 0o644))
+	}
+	hs := startHostileServer(t, virtiofs.Config{SharedDir: h.share})
+	g := dialHostile(t, hs.sock, hostileOpts())
+	g.healthy(t)
+	dir := g.lookup(t, fuse.RootID, "dir").NodeID
+	fdsBefore := hs.srv.Stats().FS.Fds
+
+	var saved unix.Rlimit
+	hostileMust(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &saved))
+	low := unix.Rlimit{Cur: uint64(countOpenFDs(t) + 48), Max: saved.Max}
+	hostileMust(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			hostileMust(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &saved))
+		}
+	}
+	defer restore()
+
+	ctx, cancel := hostileCtx()
+	defer cancel()
+	exhausted := func(what string, err error) bool {
+		t.Helper()
+		if err == nil {
+			return false
+		}
+		expectErrno(t, what, err, unix.EMFILE, unix.ENFILE)
+		return true
+	}
+	type open struct{ node, fh uint64 }
+	var nodes []uint64
+	var opens []open
+	failures := 0
+	for i := range files {
+		name := fmt.Sprintf("n%03d", i)
+		e, err := g.c.Lookup(ctx, dir, name)
+		if exhausted("LOOKUP "+name, err) {
+			failures++
+			continue
+		}
+		nodes = append(nodes, e.NodeID)
+		o, err := g.c.Open(ctx, e.NodeID, unix.O_RDONLY)
+		if exhausted("OPEN "+name, err) {
+			failures++
+			continue
+		}
+		opens = append(opens, open{e.NodeID, o.Fh})
+	}
+	if failures == 0 {
+		t.Fatalf("%d lookups and opens never reached the descriptor limit of %d", 2*files, low.Cur)
+	}
+	t.Logf("%d nodes, %d open files, %d requests refused at the limit", len(nodes), len(opens), failures)
+
+	// It keeps asking: what needs a descriptor is refused, the rest is served.
+	for i := range 50 {
+		_, err := g.c.Lookup(ctx, fuse.RootID, "big")
+		exhausted(fmt.Sprintf("LOOKUP big at the limit (%d)", i), err)
+		if err == nil {
+			t.Fatalf("LOOKUP big succeeded at the limit")
+		}
+		_, err = g.c.Opendir(ctx, fuse.RootID)
+		if err == nil {
+			t.Fatalf("OPENDIR succeeded at the limit")
+		}
+		exhausted("OPENDIR at the limit", err)
+		if _, err := g.c.Getattr(ctx, fuse.RootID, 0); err != nil {
+			t.Errorf("GETATTR of the root at the limit: %v", err)
+		}
+		if len(opens) > 0 {
+			data, err := g.c.Read(ctx, opens[0].node, opens[0].fh, 0, 16)
+			if err != nil || len(data) != 1 || data[0] != 0 {
+				t.Errorf("READ of an open file at the limit: %q, %v", data, err)
+			}
+		}
+	}
+	hs.stillServing(t)
+
+	for _, o := range opens {
+		if err := g.c.Release(ctx, o.node, o.fh); err != nil {
+			t.Errorf("RELEASE: %v", err)
+		}
+	}
+	for _, n := range nodes {
+		if err := g.c.Forget(ctx, n, 1); err != nil {
+			t.Errorf("FORGET: %v", err)
+		}
+	}
+	// Still at the lowered limit: what kvfsd gave back is enough for the next requests.
+	for i := range 3 {
+		e, err := g.c.Lookup(ctx, dir, fmt.Sprintf("n%03d", files-1-i))
+		if err != nil {
+			t.Fatalf("LOOKUP after the guest let go: %v", err)
+		}
+		o, err := g.c.Open(ctx, e.NodeID, unix.O_RDONLY)
+		if err != nil {
+			t.Fatalf("OPEN after the guest let go: %v", err)
+		}
+		if data, err := g.c.Read(ctx, e.NodeID, o.Fh, 0, 16); err != nil || len(data) != 1 || data[0] != byte(files-1-i) {
+			t.Errorf("READ after the guest let go: %q, %v", data, err)
+		}
+		hostileMust(t, g.c.Release(ctx, e.NodeID, o.Fh))
+		hostileMust(t, g.c.Forget(ctx, e.NodeID, 1))
+	}
+	if fds := hs.srv.Stats().FS.Fds; fds != fdsBefore {
+		t.Errorf("kvfsd holds %d descriptors after the guest let go of everything, %d before", fds, fdsBefore)
+	}
+	restore()
+	g.healthy(t)
+	hs.stillServing(t)
+	h.check(t)
+}
+
+// forbiddenInodes are the inode numbers of what lies outside the share (the share's parent,
+// the directory next to it, the canary secret, /etc...): none may ever appear in a reply.
+func forbiddenInodes(t *testing.T, h *hostileShare) map[uint64]string {
+	t.Helper()
+	m := map[uint64]string{}
+	for p := range h.before {
+		var st unix.Stat_t
+		hostileMust(t, unix.Lstat(p, &st))
+		m[st.Ino] = p
+	}
+	return m
+}
+
+// TestHostileRenameEscape: guests race renames across directories (subtrees moved back and
+// forth, a directory exchanged with a symlink pointing out of the share) with walks down the
+// moving subtrees, lookups of "..", opens and listings. No reply may name anything outside
+// the share, the canary outside is never read (its atime stays), and nothing outside changes.
+func TestHostileRenameEscape(t *testing.T) {
+	hostileNeedsRoot(t)
+	h := newHostileShare(t)
+	for _, d := range []string{"p", "q", "p/t", "p/t/u", "p/t/u/v"} {
+		hostileMust(t, os.Mkdir(filepath.Join(h.share, d), 0o755))
+	}
+	hostileMust(t, os.WriteFile(filepath.Join(h.share, "p/t/u/v/w"), []byte("deep"), 0o644))
+	hostileMust(t, os.Symlink("../../outside", filepath.Join(h.share, "q", "t")))
+	hostileMust(t, os.Symlink("../../../../outside/secret", filepath.Join(h.share, "p/t/u/v/secret")))
+	forbidden := forbiddenInodes(t, h)
+	secret := filepath.Join(h.outside, "secret")
+	var before unix.Stat_t
+	hostileMust(t, unix.Lstat(secret, &before))
+
+	hs := startHostileServer(t, virtiofs.Config{SharedDir: h.share})
+	g := dialHostile(t, hs.sock, hostileOpts())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := g.lookup(t, fuse.RootID, "p").NodeID
+	q := g.lookup(t, fuse.RootID, "q").NodeID
+
+	var escapes atomic.Int64
+	check := func(what string, e *fuse.EntryOut) {
+		if path, bad := forbidden[e.Attr.Ino]; bad {
+			escapes.Add(1)
+			t.Errorf("ESCAPE: %s resolved to %s (inode %d), outside the share", what, path, e.Attr.Ino)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	// Renamers: t moves between p and q, and is exchanged with q's symlink to the outside.
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				switch (n + i) % 3 {
+				case 0:
+					g.c.Rename(ctx, p, "t", q, "t", unix.RENAME_EXCHANGE)
+				case 1:
+					g.c.Rename(ctx, q, "t", p, "t", unix.RENAME_EXCHANGE)
+				case 2:
+					g.c.Rename(ctx, p, "t", p, "t2", 0)
+					g.c.Rename(ctx, p, "t2", p, "t", 0)
+				}
+			}
+		}()
+	}
+	// Walkers: down whichever of p/t and q/t is a directory now, and up with "..".
+	var walks, deep atomic.Int64
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(i), 7))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				walks.Add(1)
+				node := []uint64{p, q}[rnd.IntN(2)]
+				var held []uint64
+				for _, name := range []string{"t", "u", "v", []string{"w", "secret", ".."}[rnd.IntN(3)]} {
+					e, err := g.c.Lookup(ctx, node, name)
+					if err != nil {
+						break
+					}
+					held = append(held, e.NodeID)
+					check("LOOKUP "+name, e)
+					node = e.NodeID
+					if name == "w" {
+						deep.Add(1)
+					}
+				}
+				// Up, as far as ".." would lead (outside, were it ever resolved).
+				for up := node; ; {
+					e, err := g.c.Lookup(ctx, up, "..")
+					if err != nil || len(held) > 16 {
+						break
+					}
+					held = append(held, e.NodeID)
+					check("LOOKUP ..", e)
+					up = e.NodeID
+				}
+				if o, err := g.c.Open(ctx, node, unix.O_RDONLY); err == nil {
+					if data, err := g.c.Read(ctx, node, o.Fh, 0, 4096); err == nil && string(data) != "deep" {
+						escapes.Add(1)
+						t.Errorf("ESCAPE: read %q through a walk down the share", data)
+					}
+					g.c.Release(ctx, node, o.Fh)
+				}
+				if o, err := g.c.Opendir(ctx, node); err == nil {
+					ents, _ := g.c.Readdir(ctx, node, o.Fh, 0, 4096, true)
+					for _, ent := range ents {
+						if ent.Entry.NodeID != 0 {
+							held = append(held, ent.Entry.NodeID)
+						}
+						if ent.Name != "." && ent.Name != ".." {
+							check("READDIRPLUS entry "+ent.Name, &ent.Entry)
+						}
+					}
+					g.c.Releasedir(ctx, node, o.Fh)
+				}
+				for _, n := range held {
+					g.c.Forget(ctx, n, 1)
+				}
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d walks, %d reached the file at the bottom", walks.Load(), deep.Load())
+	if deep.Load() == 0 {
+		t.Error("no walk reached p/t/u/v/w: the race tested nothing")
+	}
+	// ".." is never looked up, wherever the guest stands.
+	for _, node := range []uint64{fuse.RootID, p, q} {
+		e, err := g.c.Lookup(ctx, node, "..")
+		if err == nil {
+			check("LOOKUP ..", e)
+		}
+		expectErrno(t, "LOOKUP ..", err, unix.EINVAL)
+	}
+	var after unix.Stat_t
+	hostileMust(t, unix.Lstat(secret, &after))
+	if after.Atim != before.Atim {
+		t.Errorf("ESCAPE: the canary %s was read (atime %v, was %v)", secret, after.Atim, before.Atim)
+	}
+	hs.stillServing(t)
+	g.healthy(t)
+	h.check(t)
+}
+
+// TestHostileForgetStorm: guests flood the hiprio queue with FORGETs and BATCH_FORGETs of
+// nodes they hold, nodes they already forgot, unknown ids and the root, while others look the
+// same files up again. kvfsd stays consistent: no panic, every LOOKUP answers a node that
+// works, and once the guest has forgotten everything the inode table is back to its size
+// before the storm.
+func TestHostileForgetStorm(t *testing.T) {
+	hostileNeedsRoot(t)
+	h := newHostileShare(t)
+	const files = 64
+	for i := range files {
+		hostileMust(t, os.WriteFile(filepath.Join(h.share, "dir", fmt.Sprintf("s%02d", i)), nil, 0o644))
+	}
+	hs := startHostileServer(t, virtiofs.Config{SharedDir: h.share})
+	g := dialHostile(t, hs.sock, hostileOpts())
+	dir := g.lookup(t, fuse.RootID, "dir").NodeID
+	base := hs.srv.Stats().FS.CachedInodes
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// held counts the lookups the guest holds per node, as the Linux guest's inode cache does.
+	var mu sync.Mutex
+	held := map[uint64]uint64{}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := range 2 {
+		wg.Add(1)
+		go func() { // lookers
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(i), 1))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("s%02d", rnd.IntN(files))
+				e, err := g.c.Lookup(ctx, dir, name)
+				if err != nil {
+					t.Errorf("LOOKUP %s during the storm: %v", name, err)
+					return
+				}
+				if _, err := g.c.Getattr(ctx, e.NodeID, 0); err != nil {
+					t.Errorf("GETATTR of node %d just looked up: %v", e.NodeID, err)
+					return
+				}
+				mu.Lock()
+				held[e.NodeID]++
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range 2 {
+		wg.Add(1)
+		go func() { // forgetters: the guest's own nodes, partly, and garbage
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(i), 2))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var items []fuse.ForgetOne
+				mu.Lock()
+				for n, c := range held {
+					if rnd.IntN(3) == 0 && c > 0 {
+						k := 1 + uint64(rnd.IntN(int(c)))
+						held[n] -= k
+						items = append(items, fuse.ForgetOne{NodeID: n, Nlookup: k})
+					}
+				}
+				mu.Unlock()
+				for range 8 {
+					items = append(items, fuse.ForgetOne{NodeID: rnd.Uint64(), Nlookup: rnd.Uint64()},
+						fuse.ForgetOne{NodeID: fuse.RootID, Nlookup: math.MaxUint64},
+						fuse.ForgetOne{NodeID: uint64(rnd.IntN(1000)), Nlookup: 0})
+				}
+				rnd.Shuffle(len(items), func(a, b int) { items[a], items[b] = items[b], items[a] })
+				if rnd.IntN(2) == 0 {
+					if err := g.c.BatchForget(ctx, items); err != nil {
+						t.Errorf("BATCH_FORGET: %v", err)
+						return
+					}
+					continue
+				}
+				for _, it := range items {
+					if err := g.c.Forget(ctx, it.NodeID, it.Nlookup); err != nil {
+						t.Errorf("FORGET: %v", err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	st := hs.srv.Stats()
+	t.Logf("after the storm: %d FORGETs, %d BATCH_FORGETs, %d cached inodes", st.FUSE.Ops["FORGET"].Count,
+		st.FUSE.Ops["BATCH_FORGET"].Count, st.FS.CachedInodes)
+	if st.FUSE.Ops["BATCH_FORGET"].Count == 0 || st.FUSE.Ops["FORGET"].Count == 0 {
+		t.Fatalf("no storm: %+v", st.FUSE.Ops)
+	}
+	// Every node the guest holds still works; then it forgets them, some twice over.
+	var rest []fuse.ForgetOne
+	for n, c := range held {
+		if c == 0 {
+			continue
+		}
+		if _, err := g.c.Getattr(ctx, n, 0); err != nil {
+			t.Errorf("GETATTR of node %d the guest holds %d lookups of: %v", n, c, err)
+		}
+		rest = append(rest, fuse.ForgetOne{NodeID: n, Nlookup: c})
+	}
+	hostileMust(t, g.c.BatchForget(ctx, rest))
+	hostileMust(t, g.c.BatchForget(ctx, rest))
+	if got := hs.srv.Stats().FS.CachedInodes; got != base {
+		t.Errorf("%d cached inodes once the guest forgot everything, %d before the storm", got, base)
+	}
+	if st := hs.srv.Stats().FUSE; st.Panics != 0 {
+		t.Errorf("%d handler panics", st.Panics)
+	}
+	// Later lookups work, and give nodes that work.
+	for i := range files {
+		e := g.lookup(t, dir, fmt.Sprintf("s%02d", i))
+		if _, err := g.c.Getattr(ctx, e.NodeID, 0); err != nil {
+			t.Errorf("GETATTR after the storm: %v", err)
+		}
+		hostileMust(t, g.c.Forget(ctx, e.NodeID, 1))
+	}
+	hs.stillServing(t)
+	g.healthy(t)
+	h.check(t)
+}
