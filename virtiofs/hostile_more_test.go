@@ -7,6 +7,7 @@ package virtiofs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -446,4 +447,122 @@ func TestHostileForgetStorm(t *testing.T) {
 	hs.stillServing(t)
 	g.healthy(t)
 	h.check(t)
+}
+
+// TestHostileLockFlood: lock requests from many owners, and interrupted waits. Without
+// posix_lock (the default) every lock request of every owner answers ENOSYS at once and nothing
+// waits, whatever the guest interrupts. With it, a hundred owners wait for one writer's lock;
+// INTERRUPTs (twice each, of unknown uniques too) end exactly the waits they name with EINTR,
+// the others are all granted when the writer unlocks, each wait is answered once, the queue
+// serves other requests meanwhile, and once the owners let go the host sees no lock and kvfsd
+// holds no descriptor for them.
+func TestHostileLockFlood(t *testing.T) {
+	hostileNeedsRoot(t)
+	const owners = 100
+	whole := func(typ uint32, owner uint64) fuse.FileLock { return flk(typ, 0, fuse.OffsetMax, uint32(1000+owner)) }
+
+	t.Run("default", func(t *testing.T) {
+		r := newLockRig(t, virtiofs.Config{})
+		ctx, cancel := ctxT()
+		defer cancel()
+		for owner := uint64(1); owner <= owners; owner++ {
+			req, unique := r.c.EncodeSetlk(r.node, r.fh, owner, whole(unix.F_WRLCK, owner), 0, true)
+			if _, err := r.c.Do(ctx, req, 4096); !errors.Is(err, unix.ENOSYS) {
+				t.Fatalf("SETLKW of owner %d: %v, want ENOSYS", owner, err)
+			}
+			hostileMust(t, r.c.Interrupt(ctx, unique))
+			hostileMust(t, r.c.Interrupt(ctx, unique+1))
+			if err := r.c.Setlk(ctx, r.node, r.fh, owner, whole(unix.F_RDLCK, owner), 0, false); !errors.Is(err, unix.ENOSYS) {
+				t.Fatalf("SETLK of owner %d: %v, want ENOSYS", owner, err)
+			}
+			if _, err := r.c.Getlk(ctx, r.node, r.fh, owner, whole(unix.F_WRLCK, owner)); !errors.Is(err, unix.ENOSYS) {
+				t.Fatalf("GETLK of owner %d: %v, want ENOSYS", owner, err)
+			}
+		}
+		if st := r.s.Stats(); st.FUSE.Waiting != 0 || st.FUSE.Panics != 0 {
+			t.Errorf("waiting %d, panics %d", st.FUSE.Waiting, st.FUSE.Panics)
+		}
+		if _, err := hostOFD(hostOpen(t, r.host), unix.F_OFD_SETLK, unix.F_WRLCK, 0, 0); err != nil {
+			t.Errorf("host write lock after the flood: %v", err)
+		}
+	})
+
+	t.Run("posix_lock", func(t *testing.T) {
+		r := newLockRig(t, virtiofs.Config{PosixLock: true})
+		ctx, cancel := ctxT()
+		defer cancel()
+		fds := r.s.Stats().FS.Fds
+		if err := r.setlk(t, r.fh, 1, whole(unix.F_WRLCK, 1), 0); err != nil {
+			t.Fatal(err)
+		}
+		uniques := make([]uint64, owners+1)
+		answers := make([]chan error, owners+1)
+		for owner := 2; owner <= owners; owner++ {
+			req, unique := r.c.EncodeSetlk(r.node, r.fh, uint64(owner), whole(unix.F_RDLCK, uint64(owner)), 0, true)
+			uniques[owner], answers[owner] = unique, make(chan error, 2)
+			go func() {
+				wctx, cancel := context.WithTimeout(context.Background(), 3*lockTimeout)
+				defer cancel()
+				_, err := r.c.Do(wctx, req, 4096)
+				answers[owner] <- err
+			}()
+		}
+		r.waitWaiting(t, owners-1)
+		interrupted := func(owner int) bool { return owner%2 == 1 }
+		for owner := 2; owner <= owners; owner++ {
+			if interrupted(owner) {
+				hostileMust(t, r.c.Interrupt(ctx, uniques[owner]))
+				hostileMust(t, r.c.Interrupt(ctx, uniques[owner]))
+			}
+		}
+		for _, bogus := range []uint64{0, 1 << 60, math.MaxUint64} {
+			hostileMust(t, r.c.Interrupt(ctx, bogus))
+		}
+		for owner := 2; owner <= owners; owner++ {
+			if interrupted(owner) {
+				if err := answer(t, answers[owner]); !errors.Is(err, unix.EINTR) {
+					t.Errorf("interrupted SETLKW of owner %d: %v, want EINTR", owner, err)
+				}
+			}
+		}
+		r.waitWaiting(t, owners/2)
+		if _, err := r.c.Getattr(ctx, r.node, 0); err != nil {
+			t.Errorf("GETATTR while %d SETLKW wait: %v", owners/2, err)
+		}
+		if err := r.setlk(t, r.fh, 1, whole(unix.F_UNLCK, 1), 0); err != nil {
+			t.Fatal(err)
+		}
+		for owner := 2; owner <= owners; owner++ {
+			if !interrupted(owner) {
+				if err := answer(t, answers[owner]); err != nil {
+					t.Errorf("SETLKW of owner %d after the writer unlocked: %v", owner, err)
+				}
+				hostileMust(t, r.c.Interrupt(ctx, uniques[owner])) // too late: changes nothing
+			}
+		}
+		r.waitWaiting(t, 0)
+		for owner := 2; owner <= owners; owner++ {
+			select {
+			case err := <-answers[owner]:
+				t.Errorf("SETLKW of owner %d answered twice (again: %v)", owner, err)
+			default:
+			}
+		}
+		f := hostOpen(t, r.host)
+		if _, err := hostOFD(f, unix.F_OFD_SETLK, unix.F_WRLCK, 0, 0); !errors.Is(err, unix.EAGAIN) {
+			t.Errorf("host write lock over the granted read locks: %v, want EAGAIN", err)
+		}
+		for owner := 1; owner <= owners; owner++ {
+			in := fuse.FlushIn{Fh: r.fh, LockOwner: uint64(owner)}
+			if _, err := r.c.Do(ctx, r.c.Encode(fuse.OpFlush, r.node, fuse.AsBytes(&in)), 4096); err != nil {
+				t.Fatalf("FLUSH of owner %d: %v", owner, err)
+			}
+		}
+		if _, err := hostOFD(f, unix.F_OFD_SETLK, unix.F_WRLCK, 0, 0); err != nil {
+			t.Errorf("host write lock once every owner let go: %v", err)
+		}
+		if st := r.s.Stats(); st.FS.Fds != fds || st.FUSE.Panics != 0 {
+			t.Errorf("kvfsd holds %d descriptors (%d before the owners), %d panics", st.FS.Fds, fds, st.FUSE.Panics)
+		}
+	})
 }
