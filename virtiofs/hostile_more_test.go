@@ -566,3 +566,111 @@ func TestHostileLockFlood(t *testing.T) {
 		}
 	})
 }
+
+// tmpfsShare mounts a tmpfs (which holds xattr values up to XATTR_SIZE_MAX, as ext4 without
+// ea_inode does not) for the test and returns its path.
+func tmpfsShare(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	hostileMust(t, os.Mkdir(dir, 0o755))
+	if err := unix.Mount("kvfs-test", dir, "tmpfs", 0, "size=64m"); err != nil {
+		t.Skipf("mounting a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// TestHostileXattrLimits: xattrs at the kernel's limits, through the front-end. A value of
+// XATTR_SIZE_MAX (64 KiB) is stored and read back whole; one byte more is E2BIG; a buffer one
+// byte short is ERANGE; a name list longer than the guest's buffer is ERANGE; and a list beyond
+// XATTR_LIST_MAX, which the host cannot list at all, is E2BIG, as Linux answers.
+func TestHostileXattrLimits(t *testing.T) {
+	hostileNeedsRoot(t)
+	share := tmpfsShare(t)
+	hostileMust(t, os.WriteFile(filepath.Join(share, "file"), []byte(shareFileContent), 0o644))
+	hostileMust(t, os.WriteFile(filepath.Join(share, "many"), nil, 0o644))
+	hs := startHostileServer(t, virtiofs.Config{SharedDir: share, Xattr: true})
+	g := dialHostile(t, hs.sock, hostileOpts())
+	file := g.lookup(t, fuse.RootID, "file").NodeID
+	many := g.lookup(t, fuse.RootID, "many").NodeID
+	const sizeMax = 1 << 16
+
+	setxattr := func(node uint64, name string, value []byte) error {
+		in := fuse.SetxattrIn{Size: uint32(len(value))}
+		_, err := g.send(t, 1, g.c.Encode(fuse.OpSetxattr, node, fuse.AsBytes(&in)[:8], fuseName(name), value), 4096)
+		return err
+	}
+	getxattr := func(node uint64, name string, size uint32) ([]byte, error) {
+		in := fuse.GetxattrIn{Size: size}
+		return g.send(t, 1, g.c.Encode(fuse.OpGetxattr, node, fuse.AsBytes(&in), fuseName(name)), 16+int(max(size, 8)))
+	}
+	listxattr := func(node uint64, size uint32) ([]byte, error) {
+		in := fuse.GetxattrIn{Size: size}
+		return g.send(t, 1, g.c.Encode(fuse.OpListxattr, node, fuse.AsBytes(&in)), 16+int(max(size, 8)))
+	}
+	sizeOf := func(what string, body []byte, err error) uint32 {
+		t.Helper()
+		if err != nil || len(body) != 8 {
+			t.Fatalf("%s: %d bytes, %v; want the 8-byte size", what, len(body), err)
+		}
+		return uint32(body[0]) | uint32(body[1])<<8 | uint32(body[2])<<16 | uint32(body[3])<<24
+	}
+
+	value := make([]byte, sizeMax)
+	for i := range value {
+		value[i] = byte(i * 31)
+	}
+	expectOK(t, "SETXATTR of 64 KiB", setxattr(file, "user.max", value))
+	if v, err := unix.Getxattr(filepath.Join(share, "file"), "user.max", make([]byte, sizeMax)); err != nil || v != sizeMax {
+		t.Errorf("on the host: %d bytes, %v", v, err)
+	}
+	body, err := getxattr(file, "user.max", 0)
+	if n := sizeOf("GETXATTR size of the 64 KiB value", body, err); n != sizeMax {
+		t.Errorf("GETXATTR size: %d, want %d", n, sizeMax)
+	}
+	body, err = getxattr(file, "user.max", sizeMax)
+	if err != nil || string(body) != string(value) {
+		t.Errorf("GETXATTR of the 64 KiB value: %d bytes, %v", len(body), err)
+	}
+	_, err = getxattr(file, "user.max", sizeMax-1)
+	expectErrno(t, "GETXATTR into a buffer one byte short", err, unix.ERANGE)
+	expectErrno(t, "SETXATTR of 64 KiB + 1", setxattr(file, "user.over", make([]byte, sizeMax+1)), unix.E2BIG)
+
+	// A list of names that overflows the guest's buffer, then one beyond XATTR_LIST_MAX.
+	names := 0
+	listLen := 0
+	add := func(upTo int) {
+		for listLen < upTo {
+			name := fmt.Sprintf("user.%04d-%0240d", names, 0)
+			hostileMust(t, unix.Setxattr(filepath.Join(share, "many"), name, nil, 0))
+			names++
+			listLen += len(name) + 1
+		}
+	}
+	add(sizeMax - 1024)
+	body, err = listxattr(many, 0)
+	if n := sizeOf("LISTXATTR size", body, err); int(n) != listLen {
+		t.Errorf("LISTXATTR size: %d, want %d (%d names)", n, listLen, names)
+	}
+	_, err = listxattr(many, 100)
+	expectErrno(t, "LISTXATTR into 100 bytes", err, unix.ERANGE)
+	_, err = listxattr(many, uint32(listLen-1))
+	expectErrno(t, "LISTXATTR into a buffer one byte short", err, unix.ERANGE)
+	body, err = listxattr(many, uint32(listLen))
+	if err != nil || len(body) != listLen {
+		t.Errorf("LISTXATTR of %d bytes: %d bytes, %v", listLen, len(body), err)
+	}
+	add(sizeMax + 1024)
+	if _, err := unix.Listxattr(filepath.Join(share, "many"), make([]byte, sizeMax)); !errors.Is(err, unix.E2BIG) {
+		t.Fatalf("the host lists %d bytes of names: %v, want E2BIG", listLen, err)
+	}
+	_, err = listxattr(many, sizeMax)
+	expectErrno(t, "LISTXATTR of a list beyond XATTR_LIST_MAX", err, unix.E2BIG)
+	// Its size cannot be told either: the host cannot list it, so its guest view is unknown.
+	_, err = listxattr(many, 0)
+	expectErrno(t, "LISTXATTR size of a list beyond XATTR_LIST_MAX", err, unix.E2BIG)
+	hs.stillServing(t)
+	if _, err := getxattr(file, "user.max", sizeMax); err != nil {
+		t.Errorf("GETXATTR after the big list: %v", err)
+	}
+}
