@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +25,7 @@ import (
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
+	"github.com/kvfs/kvfs/virtiofs/vhostuser"
 )
 
 func hostileOpts() frontend.Options {
@@ -673,4 +676,135 @@ func TestHostileXattrLimits(t *testing.T) {
 	if _, err := getxattr(file, "user.max", sizeMax); err != nil {
 		t.Errorf("GETXATTR after the big list: %v", err)
 	}
+}
+
+// midMessagePayload is a well-formed payload of req (8 bytes for those that take none or whose
+// layout kvfsd does not read), with the fd it carries, if any.
+func midMessagePayload(t *testing.T, req vhostuser.Request) ([]byte, int) {
+	t.Helper()
+	region := vhostuser.MemoryRegion{Size: 1 << 20, UserAddr: 0x7000_0000_0000}
+	var p []byte
+	switch req {
+	case vhostuser.SetMemTable:
+		p = vhostuser.MemoryTable{Regions: []vhostuser.MemoryRegion{region}}.Append(nil)
+	case vhostuser.AddMemReg, vhostuser.RemMemReg:
+		p = vhostuser.SingleRegion{Region: region}.Append(nil)
+	case vhostuser.SetVringAddr:
+		p = vhostuser.VringAddr{Index: 1, Desc: 0x1000, Avail: 0x2000, Used: 0x3000}.Append(nil)
+	case vhostuser.SetLogBase:
+		p = vhostuser.LogBase{MmapSize: 4096}.Append(nil)
+	case vhostuser.SetVringKick, vhostuser.SetVringCall, vhostuser.SetVringErr:
+		p = vhostuser.VringFile{Index: 1}.Append(nil)
+	default:
+		p = vhostuser.VringState{Index: 1, Num: 1}.Append(nil) // any 8 bytes
+	}
+	switch req {
+	case vhostuser.SetMemTable, vhostuser.AddMemReg, vhostuser.RemMemReg, vhostuser.SetVringKick,
+		vhostuser.SetVringCall, vhostuser.SetVringErr, vhostuser.SetLogBase, vhostuser.SetLogFD,
+		vhostuser.SetBackendReqFD, vhostuser.SetInflightFD:
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+		hostileMust(t, err)
+		return p, fd
+	}
+	return p, -1
+}
+
+// TestHostileDisconnectMidMessage: a running front-end hangs up inside a message, for every
+// vhost-user request: after part of the header, and after the header and part of the payload
+// (with the message's fd attached). Serve returns, nothing the session held stays open or
+// mapped, and the same server accepts the next front-end and serves it.
+func TestHostileDisconnectMidMessage(t *testing.T) {
+	hostileNeedsRoot(t)
+	h := newHostileShare(t)
+	s, err := virtiofs.NewServer(virtiofs.Config{SharedDir: h.share})
+	hostileMust(t, err)
+	t.Cleanup(func() { s.Close() })
+	serve := func(t *testing.T) (string, chan error) {
+		sock := filepath.Join(t.TempDir(), "vhost-fs.sock")
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		hostileMust(t, err)
+		done := make(chan error, 1)
+		go func() { done <- s.Serve(context.Background(), l) }()
+		return sock, done
+	}
+	served := func(t *testing.T, done chan error) error {
+		t.Helper()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(hostileTimeout):
+			t.Fatal("HANG: Serve did not return after the front-end hung up")
+			return nil
+		}
+	}
+	// Warm up: the first session creates process-wide fds (the netpoller's) that stay.
+	sock, done := serve(t)
+	g := dialHostile(t, sock, hostileOpts())
+	g.healthy(t)
+	g.fe.Close()
+	served(t, done)
+
+	var reqs []vhostuser.Request
+	for r := vhostuser.Request(1); r < 64; r++ {
+		if !strings.HasPrefix(r.String(), "REQUEST_") {
+			reqs = append(reqs, r)
+		}
+	}
+	if len(reqs) < 30 {
+		t.Fatalf("only %d vhost-user requests known", len(reqs))
+	}
+	for _, req := range reqs {
+		for _, cut := range []string{"header", "payload"} {
+			t.Run(req.String()+"/"+cut, func(t *testing.T) {
+				fdsBefore, mapsBefore := countOpenFDs(t), countMemfdMappings(t)
+				sock, done := serve(t)
+				g := dialHostile(t, sock, hostileOpts())
+				g.healthy(t)
+				payload, fd := midMessagePayload(t, req)
+				msg := vhostuser.Header{Request: req, Flags: vhostuser.Version, Size: uint32(len(payload))}.Append(nil)
+				msg = append(msg, payload...)
+				uc := g.fe.Client().Conn().UnixConn()
+				var werr error
+				if cut == "header" {
+					_, werr = uc.Write(msg[:5])
+				} else {
+					var oob []byte
+					if fd >= 0 {
+						oob = unix.UnixRights(fd)
+					}
+					_, _, werr = uc.WriteMsgUnix(msg[:vhostuser.HeaderSize+len(payload)/2], oob, nil)
+				}
+				if fd >= 0 {
+					unix.Close(fd)
+				}
+				hostileMust(t, werr)
+				g.fe.Close()
+				if err := served(t, done); err == nil {
+					t.Error("Serve returned nil for a front-end that hung up inside a message")
+				}
+				var after int
+				for range 50 {
+					if after = countOpenFDs(t); after == fdsBefore {
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if after != fdsBefore {
+					t.Errorf("FD LEAK: %d fds open before the session, %d after", fdsBefore, after)
+				}
+				if m := countMemfdMappings(t); m != mapsBefore {
+					t.Errorf("MAPPING LEAK: %d memfd mappings before, %d after", mapsBefore, m)
+				}
+				// The same server serves the next front-end.
+				sock, done = serve(t)
+				g = dialHostile(t, sock, hostileOpts())
+				g.healthy(t)
+				g.fe.Close()
+				if err := served(t, done); err != nil {
+					t.Errorf("Serve after the next front-end's clean disconnect: %v", err)
+				}
+			})
+		}
+	}
+	h.check(t)
 }
