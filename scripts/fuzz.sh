@@ -20,6 +20,7 @@ targets="
 ./virtiofs/virtq FuzzChainWalk
 ./virtiofs/passthrough FuzzXattrMap
 ./virtiofs/passthrough FuzzDAXRules
+./virtiofs/passthrough FuzzPassthrough
 "
 
 failed=()
