@@ -15,7 +15,7 @@ SYSCONFDIR ?= /etc
 LOCALSTATEDIR ?= /var
 LAYOUT = --destdir "$(DESTDIR)" --prefix "$(PREFIX)" --sysconfdir "$(SYSCONFDIR)" --localstatedir "$(LOCALSTATEDIR)"
 
-.PHONY: all build deps test test-unit demo bench vet fmt-check clean generate check-generate \
+.PHONY: all build deps test test-unit fuzz demo bench vet fmt-check clean generate check-generate \
 	guest-image install uninstall
 
 all: build
@@ -46,10 +46,19 @@ fmt-check:
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 
+# How long `make fuzz` runs each fuzz target.
+FUZZTIME ?= 2m
+
 # The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
-# real guests under QEMU.
+# real guests under QEMU; then every fuzz target for 20 s.
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 25m ./...
+	FUZZTIME=20s GO=$(GO) scripts/fuzz.sh
+
+# Every fuzz target for FUZZTIME (scripts/fuzz.sh lists them; a crash leaves its input in the
+# package's testdata/fuzz to commit with the fix).
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
 # Fast feedback while developing: no guests.
 test-unit:

@@ -165,9 +165,11 @@ const cVirtiofsd = "/usr/lib/qemu/virtiofsd"
 // reason. The differential test fails on any difference not listed here, and on a listed one
 // that has disappeared.
 var knownDifferences = map[string]string{
-	"lookup dot-dot": "C virtiofsd resolves '..' (clamped at the root) for NFS export; kvfsd refuses '.' and '..' " +
-		"in every name: the Linux guest resolves them itself and kvfsd does not offer NFS export",
+	"lookup dot-dot": "C virtiofsd resolves '..' (clamped at the root) for NFS export; kvfsd refuses to look up " +
+		"'.' and '..': the Linux guest resolves them itself and kvfsd does not offer NFS export",
 	"lookup dot": "as for '..'",
+	"mkdir dot-dot": "C virtiofsd refuses '.' and '..' with EINVAL in every call; kvfsd answers what the host's " +
+		"mkdir(2) does for them (EEXIST), as for each call that creates or removes an entry",
 	"unlink missing": "C virtiofsd looks the victim up first and turns a failed lookup into EIO; kvfsd passes " +
 		"unlinkat's ENOENT through, which is what the guest's unlink(2) should see",
 	"tmpfile":                  "C virtiofsd 7.2 speaks FUSE 7.36 and has no TMPFILE (7.37)",

@@ -116,24 +116,42 @@ func arg[T any](r *request, v *T) bool {
 	return true
 }
 
-// cstring takes the next NUL-terminated string of at most max bytes from r.args.
-func (r *request) cstring(max int) (string, bool) {
+// strErrs are what Linux answers for a string argument it cannot use: an empty one, one
+// longer than its limit.
+type strErrs struct{ empty, tooLong Errno }
+
+var (
+	// A file name or a symlink target: the path walk's ENOENT and ENAMETOOLONG.
+	pathErrs = strErrs{empty: unix.ENOENT, tooLong: unix.ENAMETOOLONG}
+	// An extended attribute name: ERANGE for both (XATTR_NAME_MAX).
+	xattrNameErrs = strErrs{empty: unix.ERANGE, tooLong: unix.ERANGE}
+)
+
+// cstring takes the next NUL-terminated string of at most max bytes from r.args. A string
+// without a terminator is a malformed request: EINVAL.
+func (r *request) cstring(max int, errs strErrs) (string, Errno) {
 	i := bytes.IndexByte(r.args, 0)
-	if i <= 0 || i > max {
-		return "", false
+	switch {
+	case i < 0:
+		return "", unix.EINVAL
+	case i == 0:
+		return "", errs.empty
+	case i > max:
+		return "", errs.tooLong
 	}
 	s := string(r.args[:i])
 	r.args = r.args[i+1:]
-	return s, true
+	return s, OK
 }
 
-// name takes the next file name: a NUL-terminated component without '/'.
-func (r *request) name() (string, bool) {
-	s, ok := r.cstring(maxNameLen)
-	if !ok || strings.IndexByte(s, '/') >= 0 {
-		return "", false
+// name takes the next file name: a NUL-terminated component of 1 to NAME_MAX bytes without
+// '/'. A '/' cannot be in a name Linux sends; virtiofsd answers it with EINVAL, and so do we.
+func (r *request) name() (string, Errno) {
+	s, e := r.cstring(maxNameLen, pathErrs)
+	if e == OK && strings.IndexByte(s, '/') >= 0 {
+		return "", unix.EINVAL
 	}
-	return s, true
+	return s, e
 }
 
 // setBody makes v the reply body.
@@ -213,9 +231,9 @@ func doDestroy(s *Server, r *request) Errno {
 }
 
 func doLookup(s *Server, r *request) Errno {
-	name, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	name, e := r.name()
+	if e != OK {
+		return e
 	}
 	out := &r.hot.entry
 	if e := s.fs.Lookup(&r.Context, r.NodeID, name, out); e != OK {
@@ -281,12 +299,15 @@ func entry(r *request, out *EntryOut, e Errno) Errno {
 }
 
 func doSymlink(s *Server, r *request) Errno {
-	name, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	name, e := r.name()
+	if e != OK {
+		return e
 	}
-	target, ok := r.cstring(maxSymlinkLen)
-	if !ok || !s.secctx(r) {
+	target, e := r.cstring(maxSymlinkLen, pathErrs)
+	if e != OK {
+		return e
+	}
+	if !s.secctx(r) {
 		return unix.EINVAL
 	}
 	var out EntryOut
@@ -298,8 +319,11 @@ func doMknod(s *Server, r *request) Errno {
 	if !arg(r, &in) {
 		return unix.EINVAL
 	}
-	name, ok := r.name()
-	if !ok || !s.secctx(r) {
+	name, e := r.name()
+	if e != OK {
+		return e
+	}
+	if !s.secctx(r) {
 		return unix.EINVAL
 	}
 	var out EntryOut
@@ -311,8 +335,11 @@ func doMkdir(s *Server, r *request) Errno {
 	if !arg(r, &in) {
 		return unix.EINVAL
 	}
-	name, ok := r.name()
-	if !ok || !s.secctx(r) {
+	name, e := r.name()
+	if e != OK {
+		return e
+	}
+	if !s.secctx(r) {
 		return unix.EINVAL
 	}
 	var out EntryOut
@@ -320,17 +347,17 @@ func doMkdir(s *Server, r *request) Errno {
 }
 
 func doUnlink(s *Server, r *request) Errno {
-	name, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	name, e := r.name()
+	if e != OK {
+		return e
 	}
 	return s.fs.Unlink(&r.Context, r.NodeID, name)
 }
 
 func doRmdir(s *Server, r *request) Errno {
-	name, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	name, e := r.name()
+	if e != OK {
+		return e
 	}
 	return s.fs.Rmdir(&r.Context, r.NodeID, name)
 }
@@ -352,13 +379,13 @@ func doRename2(s *Server, r *request) Errno {
 }
 
 func rename(s *Server, r *request, newDir uint64, flags uint32) Errno {
-	oldName, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	oldName, e := r.name()
+	if e != OK {
+		return e
 	}
-	newName, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	newName, e := r.name()
+	if e != OK {
+		return e
 	}
 	return s.fs.Rename(&r.Context, r.NodeID, oldName, newDir, newName, flags)
 }
@@ -368,9 +395,9 @@ func doLink(s *Server, r *request) Errno {
 	if !arg(r, &in) {
 		return unix.EINVAL
 	}
-	name, ok := r.name()
-	if !ok {
-		return unix.EINVAL
+	name, e := r.name()
+	if e != OK {
+		return e
 	}
 	var out EntryOut
 	return entry(r, &out, s.fs.Link(&r.Context, in.Oldnodeid, r.NodeID, name, &out))
@@ -381,8 +408,11 @@ func doCreate(s *Server, r *request) Errno {
 	if !arg(r, &in) {
 		return unix.EINVAL
 	}
-	name, ok := r.name()
-	if !ok || !s.secctx(r) {
+	name, e := r.name()
+	if e != OK {
+		return e
+	}
+	if !s.secctx(r) {
 		return unix.EINVAL
 	}
 	return create(r, func(e *EntryOut, o *OpenOut) Errno {
@@ -455,8 +485,8 @@ func (r *request) parseSecctx() bool {
 	if !arg(r, &c) {
 		return false
 	}
-	name, ok := r.cstring(maxNameLen)
-	if !ok || c.Size > maxXattrSize || int(c.Size) > len(r.args) {
+	name, e := r.cstring(maxNameLen, xattrNameErrs)
+	if e != OK || c.Size > maxXattrSize || int(c.Size) > len(r.args) {
 		return false
 	}
 	r.Context.SecCtx = &SecurityContext{Name: name, Value: r.args[:c.Size]}
@@ -558,11 +588,14 @@ func doSetxattr(s *Server, r *request) Errno {
 	}
 	copy(b[:size], r.args)
 	r.args = r.args[size:]
-	name, ok := r.cstring(maxNameLen)
-	if !ok {
-		return unix.EINVAL
+	name, e := r.cstring(maxNameLen, xattrNameErrs)
+	if e != OK {
+		return e
 	}
-	if in.Size > maxXattrSize || int(in.Size) != len(r.args) {
+	if in.Size > maxXattrSize {
+		return unix.E2BIG // as setxattr(2) answers a value beyond XATTR_SIZE_MAX
+	}
+	if int(in.Size) != len(r.args) {
 		return unix.EINVAL
 	}
 	if ext, ok := s.fs.(SetxattrExter); ok && size > setxattrInCompatSize {
@@ -576,9 +609,9 @@ func doGetxattr(s *Server, r *request) Errno {
 	if !arg(r, &in) {
 		return unix.EINVAL
 	}
-	name, ok := r.cstring(maxNameLen)
-	if !ok {
-		return unix.EINVAL
+	name, e := r.cstring(maxNameLen, xattrNameErrs)
+	if e != OK {
+		return e
 	}
 	return xattrReply(r, in.Size, func(dst []byte) (int, Errno) {
 		return s.fs.GetXattr(&r.Context, r.NodeID, name, dst)
@@ -624,9 +657,9 @@ func xattrReply(r *request, size uint32, op func([]byte) (int, Errno)) Errno {
 }
 
 func doRemovexattr(s *Server, r *request) Errno {
-	name, ok := r.cstring(maxNameLen)
-	if !ok {
-		return unix.EINVAL
+	name, e := r.cstring(maxNameLen, xattrNameErrs)
+	if e != OK {
+		return e
 	}
 	return s.fs.RemoveXattr(&r.Context, r.NodeID, name)
 }

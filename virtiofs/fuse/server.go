@@ -9,8 +9,10 @@
 // therefore copied out once, into memory the guest cannot reach, before anything is checked or
 // used; only WRITE payloads and READ destinations stay in guest memory, and those are just data.
 // Lengths in the header are checked against the buffers actually given; names must be
-// NUL-terminated, non-empty, at most 255 bytes and without '/'; every reply is bounded by the
-// writable space. A panic in a handler is recovered into EIO and logged, so one request can never
+// NUL-terminated, non-empty, at most 255 bytes and without '/', and a name that is not gets the
+// errno Linux answers for it (ENOENT when empty, ENAMETOOLONG when too long; ERANGE for an
+// xattr name) or EINVAL when no call could carry it (no NUL, a '/'); every reply is bounded by
+// the writable space. A panic in a handler is recovered into EIO and logged, so one request can never
 // take the server down. SETUPMAPPING and REMOVEMAPPING (DAX) are served only once DAX was
 // negotiated; their flags, range counts (against the bytes actually sent), alignment and
 // offset+length overflow are checked before the FileSystem sees them (dax.go).

@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
 
@@ -231,8 +237,18 @@ func TestHostileRequests(t *testing.T) {
 	}{
 		{"name with slash", c.Encode(fuse.OpLookup, 1, []byte("a/b\x00")), unix.EINVAL},
 		{"name without NUL", c.Encode(fuse.OpLookup, 1, []byte("abc")), unix.EINVAL},
-		{"empty name", c.Encode(fuse.OpLookup, 1, []byte("\x00")), unix.EINVAL},
-		{"name too long", c.Encode(fuse.OpLookup, 1, append(bytes.Repeat([]byte("a"), 256), 0)), unix.EINVAL},
+		{"empty name", c.Encode(fuse.OpLookup, 1, []byte("\x00")), unix.ENOENT},
+		{"name too long", c.Encode(fuse.OpLookup, 1, append(bytes.Repeat([]byte("a"), 256), 0)), unix.ENAMETOOLONG},
+		{"name too long, no NUL", c.Encode(fuse.OpLookup, 1, bytes.Repeat([]byte("a"), 256)), unix.EINVAL},
+		{"rename new name too long", c.Encode(fuse.OpRename, 1, make([]byte, 8), []byte("a\x00"),
+			append(bytes.Repeat([]byte("b"), 256), 0)), unix.ENAMETOOLONG},
+		{"symlink target too long", c.Encode(fuse.OpSymlink, 1, []byte("l\x00"),
+			append(bytes.Repeat([]byte("t"), 4097), 0)), unix.ENAMETOOLONG},
+		{"symlink target empty", c.Encode(fuse.OpSymlink, 1, []byte("l\x00\x00")), unix.ENOENT},
+		{"xattr name too long", c.Encode(fuse.OpRemovexattr, 1, append(bytes.Repeat([]byte("u"), 256), 0)), unix.ERANGE},
+		{"xattr name empty", c.Encode(fuse.OpGetxattr, 1, make([]byte, 8), []byte("\x00")), unix.ERANGE},
+		{"xattr value too large", c.Encode(fuse.OpSetxattr, 1, fuse.AsBytes(&fuse.SetxattrIn{Size: 1<<16 + 1})[:8],
+			[]byte("user.a\x00"), make([]byte, 1<<16+1)), unix.E2BIG},
 		{"unknown opcode", c.Encode(fuse.Opcode(63), 1), unix.ENOSYS},
 		{"huge opcode", c.Encode(fuse.Opcode(1<<31), 1), unix.ENOSYS},
 		{"locks not offered", c.Encode(fuse.OpSetlkw, 1, make([]byte, 48)), unix.ENOSYS},
@@ -304,7 +320,12 @@ func TestBatchForgetBoundedByPayload(t *testing.T) {
 	}
 }
 
-// FuzzHandle feeds arbitrary bytes, cut at arbitrary points, to the server.
+// FuzzHandle feeds arbitrary bytes, cut at arbitrary points, to the server with room for a
+// reply of any size. The reply must be well formed: nothing for a request without a header or
+// without room for a reply header, or for the requests that have no reply (FORGET, BATCH_FORGET,
+// INTERRUPT); otherwise a header whose length is the bytes written and whose unique is the
+// request's, an error that is negative, one the server or the file system can answer, and
+// alone (no body), or a body of the size its opcode answers with.
 func FuzzHandle(f *testing.F) {
 	c := fuseclient.New(nil)
 	lookup := c.Encode(fuse.OpLookup, 1, []byte("file\x00"))
@@ -314,9 +335,11 @@ func FuzzHandle(f *testing.F) {
 	r := fuse.ReadIn{Size: 100}
 	f.Add(c.Encode(fuse.OpReaddirplus, 1, fuse.AsBytes(&r)), uint8(1), uint16(300))
 	f.Add(c.Encode(fuse.OpRename2, 1, make([]byte, 16), []byte("a\x00b\x00")), uint8(2), uint16(16))
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
 	f.Fuzz(func(t *testing.T, req []byte, cut uint8, outCap uint16) {
 		fs := &fakeFS{data: []byte("some file data")}
-		s := fuse.NewServer(fs, fuse.Options{InitFlags: fuse.InitDoReaddirplus})
+		s := fuse.NewServer(fs, fuse.Options{InitFlags: fuse.InitDoReaddirplus, Logger: logrus.NewEntry(quiet)})
 		init := fuse.InitIn{Major: 7, Minor: 38}
 		s.Handle([][]byte{c.Encode(fuse.OpInit, 0, fuse.AsBytes(&init))}, [][]byte{make([]byte, 128)})
 		var in [][]byte
@@ -328,15 +351,178 @@ func FuzzHandle(f *testing.F) {
 		}
 		out := make([]byte, outCap)
 		n := s.Handle(in, [][]byte{out})
-		if n < 0 || n > len(out) {
-			t.Fatalf("wrote %d into %d bytes", n, len(out))
-		}
-		if n >= 16 {
-			var h fuse.OutHeader
-			copy(fuse.AsBytes(&h), out)
-			if int(h.Len) != n || h.Error > 0 {
-				t.Fatalf("reply header %+v for %d bytes", h, n)
-			}
-		}
+		checkReply(t, req, out, n)
 	})
+}
+
+// fuzzErrnos are the errors the server answers by itself, and those of fakeFS (a method it
+// does not implement panics: EIO).
+var fuzzErrnos = map[unix.Errno]bool{
+	unix.EINVAL: true, unix.ENOSYS: true, unix.EIO: true, unix.EPROTO: true, unix.ERANGE: true,
+	unix.E2BIG: true, unix.EFBIG: true, unix.ENOENT: true, unix.ENAMETOOLONG: true,
+	unix.ENOLCK: true, unix.EINTR: true,
+}
+
+// fuzzBodySizes are the reply body sizes of the opcodes whose successful answer is one struct.
+var fuzzBodySizes = map[fuse.Opcode]int{
+	fuse.OpLookup: 128, fuse.OpGetattr: 104, fuse.OpSetattr: 104, fuse.OpOpen: 16,
+	fuse.OpOpendir: 16, fuse.OpWrite: 8, fuse.OpStatfs: 80, fuse.OpCreate: 144, fuse.OpMkdir: 128,
+	fuse.OpMknod: 128, fuse.OpSymlink: 128, fuse.OpLink: 128, fuse.OpLseek: 8,
+	fuse.OpCopyFileRange: 8, fuse.OpTmpfile: 144, fuse.OpGetlk: 24,
+}
+
+func checkReply(t *testing.T, req, out []byte, n int) {
+	t.Helper()
+	if n < 0 || n > len(out) {
+		t.Fatalf("wrote %d into %d bytes", n, len(out))
+	}
+	var in fuse.InHeader
+	if len(req) < len(fuse.AsBytes(&in)) {
+		if n != 0 {
+			t.Fatalf("a %d-byte request (no header) got a %d-byte reply", len(req), n)
+		}
+		return
+	}
+	copy(fuse.AsBytes(&in), req)
+	op := fuse.Opcode(in.Opcode)
+	valid := int(in.Len) >= 40 && int(in.Len) <= len(req) && int(in.Len)-int(in.TotalExtlen)*8 >= 40
+	switch {
+	case len(out) < 16:
+		if n != 0 {
+			t.Fatalf("%v: %d-byte reply into %d bytes of room", op, n, len(out))
+		}
+		return
+	case valid && (op == fuse.OpForget || op == fuse.OpBatchForget || op == fuse.OpInterrupt):
+		if n != 0 {
+			t.Fatalf("%v has no reply, got %d bytes", op, n)
+		}
+		return
+	case n < 16:
+		t.Fatalf("%v: %d-byte reply with %d bytes of room", op, n, len(out))
+	}
+	var h fuse.OutHeader
+	copy(fuse.AsBytes(&h), out)
+	switch {
+	case int(h.Len) != n:
+		t.Fatalf("%v: reply header says %d bytes, %d written", op, h.Len, n)
+	case h.Unique != in.Unique:
+		t.Fatalf("%v: reply to unique %d for request %d", op, h.Unique, in.Unique)
+	case h.Error > 0:
+		t.Fatalf("%v: positive error %d", op, h.Error)
+	case h.Error < 0 && !fuzzErrnos[unix.Errno(-h.Error)]:
+		t.Fatalf("%v: error %d is none the server answers", op, h.Error)
+	case h.Error < 0 && n != 16:
+		t.Fatalf("%v: error %d with a %d-byte body", op, h.Error, n-16)
+	case h.Error == 0 && fuzzBodySizes[op] != 0 && n-16 != fuzzBodySizes[op]:
+		t.Fatalf("%v: %d-byte body, want %d", op, n-16, fuzzBodySizes[op])
+	}
+}
+
+// handleSeeds are the seed corpus in testdata/fuzz/FuzzHandle, by file name: a well-formed
+// request of every opcode the server serves, and the malformed ones of TestHostileRequests.
+func handleSeeds() map[string][]byte {
+	c := fuseclient.New(nil)
+	name := func(s string) []byte { return append([]byte(s), 0) }
+	setLen := func(req []byte, n uint32) []byte {
+		req[0], req[1], req[2], req[3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+		return req
+	}
+	read := fuse.ReadIn{Fh: 1, Size: 4096}
+	write := fuse.WriteIn{Fh: 1, Size: 5}
+	init16 := fuse.InitIn{Major: 7, Minor: 31, Flags: fuse.InitAsyncRead}
+	init64 := fuse.InitIn{Major: 7, Minor: 38, Flags: fuse.InitInitExt | fuse.InitDoReaddirplus, Flags2: 1}
+	initNext := fuse.InitIn{Major: 8}
+	setxattr := fuse.SetxattrIn{Size: 3}
+	getxattr := fuse.GetxattrIn{Size: 64}
+	batch := fuse.BatchForgetIn{Count: 1 << 31}
+	one := fuse.ForgetOne{NodeID: 7, Nlookup: 1}
+	lk := fuse.LkIn{Fh: 1, Owner: 9, Lk: fuse.FileLock{End: 100, Type: unix.F_WRLCK}}
+	return map[string][]byte{
+		"init-7.31":          c.Encode(fuse.OpInit, 0, fuse.AsBytes(&init16)[:16]),
+		"init-7.38":          c.Encode(fuse.OpInit, 0, fuse.AsBytes(&init64)),
+		"init-major-8":       c.Encode(fuse.OpInit, 0, fuse.AsBytes(&initNext)),
+		"lookup":             c.Encode(fuse.OpLookup, 1, name("file")),
+		"lookup-255":         c.Encode(fuse.OpLookup, 1, name(strings.Repeat("n", 255))),
+		"lookup-256":         c.Encode(fuse.OpLookup, 1, name(strings.Repeat("n", 256))),
+		"lookup-empty":       c.Encode(fuse.OpLookup, 1, name("")),
+		"lookup-slash":       c.Encode(fuse.OpLookup, 1, name("a/b")),
+		"lookup-no-nul":      c.Encode(fuse.OpLookup, 1, []byte("file")),
+		"lookup-len-beyond":  setLen(c.Encode(fuse.OpLookup, 1, name("file")), 200),
+		"lookup-len-short":   setLen(c.Encode(fuse.OpLookup, 1, name("file")), 39),
+		"forget":             c.Encode(fuse.OpForget, 7, fuse.AsBytes(&fuse.ForgetIn{Nlookup: 1})),
+		"batch-forget-huge":  c.Encode(fuse.OpBatchForget, 0, fuse.AsBytes(&batch), fuse.AsBytes(&one), fuse.AsBytes(&one)),
+		"getattr":            c.Encode(fuse.OpGetattr, 1, make([]byte, 16)),
+		"setattr-short":      c.Encode(fuse.OpSetattr, 1, make([]byte, 10)),
+		"readlink":           c.Encode(fuse.OpReadlink, 7),
+		"symlink":            c.Encode(fuse.OpSymlink, 1, name("l"), name("target")),
+		"symlink-long":       c.Encode(fuse.OpSymlink, 1, name("l"), name(strings.Repeat("t", 4097))),
+		"mknod":              c.Encode(fuse.OpMknod, 1, fuse.AsBytes(&fuse.MknodIn{Mode: unix.S_IFREG | 0o644}), name("n")),
+		"mkdir":              c.Encode(fuse.OpMkdir, 1, fuse.AsBytes(&fuse.MkdirIn{Mode: 0o755}), name("d")),
+		"unlink":             c.Encode(fuse.OpUnlink, 1, name("file")),
+		"rmdir":              c.Encode(fuse.OpRmdir, 1, name("d")),
+		"rename":             c.Encode(fuse.OpRename, 1, fuse.AsBytes(&fuse.RenameIn{Newdir: 1}), name("a"), name("b")),
+		"rename-no-new":      c.Encode(fuse.OpRename, 1, make([]byte, 8), name("a")),
+		"rename2":            c.Encode(fuse.OpRename2, 1, fuse.AsBytes(&fuse.Rename2In{Newdir: 1, Flags: unix.RENAME_NOREPLACE}), name("a"), name("b")),
+		"link":               c.Encode(fuse.OpLink, 1, fuse.AsBytes(&fuse.LinkIn{Oldnodeid: 7}), name("l")),
+		"open":               c.Encode(fuse.OpOpen, 7, fuse.AsBytes(&fuse.OpenIn{Flags: unix.O_RDWR})),
+		"read":               c.Encode(fuse.OpRead, 7, fuse.AsBytes(&read)),
+		"read-huge":          c.Encode(fuse.OpRead, 7, fuse.AsBytes(&fuse.ReadIn{Size: 1 << 30})),
+		"write":              c.Encode(fuse.OpWrite, 7, fuse.AsBytes(&write), []byte("hello")),
+		"write-size-lies":    c.Encode(fuse.OpWrite, 7, fuse.AsBytes(&fuse.WriteIn{Size: 100}), []byte("hello")),
+		"statfs":             c.Encode(fuse.OpStatfs, 1),
+		"release":            c.Encode(fuse.OpRelease, 7, fuse.AsBytes(&fuse.ReleaseIn{Fh: 1})),
+		"fsync":              c.Encode(fuse.OpFsync, 7, fuse.AsBytes(&fuse.FsyncIn{Fh: 1, FsyncFlags: 1})),
+		"flush":              c.Encode(fuse.OpFlush, 7, fuse.AsBytes(&fuse.FlushIn{Fh: 1})),
+		"opendir":            c.Encode(fuse.OpOpendir, 1, fuse.AsBytes(&fuse.OpenIn{})),
+		"readdir":            c.Encode(fuse.OpReaddir, 1, fuse.AsBytes(&read)),
+		"readdirplus":        c.Encode(fuse.OpReaddirplus, 1, fuse.AsBytes(&read)),
+		"create":             c.Encode(fuse.OpCreate, 1, fuse.AsBytes(&fuse.CreateIn{Flags: unix.O_RDWR, Mode: unix.S_IFREG | 0o644}), name("c")),
+		"setxattr":           c.Encode(fuse.OpSetxattr, 7, fuse.AsBytes(&setxattr)[:8], name("user.a"), []byte("abc")),
+		"setxattr-size-lies": c.Encode(fuse.OpSetxattr, 7, fuse.AsBytes(&fuse.SetxattrIn{Size: 1 << 20})[:8], name("user.a"), []byte("abc")),
+		"getxattr":           c.Encode(fuse.OpGetxattr, 7, fuse.AsBytes(&getxattr), name("user.a")),
+		"getxattr-size":      c.Encode(fuse.OpGetxattr, 7, fuse.AsBytes(&fuse.GetxattrIn{}), name("user.a")),
+		"listxattr":          c.Encode(fuse.OpListxattr, 7, fuse.AsBytes(&getxattr)),
+		"removexattr":        c.Encode(fuse.OpRemovexattr, 7, name("user.a")),
+		"access":             c.Encode(fuse.OpAccess, 7, fuse.AsBytes(&fuse.AccessIn{Mask: unix.R_OK})),
+		"interrupt":          c.Encode(fuse.OpInterrupt, 0, fuse.AsBytes(&fuse.InterruptIn{Unique: 3})),
+		"getlk":              c.Encode(fuse.OpGetlk, 7, fuse.AsBytes(&lk)),
+		"setlkw":             c.Encode(fuse.OpSetlkw, 7, fuse.AsBytes(&lk)),
+		"fallocate":          c.Encode(fuse.OpFallocate, 7, fuse.AsBytes(&fuse.FallocateIn{Fh: 1, Length: 4096})),
+		"lseek":              c.Encode(fuse.OpLseek, 7, fuse.AsBytes(&fuse.LseekIn{Fh: 1, Whence: unix.SEEK_DATA})),
+		"copy-file-range":    c.Encode(fuse.OpCopyFileRange, 7, fuse.AsBytes(&fuse.CopyFileRangeIn{FhIn: 1, NodeIDOut: 7, FhOut: 1, Len: 10})),
+		"setupmapping":       c.Encode(fuse.OpSetupmapping, 7, make([]byte, 40)),
+		"removemapping":      c.Encode(fuse.OpRemovemapping, 7, []byte{1, 0, 0, 0}),
+		"syncfs":             c.Encode(fuse.OpSyncfs, 1, make([]byte, 8)),
+		"tmpfile":            c.Encode(fuse.OpTmpfile, 1, fuse.AsBytes(&fuse.CreateIn{Flags: unix.O_RDWR, Mode: 0o600})),
+		"destroy":            c.Encode(fuse.OpDestroy, 0),
+		"unknown-opcode":     c.Encode(fuse.Opcode(63), 1),
+		"huge-opcode":        c.Encode(fuse.Opcode(1<<31), 1),
+		"ext-past-end":       func() []byte { r := c.Encode(fuse.OpLookup, 1, name("file")); r[36] = 0xff; return r }(),
+	}
+}
+
+var updateHandleSeeds = flag.Bool("update-fuzz-seeds", false, "rewrite testdata/fuzz/FuzzHandle from handleSeeds")
+
+// TestFuzzHandleSeedCorpus keeps the seed files in testdata in sync with handleSeeds (each
+// with the buffers cut every 40 bytes and 4 KiB of reply room); run with -update-fuzz-seeds to
+// rewrite them. Files not generated (crashers kept as regression seeds) are left alone.
+func TestFuzzHandleSeedCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzHandle")
+	for name, req := range handleSeeds() {
+		path := filepath.Join(dir, name)
+		want := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\nbyte('\\x27')\nuint16(4096)\n", req)
+		if *updateHandleSeeds {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != want {
+			t.Errorf("%s is missing or stale (%v): run go test -run TestFuzzHandleSeedCorpus -update-fuzz-seeds", path, err)
+		}
+	}
 }

@@ -368,7 +368,8 @@ func (fs *FS) hasXflagDAX(fd int32) bool {
 // ParseDAXRules parses the text form of DAX rules (kvfsd --dax-rules): rules separated by ';',
 // each "on" or "off" (the verdict) followed by optional conditions separated by spaces:
 // glob=PATTERN (DAXRule.Glob) and size>=N, N in bytes or with a K, M or G suffix (powers of
-// 1024). For example: "on glob=*.so; on size>=2M; off glob=tmp/*". An empty string is no rules.
+// 1024), each at most once. For example: "on glob=*.so; on size>=2M; off glob=tmp/*". An empty
+// string is no rules.
 func ParseDAXRules(s string) ([]DAXRule, error) {
 	var rules []DAXRule
 	for i, text := range strings.Split(s, ";") {
@@ -387,12 +388,20 @@ func ParseDAXRules(s string) ([]DAXRule, error) {
 		default:
 			return nil, fmt.Errorf("DAX rule %d: %q: want on or off first", i+1, fields[0])
 		}
+		var haveGlob, haveSize bool
 		for _, f := range fields[1:] {
 			if g, ok := strings.CutPrefix(f, "glob="); ok && g != "" {
-				r.Glob = g
+				if haveGlob {
+					return nil, fmt.Errorf("DAX rule %d: more than one glob", i+1)
+				}
+				r.Glob, haveGlob = g, true
 				continue
 			}
 			if v, ok := strings.CutPrefix(f, "size>="); ok {
+				if haveSize {
+					return nil, fmt.Errorf("DAX rule %d: more than one size", i+1)
+				}
+				haveSize = true
 				n, err := parseSize(v)
 				if err != nil {
 					return nil, fmt.Errorf("DAX rule %d: %w", i+1, err)

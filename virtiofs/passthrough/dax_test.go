@@ -24,7 +24,8 @@ func TestParseDAXRules(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"maybe", "on;;off", "on glob=[", "on glob=/etc/*", "on size>=x",
-		"on size>=99999999999999999999", "on size>=17179869184G", "on color=red", "on glob=", ";"} {
+		"on size>=99999999999999999999", "on size>=17179869184G", "on color=red", "on glob=", ";",
+		"on glob=a glob=b", "off size>=1 size>=2M"} {
 		if got, err := ParseDAXRules(bad); err == nil {
 			t.Errorf("ParseDAXRules(%q) = %+v, want an error", bad, got)
 		}

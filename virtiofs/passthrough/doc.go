@@ -15,9 +15,13 @@
 //     AT_SYMLINK_NOFOLLOW or AT_EMPTY_PATH. Host paths are never built from
 //     guest names, and symbolic links are never followed on the host: a symlink node is reached
 //     but never resolved, so a link to "/etc" or "../.." in the share is inert.
-//   - Names "." and ".." are refused with EINVAL by every operation taking a name, LOOKUP
-//     included: the Linux guest resolves them itself and only sends them for NFS export, which
-//     this server does not offer. So ".." can never climb above the root, or above any node.
+//   - Names "." and ".." are refused by every operation taking a name: LOOKUP answers EINVAL
+//     (the Linux guest resolves them itself and only sends them for NFS export, which this
+//     server does not offer), the others what the host kernel answers for them as the last
+//     component of the same call (EEXIST for MKDIR, EISDIR for UNLINK, EBUSY for RENAME...),
+//     without ever passing them to it. So ".." can never climb above the root, or above any
+//     node. An empty name answers ENOENT and one longer than 255 bytes ENAMETOOLONG, as on the
+//     host.
 //   - Re-opening a node for I/O goes through /proc/self/fd/N (a directory descriptor opened once
 //     in New and checked to be procfs), which follows the magic link to exactly the inode we hold.
 //     O_NOFOLLOW does not apply there, so the node's file type, fixed for an inode's life, is

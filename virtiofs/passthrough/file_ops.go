@@ -87,7 +87,11 @@ func (fs *FS) Open(ctx *fuse.Context, nodeID uint64, in *fuse.OpenIn, out *fuse.
 // guest's umask.
 func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.CreateIn,
 	entry *fuse.EntryOut, open *fuse.OpenOut) fuse.Errno {
-	if e := checkName(name); e != fuse.OK {
+	dots := fuse.Errno(unix.EISDIR) // open(2) of a directory with O_CREAT
+	if in.Flags&unix.O_EXCL != 0 {
+		dots = unix.EEXIST
+	}
+	if e := checkName(name, dots, dots); e != fuse.OK {
 		return e
 	}
 	p, pfd, e := fs.nodeFd(parent)

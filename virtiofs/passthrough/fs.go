@@ -199,13 +199,23 @@ func errno(err error) fuse.Errno {
 	return unix.EIO
 }
 
-// checkName refuses what no name of a single entry may be. The server has refused "/", NUL,
-// empty and over-long names already; they are checked again because an *at() call with a '/'
-// in the name would walk further than one entry.
-func checkName(name string) fuse.Errno {
-	if name == "" || len(name) > 255 || name == "." || name == ".." ||
-		strings.IndexByte(name, '/') >= 0 || strings.IndexByte(name, 0) >= 0 {
+// checkName refuses what no name of a single entry may be, with what Linux answers for the
+// same name in the same call: dot and dotdot are its answers for "." and ".." as the last
+// component (a call that creates or removes an entry never acts on them). The server has
+// refused empty, over-long and '/' names already; they are checked again because an *at() call
+// with a '/' in the name would walk further than one entry.
+func checkName(name string, dot, dotdot fuse.Errno) fuse.Errno {
+	switch {
+	case name == "":
+		return unix.ENOENT
+	case len(name) > 255:
+		return unix.ENAMETOOLONG
+	case strings.IndexByte(name, '/') >= 0 || strings.IndexByte(name, 0) >= 0:
 		return unix.EINVAL
+	case name == ".":
+		return dot
+	case name == "..":
+		return dotdot
 	}
 	return fuse.OK
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvfs/kvfs/virtiofs/fuse"
@@ -43,11 +44,24 @@ func TestBadNames(t *testing.T) {
 	before := snapshot(t, e.share)
 	d := e.lookup(t, 1, "d").NodeID
 	f := e.lookup(t, d, "f").NodeID
+	// What the host answers for "." and ".." as the last component of each call (at the root
+	// they would escape); Lookup refuses them.
+	dots := map[string][2]fuse.Errno{
+		"Lookup": {unix.EINVAL, unix.EINVAL}, "Symlink": {unix.EEXIST, unix.EEXIST},
+		"Mknod": {unix.EEXIST, unix.EEXIST}, "Mkdir": {unix.EEXIST, unix.EEXIST},
+		"Unlink": {unix.EISDIR, unix.EISDIR}, "Rmdir": {unix.EINVAL, unix.ENOTEMPTY},
+		"Rename1": {unix.EBUSY, unix.EBUSY}, "Rename2": {unix.EBUSY, unix.EBUSY},
+		"Exchange": {unix.EBUSY, unix.EBUSY}, "Link": {unix.EEXIST, unix.EEXIST},
+		"Create": {unix.EISDIR, unix.EISDIR},
+	}
 	for _, parent := range []uint64{1, d} {
 		for op, call := range nameOps(e.fs, parent, f) {
-			// "." and ".." (at the root they would escape), and what the server should
-			// have refused already.
-			for _, name := range []string{".", "..", "", "a/b", "../outside", "/", "x\x00y", string(make([]byte, 256))} {
+			wantErrno(t, op+"(.)", call("."), dots[op][0])
+			wantErrno(t, op+"(..)", call(".."), dots[op][1])
+			// What the server should have refused already.
+			wantErrno(t, op+"(empty)", call(""), unix.ENOENT)
+			wantErrno(t, op+"(256 bytes)", call(strings.Repeat("n", 256)), unix.ENAMETOOLONG)
+			for _, name := range []string{"a/b", "../outside", "/", "x\x00y"} {
 				wantErrno(t, op+"("+name+")", call(name), unix.EINVAL)
 			}
 		}

@@ -10,8 +10,12 @@ import (
 )
 
 // Lookup finds name in directory parent and takes a lookup reference on it.
+//
+// "." and ".." are refused with EINVAL, where the host would resolve them: the guest's VFS
+// resolves them itself (EXPORT_SUPPORT, which would have it look up "..", is not offered), and
+// ".." of the root is outside the share.
 func (fs *FS) Lookup(ctx *fuse.Context, parent uint64, name string, out *fuse.EntryOut) fuse.Errno {
-	if e := checkName(name); e != fuse.OK {
+	if e := checkName(name, unix.EINVAL, unix.EINVAL); e != fuse.OK {
 		return e
 	}
 	p, pfd, e := fs.nodeFd(parent)
@@ -210,7 +214,7 @@ func (fs *FS) truncate(n *inode, fd int, h *handle, size uint64) fuse.Errno {
 	case !n.isRegular():
 		return unix.EINVAL
 	case size > math.MaxInt64:
-		return unix.EFBIG
+		return unix.EINVAL // a negative length to truncate(2)
 	}
 	if h != nil {
 		return errno(unix.Ftruncate(int(h.fd), int64(size)))
@@ -255,7 +259,7 @@ func (fs *FS) Readlink(ctx *fuse.Context, nodeID uint64, buf []byte) ([]byte, fu
 // looks the new entry up.
 func (fs *FS) create(ctx *fuse.Context, parent uint64, name string, out *fuse.EntryOut,
 	op func(dirfd int) error) fuse.Errno {
-	if e := checkName(name); e != fuse.OK {
+	if e := checkName(name, unix.EEXIST, unix.EEXIST); e != fuse.OK {
 		return e
 	}
 	p, pfd, e := fs.nodeFd(parent)
@@ -314,7 +318,11 @@ func (fs *FS) Rmdir(ctx *fuse.Context, parent uint64, name string) fuse.Errno {
 }
 
 func (fs *FS) remove(parent uint64, name string, flags int) fuse.Errno {
-	if e := checkName(name); e != fuse.OK {
+	dot, dotdot := fuse.Errno(unix.EISDIR), fuse.Errno(unix.EISDIR) // unlinkat(2)
+	if flags&unix.AT_REMOVEDIR != 0 {
+		dot, dotdot = unix.EINVAL, unix.ENOTEMPTY // rmdir(2)
+	}
+	if e := checkName(name, dot, dotdot); e != fuse.OK {
 		return e
 	}
 	p, pfd, e := fs.nodeFd(parent)
@@ -334,10 +342,14 @@ func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent ui
 	if flags&^renameFlags != 0 {
 		return unix.EINVAL
 	}
-	if e := checkName(name); e != fuse.OK {
+	if e := checkName(name, unix.EBUSY, unix.EBUSY); e != fuse.OK {
 		return e
 	}
-	if e := checkName(newName); e != fuse.OK {
+	taken := fuse.Errno(unix.EBUSY)
+	if flags&unix.RENAME_NOREPLACE != 0 {
+		taken = unix.EEXIST
+	}
+	if e := checkName(newName, taken, taken); e != fuse.OK {
 		return e
 	}
 	p, pfd, e := fs.nodeFd(parent)
@@ -359,7 +371,7 @@ func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent ui
 // Link makes newParent/newName another name of node id, which must not be a directory. The
 // link keeps the file's owner, so it runs with our own credentials.
 func (fs *FS) Link(ctx *fuse.Context, nodeID, newParent uint64, newName string, out *fuse.EntryOut) fuse.Errno {
-	if e := checkName(newName); e != fuse.OK {
+	if e := checkName(newName, unix.EEXIST, unix.EEXIST); e != fuse.OK {
 		return e
 	}
 	n, nfd, e := fs.nodeFd(nodeID)

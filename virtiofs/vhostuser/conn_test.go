@@ -11,7 +11,7 @@ import (
 )
 
 // socketPair returns two connected unix stream sockets.
-func socketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -31,7 +31,7 @@ func socketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
 }
 
 // openFDs counts this process's open fds.
-func openFDs(t *testing.T) int {
+func openFDs(t testing.TB) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {

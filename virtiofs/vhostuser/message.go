@@ -224,7 +224,8 @@ func Encode(req Request, flags uint32, p Payload) []byte {
 }
 
 // Decode checks a request's payload size and fd count against the request table and decodes the
-// payload. nfds is the number of fds that arrived with the message. Requests missing from the table
+// payload. Padding must be zero (QEMU zeroes it): Decode accepts only what the decoded value
+// encodes back to exactly. nfds is the number of fds that arrived with the message. Requests missing from the table
 // are rejected; table entries whose layout is not interpreted decode to Opaque.
 func Decode(req Request, payload []byte, nfds int) (Payload, error) {
 	info, ok := req.info()
@@ -295,6 +296,9 @@ func Decode(req Request, payload []byte, nfds int) (Payload, error) {
 			return nil, invalidf("%v: payload is %d bytes, want at least 8", req, len(payload))
 		}
 		n := binary.LittleEndian.Uint32(payload)
+		if pad := binary.LittleEndian.Uint32(payload[4:]); pad != 0 {
+			return nil, invalidf("%v: padding is %#x, want 0", req, pad)
+		}
 		if n > MaxMemTableRegions {
 			return nil, invalidf("%v: %d regions, at most %d allowed", req, n, MaxMemTableRegions)
 		}
@@ -313,6 +317,9 @@ func Decode(req Request, payload []byte, nfds int) (Payload, error) {
 	case payloadSingleRegion:
 		if err := wantSize(8 + regionSize); err != nil {
 			return nil, err
+		}
+		if pad := binary.LittleEndian.Uint64(payload); pad != 0 {
+			return nil, invalidf("%v: padding is %#x, want 0", req, pad)
 		}
 		s := SingleRegion{Region: parseRegion(payload[8:])}
 		if err := s.Region.check(); err != nil {

@@ -195,6 +195,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"mem table shorter than header", SetMemTable, []byte{1, 0}, 0},
 		{"mem table zero-size region", SetMemTable, MemoryTable{Regions: []MemoryRegion{{Size: 0}}}.Append(nil), 1},
 		{"mem table wrapping region", SetMemTable, MemoryTable{Regions: []MemoryRegion{{GuestPhysAddr: 1 << 63, Size: 1 << 63}}}.Append(nil), 1},
+		{"mem table non-zero padding", SetMemTable, func() []byte { b := table(1, 8+32); b[5] = 1; return b }(), 1},
+		{"add region non-zero padding", AddMemReg, func() []byte {
+			b := SingleRegion{Region: MemoryRegion{Size: 4096}}.Append(nil)
+			b[7] = 0x80
+			return b
+		}(), 1},
+		{"rem region non-zero padding", RemMemReg, append(u64(1), MemoryRegion{Size: 4096}.Append(nil)...), 0},
 		{"add region without fd", AddMemReg, SingleRegion{Region: MemoryRegion{Size: 1}}.Append(nil), 0},
 		{"add region short", AddMemReg, make([]byte, 32), 1},
 		{"add region wrapping uaddr", AddMemReg, SingleRegion{Region: MemoryRegion{Size: 2, UserAddr: ^uint64(0)}}.Append(nil), 1},
