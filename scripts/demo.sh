@@ -13,9 +13,13 @@
 # archive; starts a private containerd (its own directory under /tmp, sockets and namespace, in
 # a private mount namespace, the shim first on its PATH); imports the image; and shows a
 # `ctr run --rm` in a VM, a detached container seen by kvfsctl (list, status with the confined
-# kvfsd's request counters), a `ctr task exec` in it, its kill and removal. Each VM start is
-# timed. containerd is stopped at the end, and the script fails if a process, a mount or a
-# sandbox directory of it is left.
+# kvfsd's request counters), a `ctr task exec` in it, its kill and removal. Then a Kubernetes-
+# style pod through containerd's CRI with crictl: `crictl runp --runtime kvfs` boots the pod's
+# VM, a container is created and started in it, its log read, an exec run, its IP pinged from
+# beside the pod's veth, and the pod stopped and removed. containerd runs in a network
+# namespace of its own (the CNI bridge's), so no address leaves it. Each VM start is timed.
+# containerd is stopped at the end, and the script fails if a process, a mount or a sandbox
+# directory of it is left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -103,20 +107,24 @@ go build -o bin/ ./cmd/containerd-shim-kvfs-v2 ./cmd/kvfsctl
 agentcache=${KVFS_CACHE:-/var/cache/kvfs}/agent-guest
 packaging/guest/build.sh --agent "$agentcache"
 ctrdbin=${KVFS_CACHE:-/var/cache/kvfs}/bin
-for b in containerd ctr; do
+for b in containerd ctr crictl; do
 	[ -x "$ctrdbin/$b" ] || die "$ctrdbin/$b is missing: run scripts/deps.sh (make demo does)"
 done
 
 # Everything of this containerd is under $ctrd: config, root, state, sockets, ctr's fifos, the
 # kvfs configuration, and base_dir, where the shim makes its sandboxes (kvfsctl --base-dir).
-ctrd=$(mktemp -d /tmp/kvfs-demo-ctrd.XXXXXX)
+# Short: a CRI pod's id is 64 characters, and its sandbox's sockets (base_dir/ID/NAME.sock) must
+# fit in the 107 bytes of a Unix socket address.
+ctrd=$(mktemp -d /tmp/kvfsdemo.XXXXXX)
 chmod 711 "$ctrd"
-base=$ctrd/sandboxes
+base=$ctrd/sb
 ns=kvfs-demo-$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')
 mkdir -m 700 "$ctrd/tmp" "$ctrd/fifo" "$base"
 ctrd_pid=
 go run ./internal/ociimage/cmd/busybox-image -o "$ctrd/busybox.tar"
 image=localhost/busybox:latest
+# The CRI's pod sandbox image (it must be there; kvfs never runs it: the VM is the pod).
+go run ./internal/ociimage/cmd/busybox-image -name localhost/pause:kvfs-test -o "$ctrd/pause.tar"
 
 accel=tcg
 for f in "$agentcache/accel" "$cache/accel"; do
@@ -135,32 +143,13 @@ accel = "$accel"
 memory = "512M"
 EOF
 
-# containerd's own config (as internal/ctrdtest's): version 4, every path under $ctrd, no CRI
-# (it would want CNI) and no NRI (its socket would be the machine's).
-cat >"$ctrd/config.toml" <<EOF
-version = 4
-root = "$ctrd/root"
-state = "$ctrd/state"
-temp = "$ctrd/tmp"
-imports = []
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime", "io.containerd.podsandbox.controller.v1.podsandbox", "io.containerd.nri.v1.nri"]
-
-[debug]
-level = "info"
-
-[plugins."io.containerd.server.v1.grpc"]
-address = "$ctrd/containerd.sock"
-[plugins."io.containerd.server.v1.ttrpc"]
-address = "$ctrd/containerd.sock.ttrpc"
-[plugins."io.containerd.server.v1.debug"]
-address = ""
-[plugins."io.containerd.server.v1.metrics"]
-address = ""
-[plugins."io.containerd.internal.v1.opt"]
-path = "$ctrd/opt"
-[plugins."io.containerd.image-verifier.v1.bindir"]
-bin_dir = "$ctrd/image-verifier"
-EOF
+# containerd's own config, as internal/ctrdtest's (package ctrdconf writes both): version 4,
+# every path under $ctrd, no NRI (its socket would be the machine's), the CRI on with the
+# runtime handler kvfs (this kvfs configuration) and a CNI bridge network, and crictl's config.
+go run ./internal/ctrdtest/ctrdconf/cmd/ctrdconf -dir "$ctrd" -cri -kvfs-config "$cfg"
+ip netns add "$ns"
+netns_made=1
+ip -n "$ns" link set lo up
 
 unset CONTAINERD_ADDRESS CONTAINERD_NAMESPACE CONTAINERD_SNAPSHOTTER CONTAINERD_RUNTIME
 # ctr drops one warning line, at every call, about the host's cgroup v1 (the containers are in
@@ -170,6 +159,8 @@ ctr() {
 		2> >(grep --line-buffered -v 'DEPRECATION: The support for cgroup v1' >&2)
 }
 kvfsctl() { bin/kvfsctl --base-dir "$base" "$@"; }
+# crictl runs in containerd's network namespace, where the streaming server of exec listens.
+crictl() { nsenter --net="/run/netns/$ns" "$ctrdbin/crictl" --config "$ctrd/crictl.yaml" "$@"; }
 
 # mine lists the processes this containerd left (its shims, their VMs): every one has $ctrd
 # in its command line, and nothing else on the machine has.
@@ -181,6 +172,7 @@ cleanup_containerd() {
 	set +e
 	local bad=0 pid m
 	if [ -n "$ctrd_pid" ] && kill -0 "$ctrd_pid" 2>/dev/null; then
+		for id in $(crictl pods -q 2>/dev/null); do crictl rmp -f "$id" >/dev/null 2>&1; done
 		for id in $(ctr task ls -q 2>/dev/null); do ctr task kill -s SIGKILL "$id" >/dev/null 2>&1; done
 		for id in $(ctr task ls -q 2>/dev/null); do ctr task rm -f "$id" >/dev/null 2>&1; done
 		for id in $(ctr container ls -q 2>/dev/null); do ctr container rm "$id" >/dev/null 2>&1; done
@@ -202,6 +194,10 @@ cleanup_containerd() {
 		kill -KILL "$pid" 2>/dev/null
 		bad=1
 	done
+	if [ -n "${netns_made:-}" ]; then
+		ip netns del "$ns" || bad=1
+		netns_made=
+	fi
 	m=$(findmnt -rn -o TARGET | grep -F "$ctrd")
 	[ -z "$m" ] || { echo "demo: left mounted: $m" >&2; bad=1; }
 	if [ -d "$base" ] && [ -n "$(ls -A "$base")" ]; then
@@ -217,10 +213,10 @@ cleanup_containerd() {
 }
 trap 'rc=$?; rm -rf "$work"; cleanup_containerd || rc=1; exit $rc' EXIT
 
-say "starting a private containerd in $ctrd (namespace $ns, its own mount namespace)"
+say "starting a private containerd in $ctrd (namespace $ns, its own mount and network namespaces)"
 # The shim first on its PATH; containerd's mounts (snapshots, root filesystems, sandboxes'
 # binds) stay in a mount namespace of its own and go with it.
-unshare -m --propagation private \
+unshare -m --propagation private nsenter --net="/run/netns/$ns" \
 	env PATH="$root/bin:$ctrdbin:$PATH" TMPDIR="$ctrd/tmp" \
 	"$ctrdbin/containerd" --config "$ctrd/config.toml" >"$ctrd/containerd.log" 2>&1 &
 ctrd_pid=$!
@@ -291,6 +287,58 @@ done
 [ -z "$(mine)" ] || die "demo2's shim or VM is still running"
 kvfsctl list | tee "$ctrd/list.out"
 ! grep -Eq '^demo2[[:space:]]' "$ctrd/list.out" || die "kvfsctl list still shows demo2"
+echo "(no shim, no VM, no sandbox directory left)"
+
+# ---------------------------------------------------------------------------------------------
+# Part three: a pod through containerd's CRI, as Kubernetes runs one (runtimeClassName: kvfs).
+say "crictl: a pod through containerd's CRI with the runtime handler kvfs"
+ctr --namespace k8s.io image import "$ctrd/busybox.tar" >/dev/null
+ctr --namespace k8s.io image import "$ctrd/pause.tar" >/dev/null
+cat >"$ctrd/pod.json" <<EOF
+{"metadata": {"name": "demo-pod", "namespace": "default", "uid": "demo-pod-uid"},
+ "hostname": "demo-pod", "log_directory": "$ctrd/pod-logs",
+ "dns_config": {"servers": ["10.99.0.53"], "searches": ["demo.test"]}}
+EOF
+cat >"$ctrd/web.json" <<EOF
+{"metadata": {"name": "web"}, "image": {"image": "$image"}, "log_path": "web.log",
+ "command": ["sh", "-c", "echo hello from \$(hostname) on \$(uname -r); ip -4 -o addr show eth0; exec nc -ll -p 8080 -e echo served-by-the-pod"]}
+EOF
+t0=$(now)
+echo "$ crictl runp --runtime kvfs pod.json"
+pod=$(crictl runp --runtime kvfs "$ctrd/pod.json")
+echo "$pod"
+echo "(the pod's VM booted in $(took "$t0") s, accel=$accel)"
+echo "$ crictl create POD web.json pod.json && crictl start CTR"
+web=$(crictl create "$pod" "$ctrd/web.json" "$ctrd/pod.json")
+crictl start "$web" >/dev/null
+crictl ps --pod "$pod"
+for _ in $(seq 600); do
+	crictl logs "$web" 2>/dev/null | grep -q 'inet ' && break
+	sleep 0.1
+done
+echo "$ crictl logs CTR"
+crictl logs "$web" | tee "$ctrd/web.log"
+grep -q "^hello from demo-pod on $guest_release\$" "$ctrd/web.log" || die "the pod's container did not greet from its VM"
+echo "$ crictl exec CTR cat /etc/resolv.conf"
+crictl exec --sync "$web" cat /etc/resolv.conf | tee "$ctrd/resolv.out"
+grep -q 'nameserver 10.99.0.53' "$ctrd/resolv.out" || die "the pod's DNS configuration is not the container's"
+ip=$(crictl inspectp -o go-template --template '{{.status.network.ip}}' "$pod")
+echo "the pod's IP: $ip (its VM's eth0)"
+echo "$ ping and nc from beside the pod's veth (containerd's network namespace)"
+nsenter --net="/run/netns/$ns" busybox ping -c 1 -W 5 "$ip"
+nsenter --net="/run/netns/$ns" busybox nc -w 10 "$ip" 8080 </dev/null | tee "$ctrd/nc.out"
+grep -q served-by-the-pod "$ctrd/nc.out" || die "the pod's server did not answer on $ip:8080"
+echo "$ kvfsctl list"
+kvfsctl list
+echo "$ crictl stopp POD && crictl rmp POD"
+crictl stopp "$pod"
+crictl rmp "$pod"
+for _ in $(seq 150); do
+	[ -z "$(mine)" ] && [ -z "$(ls -A "$base")" ] && break
+	sleep 0.1
+done
+[ -z "$(ls -A "$base")" ] || die "the pod's sandbox directory is still in $base"
+[ -z "$(mine)" ] || die "the pod's shim or VM is still running"
 echo "(no shim, no VM, no sandbox directory left)"
 
 say "stopping containerd"
