@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -59,6 +64,7 @@ const (
 type podSandbox struct {
 	id        string
 	req       PodRequest // what StartSandbox boots
+	files     string     // the pod files' directory (writePodFiles)
 	createdAt time.Time
 	exited    chan struct{} // closed when phase becomes sandboxStopped
 
@@ -118,13 +124,19 @@ func criPodConfig(a *anypb.Any) (*criapi.PodSandboxConfig, error) {
 
 // CreateSandbox makes the pod's sandbox, not yet started: its configuration (the runtime
 // options the shim was started with, sized by the pod's resources), its network namespace
-// (refused if it is the host's), and its annotations: the request's and the pod's, untrusted
+// (refused if it is the host's), its annotations: the request's and the pod's, untrusted
 // (containerd's pod_annotations filter does not apply here; sandbox.Config.Resolve takes only
-// those annotations.enabled lists). The sandbox's rootfs, if any, is not used: the VM is the
-// sandbox.
+// those annotations.enabled lists), and the pod files its containers get (writePodFiles). The
+// sandbox's rootfs, if any, is not used: the VM is the sandbox.
 func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
 	if r.SandboxID == "" {
 		return nil, fmt.Errorf("a sandbox without an id: %w", errdefs.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	err := s.checkNoPodLocked(r.SandboxID) // before its files are written over
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
 	opts, err := readRuntimeOptions(r.BundlePath)
 	if err != nil {
@@ -154,23 +166,35 @@ func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandbox
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
+	files := filepath.Join(r.BundlePath, podFilesDir)
+	if err := writePodFiles(files, pc); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
+	}
 	// The record first: if this shim dies, the delete action in the sandbox's bundle finds
 	// the sandbox to clean up.
 	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir}); err != nil {
 		return nil, err
 	}
-	sb := &podSandbox{id: r.SandboxID, createdAt: time.Now(), exited: make(chan struct{}),
+	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
 		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.sandbox != nil:
-		return nil, fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", r.SandboxID, s.sandbox.id, errdefs.ErrAlreadyExists)
-	case s.pod != nil || s.booting != nil || len(s.containers) > 0:
-		return nil, fmt.Errorf("sandbox %s: this shim runs a pod made through the task API (%s): %w", r.SandboxID, s.podID, errdefs.ErrFailedPrecondition)
+	if err := s.checkNoPodLocked(r.SandboxID); err != nil {
+		return nil, err
 	}
 	s.sandbox = sb
 	return &sandboxAPI.CreateSandboxResponse{}, nil
+}
+
+// checkNoPodLocked refuses sandbox id in a shim that has a pod already. s.mu is held.
+func (s *Service) checkNoPodLocked(id string) error {
+	switch {
+	case s.sandbox != nil:
+		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, s.sandbox.id, errdefs.ErrAlreadyExists)
+	case s.pod != nil || s.booting != nil || len(s.containers) > 0:
+		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API (%s): %w", id, s.podID, errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // StartSandbox boots the pod's VM; it returns once the guest agent answers. A failed start
@@ -451,4 +475,80 @@ func (s *Service) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSan
 	s.mu.Unlock()
 	s.opts.Shutdown.Shutdown()
 	return &sandboxAPI.ShutdownSandboxResponse{}, nil
+}
+
+// podFilesDir is the directory, in the sandbox's bundle, of its pod files.
+const podFilesDir = "pod-files"
+
+// podFiles are the files CRI's podsandbox sandboxer makes on the host for a pod's containers
+// and the Sandbox API leaves to the sandbox: the container path, the file's name in
+// podFilesDir.
+var podFiles = [...][2]string{{"/etc/hostname", "hostname"}, {"/etc/hosts", "hosts"}, {"/etc/resolv.conf", "resolv.conf"}}
+
+// writePodFiles writes the pod files into dir from the pod's config, as CRI writes them for a
+// pause container: the pod's hostname (else the host's), the host's /etc/hosts, a
+// resolv.conf from the pod's DNS config (else the host's).
+func writePodFiles(dir string, pc *criapi.PodSandboxConfig) error {
+	hostname := pc.GetHostname()
+	if hostname == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("the pod's hostname: %w", err)
+		}
+		hostname = h
+	}
+	hosts, err := os.ReadFile("/etc/hosts")
+	if err != nil {
+		return fmt.Errorf("the pod's /etc/hosts: %w", err)
+	}
+	var resolv []byte
+	if dns := pc.GetDnsConfig(); dns != nil {
+		var b strings.Builder
+		if len(dns.Searches) > 0 {
+			fmt.Fprintf(&b, "search %s\n", strings.Join(dns.Searches, " "))
+		}
+		for _, s := range dns.Servers {
+			fmt.Fprintf(&b, "nameserver %s\n", s)
+		}
+		if len(dns.Options) > 0 {
+			fmt.Fprintf(&b, "options %s\n", strings.Join(dns.Options, " "))
+		}
+		resolv = []byte(b.String())
+	} else if resolv, err = os.ReadFile("/etc/resolv.conf"); err != nil {
+		return fmt.Errorf("the pod's /etc/resolv.conf: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{"hostname": []byte(hostname + "\n"), "hosts": hosts, "resolv.conf": resolv} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return fmt.Errorf("the pod's %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// withPodFiles adds to a container's spec a bind of each pod file in dir at its path, unless
+// the spec mounts something there already (the CRI's own mounts win); read-only with a
+// read-only root, as CRI binds them.
+func withPodFiles(spec *specs.Spec, dir string) {
+	opts := []string{"rbind", "rprivate", "rw"}
+	if spec.Root != nil && spec.Root.Readonly {
+		opts = []string{"rbind", "rprivate", "ro"}
+	}
+	for _, f := range podFiles {
+		if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return filepath.Clean(m.Destination) == f[0] }) {
+			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f[0], Type: "bind", Source: filepath.Join(dir, f[1]), Options: opts})
+		}
+	}
+}
+
+// podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
+func (s *Service) podFilesOf(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sandbox == nil || s.sandbox.id != id {
+		return "", false
+	}
+	return s.sandbox.files, true
 }

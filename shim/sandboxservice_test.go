@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -137,6 +138,8 @@ func TestSandboxAPI(t *testing.T) {
 	wantKind(t, "StartSandbox before CreateSandbox", err, errdefs.ErrNotFound)
 
 	h.createSandbox(id, ns, &criapi.PodSandboxConfig{
+		Hostname:    "p1",
+		DnsConfig:   &criapi.DNSConfig{Servers: []string{"10.0.0.53", "10.0.0.54"}, Searches: []string{"kvfs.test"}},
 		Annotations: map[string]string{"example.com/pod": "x"},
 		Linux: &criapi.LinuxPodSandboxConfig{Resources: &criapi.LinuxContainerResources{
 			CpuPeriod: 100000, CpuQuota: 200000, MemoryLimitInBytes: 256 << 20}},
@@ -203,16 +206,35 @@ func TestSandboxAPI(t *testing.T) {
 	_, err = h.svc.SandboxStatus(h.ctx, &sandboxAPI.SandboxStatusRequest{SandboxID: "other"})
 	wantKind(t, "another sandbox's status", err, errdefs.ErrNotFound)
 
-	// The pod's containers join its VM; the last one's Delete leaves it.
+	// The pod's containers join its VM, with the pod files the sandbox wrote unless their
+	// spec mounts its own; the last one's Delete leaves the pod.
+	files := filepath.Join(h.dir, "bundles", id, podFilesDir)
+	for name, want := range map[string]string{"hostname": "p1\n", "resolv.conf": "search kvfs.test\nnameserver 10.0.0.53\nnameserver 10.0.0.54\n"} {
+		if got, err := os.ReadFile(filepath.Join(files, name)); err != nil || string(got) != want {
+			t.Errorf("the pod's %s: %q, %v; want %q", name, got, err, want)
+		}
+	}
 	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer(id))})
 	h.start("c1", "")
-	h.create(&taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", criContainer(id))})
+	ownHosts := filepath.Join(h.dir, "own-hosts")
+	os.WriteFile(ownHosts, []byte("own\n"), 0o644)
+	h.create(&taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", criContainer(id),
+		specs.Mount{Destination: "/etc/hosts", Type: "bind", Source: ownHosts, Options: []string{"rbind", "ro"}})})
 	h.start("c2", "")
 	if n := len(h.pods); n != 1 {
 		t.Errorf("%d pods, want the sandbox's one", n)
 	}
-	if b := h.pod().bound(); len(b) != 2 {
-		t.Errorf("binds %v, want c1's and c2's rootfs", b)
+	sources := map[string]string{}
+	for name, b := range h.pod().bound() {
+		sources[name] = b.Source
+	}
+	for _, want := range []string{"c1-0-hostname", "c1-1-hosts", "c1-2-resolv.conf", "c2-0-own-hosts", "c2-1-hostname", "c2-2-resolv.conf"} {
+		if _, ok := sources[want]; !ok {
+			t.Errorf("no bind %s in the pod's share: %v", want, sources)
+		}
+	}
+	if len(sources) != 8 || sources["c1-1-hosts"] != filepath.Join(files, "hosts") || sources["c2-0-own-hosts"] != ownHosts {
+		t.Errorf("binds %v: want the rootfs and the three files of c1 and c2, c2's /etc/hosts its own", sources)
 	}
 	h.kill("c2", syscall.SIGKILL)
 	h.wait("c2", "")

@@ -254,8 +254,15 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
-	} else if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	} else {
+		// The Sandbox API leaves a container's /etc/hosts, /etc/resolv.conf and
+		// /etc/hostname to the sandbox.
+		if dir, ok := s.podFilesOf(sandboxID); ok {
+			withPodFiles(spec, dir)
+		}
+		if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
+			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
 	}
 	// The pod's network is its sandbox's (or, without CRI, its one container's). A CRI
 	// container joins the pod's VM, whose network it shares: its spec names the sandbox task's
