@@ -58,6 +58,10 @@ const (
 	sandboxStopTimeout = 30 * time.Second
 	// sandboxPingTimeout bounds PingSandbox's Ping of the guest agent.
 	sandboxPingTimeout = 10 * time.Second
+	// shutdownGrace is how long after answering ShutdownSandbox the shim ends: the answer must
+	// reach containerd first, whose sandbox controller (unlike its task client) takes a
+	// connection closed on it as a failed shutdown.
+	shutdownGrace = 200 * time.Millisecond
 )
 
 // podSandbox is the Sandbox API's pod.
@@ -456,8 +460,9 @@ func (s *Service) UpdateSandbox(ctx context.Context, r *sandboxAPI.UpdateSandbox
 	return nil, fmt.Errorf("update of sandbox %s: a VM's size is set when it boots: %w", r.SandboxID, errdefs.ErrNotImplemented)
 }
 
-// ShutdownSandbox stops the sandbox if it still runs, forgets it and ends the shim. A shim
-// whose CreateSandbox failed has no sandbox: it ends too.
+// ShutdownSandbox stops the sandbox if it still runs, forgets it and ends the shim, once it
+// has answered (shutdownGrace). A shim whose CreateSandbox failed has no sandbox: it ends
+// too.
 func (s *Service) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
 	s.mu.Lock()
 	sb := s.sandbox
@@ -473,7 +478,7 @@ func (s *Service) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSan
 	s.mu.Lock()
 	s.sandbox = nil
 	s.mu.Unlock()
-	s.opts.Shutdown.Shutdown()
+	time.AfterFunc(shutdownGrace, s.opts.Shutdown.Shutdown)
 	return &sandboxAPI.ShutdownSandboxResponse{}, nil
 }
 

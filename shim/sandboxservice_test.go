@@ -299,7 +299,12 @@ func TestSandboxAPI(t *testing.T) {
 	if _, err := h.svc.ShutdownSandbox(h.ctx, &sandboxAPI.ShutdownSandboxRequest{SandboxID: id}); err != nil {
 		t.Fatal(err)
 	}
-	if !isClosed(h.sd.done) {
+	if isClosed(h.sd.done) {
+		t.Error("ShutdownSandbox ended the shim before it answered")
+	}
+	select {
+	case <-h.sd.done:
+	case <-time.After(10 * shutdownGrace):
 		t.Error("ShutdownSandbox did not end the shim")
 	}
 	if h.pod().stopped != 1 {
@@ -399,7 +404,12 @@ func TestSandboxAPIRefusals(t *testing.T) {
 	if w := gotWait(t, h2.waitSandbox("sbx")); w.ExitStatus != exitVMDied {
 		t.Errorf("a sandbox that failed to start: exit %d, want %d", w.ExitStatus, exitVMDied)
 	}
-	if _, err := h2.svc.ShutdownSandbox(h2.ctx, &sandboxAPI.ShutdownSandboxRequest{SandboxID: "sbx"}); err != nil || !isClosed(h2.sd.done) {
-		t.Errorf("ShutdownSandbox of a failed sandbox: %v, shim ended %v", err, isClosed(h2.sd.done))
+	if _, err := h2.svc.ShutdownSandbox(h2.ctx, &sandboxAPI.ShutdownSandboxRequest{SandboxID: "sbx"}); err != nil {
+		t.Errorf("ShutdownSandbox of a failed sandbox: %v", err)
+	}
+	select {
+	case <-h2.sd.done:
+	case <-time.After(10 * shutdownGrace):
+		t.Error("ShutdownSandbox of a failed sandbox did not end the shim")
 	}
 }
