@@ -165,6 +165,10 @@ func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandbox
 		annotations = map[string]string{}
 	}
 	maps.Copy(annotations, r.Annotations)
+	// The VM's size comes from the pod's resources only, never from the pod's annotations.
+	for _, k := range []string{AnnotationSandboxCPUPeriod, AnnotationSandboxCPUQuota, AnnotationSandboxMemory} {
+		delete(annotations, k)
+	}
 	maps.Copy(annotations, podResourceAnnotations(pc.GetLinux().GetResources()))
 	sized, err := SizePod(cfg, annotations)
 	if err != nil {
@@ -174,8 +178,8 @@ func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandbox
 	if err := writePodFiles(files, pc); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
 	}
-	// The record first: if this shim dies, the delete action in the sandbox's bundle finds
-	// the sandbox to clean up.
+	// The record: if this shim dies, the delete action in the sandbox's bundle finds the
+	// sandbox to clean up.
 	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir}); err != nil {
 		return nil, err
 	}

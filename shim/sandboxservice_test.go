@@ -314,14 +314,19 @@ func TestSandboxAPI(t *testing.T) {
 
 // TestSandboxAPIPodDeath: the VM's death ends the sandbox: its containers' processes exit
 // with exitVMDied, the pod is stopped, WaitSandbox answers exitVMDied; the containers are
-// deleted after, and StopSandbox then has nothing to do.
+// deleted after, and StopSandbox then has nothing to do. (And the pod's annotations do not
+// size its VM.)
 func TestSandboxAPIPodDeath(t *testing.T) {
 	ns := netNS(t)
 	h := newHarness(t)
-	h.createSandbox("sbx", ns, nil)
+	h.createSandbox("sbx", ns, &criapi.PodSandboxConfig{Annotations: map[string]string{
+		AnnotationSandboxMemory: "8589934592", AnnotationSandboxCPUQuota: "800000", AnnotationSandboxCPUPeriod: "100000"}})
 	wait := h.waitSandbox("sbx")
 	if _, err := h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sbx"}); err != nil {
 		t.Fatal(err)
+	}
+	if c := h.pod().req.Config; c.VM.Memory != "512M" || c.VM.VCPUs != 1 {
+		t.Errorf("the pod's annotations sized its VM: %s, %d vCPUs; want the configured 512M, 1", c.VM.Memory, c.VM.VCPUs)
 	}
 	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer("sbx"))})
 	h.start("c1", "")
