@@ -32,6 +32,7 @@ require (
 	github.com/vishvananda/netns v0.0.5
 	google.golang.org/grpc v1.83.2
 	google.golang.org/protobuf v1.36.12
+	k8s.io/cri-api v0.37.0
 )
 
 require (

@@ -12,7 +12,15 @@
 //     left: the rootfs mount and the sandbox (VM killed, mounts detached, directory removed).
 //   - Service is the task API. The first Create makes and boots the pod (a PodStarter:
 //     StartVMPod in production), the last Delete stops it, Shutdown with no container left
-//     ends the shim.
+//     ends the shim. That is the pod's life with CRI's default sandboxer "podsandbox".
+//   - The Sandbox API (sandboxservice.go, containerd.runtime.sandbox.v1, served by Service
+//     beside the task API) is the pod's life with CRI's sandboxer "shim": CreateSandbox takes
+//     the pod's CRI config and network namespace (the configuration from the runtime options
+//     the start action kept in the bundle), StartSandbox boots the pod, with no pause
+//     container; the containers, created through the task API, join it. StopSandbox kills
+//     what still runs and stops the pod, WaitSandbox returns at its end (0 when stopped,
+//     255 when its VM died), SandboxMetrics is the pod's cgroup metrics from the guest,
+//     ShutdownSandbox ends the shim. Such a pod outlives its last container.
 //   - The pod sandbox's task (sandboxtask.go): with CRI's podsandbox sandboxer the first
 //     container is the pause container. The VM is the pod, so it runs nothing: its Create
 //     boots the pod, sized by CRI's resource annotations (SizePod), named by its hostname (the
@@ -63,10 +71,11 @@
 //
 // # Locks
 //
-// Service.mu guards the container map and the pod; container.mu a container's execs;
-// process.mu a process's state. Order: Service.mu, then container.mu, then process.mu; none
+// Service.mu guards the container map, the pod and the Sandbox API's sandbox (its phase,
+// pid and exit); container.mu a container's execs; process.mu a process's state. Order: Service.mu, then container.mu, then process.mu; none
 // is held across a call to the agent, the VM, the sandbox, a mount or the publisher. The
-// first Create boots the pod with no lock held; concurrent Creates wait on a channel.
+// first Create (or StartSandbox) boots the pod with no lock held; concurrent Creates wait on
+// a channel.
 //
 // # Threat model
 //

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 
+	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -89,4 +90,39 @@ func (e errorEdge) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*tas
 }
 func (e errorEdge) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	return edge(e.s.Shutdown)(ctx, r)
+}
+
+// sandboxEdge is the Sandbox API as ttrpc serves it, with errdefs kinds translated as the
+// task API's are.
+type sandboxEdge struct{ s *Service }
+
+func (e sandboxEdge) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
+	return edge(e.s.CreateSandbox)(ctx, r)
+}
+func (e sandboxEdge) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRequest) (*sandboxAPI.StartSandboxResponse, error) {
+	return edge(e.s.StartSandbox)(ctx, r)
+}
+func (e sandboxEdge) Platform(ctx context.Context, r *sandboxAPI.PlatformRequest) (*sandboxAPI.PlatformResponse, error) {
+	return edge(e.s.Platform)(ctx, r)
+}
+func (e sandboxEdge) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
+	return edge(e.s.StopSandbox)(ctx, r)
+}
+func (e sandboxEdge) WaitSandbox(ctx context.Context, r *sandboxAPI.WaitSandboxRequest) (*sandboxAPI.WaitSandboxResponse, error) {
+	return edge(e.s.WaitSandbox)(ctx, r)
+}
+func (e sandboxEdge) SandboxStatus(ctx context.Context, r *sandboxAPI.SandboxStatusRequest) (*sandboxAPI.SandboxStatusResponse, error) {
+	return edge(e.s.SandboxStatus)(ctx, r)
+}
+func (e sandboxEdge) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*sandboxAPI.PingResponse, error) {
+	return edge(e.s.PingSandbox)(ctx, r)
+}
+func (e sandboxEdge) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
+	return edge(e.s.ShutdownSandbox)(ctx, r)
+}
+func (e sandboxEdge) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
+	return edge(e.s.SandboxMetrics)(ctx, r)
+}
+func (e sandboxEdge) UpdateSandbox(ctx context.Context, r *sandboxAPI.UpdateSandboxRequest) (*sandboxAPI.UpdateSandboxResponse, error) {
+	return edge(e.s.UpdateSandbox)(ctx, r)
 }

@@ -54,13 +54,20 @@ type groupAnnotations struct {
 // fd 3.
 func (m Manager) Start(ctx context.Context, params *bootapi.BootstrapParams) (_ *bootapi.BootstrapResult, retErr error) {
 	id := params.GetInstanceID()
-	b, err := os.ReadFile("config.json")
-	if err != nil {
-		return nil, fmt.Errorf("the bundle's spec: %w", err)
-	}
 	var spec groupAnnotations
-	if err := json.Unmarshal(b, &spec); err != nil {
+	switch b, err := os.ReadFile("config.json"); {
+	case errors.Is(err, os.ErrNotExist):
+		// A sandbox of containerd's Sandbox API (CRI's sandboxer "shim") has no spec: the
+		// shim is the pod's, named by its id.
+	case err != nil:
 		return nil, fmt.Errorf("the bundle's spec: %w", err)
+	default:
+		if err := json.Unmarshal(b, &spec); err != nil {
+			return nil, fmt.Errorf("the bundle's spec: %w", err)
+		}
+	}
+	if err := keepRuntimeOptions(".", params); err != nil {
+		return nil, err
 	}
 	grouping, err := SandboxID(id, spec.Annotations)
 	if err != nil {

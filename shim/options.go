@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 
+	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -93,4 +95,44 @@ func readBundleRecord(bundle string) (*bundleRecord, error) {
 		return nil, errors.New(filepath.Join(bundle, bundleRecordName) + ": incomplete")
 	}
 	return &r, nil
+}
+
+// runtimeOptionsName is where the start action keeps, in the bundle, the runtime options
+// containerd started the shim with (BootstrapParams' runtimeoptions.v1.Options extension):
+// the Sandbox API's CreateSandbox does not carry them, and the sandbox's configuration
+// (ConfigPath) is there.
+const runtimeOptionsName = "kvfs-runtime-options.binpb"
+
+// keepRuntimeOptions writes params' runtime options into bundle, if it has any.
+func keepRuntimeOptions(bundle string, params *bootapi.BootstrapParams) error {
+	var ro runtimeoptions.Options
+	found, err := params.FindExtension(&ro)
+	if err != nil {
+		return fmt.Errorf("the bootstrap's runtime options: %w", err)
+	}
+	if !found {
+		return nil
+	}
+	b, err := proto.Marshal(&ro)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, runtimeOptionsName), b, 0o600)
+}
+
+// readRuntimeOptions reads what keepRuntimeOptions kept in bundle, as the Any ConfigSource
+// decodes; none kept is no options.
+func readRuntimeOptions(bundle string) (*anypb.Any, error) {
+	b, err := os.ReadFile(filepath.Join(bundle, runtimeOptionsName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the shim's runtime options: %w", err)
+	}
+	var ro runtimeoptions.Options
+	if err := proto.Unmarshal(b, &ro); err != nil {
+		return nil, fmt.Errorf("the shim's runtime options %s: %w", filepath.Join(bundle, runtimeOptionsName), err)
+	}
+	return typeurl.MarshalAnyToProto(&ro)
 }

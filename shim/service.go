@@ -15,6 +15,7 @@ import (
 
 	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	eventstypes "github.com/containerd/containerd/api/events"
+	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/api/types/task"
@@ -31,6 +32,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -124,6 +126,9 @@ type Service struct {
 	podCancel  context.CancelFunc    // guarded by mu; ends podCtx's calls when the pod dies
 	podCtx     context.Context       // guarded by mu
 	booting    chan struct{}         // guarded by mu; non-nil while a Create boots the pod
+	// sandbox is the Sandbox API's pod (sandboxservice.go), from CreateSandbox to
+	// ShutdownSandbox; nil when the task API makes the pod (its first Create).
+	sandbox *podSandbox // guarded by mu
 }
 
 // container is one container of the pod.
@@ -151,9 +156,11 @@ func NewService(ctx context.Context, opts Options) *Service {
 	return &Service{ctx: ctx, opts: opts, containers: make(map[string]*container)}
 }
 
-// RegisterTTRPC registers the task service, with errors translated to gRPC codes at this edge.
+// RegisterTTRPC registers the task service and the Sandbox API (sandboxservice.go), with
+// errors translated to gRPC codes at this edge.
 func (s *Service) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, errorEdge{s})
+	sandboxAPI.RegisterTTRPCSandboxService(server, sandboxEdge{s})
 	return nil
 }
 
@@ -229,7 +236,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
 		return nil, fmt.Errorf("restoring a checkpoint: %w", errdefs.ErrNotImplemented)
 	}
-	cfg, err := s.loadConfig(r)
+	cfg, err := s.loadConfig(r.Options)
 	if err != nil {
 		return nil, err
 	}
@@ -250,8 +257,15 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
-	} else if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	} else {
+		// The Sandbox API leaves a container's /etc/hosts, /etc/resolv.conf and
+		// /etc/hostname to the sandbox.
+		if dir, ok := s.podFilesOf(sandboxID); ok {
+			withPodFiles(spec, dir)
+		}
+		if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
+			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
 	}
 	// The pod's network is its sandbox's (or, without CRI, its one container's). A CRI
 	// container joins the pod's VM, whose network it shares: its spec names the sandbox task's
@@ -299,7 +313,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })
-	pod, podCtx, err := s.acquirePod(ctx, podReq)
+	pod, podCtx, err := s.acquirePod(ctx, podReq, false)
 	if err != nil {
 		return nil, err
 	}
@@ -388,10 +402,11 @@ func (s *Service) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskRequ
 	return nil
 }
 
-// loadConfig decodes Create's options into the sandbox configuration: runtimeoptions'
-// ConfigPath or ConfigBody, else DefaultConfigPath if it exists, else the defaults.
-func (s *Service) loadConfig(r *taskAPI.CreateTaskRequest) (*sandbox.Config, error) {
-	path, body, err := ConfigSource(r.Options)
+// loadConfig decodes runtime options (Create's, or those the shim was started with) into the
+// sandbox configuration: runtimeoptions' ConfigPath or ConfigBody, else DefaultConfigPath if
+// it exists, else the defaults.
+func (s *Service) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
+	path, body, err := ConfigSource(opts)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -426,11 +441,17 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
-// acquirePod returns the pod, booting it if this is the first container. No lock is held
-// while it boots; concurrent Creates wait for the boot.
-func (s *Service) acquirePod(ctx context.Context, req PodRequest) (Pod, context.Context, error) {
+// acquirePod returns the pod, booting it if this is the first container (or, bySandbox, for
+// StartSandbox). A pod of the Sandbox API is booted only by StartSandbox: a container
+// joins it while it is ready. No lock is held while it boots; concurrent Creates wait for
+// the boot.
+func (s *Service) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (Pod, context.Context, error) {
 	for {
 		s.mu.Lock()
+		if sb := s.sandbox; sb != nil && !bySandbox && sb.phase != sandboxReady {
+			s.mu.Unlock()
+			return nil, nil, fmt.Errorf("sandbox %s is %s, not ready: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
+		}
 		if s.pod != nil {
 			pod, pctx, id := s.pod, s.podCtx, s.podID
 			s.mu.Unlock()
@@ -874,13 +895,20 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	pod, podCtx, err := s.currentPod()
 	if err != nil {
-		return nil, err
+		// The pod was stopped with the container in it (StopSandbox): its processes have
+		// exited, and its binds went with the sandbox. What is left is on the host.
+		if st, _, _ := p.snapshot(); st != stateStopped {
+			return nil, err
+		}
+		pod = nil
 	}
+	// live says the pod's agent can still be asked.
+	live := func() bool { return pod != nil && podCtx.Err() == nil }
 	forgotten := false // the agent has forgotten p already
 	if st, _, _ := p.snapshot(); st == stateCreated && p.execID != "" {
 		// A never-started exec has no process in the guest to kill: the agent forgets it,
 		// and its waiters are released as if it had been killed.
-		if podCtx.Err() == nil {
+		if live() {
 			if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
 				return nil, err
 			}
@@ -903,18 +931,18 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	if p.execID == "" {
 		c.mu.Lock()
-		var live []string
+		var running []string
 		for id, e := range c.execs {
 			if st, _, _ := e.snapshot(); st != stateStopped && st != stateDeleted {
-				live = append(live, id)
+				running = append(running, id)
 			}
 		}
 		c.mu.Unlock()
-		if len(live) > 0 && podCtx.Err() == nil {
-			return nil, fmt.Errorf("container %s still has execs %q: %w", c.id, live, errdefs.ErrFailedPrecondition)
+		if len(running) > 0 && live() {
+			return nil, fmt.Errorf("container %s still has execs %q: %w", c.id, running, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if podCtx.Err() == nil && !forgotten {
+	if live() && !forgotten {
 		if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
 			return nil, err
 		}
@@ -930,7 +958,9 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		c.mu.Unlock()
 		return resp, nil
 	}
-	s.unbindAll(pod, c)
+	if pod != nil {
+		s.unbindAll(pod, c)
+	}
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
 	}
@@ -969,10 +999,11 @@ func unmountRootfs(ctx context.Context, rootfs string) {
 	}
 }
 
-// stopPodIfEmpty stops the pod once no container is left (and none is being created).
+// stopPodIfEmpty stops the pod once no container is left (and none is being created), unless
+// it is the Sandbox API's, which StopSandbox stops.
 func (s *Service) stopPodIfEmpty() {
 	s.mu.Lock()
-	if len(s.containers) > 0 || s.pod == nil || s.booting != nil {
+	if len(s.containers) > 0 || s.pod == nil || s.booting != nil || s.sandbox != nil {
 		s.mu.Unlock()
 		return
 	}
@@ -1102,19 +1133,25 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
 	}
-	var m cgroupstats.Metrics
-	url := resp.GetStats().GetTypeUrl()
-	if name := url[strings.LastIndex(url, "/")+1:]; name != string(m.ProtoReflect().Descriptor().FullName()) {
-		return nil, fmt.Errorf("the agent's stats of %s are of type %q, not %s: %w", c.id, url, m.ProtoReflect().Descriptor().FullName(), errdefs.ErrUnknown)
-	}
-	if err := proto.Unmarshal(resp.Stats.GetValue(), &m); err != nil {
-		return nil, fmt.Errorf("the agent's stats of %s: %v: %w", c.id, err, errdefs.ErrUnknown)
-	}
-	a, err := typeurl.MarshalAnyToProto(&m)
+	a, err := cgroupMetrics(c.id, resp)
 	if err != nil {
 		return nil, err
 	}
 	return &taskAPI.StatsResponse{Stats: a}, nil
+}
+
+// cgroupMetrics is the agent's Stats answer of what as containerd gets it: a cgroup2 Metrics
+// that decodes, re-encoded.
+func cgroupMetrics(what string, resp *agent.StatsResponse) (*anypb.Any, error) {
+	var m cgroupstats.Metrics
+	url := resp.GetStats().GetTypeUrl()
+	if name := url[strings.LastIndex(url, "/")+1:]; name != string(m.ProtoReflect().Descriptor().FullName()) {
+		return nil, fmt.Errorf("the agent's stats of %s are of type %q, not %s: %w", what, url, m.ProtoReflect().Descriptor().FullName(), errdefs.ErrUnknown)
+	}
+	if err := proto.Unmarshal(resp.Stats.GetValue(), &m); err != nil {
+		return nil, fmt.Errorf("the agent's stats of %s: %v: %w", what, err, errdefs.ErrUnknown)
+	}
+	return typeurl.MarshalAnyToProto(&m)
 }
 
 // Update sends new resource limits (linux.resources JSON) to the agent.
@@ -1216,11 +1253,12 @@ func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	return resp, nil
 }
 
-// Shutdown ends the shim once it serves no container.
+// Shutdown ends the shim once it serves no container, and no sandbox of the Sandbox API
+// (ShutdownSandbox ends that).
 func (s *Service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
 	n := len(s.containers)
-	busy := s.booting != nil
+	busy := s.booting != nil || s.sandbox != nil
 	s.mu.Unlock()
 	if n > 0 || busy {
 		return &emptypb.Empty{}, nil

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strconv"
 
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -66,4 +68,18 @@ func SizePod(cfg *sandbox.Config, annotations map[string]string) (*sandbox.Confi
 		out.VM.Memory = strconv.FormatUint(total, 10) + "M"
 	}
 	return out, nil
+}
+
+// podResourceAnnotations are the annotations SizePod reads, from the pod's resources in its
+// CRI PodSandboxConfig (linux.resources): what CRI's podsandbox sandboxer puts on the pause
+// container, for the Sandbox API, which gets the config itself. No resources, no annotations.
+func podResourceAnnotations(res *criapi.LinuxContainerResources) map[string]string {
+	if res == nil {
+		return nil
+	}
+	return map[string]string{
+		AnnotationSandboxCPUPeriod: strconv.FormatInt(res.GetCpuPeriod(), 10),
+		AnnotationSandboxCPUQuota:  strconv.FormatInt(res.GetCpuQuota(), 10),
+		AnnotationSandboxMemory:    strconv.FormatInt(res.GetMemoryLimitInBytes(), 10),
+	}
 }

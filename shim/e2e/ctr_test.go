@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/vmtest"
 )
 
@@ -33,12 +34,13 @@ type env struct {
 // (before its [vm] table).
 func newEnv(t *testing.T, extra string) *env {
 	t.Helper()
-	return startEnv(t, extra, false)
+	return startEnv(t, extra, "")
 }
 
-// startEnv is newEnv; with cri, the containerd's CRI is on, with the runtime handler
-// criHandler for the kvfs shim and this configuration, and the image is imported for it.
-func startEnv(t *testing.T, extra string, cri bool) *env {
+// startEnv is newEnv; with a CRI sandboxer ("podsandbox" or "shim"), the containerd's CRI is
+// on, with the runtime handler criHandler for the kvfs shim, this configuration and that
+// sandboxer, and the image is imported for it.
+func startEnv(t *testing.T, extra, sandboxer string) *env {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("boots VMs under QEMU (-short)")
@@ -62,9 +64,10 @@ func startEnv(t *testing.T, extra string, cri bool) *env {
 	// Registered before Start, so it runs after the containerd's own cleanup (its leak check).
 	t.Cleanup(func() { checkBaseDirEmpty(t, e.baseDir) })
 	opts := ctrdtest.Options{ShimDirs: []string{binDir}, LeakDirs: []string{e.baseDir}}
+	cri := sandboxer != ""
 	if cri {
 		opts.CRI = true
-		opts.Config = criRuntime(e.config)
+		opts.Config = ctrdconf.KvfsRuntime(criHandler, e.config, sandboxer)
 	}
 	e.c = ctrdtest.Start(t, opts)
 	// Registered after Start, so it runs before the containerd's cleanup stops the pods.

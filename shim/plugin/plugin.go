@@ -1,5 +1,6 @@
-// Package plugin registers the kvfs task service with containerd's shim framework
-// (pkg/shim.RunShim loads TTRPC plugins): importing it is what a shim binary does.
+// Package plugin registers the kvfs task service, which serves the Sandbox API beside the
+// task API, with containerd's shim framework (pkg/shim.RunShim loads TTRPC plugins):
+// importing it is what a shim binary does.
 package plugin
 
 import (

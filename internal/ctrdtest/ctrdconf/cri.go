@@ -123,13 +123,14 @@ func WriteCRIFiles(dir string, timeout time.Duration) error {
 
 // KvfsRuntime is the TOML of a CRI runtime handler for the kvfs shim (runtime_type
 // io.containerd.kvfs.v2) with the sandbox configuration at configPath and pods started by
-// sandboxer ("podsandbox" or "shim"), for Config's extra TOML.
+// sandboxer ("podsandbox" or "shim", which needs no pause image), for Config's extra TOML.
 func KvfsRuntime(handler, configPath, sandboxer string) string {
 	return fmt.Sprintf(`
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]
   runtime_type = 'io.containerd.kvfs.v2'
   sandboxer = %q
+  disable_pause_image_pull = %v
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s.options]
     ConfigPath = %q
-`, handler, sandboxer, handler, configPath)
+`, handler, sandboxer, sandboxer == "shim", handler, configPath)
 }

@@ -1,0 +1,563 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox/network"
+)
+
+// The Sandbox API (containerd.runtime.sandbox.v1), served beside the task API: containerd's
+// sandbox controller "shim", which CRI uses with sandboxer = "shim". The controller starts
+// the shim for the sandbox's id, in a bundle without a spec, and asks it: CreateSandbox (the
+// pod's CRI config and network namespace), StartSandbox (the VM boots: the pod exists, with
+// no pause container), then WaitSandbox, SandboxStatus, PingSandbox, SandboxMetrics and
+// Platform while it runs; StopSandbox, then ShutdownSandbox, which ends the shim. The pod's
+// containers come to this shim through the task API (containerd connects them to the address
+// the sandbox's shim serves) and join its VM; their Delete does not stop it, and the task
+// API's Shutdown does not end the shim while the sandbox is there.
+
+// sandboxPhase is where the Sandbox API's pod is: created, starting (its VM booting), ready,
+// stopping, stopped. StartSandbox is allowed only once created; containers join it only when
+// ready.
+type sandboxPhase int
+
+const (
+	sandboxCreated sandboxPhase = iota
+	sandboxStarting
+	sandboxReady
+	sandboxStopping
+	sandboxStopped
+)
+
+func (p sandboxPhase) String() string {
+	return [...]string{"created", "starting", "ready", "stopping", "stopped"}[p]
+}
+
+const (
+	// sandboxStopTimeout bounds, when StopSandbox gives no timeout, its wait for the exits of
+	// the processes it killed, and, after the VM stopped, the wait for the exits of those left.
+	sandboxStopTimeout = 30 * time.Second
+	// sandboxPingTimeout bounds PingSandbox's Ping of the guest agent.
+	sandboxPingTimeout = 10 * time.Second
+	// shutdownGrace is how long after answering ShutdownSandbox the shim ends: the answer must
+	// reach containerd first, whose sandbox controller (unlike its task client) takes a
+	// connection closed on it as a failed shutdown.
+	shutdownGrace = 200 * time.Millisecond
+)
+
+// podSandbox is the Sandbox API's pod.
+type podSandbox struct {
+	id        string
+	req       PodRequest // what StartSandbox boots
+	files     string     // the pod files' directory (writePodFiles)
+	createdAt time.Time
+	exited    chan struct{} // closed when phase becomes sandboxStopped
+
+	phase sandboxPhase // guarded by Service.mu
+	pid   uint32       // guarded by Service.mu; the VM's, while it runs
+	exit  exit         // guarded by Service.mu; set when phase becomes sandboxStopped
+}
+
+var _ sandboxAPI.TTRPCSandboxService = (*Service)(nil)
+
+// sandboxLocked is sandbox id, if it is this shim's. s.mu is held.
+func (s *Service) sandboxLocked(id string) (*podSandbox, error) {
+	if s.sandbox == nil || s.sandbox.id != id {
+		return nil, fmt.Errorf("sandbox %s is not this shim's: %w", id, errdefs.ErrNotFound)
+	}
+	return s.sandbox, nil
+}
+
+// readySandbox checks that sandbox id is this shim's and ready.
+func (s *Service) readySandbox(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, err := s.sandboxLocked(id)
+	if err != nil {
+		return err
+	}
+	if sb.phase != sandboxReady {
+		return fmt.Errorf("sandbox %s is %s, not ready: %w", id, sb.phase, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// endSandboxLocked records sb's end: stopped, with exit e; WaitSandbox returns. s.mu is held.
+func (s *Service) endSandboxLocked(sb *podSandbox, e exit) {
+	if sb.phase == sandboxStopped {
+		return
+	}
+	sb.phase, sb.pid, sb.exit = sandboxStopped, 0, e
+	close(sb.exited)
+}
+
+// criPodConfig decodes CreateSandbox's options: CRI's PodSandboxConfig. No options (not
+// CRI) is a pod without a config: no resources, no annotations.
+func criPodConfig(a *anypb.Any) (*criapi.PodSandboxConfig, error) {
+	if a.GetTypeUrl() == "" && len(a.GetValue()) == 0 {
+		return nil, nil
+	}
+	var pc criapi.PodSandboxConfig
+	if !a.MessageIs(&pc) {
+		return nil, fmt.Errorf("sandbox options of type %s: want %s", a.GetTypeUrl(), pc.ProtoReflect().Descriptor().FullName())
+	}
+	if err := a.UnmarshalTo(&pc); err != nil {
+		return nil, fmt.Errorf("sandbox options (%s): %v", a.GetTypeUrl(), err)
+	}
+	return &pc, nil
+}
+
+// CreateSandbox makes the pod's sandbox, not yet started: its configuration (the runtime
+// options the shim was started with, sized by the pod's resources), its network namespace
+// (refused if it is the host's), its annotations: the request's and the pod's, untrusted
+// (containerd's pod_annotations filter does not apply here; sandbox.Config.Resolve takes only
+// those annotations.enabled lists), and the pod files its containers get (writePodFiles). The
+// sandbox's rootfs, if any, is not used: the VM is the sandbox.
+func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
+	if r.SandboxID == "" {
+		return nil, fmt.Errorf("a sandbox without an id: %w", errdefs.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	err := s.checkNoPodLocked(r.SandboxID) // before its files are written over
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	opts, err := readRuntimeOptions(r.BundlePath)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := s.loadConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := criPodConfig(r.Options)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
+	}
+	if pc.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == criapi.NamespaceMode_NODE {
+		return nil, fmt.Errorf("sandbox %s: the pod asks for the node's network namespace: %v: %w", r.SandboxID, network.ErrHostNetwork, errdefs.ErrInvalidArgument)
+	}
+	if err := network.CheckPodNetNS(r.NetnsPath); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
+	}
+	annotations := maps.Clone(pc.GetAnnotations())
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	maps.Copy(annotations, r.Annotations)
+	// The VM's size comes from the pod's resources only, never from the pod's annotations.
+	for _, k := range []string{AnnotationSandboxCPUPeriod, AnnotationSandboxCPUQuota, AnnotationSandboxMemory} {
+		delete(annotations, k)
+	}
+	maps.Copy(annotations, podResourceAnnotations(pc.GetLinux().GetResources()))
+	sized, err := SizePod(cfg, annotations)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
+	}
+	files := filepath.Join(r.BundlePath, podFilesDir)
+	if err := writePodFiles(files, pc); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
+	}
+	// The record: if this shim dies, the delete action in the sandbox's bundle finds the
+	// sandbox to clean up.
+	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir}); err != nil {
+		return nil, err
+	}
+	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
+		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath}}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkNoPodLocked(r.SandboxID); err != nil {
+		return nil, err
+	}
+	s.sandbox = sb
+	return &sandboxAPI.CreateSandboxResponse{}, nil
+}
+
+// checkNoPodLocked refuses sandbox id in a shim that has a pod already. s.mu is held.
+func (s *Service) checkNoPodLocked(id string) error {
+	switch {
+	case s.sandbox != nil:
+		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, s.sandbox.id, errdefs.ErrAlreadyExists)
+	case s.pod != nil || s.booting != nil || len(s.containers) > 0:
+		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API (%s): %w", id, s.podID, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// StartSandbox boots the pod's VM; it returns once the guest agent answers. A failed start
+// ends the sandbox (containerd then shuts it down).
+func (s *Service) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRequest) (*sandboxAPI.StartSandboxResponse, error) {
+	s.mu.Lock()
+	sb, err := s.sandboxLocked(r.SandboxID)
+	if err == nil && sb.phase != sandboxCreated {
+		err = fmt.Errorf("sandbox %s is %s: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	sb.phase = sandboxStarting
+	s.mu.Unlock()
+
+	pod, _, err := s.acquirePod(ctx, sb.req, true)
+	s.mu.Lock()
+	if err != nil {
+		s.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
+		s.mu.Unlock()
+		return nil, err
+	}
+	pid := pod.Pid()
+	sb.phase, sb.pid = sandboxReady, pid
+	s.mu.Unlock()
+	go s.watchSandbox(sb, pod)
+	return &sandboxAPI.StartSandboxResponse{Pid: pid, CreatedAt: timestamppb.New(sb.createdAt)}, nil
+}
+
+// watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied (see
+// watchPod), what is left of the VM, the share and the tap is removed, and WaitSandbox
+// answers exitVMDied.
+func (s *Service) watchSandbox(sb *podSandbox, pod Pod) {
+	select {
+	case <-pod.Done():
+	case <-sb.exited:
+		return
+	}
+	s.mu.Lock()
+	if sb.phase != sandboxReady {
+		s.mu.Unlock()
+		return // StopSandbox is stopping it
+	}
+	sb.phase = sandboxStopping
+	s.mu.Unlock()
+	log.G(s.ctx).WithError(pod.Err()).WithField("sandbox", sb.id).Error("the sandbox's VM or virtio-fs server died")
+	s.stopSandboxPod(s.ctx, sandboxStopTimeout, false)
+	s.mu.Lock()
+	s.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
+	s.mu.Unlock()
+}
+
+// StopSandbox stops the pod: every process of its containers still running is killed
+// (SIGKILL; CRI has stopped its containers already) and their exits waited for, within the
+// request's timeout; then the VM, the share and the tap go. The containers stay, stopped,
+// until their Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
+func (s *Service) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
+	timeout := sandboxStopTimeout
+	if r.TimeoutSecs > 0 {
+		timeout = time.Duration(r.TimeoutSecs) * time.Second
+	}
+	s.mu.Lock()
+	sb, err := s.sandboxLocked(r.SandboxID)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	switch sb.phase {
+	case sandboxCreated:
+		s.endSandboxLocked(sb, exit{at: time.Now()}) // never started: nothing runs
+		s.mu.Unlock()
+		return &sandboxAPI.StopSandboxResponse{}, nil
+	case sandboxStarting:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s is starting: %w", sb.id, errdefs.ErrFailedPrecondition)
+	case sandboxStopping, sandboxStopped:
+		s.mu.Unlock()
+		select { // another stop, or the pod's death, is under way: done when it is
+		case <-sb.exited:
+			return &sandboxAPI.StopSandboxResponse{}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	sb.phase = sandboxStopping
+	s.mu.Unlock()
+	s.stopSandboxPod(ctx, timeout, true)
+	s.mu.Lock()
+	s.endSandboxLocked(sb, exit{at: time.Now()})
+	s.mu.Unlock()
+	return &sandboxAPI.StopSandboxResponse{}, nil
+}
+
+// stopSandboxPod stops the pod under the sandbox. With kill, every process of each
+// container not yet exited gets SIGKILL first, and their exits are waited for within
+// timeout. Then the pod is stopped, and the exits of the processes left (exitVMDied) are
+// waited for within sandboxStopTimeout: once it returns, the containers' tasks are stopped.
+func (s *Service) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
+	s.mu.Lock()
+	pod, podCtx, cancel := s.pod, s.podCtx, s.podCancel
+	var inits []*process
+	for _, c := range s.containers {
+		c.mu.Lock()
+		if c.ready {
+			inits = append(inits, c.init)
+		}
+		c.mu.Unlock()
+	}
+	s.mu.Unlock()
+	if pod == nil {
+		return
+	}
+	if kill {
+		var waits []chan struct{}
+		for _, p := range inits {
+			if st, _, _ := p.snapshot(); st == stateStopped || st == stateDeleted {
+				continue
+			}
+			actx, cancelCall := agentCtx(ctx, podCtx)
+			_, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, Signal: uint32(syscall.SIGKILL), All: true})
+			cancelCall()
+			if err != nil {
+				log.G(s.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
+			}
+			waits = append(waits, p.exited)
+		}
+		waitAll(waits, timeout)
+	}
+	s.mu.Lock()
+	if s.pod == pod {
+		s.pod, s.podCtx, s.podCancel = nil, nil, nil
+	}
+	s.mu.Unlock()
+	// The agent's Shutdown answers the pending GetOOMEvent, which ends the OOM loop; the
+	// context goes after, and with it the waits of the processes left.
+	if err := pod.Stop(s.ctx); err != nil {
+		log.G(s.ctx).WithError(err).Error("stopping the sandbox's pod")
+	}
+	cancel()
+	var waits []chan struct{}
+	for _, p := range inits {
+		waits = append(waits, p.exited)
+	}
+	if !waitAll(waits, sandboxStopTimeout) {
+		log.G(s.ctx).Warnf("processes of the stopped sandbox had not exited %v after its VM stopped", sandboxStopTimeout)
+	}
+}
+
+// waitAll waits for every channel to close, for at most timeout; it says whether they did.
+func waitAll(chans []chan struct{}, timeout time.Duration) bool {
+	deadline := time.After(timeout)
+	for _, c := range chans {
+		select {
+		case <-c:
+		case <-deadline:
+			return false
+		}
+	}
+	return true
+}
+
+// WaitSandbox returns once the sandbox has stopped, with its exit: 0 when stopped by
+// StopSandbox (or never started), exitVMDied when its VM or virtio-fs server died or it
+// failed to start.
+func (s *Service) WaitSandbox(ctx context.Context, r *sandboxAPI.WaitSandboxRequest) (*sandboxAPI.WaitSandboxResponse, error) {
+	s.mu.Lock()
+	sb, err := s.sandboxLocked(r.SandboxID)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-sb.exited:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	s.mu.Lock()
+	e := sb.exit
+	s.mu.Unlock()
+	return &sandboxAPI.WaitSandboxResponse{ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)}, nil
+}
+
+// SandboxStatus answers the sandbox's state as CRI names it (SANDBOX_READY while its VM
+// runs, else SANDBOX_NOTREADY), the VM's pid while it runs, and its times.
+func (s *Service) SandboxStatus(ctx context.Context, r *sandboxAPI.SandboxStatusRequest) (*sandboxAPI.SandboxStatusResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb, err := s.sandboxLocked(r.SandboxID)
+	if err != nil {
+		return nil, err
+	}
+	resp := &sandboxAPI.SandboxStatusResponse{SandboxID: sb.id, Pid: sb.pid, CreatedAt: timestamppb.New(sb.createdAt),
+		State: criapi.PodSandboxState_SANDBOX_NOTREADY.String()}
+	switch sb.phase {
+	case sandboxReady:
+		resp.State = criapi.PodSandboxState_SANDBOX_READY.String()
+	case sandboxStopped:
+		resp.ExitedAt = timestamppb.New(sb.exit.at)
+	}
+	return resp, nil
+}
+
+// PingSandbox answers once the ready sandbox's guest agent answers Ping.
+func (s *Service) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*sandboxAPI.PingResponse, error) {
+	if err := s.readySandbox(r.SandboxID); err != nil {
+		return nil, err
+	}
+	ag, actx, cancel, err := s.podAgent(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	actx, cancelPing := context.WithTimeout(actx, sandboxPingTimeout)
+	defer cancelPing()
+	if _, err := ag.Ping(actx, &agent.PingRequest{}); err != nil {
+		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", r.SandboxID, err)
+	}
+	return &sandboxAPI.PingResponse{}, nil
+}
+
+// SandboxMetrics answers the pod's cgroup2 metrics from the guest: the agent's Stats of
+// every container (no container id), checked as the task API's Stats checks them.
+func (s *Service) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
+	if err := s.readySandbox(r.SandboxID); err != nil {
+		return nil, err
+	}
+	ag, actx, cancel, err := s.podAgent(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	resp, err := ag.Stats(actx, &agent.StatsRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("the agent's stats of sandbox %s: %w", r.SandboxID, err)
+	}
+	a, err := cgroupMetrics("sandbox "+r.SandboxID, resp)
+	if err != nil {
+		return nil, err
+	}
+	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: a}}, nil
+}
+
+// Platform is the guest's: Linux on the host's architecture (QEMU runs the host's).
+func (s *Service) Platform(ctx context.Context, r *sandboxAPI.PlatformRequest) (*sandboxAPI.PlatformResponse, error) {
+	s.mu.Lock()
+	_, err := s.sandboxLocked(r.SandboxID)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return &sandboxAPI.PlatformResponse{Platform: &types.Platform{OS: "linux", Architecture: runtime.GOARCH}}, nil
+}
+
+// UpdateSandbox is not supported: a VM's size is set when it boots. (containerd's
+// controller takes NotImplemented as the shim's answer that it does not update.)
+func (s *Service) UpdateSandbox(ctx context.Context, r *sandboxAPI.UpdateSandboxRequest) (*sandboxAPI.UpdateSandboxResponse, error) {
+	return nil, fmt.Errorf("update of sandbox %s: a VM's size is set when it boots: %w", r.SandboxID, errdefs.ErrNotImplemented)
+}
+
+// ShutdownSandbox stops the sandbox if it still runs, forgets it and ends the shim, once it
+// has answered (shutdownGrace). A shim whose CreateSandbox failed has no sandbox: it ends
+// too.
+func (s *Service) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
+	s.mu.Lock()
+	sb := s.sandbox
+	s.mu.Unlock()
+	if sb != nil {
+		if sb.id != r.SandboxID {
+			return nil, fmt.Errorf("sandbox %s is not this shim's: %w", r.SandboxID, errdefs.ErrNotFound)
+		}
+		if _, err := s.StopSandbox(ctx, &sandboxAPI.StopSandboxRequest{SandboxID: sb.id}); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	s.sandbox = nil
+	s.mu.Unlock()
+	time.AfterFunc(shutdownGrace, s.opts.Shutdown.Shutdown)
+	return &sandboxAPI.ShutdownSandboxResponse{}, nil
+}
+
+// podFilesDir is the directory, in the sandbox's bundle, of its pod files.
+const podFilesDir = "pod-files"
+
+// podFiles are the files CRI's podsandbox sandboxer makes on the host for a pod's containers
+// and the Sandbox API leaves to the sandbox: the container path, the file's name in
+// podFilesDir.
+var podFiles = [...][2]string{{"/etc/hostname", "hostname"}, {"/etc/hosts", "hosts"}, {"/etc/resolv.conf", "resolv.conf"}}
+
+// writePodFiles writes the pod files into dir from the pod's config, as CRI writes them for a
+// pause container: the pod's hostname (else the host's), the host's /etc/hosts, a
+// resolv.conf from the pod's DNS config (else the host's).
+func writePodFiles(dir string, pc *criapi.PodSandboxConfig) error {
+	hostname := pc.GetHostname()
+	if hostname == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("the pod's hostname: %w", err)
+		}
+		hostname = h
+	}
+	hosts, err := os.ReadFile("/etc/hosts")
+	if err != nil {
+		return fmt.Errorf("the pod's /etc/hosts: %w", err)
+	}
+	var resolv []byte
+	if dns := pc.GetDnsConfig(); dns != nil {
+		var b strings.Builder
+		if len(dns.Searches) > 0 {
+			fmt.Fprintf(&b, "search %s\n", strings.Join(dns.Searches, " "))
+		}
+		for _, s := range dns.Servers {
+			fmt.Fprintf(&b, "nameserver %s\n", s)
+		}
+		if len(dns.Options) > 0 {
+			fmt.Fprintf(&b, "options %s\n", strings.Join(dns.Options, " "))
+		}
+		resolv = []byte(b.String())
+	} else if resolv, err = os.ReadFile("/etc/resolv.conf"); err != nil {
+		return fmt.Errorf("the pod's /etc/resolv.conf: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{"hostname": []byte(hostname + "\n"), "hosts": hosts, "resolv.conf": resolv} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return fmt.Errorf("the pod's %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// withPodFiles adds to a container's spec a bind of each pod file in dir at its path, unless
+// the spec mounts something there already (the CRI's own mounts win); read-only with a
+// read-only root, as CRI binds them.
+func withPodFiles(spec *specs.Spec, dir string) {
+	opts := []string{"rbind", "rprivate", "rw"}
+	if spec.Root != nil && spec.Root.Readonly {
+		opts = []string{"rbind", "rprivate", "ro"}
+	}
+	for _, f := range podFiles {
+		if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return filepath.Clean(m.Destination) == f[0] }) {
+			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f[0], Type: "bind", Source: filepath.Join(dir, f[1]), Options: opts})
+		}
+	}
+}
+
+// podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
+func (s *Service) podFilesOf(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sandbox == nil || s.sandbox.id != id {
+		return "", false
+	}
+	return s.sandbox.files, true
+}
