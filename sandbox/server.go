@@ -390,7 +390,7 @@ func (s *confinedServer) describe() string {
 const finalWait = time.Second
 
 // info asks the running server for its counters (FS stays nil, and the failure is logged, if it
-// does not answer); an exited one's are those it left when it stopped serving.
+// does not answer and leaves none); an exited one's are those it left when it stopped serving.
 func (s *confinedServer) info() ServerStats {
 	st := ServerStats{Daemon: Confined, PID: s.proc.Pid(), Started: s.started, Uptime: time.Since(s.started),
 		Running: !isClosed(s.proc.Exited())}
@@ -408,6 +408,18 @@ func (s *confinedServer) info() ServerStats {
 	defer cancel()
 	fs, err := s.channel.Stats(ctx)
 	if err != nil {
+		// A server whose front-end has gone stops serving its channel a moment before it
+		// exits, leaving its counters on the pipe as it goes: those are the answer then.
+		if s.final != nil {
+			select {
+			case <-s.final:
+				if s.finalStats != nil {
+					st.FS, st.Running = s.finalStats, !isClosed(s.proc.Exited())
+					return st
+				}
+			case <-time.After(finalWait):
+			}
+		}
 		log.G(s.ctx).WithError(err).Warn("no statistics from the confined server")
 		return st
 	}
