@@ -20,18 +20,18 @@ import (
 // stdin, with any runtime.) Meanwhile, Update sets a memory limit the task's metrics show.
 func TestCloseIO(t *testing.T) {
 	e := newEnv(t, "")
-	cl := e.c.Client(t)
+	cl := e.C.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	img, err := cl.GetImage(ctx, e.image)
+	img, err := cl.GetImage(ctx, e.Image)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctn, err := cl.NewContainer(ctx, "cat",
 		client.WithImage(img),
 		client.WithNewSnapshot("cat-snapshot", img),
-		client.WithRuntime(runtimeType, &runtimeoptions.Options{ConfigPath: e.config}),
+		client.WithRuntime(RuntimeType, &runtimeoptions.Options{ConfigPath: e.Config}),
 		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("cat")),
 	)
 	if err != nil {
@@ -43,7 +43,7 @@ func TestCloseIO(t *testing.T) {
 	var stdout, stderr strings.Builder
 	task, err := ctn.NewTask(ctx, cio.NewCreator(
 		cio.WithStreams(strings.NewReader(input), &stdout, &stderr),
-		cio.WithFIFODir(e.c.FIFODir()),
+		cio.WithFIFODir(e.C.FIFODir()),
 	))
 	if err != nil {
 		t.Fatal(err)

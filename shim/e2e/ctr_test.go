@@ -14,107 +14,26 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
-	"github.com/kvfs/kvfs/internal/vmtest"
 )
 
-// runtimeType is what ctr and containerd's runtime classes name the kvfs shim by.
-const runtimeType = "io.containerd.kvfs.v2"
-
-// env is a private containerd with the kvfs shim first on its PATH, the busybox image
-// imported, and a kvfs configuration whose sandboxes live in a directory of the test's own.
-type env struct {
-	c       *ctrdtest.Containerd
-	image   string
-	config  string // the kvfs configuration (--runtime-config-path)
-	baseDir string // where its sandboxes are made
-}
-
-// newEnv starts the containerd. extra is TOML added at the top of the kvfs configuration
-// (before its [vm] table).
-func newEnv(t *testing.T, extra string) *env {
+// newEnv starts the containerd, without the CRI. extra is TOML added at the top of the kvfs
+// configuration (before its [vm] table).
+func newEnv(t *testing.T, extra string) *Env {
 	t.Helper()
-	return startEnv(t, extra, "")
-}
-
-// startEnv is newEnv; with a CRI sandboxer ("podsandbox" or "shim"), the containerd's CRI is
-// on, with the runtime handler criHandler for the kvfs shim, this configuration and that
-// sandboxer, and the image is imported for it.
-func startEnv(t *testing.T, extra, sandboxer string) *env {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("boots VMs under QEMU (-short)")
-	}
-	g := vmtest.AgentImage(t)
-	accel, why := vmtest.Accel(context.Background(), g)
-	t.Logf("accelerator %s: %s", accel, why)
-	dir, err := os.MkdirTemp("/tmp", "kvfs-e2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{config: filepath.Join(dir, "configuration.toml"), baseDir: filepath.Join(dir, "sb")}
-	// kvfs.debug=1: the agent logs every request on the guest's console, which a failed test
-	// prints.
-	cfg := fmt.Sprintf("base_dir = %q\n%s\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = \"kvfs.debug=1\"\n",
-		e.baseDir, extra, g.Kernel, g.Initrd, accel)
-	if err := os.WriteFile(e.config, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// Registered before Start, so it runs after the containerd's own cleanup (its leak check).
-	t.Cleanup(func() { checkBaseDirEmpty(t, e.baseDir) })
-	opts := ctrdtest.Options{ShimDirs: []string{binDir}, LeakDirs: []string{e.baseDir}}
-	cri := sandboxer != ""
-	if cri {
-		opts.CRI = true
-		opts.Config = ctrdconf.KvfsRuntime(criHandler, e.config, sandboxer)
-	}
-	e.c = ctrdtest.Start(t, opts)
-	// Registered after Start, so it runs before the containerd's cleanup stops the pods.
-	t.Cleanup(func() {
-		if t.Failed() {
-			printConsoles(t, e.baseDir)
-		}
-	})
-	if cri {
-		e.image = ctrdtest.ImportImage(t, e.c, "localhost/busybox:cri")
-	} else {
-		e.image = ctrdtest.ImportBusybox(t, e.c)
-	}
-	return e
-}
-
-// printConsoles logs the guest console of every pod still in dir.
-func printConsoles(t *testing.T, dir string) {
-	logs, _ := filepath.Glob(filepath.Join(dir, "*", "console.log"))
-	for _, l := range logs {
-		b, _ := os.ReadFile(l)
-		t.Logf("%s:\n%s", l, b)
-	}
+	return Start(t, extra, "")
 }
 
 // run is `ctr run --runtime io.containerd.kvfs.v2 --runtime-config-path CONFIG flags... IMAGE
 // ID args...`.
-func (e *env) run(t *testing.T, flags []string, id string, args ...string) ctrdtest.Result {
+func (e *Env) run(t *testing.T, flags []string, id string, args ...string) ctrdtest.Result {
 	t.Helper()
-	return e.c.RunCtr(t, e.runArgs(flags, id, args...)...)
+	return e.C.RunCtr(t, e.runArgs(flags, id, args...)...)
 }
 
-func (e *env) runArgs(flags []string, id string, args ...string) []string {
-	a := append([]string{"run", "--runtime", runtimeType, "--runtime-config-path", e.config}, flags...)
-	a = append(a, e.image, id)
+func (e *Env) runArgs(flags []string, id string, args ...string) []string {
+	a := append([]string{"run", "--runtime", RuntimeType, "--runtime-config-path", e.Config}, flags...)
+	a = append(a, e.Image, id)
 	return append(a, args...)
-}
-
-// checkBaseDirEmpty fails the test if a sandbox directory outlived the test.
-func checkBaseDirEmpty(t *testing.T, dir string) {
-	ents, err := os.ReadDir(dir)
-	if err != nil && !os.IsNotExist(err) {
-		t.Error(err)
-	}
-	for _, ent := range ents {
-		t.Errorf("sandbox directory %s left behind", filepath.Join(dir, ent.Name()))
-	}
 }
 
 func wantResult(t *testing.T, what string, r ctrdtest.Result, code int, stdout string) {
@@ -148,7 +67,7 @@ func TestRun(t *testing.T) {
 	}
 
 	a := e.startAttached(t, "kill9")
-	e.c.Ctr(t, "task", "kill", "-s", "SIGKILL", "kill9")
+	e.C.Ctr(t, "task", "kill", "-s", "SIGKILL", "kill9")
 	if code := a.wait(t); code != 137 {
 		t.Errorf("ctr run of a task killed with SIGKILL: exit %d, want 137; stderr %s", code, a.stderr.String())
 	}
@@ -175,10 +94,10 @@ type attached struct {
 
 // startAttached starts `ctr run --rm ... ID sh -c 'echo up; exec sleep 600'` and returns once
 // the task has printed "up".
-func (e *env) startAttached(t *testing.T, id string) *attached {
+func (e *Env) startAttached(t *testing.T, id string) *attached {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	a := &attached{cmd: e.c.CtrCmd(ctx, e.runArgs([]string{"--rm"}, id, "sh", "-c", "echo up; exec sleep 600")...), stderr: &strings.Builder{}, cancel: cancel}
+	a := &attached{cmd: e.C.CtrCmd(ctx, e.runArgs([]string{"--rm"}, id, "sh", "-c", "echo up; exec sleep 600")...), stderr: &strings.Builder{}, cancel: cancel}
 	t.Cleanup(cancel)
 	stdout, err := a.cmd.StdoutPipe()
 	if err != nil {
@@ -223,7 +142,7 @@ func TestStdin(t *testing.T) {
 	e := newEnv(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := e.c.CtrCmd(ctx, e.runArgs([]string{"--rm"}, "stdin", "sh", "-c", "read a; read b; echo got $a $b")...)
+	cmd := e.C.CtrCmd(ctx, e.runArgs([]string{"--rm"}, "stdin", "sh", "-c", "read a; read b; echo got $a $b")...)
 	cmd.Stdin = strings.NewReader("one\ntwo\n")
 	out, err := cmd.Output()
 	if err != nil || string(out) != "got one two\n" {
@@ -240,8 +159,8 @@ func TestTerminal(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ctr := e.c.CtrCmd(ctx, e.runArgs([]string{"--rm", "-t"}, "tty", "sh", "-c", "tty; stty size")...)
-	line := "stty rows 33 cols 101; exec " + shellQuote(ctr.Args)
+	ctr := e.C.CtrCmd(ctx, e.runArgs([]string{"--rm", "-t"}, "tty", "sh", "-c", "tty; stty size")...)
+	line := "stty rows 33 cols 101; exec " + ShellQuote(ctr.Args)
 	cmd := exec.CommandContext(ctx, script, "-qec", line, "/dev/null")
 	cmd.Env = ctr.Env
 	out, err := cmd.Output()
@@ -251,14 +170,6 @@ func TestTerminal(t *testing.T) {
 	}
 }
 
-func shellQuote(args []string) string {
-	q := make([]string, len(args))
-	for i, a := range args {
-		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-	}
-	return strings.Join(q, " ")
-}
-
 // TestSnapshotWrite: a file the container writes lands in its snapshot on the host (the
 // overlayfs upper directory containerd keeps), through the share.
 func TestSnapshotWrite(t *testing.T) {
@@ -266,7 +177,7 @@ func TestSnapshotWrite(t *testing.T) {
 	token := fmt.Sprintf("written in the guest %d", time.Now().UnixNano())
 	r := e.run(t, nil, "writer", "sh", "-c", "echo '"+token+"' >/from-guest && sync")
 	wantResult(t, "write", r, 0, "")
-	files, err := filepath.Glob(filepath.Join(e.c.Dir(), "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots", "*", "fs", "from-guest"))
+	files, err := filepath.Glob(filepath.Join(e.C.Dir(), "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots", "*", "fs", "from-guest"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +187,7 @@ func TestSnapshotWrite(t *testing.T) {
 	if b, err := os.ReadFile(files[0]); err != nil || string(b) != token+"\n" {
 		t.Errorf("%s: %q, %v; want %q", files[0], b, err, token+"\n")
 	}
-	e.c.Ctr(t, "container", "rm", "writer")
+	e.C.Ctr(t, "container", "rm", "writer")
 }
 
 // TestTasks: exec, ps, metrics, pause and resume, and kill, on two running tasks (two pods).
@@ -285,14 +196,14 @@ func TestTasks(t *testing.T) {
 	for _, id := range []string{"t1", "t2"} {
 		wantResult(t, "run -d "+id, e.run(t, []string{"-d"}, id, "sleep", "600"), 0, "")
 	}
-	r := e.c.RunCtr(t, "task", "exec", "--exec-id", "e1", "t1", "sh", "-c", "echo in exec; cat /proc/1/cmdline; exit 5")
+	r := e.C.RunCtr(t, "task", "exec", "--exec-id", "e1", "t1", "sh", "-c", "echo in exec; cat /proc/1/cmdline; exit 5")
 	wantResult(t, "exec", r, 5, "in exec\nsleep\x00600\x00")
 
-	ps := e.c.Ctr(t, "task", "ps", "t1")
+	ps := e.C.Ctr(t, "task", "ps", "t1")
 	if n := len(strings.Split(strings.TrimSpace(ps), "\n")); n < 2 {
 		t.Errorf("ctr task ps t1: %q, want a header and the init", ps)
 	}
-	m := e.c.Ctr(t, "task", "metrics", "--format", "json", "t1")
+	m := e.C.Ctr(t, "task", "metrics", "--format", "json", "t1")
 	var metrics struct {
 		Memory struct {
 			Usage uint64 `json:"usage"`
@@ -316,7 +227,7 @@ func TestTasks(t *testing.T) {
 			VMRunning bool   `json:"vm_running"`
 		} `json:"sandboxes"`
 	}
-	lj := kvfsctl(t, "--base-dir", e.baseDir, "--json", "list")
+	lj := kvfsctl(t, "--base-dir", e.BaseDir, "--json", "list")
 	if err := json.Unmarshal([]byte(lj), &list); err != nil {
 		t.Fatalf("kvfsctl --json list: %v\n%s", err, lj)
 	}
@@ -337,7 +248,7 @@ func TestTasks(t *testing.T) {
 			} `json:"stats"`
 		} `json:"server"`
 	}
-	js := kvfsctl(t, "--base-dir", e.baseDir, "--json", "status", "t1")
+	js := kvfsctl(t, "--base-dir", e.BaseDir, "--json", "status", "t1")
 	if err := json.Unmarshal([]byte(js), &status); err != nil {
 		t.Fatalf("kvfsctl --json status t1: %v\n%s", err, js)
 	}
@@ -351,20 +262,20 @@ func TestTasks(t *testing.T) {
 		t.Errorf("kvfsctl status t1 counts no LOOKUP served to the guest:\n%s", js)
 	}
 
-	e.c.Ctr(t, "task", "pause", "t1")
+	e.C.Ctr(t, "task", "pause", "t1")
 	wantStatus(t, e, map[string]string{"t1": "PAUSED", "t2": "RUNNING"})
-	wantResult(t, "exec in t2 while t1 is paused", e.c.RunCtr(t, "task", "exec", "--exec-id", "e2", "t2", "echo", "t2"), 0, "t2\n")
-	e.c.Ctr(t, "task", "resume", "t1")
+	wantResult(t, "exec in t2 while t1 is paused", e.C.RunCtr(t, "task", "exec", "--exec-id", "e2", "t2", "echo", "t2"), 0, "t2\n")
+	e.C.Ctr(t, "task", "resume", "t1")
 	wantStatus(t, e, map[string]string{"t1": "RUNNING", "t2": "RUNNING"})
-	wantResult(t, "exec in t1 after resume", e.c.RunCtr(t, "task", "exec", "--exec-id", "e3", "t1", "echo", "t1"), 0, "t1\n")
+	wantResult(t, "exec in t1 after resume", e.C.RunCtr(t, "task", "exec", "--exec-id", "e3", "t1", "echo", "t1"), 0, "t1\n")
 
 	// sleep is its container's init, which takes no signal it has no handler for but SIGKILL.
-	e.c.Ctr(t, "task", "kill", "-s", "SIGKILL", "t1")
-	e.c.Ctr(t, "task", "kill", "-s", "SIGKILL", "--all", "t2")
+	e.C.Ctr(t, "task", "kill", "-s", "SIGKILL", "t1")
+	e.C.Ctr(t, "task", "kill", "-s", "SIGKILL", "--all", "t2")
 	waitStatus(t, e, map[string]string{"t1": "STOPPED", "t2": "STOPPED"})
 	for _, id := range []string{"t1", "t2"} {
-		e.c.Ctr(t, "task", "rm", id)
-		e.c.Ctr(t, "container", "rm", id)
+		e.C.Ctr(t, "task", "rm", id)
+		e.C.Ctr(t, "container", "rm", id)
 	}
 }
 
@@ -372,7 +283,7 @@ func TestTasks(t *testing.T) {
 // exits 0.
 func kvfsctl(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(binDir, "kvfsctl"), args...).Output()
+	out, err := exec.Command(filepath.Join(BinDir, "kvfsctl"), args...).Output()
 	if err != nil {
 		t.Fatalf("kvfsctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -380,9 +291,9 @@ func kvfsctl(t *testing.T, args ...string) string {
 }
 
 // taskStatus is `ctr task ls`: each task's status.
-func taskStatus(t *testing.T, e *env) map[string]string {
+func taskStatus(t *testing.T, e *Env) map[string]string {
 	t.Helper()
-	out := e.c.Ctr(t, "task", "ls")
+	out := e.C.Ctr(t, "task", "ls")
 	st := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
 		f := strings.Fields(line)
@@ -393,7 +304,7 @@ func taskStatus(t *testing.T, e *env) map[string]string {
 	return st
 }
 
-func wantStatus(t *testing.T, e *env, want map[string]string) {
+func wantStatus(t *testing.T, e *Env, want map[string]string) {
 	t.Helper()
 	got := taskStatus(t, e)
 	for id, s := range want {
@@ -405,7 +316,7 @@ func wantStatus(t *testing.T, e *env, want map[string]string) {
 
 // waitStatus waits until every task in want has its status (a killed task stops a moment
 // after the kill returns).
-func waitStatus(t *testing.T, e *env, want map[string]string) {
+func waitStatus(t *testing.T, e *Env, want map[string]string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -427,27 +338,27 @@ func waitStatus(t *testing.T, e *env, want map[string]string) {
 // it, and leaves nothing behind (no shim, VM, mount or sandbox directory).
 func TestBadConfig(t *testing.T) {
 	e := newEnv(t, "")
-	before := e.c.Snapshot(t)
+	before := e.C.Snapshot(t)
 
-	missing := filepath.Join(filepath.Dir(e.config), "missing.toml")
-	r := e.c.RunCtr(t, "run", "--rm", "--runtime", runtimeType, "--runtime-config-path", missing, e.image, "bad1", "true")
+	missing := filepath.Join(filepath.Dir(e.Config), "missing.toml")
+	r := e.C.RunCtr(t, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", missing, e.Image, "bad1", "true")
 	if r.ExitCode == 0 || !strings.Contains(r.Stderr, missing) {
 		t.Errorf("a missing config: exit %d, stderr %q; want a failure naming %s", r.ExitCode, r.Stderr, missing)
 	}
 
-	typo := filepath.Join(filepath.Dir(e.config), "typo.toml")
+	typo := filepath.Join(filepath.Dir(e.Config), "typo.toml")
 	if err := os.WriteFile(typo, []byte("[vm]\nmemroy = \"1G\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r = e.c.RunCtr(t, "run", "--rm", "--runtime", runtimeType, "--runtime-config-path", typo, e.image, "bad2", "true")
+	r = e.C.RunCtr(t, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", typo, e.Image, "bad2", "true")
 	if r.ExitCode == 0 || !strings.Contains(r.Stderr, "memroy") {
 		t.Errorf("an unknown key: exit %d, stderr %q; want a failure naming vm.memroy", r.ExitCode, r.Stderr)
 	}
 	for _, id := range []string{"bad1", "bad2"} {
 		// ctr run --rm removes the container only after a task ran: take it back here.
-		e.c.RunCtr(t, "container", "rm", id)
+		e.C.RunCtr(t, "container", "rm", id)
 	}
-	e.c.CheckNoLeaks(t, before)
+	e.C.CheckNoLeaks(t, before)
 }
 
 // TestRunCycles: 20 `ctr run --rm` leave no process, mount, descriptor of containerd,
@@ -455,7 +366,7 @@ func TestBadConfig(t *testing.T) {
 // same for the pod's whole life; 20 here keep make test within its time.)
 func TestRunCycles(t *testing.T) {
 	e := newEnv(t, "")
-	before := e.c.Snapshot(t)
+	before := e.C.Snapshot(t)
 	const cycles = 20
 	start := time.Now()
 	for i := range cycles {
@@ -465,18 +376,18 @@ func TestRunCycles(t *testing.T) {
 		}
 	}
 	t.Logf("%d runs in %v", cycles, time.Since(start).Round(time.Millisecond))
-	e.c.CheckNoLeaks(t, before)
+	e.C.CheckNoLeaks(t, before)
 }
 
 // TestServerKilled: kvfsd (here as an external daemon, so that it can be killed alone) dies
 // under a running task: the task exits with 255 and ctr returns at once, leaving nothing.
 func TestServerKilled(t *testing.T) {
-	kvfsd := filepath.Join(binDir, "kvfsd")
+	kvfsd := filepath.Join(BinDir, "kvfsd")
 	e := newEnv(t, fmt.Sprintf("[server]\ndaemon = %q\n", kvfsd))
-	before := e.c.Snapshot(t)
+	before := e.C.Snapshot(t)
 
 	a := e.startAttached(t, "victim")
-	pid := serverPID(t, filepath.Join(e.baseDir, "victim", "state.json"))
+	pid := serverPID(t, filepath.Join(e.BaseDir, "victim", "state.json"))
 	killed := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill -9 kvfsd %d: %v", pid, err)
@@ -492,7 +403,7 @@ func TestServerKilled(t *testing.T) {
 	if took > 2*time.Second {
 		t.Errorf("ctr returned %v after kvfsd was killed; want within 2 s", took)
 	}
-	e.c.CheckNoLeaks(t, before)
+	e.C.CheckNoLeaks(t, before)
 }
 
 // serverPID reads the pid of the sandbox's external server from its state.json.

@@ -93,16 +93,16 @@ func withHooks(h *specs.Hooks) oci.SpecOpts {
 }
 
 // newHookedContainer makes container id of the busybox image, running args, with hooks.
-func (e *env) newHookedContainer(t *testing.T, ctx context.Context, cl *client.Client, id string, h *specs.Hooks, args ...string) client.Container {
+func (e *Env) newHookedContainer(t *testing.T, ctx context.Context, cl *client.Client, id string, h *specs.Hooks, args ...string) client.Container {
 	t.Helper()
-	img, err := cl.GetImage(ctx, e.image)
+	img, err := cl.GetImage(ctx, e.Image)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctn, err := cl.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithNewSnapshot(id+"-snapshot", img),
-		client.WithRuntime(runtimeType, &runtimeoptions.Options{ConfigPath: e.config}),
+		client.WithRuntime(RuntimeType, &runtimeoptions.Options{ConfigPath: e.Config}),
 		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(args...), withHooks(h)),
 	)
 	if err != nil {
@@ -120,7 +120,7 @@ func (e *env) newHookedContainer(t *testing.T, ctx context.Context, cl *client.C
 // and the container reads what both wrote.
 func TestHooks(t *testing.T) {
 	e := newEnv(t, "")
-	cl := e.c.Client(t)
+	cl := e.C.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	m := newMarkers(t)
@@ -137,14 +137,14 @@ func TestHooks(t *testing.T) {
 	ctn := e.newHookedContainer(t, ctx, cl, id, h, "cat", "/created-marker", "/started-marker")
 
 	var stdout, stderr strings.Builder
-	task, err := ctn.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(e.c.FIFODir())))
+	task, err := ctn.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(e.C.FIFODir())))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.add("test:created")
 	// The state's pid is the pod's VM's: the pod's one QEMU process.
 	pid := 0
-	for _, p := range e.c.Snapshot(t).Processes {
+	for _, p := range e.C.Snapshot(t).Processes {
 		if strings.Contains(p.Cmdline, "qemu-system") {
 			pid = p.PID
 		}
@@ -193,7 +193,7 @@ func TestHooks(t *testing.T) {
 // directory or task bundle) and the poststop hooks ran.
 func TestHookPrestartFails(t *testing.T) {
 	e := newEnv(t, "")
-	cl := e.c.Client(t)
+	cl := e.C.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	m := newMarkers(t)
@@ -204,7 +204,7 @@ func TestHookPrestartFails(t *testing.T) {
 		Poststop:      []specs.Hook{m.hook("poststop", "", 0)},
 	}
 	ctn := e.newHookedContainer(t, ctx, cl, id, h, "true")
-	before := e.c.Snapshot(t)
+	before := e.C.Snapshot(t)
 
 	task, err := ctn.NewTask(ctx, cio.NullIO)
 	if err == nil {
@@ -216,11 +216,11 @@ func TestHookPrestartFails(t *testing.T) {
 			t.Errorf("NewTask's error %q does not say %q", err, want)
 		}
 	}
-	e.c.CheckNoLeaks(t, before)
+	e.C.CheckNoLeaks(t, before)
 	if _, err := ctn.Task(ctx, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("the container's task after the failed create: %v, want not found", err)
 	}
-	bundle := filepath.Join(e.c.Dir(), "state", "io.containerd.runtime.v2.task", e.c.Namespace(), id)
+	bundle := filepath.Join(e.C.Dir(), "state", "io.containerd.runtime.v2.task", e.C.Namespace(), id)
 	if _, err := os.Stat(bundle); !os.IsNotExist(err) {
 		t.Errorf("the task's bundle %s: %v, want it gone", bundle, err)
 	}

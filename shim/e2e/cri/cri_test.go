@@ -1,4 +1,4 @@
-package e2e
+package cri
 
 import (
 	"context"
@@ -17,11 +17,8 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/shim/e2e"
 )
-
-// criHandler is the CRI runtime handler of the kvfs shim in the tests' containerd (crictl
-// runp --runtime kvfs), as packaging's containerd drop-in names it.
-const criHandler = "kvfs"
 
 // The CRI's sandboxers: containerd's pause-container one (its default), and the Sandbox API
 // of the shim, which needs no pause image.
@@ -35,9 +32,9 @@ var criSandboxers = []string{podSandboxer, shimSandboxer}
 
 // checkNoPause fails the test unless the pod ran the way its sandboxer runs it: a pause
 // container (with the pause image) under "podsandbox", none under "shim".
-func checkNoPause(t *testing.T, e *env, sandboxer, podID string) {
+func checkNoPause(t *testing.T, e *e2e.Env, sandboxer, podID string) {
 	t.Helper()
-	out := e.c.Ctr(t, "--namespace", ctrdtest.CRINamespace, "containers", "ls")
+	out := e.C.Ctr(t, "--namespace", ctrdtest.CRINamespace, "containers", "ls")
 	pause := strings.Contains(out, podID) || strings.Contains(out, ctrdtest.PauseImage)
 	if want := sandboxer == podSandboxer; pause != want {
 		t.Errorf("sandboxer %s: a pause container %v, want %v; containerd's containers:\n%s", sandboxer, pause, want, out)
@@ -46,7 +43,7 @@ func checkNoPause(t *testing.T, e *env, sandboxer, podID string) {
 
 // pod is a CRI pod of the test: its config files and ids.
 type pod struct {
-	e      *env
+	e      *e2e.Env
 	dir    string // pod.json, the containers' configs, the logs
 	config string // pod.json
 	id     string
@@ -54,7 +51,7 @@ type pod struct {
 
 // runPod writes pod.json (with more fields from extra) and runs the pod through the kvfs
 // runtime handler.
-func (e *env) runPod(t *testing.T, name string, extra map[string]any) *pod {
+func runPod(t *testing.T, e *e2e.Env, name string, extra map[string]any) *pod {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := map[string]any{
@@ -67,7 +64,7 @@ func (e *env) runPod(t *testing.T, name string, extra map[string]any) *pod {
 	}
 	p := &pod{e: e, dir: dir, config: filepath.Join(dir, "pod.json")}
 	writeJSON(t, p.config, cfg)
-	p.id = strings.TrimSpace(e.c.Crictl(t, "runp", "--runtime", criHandler, p.config))
+	p.id = strings.TrimSpace(e.C.Crictl(t, "runp", "--runtime", e2e.CRIHandler, p.config))
 	return p
 }
 
@@ -83,7 +80,7 @@ func (p *pod) containerWith(t *testing.T, name, script string, extra map[string]
 	t.Helper()
 	cfg := map[string]any{
 		"metadata": map[string]any{"name": name},
-		"image":    map[string]any{"image": p.e.image},
+		"image":    map[string]any{"image": p.e.Image},
 		"command":  []string{"sh", "-c", script},
 		"log_path": name + ".log",
 		"mounts":   mounts,
@@ -93,8 +90,8 @@ func (p *pod) containerWith(t *testing.T, name, script string, extra map[string]
 	}
 	path := filepath.Join(p.dir, name+".json")
 	writeJSON(t, path, cfg)
-	id := strings.TrimSpace(p.e.c.Crictl(t, "create", p.id, path, p.config))
-	p.e.c.Crictl(t, "start", id)
+	id := strings.TrimSpace(p.e.C.Crictl(t, "create", p.id, path, p.config))
+	p.e.C.Crictl(t, "start", id)
 	return id
 }
 
@@ -103,7 +100,7 @@ func (p *pod) waitLog(t *testing.T, id, want string) string {
 	t.Helper()
 	var logs string
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		r := p.e.c.RunCrictl(t, "logs", id)
+		r := p.e.C.RunCrictl(t, "logs", id)
 		if logs = r.Stdout + r.Stderr; strings.Contains(logs, want) {
 			return logs
 		}
@@ -150,8 +147,8 @@ func TestCRIPod(t *testing.T) {
 }
 
 func testCRIPod(t *testing.T, sandboxer string) {
-	e := startEnv(t, "", sandboxer)
-	before := e.c.Snapshot(t)
+	e := e2e.Start(t, "", sandboxer)
+	before := e.C.Snapshot(t)
 
 	// A pod on the host's network is refused, as Kata refuses it, with an error that says so.
 	dir := t.TempDir()
@@ -160,10 +157,10 @@ func testCRIPod(t *testing.T, sandboxer string) {
 		"metadata": map[string]any{"name": "hostnet", "namespace": "default", "uid": "hostnet-uid"},
 		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
 	})
-	if r := e.c.RunCrictl(t, "runp", "--runtime", criHandler, hostNet); r.ExitCode == 0 || !strings.Contains(r.Stderr, "host networking is not supported") {
+	if r := e.C.RunCrictl(t, "runp", "--runtime", e2e.CRIHandler, hostNet); r.ExitCode == 0 || !strings.Contains(r.Stderr, "host networking is not supported") {
 		t.Errorf("a hostNetwork pod: %+v, want a refusal that names host networking", r)
 	}
-	e.c.CheckNoLeaks(t, before)
+	e.C.CheckNoLeaks(t, before)
 
 	vols := t.TempDir()
 	shared := filepath.Join(vols, "shared")
@@ -184,12 +181,12 @@ func testCRIPod(t *testing.T, sandboxer string) {
 		t.Fatal(err)
 	}
 
-	p := e.runPod(t, "p1", map[string]any{
+	p := runPod(t, e, "p1", map[string]any{
 		"dns_config": map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
 		"linux": map[string]any{"resources": map[string]any{
 			"cpu_period": 100000, "cpu_quota": 100000, "memory_limit_in_bytes": 256 << 20}},
 	})
-	if n := processesOf(t, e.c, "qemu-system"); n != 1 {
+	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
 		t.Errorf("%d QEMU processes for the pod, want 1", n)
 	}
 	checkNoPause(t, e, sandboxer, p.id)
@@ -232,10 +229,10 @@ exec sleep 600`,
 	} else if kb, _ := strconv.Atoi(m[1]); kb < 600<<10 || m[2] != "2" {
 		t.Errorf("the guest has %s kB and %s CPUs; want more than 600 MiB (512M + 256M) and 2", m[1], m[2])
 	}
-	if n := processesOf(t, e.c, "qemu-system"); n != 1 {
+	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
 		t.Errorf("%d QEMU processes with two containers, want 1", n)
 	}
-	if n := processesOf(t, e.c, "containerd-shim-kvfs-v2"); n != 1 {
+	if n := processesOf(t, e.C, "containerd-shim-kvfs-v2"); n != 1 {
 		t.Errorf("%d kvfs shims for the pod, want 1", n)
 	}
 
@@ -244,7 +241,7 @@ exec sleep 600`,
 	var inspect struct {
 		Status struct{ Network struct{ IP string } }
 	}
-	if err := json.Unmarshal([]byte(e.c.Crictl(t, "inspectp", "-o", "json", p.id)), &inspect); err != nil || inspect.Status.Network.IP == "" {
+	if err := json.Unmarshal([]byte(e.C.Crictl(t, "inspectp", "-o", "json", p.id)), &inspect); err != nil || inspect.Status.Network.IP == "" {
 		t.Fatalf("crictl inspectp: no pod IP: %+v, %v", inspect, err)
 	}
 	ip := inspect.Status.Network.IP
@@ -253,10 +250,10 @@ exec sleep 600`,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if out, err := e.c.InNetNS(ctx, "busybox", "ping", "-c", "2", "-W", "5", ip).CombinedOutput(); err != nil {
+	if out, err := e.C.InNetNS(ctx, "busybox", "ping", "-c", "2", "-W", "5", ip).CombinedOutput(); err != nil {
 		t.Errorf("ping %s from the containerd's network namespace: %v\n%s", ip, err, out)
 	}
-	out, err := e.c.InNetNS(ctx, "sh", "-c", "(echo from-the-client; sleep 5) | busybox nc -w 20 "+ip+" 8080").CombinedOutput()
+	out, err := e.C.InNetNS(ctx, "sh", "-c", "(echo from-the-client; sleep 5) | busybox nc -w 20 "+ip+" 8080").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "pong-from-the-pod") {
 		t.Errorf("TCP to the pod's port 8080: %v, %q", err, out)
 	}
@@ -265,18 +262,18 @@ exec sleep 600`,
 	}
 
 	// The read-only bind is read-only on the host too (in containerd's mount namespace).
-	binds, _ := filepath.Glob(filepath.Join(fmt.Sprintf("/proc/%d/root", e.c.PID()), e.baseDir, p.id, "mounts", b+"-*-ro"))
+	binds, _ := filepath.Glob(filepath.Join(fmt.Sprintf("/proc/%d/root", e.C.PID()), e.BaseDir, p.id, "mounts", b+"-*-ro"))
 	if len(binds) != 1 {
 		t.Errorf("the read-only hostPath's bind: %q", binds)
 	} else if err := os.WriteFile(filepath.Join(binds[0], "host-write"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Errorf("writing through the host's read-only bind: %v, want EROFS", err)
 	}
 
-	if out := e.c.Crictl(t, "exec", "--sync", b, "cat", "/shared/from-a"); strings.TrimSpace(out) != "hello-from-a" {
+	if out := e.C.Crictl(t, "exec", "--sync", b, "cat", "/shared/from-a"); strings.TrimSpace(out) != "hello-from-a" {
 		t.Errorf("exec: %q", out)
 	}
 	// crictl reports a failed exec with its status and stderr.
-	r := e.c.RunCrictl(t, "exec", "--sync", b, "sh", "-c", "echo err >&2; exit 3")
+	r := e.C.RunCrictl(t, "exec", "--sync", b, "sh", "-c", "echo err >&2; exit 3")
 	if r.ExitCode == 0 || !strings.Contains(r.Stderr, "exited with 3: err") {
 		t.Errorf("exec exit 3: %+v", r)
 	}
@@ -288,7 +285,7 @@ exec sleep 600`,
 			CPU        struct{ UsageCoreNanoSeconds struct{ Value string } }
 		}
 	}
-	if err := json.Unmarshal([]byte(e.c.Crictl(t, "stats", "-o", "json", "--id", b)), &cs); err != nil || len(cs.Stats) != 1 ||
+	if err := json.Unmarshal([]byte(e.C.Crictl(t, "stats", "-o", "json", "--id", b)), &cs); err != nil || len(cs.Stats) != 1 ||
 		cs.Stats[0].Memory.WorkingSetBytes.Value == "" || cs.Stats[0].Memory.WorkingSetBytes.Value == "0" {
 		t.Errorf("crictl stats: %+v, %v", cs, err)
 	}
@@ -302,16 +299,16 @@ exec sleep 600`,
 				}
 			}
 		}
-		out := e.c.Crictl(t, "statsp", "-o", "json", "--id", p.id)
+		out := e.C.Crictl(t, "statsp", "-o", "json", "--id", p.id)
 		if err := json.Unmarshal([]byte(out), &ps); err != nil || len(ps.Stats) != 1 || ps.Stats[0].Attributes.ID != p.id ||
 			ps.Stats[0].Linux.Memory.WorkingSetBytes.Value == "" || ps.Stats[0].Linux.Memory.WorkingSetBytes.Value == "0" ||
 			ps.Stats[0].Linux.CPU.UsageCoreNanoSeconds.Value == "" || ps.Stats[0].Linux.CPU.UsageCoreNanoSeconds.Value == "0" {
 			t.Errorf("crictl statsp: %v\n%s", err, out)
 		}
 	}
-	e.c.Crictl(t, "stopp", p.id)
-	e.c.Crictl(t, "rmp", p.id)
-	e.c.CheckNoLeaks(t, before)
+	e.C.Crictl(t, "stopp", p.id)
+	e.C.Crictl(t, "rmp", p.id)
+	e.C.CheckNoLeaks(t, before)
 }
 
 // TestCRILifecycle: in a running pod, exec -it gets a terminal of the size asked, crictl
@@ -326,9 +323,9 @@ func TestCRILifecycle(t *testing.T) {
 }
 
 func testCRILifecycle(t *testing.T, sandboxer string) {
-	e := startEnv(t, "", sandboxer)
-	before := e.c.Snapshot(t)
-	p := e.runPod(t, "p2", nil)
+	e := e2e.Start(t, "", sandboxer)
+	before := e.C.Snapshot(t)
+	p := runPod(t, e, "p2", nil)
 	checkNoPause(t, e, sandboxer, p.id)
 	c1 := p.container(t, "c", "echo run; exec sleep 600")
 	p.waitLog(t, c1, "run")
@@ -339,8 +336,8 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	crictl := e.c.CrictlCmd(ctx, "exec", "-it", c1, "sh", "-c", "tty; stty size")
-	cmd := exec.CommandContext(ctx, script, "-qec", "stty rows 33 cols 101; exec "+shellQuote(crictl.Args), "/dev/null")
+	crictl := e.C.CrictlCmd(ctx, "exec", "-it", c1, "sh", "-c", "tty; stty size")
+	cmd := exec.CommandContext(ctx, script, "-qec", "stty rows 33 cols 101; exec "+e2e.ShellQuote(crictl.Args), "/dev/null")
 	cmd.Env = crictl.Env
 	out, err := cmd.Output()
 	if got := strings.ReplaceAll(string(out), "\r", ""); err != nil || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "33 101\n") {
@@ -351,7 +348,7 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	reader := p.containerWith(t, "reader", "echo ready; read line; echo got $line; exec sleep 600", map[string]any{"stdin": true})
 	p.waitLog(t, reader, "ready")
 	// Its stdin stays open until the answer has come: crictl ends the attach at its EOF.
-	attach := e.c.CrictlCmd(ctx, "attach", "--stdin", reader)
+	attach := e.C.CrictlCmd(ctx, "attach", "--stdin", reader)
 	stdin, err := attach.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -393,38 +390,38 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	attach.Process.Kill()
 	attach.Wait()
 	p.waitLog(t, reader, "got hello-attach")
-	e.c.Crictl(t, "stop", reader)
-	e.c.Crictl(t, "rm", reader)
+	e.C.Crictl(t, "stop", reader)
+	e.C.Crictl(t, "rm", reader)
 
 	// A container of the running pod restarted, as the kubelet does: stopped, removed,
 	// created again under its name.
-	e.c.Crictl(t, "stop", c1)
-	e.c.Crictl(t, "rm", c1)
+	e.C.Crictl(t, "stop", c1)
+	e.C.Crictl(t, "rm", c1)
 	c2 := p.container(t, "c", "echo run again; exec sleep 600")
 	p.waitLog(t, c2, "run again")
-	if n := processesOf(t, e.c, "qemu-system"); n != 1 {
+	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
 		t.Errorf("%d QEMU processes after the restart, want the pod's 1", n)
 	}
-	e.c.Crictl(t, "stopp", p.id)
-	e.c.Crictl(t, "rmp", p.id)
-	e.c.CheckNoLeaks(t, before)
+	e.C.Crictl(t, "stopp", p.id)
+	e.C.Crictl(t, "rmp", p.id)
+	e.C.CheckNoLeaks(t, before)
 
 	start := time.Now()
 	cycles := criCycles[sandboxer]
 	var runp time.Duration // the pod starts' share of the cycles
 	for i := range cycles {
 		t0 := time.Now()
-		id := strings.TrimSpace(e.c.Crictl(t, "runp", "--runtime", criHandler, p.config))
+		id := strings.TrimSpace(e.C.Crictl(t, "runp", "--runtime", e2e.CRIHandler, p.config))
 		runp += time.Since(t0)
-		e.c.Crictl(t, "stopp", id)
-		e.c.Crictl(t, "rmp", id)
+		e.C.Crictl(t, "stopp", id)
+		e.C.Crictl(t, "rmp", id)
 		if i == 0 {
-			e.c.CheckNoLeaks(t, before)
+			e.C.CheckNoLeaks(t, before)
 		}
 	}
 	t.Logf("sandboxer %s: %d runp/stopp/rmp cycles in %v; runp %v a pod", sandboxer, cycles,
 		time.Since(start).Round(time.Millisecond), (runp / time.Duration(cycles)).Round(time.Millisecond))
-	e.c.CheckNoLeaks(t, before)
+	e.C.CheckNoLeaks(t, before)
 }
 
 // criCycles is how many pods TestCRILifecycle runs one after the other, by sandboxer: 30
