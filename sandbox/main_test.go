@@ -26,6 +26,11 @@ const helperEnv = "KVFS_SANDBOX_TEST_HELPER"
 
 func TestMain(m *testing.M) {
 	confined.Init() // the sandboxes' confined servers are this test binary run again
+	// make test builds this binary with -race, and the race runtime sleeps a second at every
+	// exit (atexit_sleep_ms) for late reports: a confined server's supervisor and its serving
+	// process would each sleep, and every Stop would wait out serverStopGrace and SIGKILL them.
+	// The servers and helpers started from here skip that sleep.
+	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelper(spec))
 	}
