@@ -54,26 +54,26 @@ type owned struct {
 // selfRSS is this process's VmRSS in bytes.
 func selfRSS(t testing.TB) int64 {
 	t.Helper()
-	return procRSS(t, os.Getpid())
+	return procMemory(t, os.Getpid(), "VmRSS")
 }
 
-// procRSS is VmRSS of pid in bytes.
-func procRSS(t testing.TB, pid int) int64 {
+// procMemory is a memory field of /proc/PID/status (VmRSS, RssAnon, ...) in bytes.
+func procMemory(t testing.TB, pid int, field string) int64 {
 	t.Helper()
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err != nil {
-				t.Fatalf("VmRSS %q", v)
+				t.Fatalf("%s %q", field, v)
 			}
 			return kb << 10
 		}
 	}
-	t.Fatalf("/proc/%d/status has no VmRSS", pid)
+	t.Fatalf("/proc/%d/status has no %s", pid, field)
 	return 0
 }
 
