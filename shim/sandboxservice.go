@@ -174,6 +174,13 @@ func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandbox
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
+	// The pod's hostname is the guest's, which its containers share (the UTS namespace).
+	hostname := pc.GetHostname()
+	if hostname != "" {
+		if err := agent.CheckHostname(hostname); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
+		}
+	}
 	files := filepath.Join(r.BundlePath, podFilesDir)
 	if err := writePodFiles(files, pc); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
@@ -184,7 +191,7 @@ func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandbox
 		return nil, err
 	}
 	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
-		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath}}
+		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkNoPodLocked(r.SandboxID); err != nil {

@@ -173,9 +173,9 @@ func TestSandboxAPI(t *testing.T) {
 	req := h.pod().req
 	wantCPUs := min(1+2, runtime.NumCPU())
 	if req.ID != id || req.SandboxTask || req.NetNS != ns || req.Config.VM.Memory != "768M" || req.Config.VM.VCPUs != wantCPUs ||
-		req.Config.BaseDir != "/tmp/kvfs-sbx" || req.Annotations["example.com/pod"] != "x" {
-		t.Errorf("the pod's request: id %s, sandbox task %v, netns %s, %s %d vCPUs, base %s, annotations %v; want %s, false, %s, 768M %d, /tmp/kvfs-sbx, the pod's",
-			req.ID, req.SandboxTask, req.NetNS, req.Config.VM.Memory, req.Config.VM.VCPUs, req.Config.BaseDir, req.Annotations, id, ns, wantCPUs)
+		req.Config.BaseDir != "/tmp/kvfs-sbx" || req.Annotations["example.com/pod"] != "x" || req.Hostname != "p1" {
+		t.Errorf("the pod's request: id %s, sandbox task %v, netns %s, %s %d vCPUs, base %s, annotations %v, hostname %q; want %s, false, %s, 768M %d, /tmp/kvfs-sbx, the pod's, p1",
+			req.ID, req.SandboxTask, req.NetNS, req.Config.VM.Memory, req.Config.VM.VCPUs, req.Config.BaseDir, req.Annotations, req.Hostname, id, ns, wantCPUs)
 	}
 	_, err = h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: id})
 	wantKind(t, "StartSandbox twice", err, errdefs.ErrFailedPrecondition)
