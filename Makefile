@@ -52,7 +52,7 @@ FUZZTIME ?= 2m
 # The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
 # real guests under QEMU; then every fuzz target for 20 s.
 test: deps fmt-check vet
-	$(GO) test -race -count=1 -timeout 25m ./...
+	$(GO) test -race -count=1 -timeout 40m ./...
 	FUZZTIME=20s GO=$(GO) scripts/fuzz.sh
 
 # Every fuzz target for FUZZTIME (scripts/fuzz.sh lists them; a crash leaves its input in the
