@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/kvfs/kvfs/internal/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
 	"github.com/sirupsen/logrus"
@@ -507,22 +506,9 @@ var updateHandleSeeds = flag.Bool("update-fuzz-seeds", false, "rewrite testdata/
 // with the buffers cut every 40 bytes and 4 KiB of reply room); run with -update-fuzz-seeds to
 // rewrite them. Files not generated (crashers kept as regression seeds) are left alone.
 func TestFuzzHandleSeedCorpus(t *testing.T) {
-	dir := filepath.Join("testdata", "fuzz", "FuzzHandle")
+	files := map[string]string{}
 	for name, req := range handleSeeds() {
-		path := filepath.Join(dir, name)
-		want := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\nbyte('\\x27')\nuint16(4096)\n", req)
-		if *updateHandleSeeds {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil || string(got) != want {
-			t.Errorf("%s is missing or stale (%v): run go test -run TestFuzzHandleSeedCorpus -update-fuzz-seeds", path, err)
-		}
+		files[name] = fmt.Sprintf("go test fuzz v1\n[]byte(%q)\nbyte('\\x27')\nuint16(4096)\n", req)
 	}
+	fuzzseed.Check(t, "FuzzHandle", files, *updateHandleSeeds, "go test -run TestFuzzHandleSeedCorpus -update-fuzz-seeds")
 }

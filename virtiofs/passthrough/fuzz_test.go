@@ -3,13 +3,12 @@ package passthrough
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kvfs/kvfs/internal/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"golang.org/x/sys/unix"
 )
@@ -218,9 +217,8 @@ var updateParserSeeds = flag.Bool("update-fuzz-seeds", false,
 // are left alone.
 func TestParserSeedCorpus(t *testing.T) {
 	for target, seeds := range parserSeeds() {
-		dir := filepath.Join("testdata", "fuzz", target)
+		files := map[string]string{}
 		for name, args := range seeds {
-			path := filepath.Join(dir, name)
 			want := "go test fuzz v1\n"
 			for _, a := range args {
 				switch v := a.(type) {
@@ -230,19 +228,8 @@ func TestParserSeedCorpus(t *testing.T) {
 					want += fmt.Sprintf("[]byte(%q)\n", v)
 				}
 			}
-			if *updateParserSeeds {
-				if err := os.MkdirAll(dir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				continue
-			}
-			got, err := os.ReadFile(path)
-			if err != nil || string(got) != want {
-				t.Errorf("%s is missing or stale (%v): run go test -run TestParserSeedCorpus -update-fuzz-seeds", path, err)
-			}
+			files[name] = want
 		}
+		fuzzseed.Check(t, target, files, *updateParserSeeds, "go test -run TestParserSeedCorpus -update-fuzz-seeds")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kvfs/kvfs/internal/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
 	"github.com/sirupsen/logrus"
@@ -284,18 +285,9 @@ var updatePassthroughSeeds = flag.Bool("update-passthrough-seeds", false,
 // run with -update-passthrough-seeds to rewrite them. Files not generated (crashers kept as
 // regression seeds) are left alone.
 func TestFuzzPassthroughSeedCorpus(t *testing.T) {
-	dir := filepath.Join("testdata", "fuzz", "FuzzPassthrough")
+	files := map[string]string{}
 	for name, b := range passthroughSeeds() {
-		path := filepath.Join(dir, name)
-		want := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
-		if *updatePassthroughSeeds {
-			must(t, os.MkdirAll(dir, 0o755))
-			must(t, os.WriteFile(path, []byte(want), 0o644))
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil || string(got) != want {
-			t.Errorf("%s is missing or stale (%v): run go test -run TestFuzzPassthroughSeedCorpus -update-passthrough-seeds", path, err)
-		}
+		files[name] = fuzzseed.Bytes(b)
 	}
+	fuzzseed.Check(t, "FuzzPassthrough", files, *updatePassthroughSeeds, "go test -run TestFuzzPassthroughSeedCorpus -update-passthrough-seeds")
 }

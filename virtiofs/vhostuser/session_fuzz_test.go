@@ -5,15 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/fuzzseed"
 )
 
 // FuzzSession plays a front-end whose messages are the fuzz input against a Backend serving
@@ -146,24 +146,11 @@ var updateSessionSeeds = flag.Bool("update-session-seeds", false,
 // -update-session-seeds to rewrite them. Files not generated (crashers kept as regression
 // seeds) are left alone.
 func TestFuzzSessionSeedCorpus(t *testing.T) {
-	dir := filepath.Join("testdata", "fuzz", "FuzzSession")
+	files := map[string]string{}
 	for name, b := range sessionSeeds() {
-		path := filepath.Join(dir, name)
-		want := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
-		if *updateSessionSeeds {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil || string(got) != want {
-			t.Errorf("%s is missing or stale (%v): run go test -run TestFuzzSessionSeedCorpus -update-session-seeds", path, err)
-		}
+		files[name] = fuzzseed.Bytes(b)
 	}
+	fuzzseed.Check(t, "FuzzSession", files, *updateSessionSeeds, "go test -run TestFuzzSessionSeedCorpus -update-session-seeds")
 }
 
 // TestFuzzSessionSeeds checks that the seeds do what they are named after: the complete ones

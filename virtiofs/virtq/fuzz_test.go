@@ -5,11 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"flag"
-	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"testing"
+
+	"github.com/kvfs/kvfs/internal/fuzzseed"
 )
 
 // Fuzz input layout (missing bytes are zero):
@@ -221,22 +220,9 @@ var updateSeeds = flag.Bool("update-fuzz-seeds", false, "rewrite testdata/fuzz/F
 // TestFuzzSeedCorpus keeps the seed files in testdata in sync with fuzzSeeds; run with
 // -update-fuzz-seeds to rewrite them.
 func TestFuzzSeedCorpus(t *testing.T) {
-	dir := filepath.Join("testdata", "fuzz", "FuzzChainWalk")
+	files := map[string]string{}
 	for name, fc := range fuzzSeeds() {
-		path := filepath.Join(dir, name)
-		want := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", fc.encode())
-		if *updateSeeds {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		got, err := os.ReadFile(path)
-		if err != nil || string(got) != want {
-			t.Errorf("%s is missing or stale (%v): run go test -run TestFuzzSeedCorpus -update-fuzz-seeds", path, err)
-		}
+		files[name] = fuzzseed.Bytes(fc.encode())
 	}
+	fuzzseed.Check(t, "FuzzChainWalk", files, *updateSeeds, "go test -run TestFuzzSeedCorpus -update-fuzz-seeds")
 }
