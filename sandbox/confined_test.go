@@ -283,6 +283,12 @@ func TestConfinedServer(t *testing.T) {
 	if !errors.As(s.Err(), &se) || !strings.Contains(se.Server, "confined kvfsd") || !strings.Contains(se.Error(), "exit status 137") {
 		t.Errorf("Err() = %v", s.Err())
 	}
+	s.mu.Lock()
+	dead := s.srv
+	s.mu.Unlock()
+	if !dead.killed() {
+		t.Error("a confined server whose serving process was SIGKILLed is not taken as killed")
+	}
 	waitLog(t, s, "signal: killed")
 }
 

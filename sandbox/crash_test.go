@@ -62,8 +62,8 @@ func fsyncedUpTo(t *testing.T, console string) int {
 
 // TestVMServerCrash kills the confined server (SIGKILL of its serving process) of a real guest
 // in the middle of its fsync'd writes, under the stop policy, and checks the promises of a
-// storage daemon: the sandbox reports the death (how fast is logged: the monitor waits
-// serverExitGrace for a VM that might be ending on its own, then stops QEMU), QEMU is stopped,
+// storage daemon: the sandbox reports the death within a second (a killed server did not end
+// with its VM, so the monitor decides at once, then stops QEMU), QEMU is stopped,
 // every byte the guest reported fsync'd is on the host, the state file says failed and why,
 // and a restarted owner (Recover) cleans the sandbox up. The restart policy's new server is
 // TestVMServerRestart's.
@@ -116,9 +116,12 @@ func TestVMServerCrash(t *testing.T) {
 		t.Fatalf("Err() = %v", s.Err())
 	}
 	noticed := se.At.Sub(killed)
-	t.Logf("serving process %d killed: the monitor decided after %v (serverExitGrace %v included), Done after %v: %v",
-		serving, noticed.Round(time.Millisecond), serverExitGrace, reported.Round(time.Millisecond), se)
-	// The machine is shared and slow: only a figure far from the goal fails.
+	t.Logf("serving process %d killed: the monitor decided after %v, Done (QEMU stopped) after %v: %v",
+		serving, noticed.Round(time.Millisecond), reported.Round(time.Millisecond), se)
+	if noticed >= time.Second {
+		t.Errorf("the death was reported %v after the kill", noticed)
+	}
+	// Stopping QEMU takes up to vmStopGrace, and the machine is shared and slow.
 	if reported > 5*time.Second {
 		t.Errorf("the death was reported %v after the kill", reported)
 	}

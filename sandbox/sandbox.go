@@ -27,9 +27,10 @@ import (
 const (
 	// vmStopGrace is how long QEMU has to exit after SIGTERM before SIGKILL.
 	vmStopGrace = 3 * time.Second
-	// serverExitGrace: when the server ends, the VM may be ending too (a guest power-off ends
-	// QEMU, which ends the server's connection). A server exit is a failure only if the VM is
-	// still running this long after it.
+	// serverExitGrace: when the server exits, the VM may be ending too (a guest power-off ends
+	// QEMU, which ends the server's connection). A server's exit is a failure only if the VM is
+	// still running this long after it. A server killed by a signal did not end with its VM:
+	// its death is a failure at once.
 	serverExitGrace = time.Second
 )
 
@@ -647,7 +648,7 @@ func (s *Sandbox) watchServer(srv fsServer) {
 	s.mu.Lock()
 	vm := s.vm
 	s.mu.Unlock()
-	if vm != nil {
+	if vm != nil && !srv.killed() {
 		select {
 		case <-vm.Exited():
 		case <-time.After(serverExitGrace):

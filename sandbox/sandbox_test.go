@@ -347,6 +347,7 @@ func TestTeardownRefusesSymlinks(t *testing.T) {
 type fakeServer struct {
 	done    chan struct{}
 	err     error
+	signal  bool // killed by a signal
 	stopped chan struct{}
 }
 
@@ -356,6 +357,7 @@ func newFakeServer() *fakeServer {
 
 func (f *fakeServer) exited() <-chan struct{} { return f.done }
 func (f *fakeServer) exitErr() error          { <-f.done; return f.err }
+func (f *fakeServer) killed() bool            { <-f.done; return f.signal }
 func (f *fakeServer) stop() error {
 	f.stopped <- struct{}{}
 	if !isClosed(f.done) {
@@ -473,6 +475,27 @@ func TestFailurePolicies(t *testing.T) {
 		}
 		if err := s.Err(); err == nil || !strings.Contains(err.Error(), "restart limit (1) reached") || !isClosed(vm.done) {
 			t.Errorf("Err() = %v, VM stopped %v", err, isClosed(vm.done))
+		}
+	})
+
+	// A server killed by a signal did not end with its VM: the monitor decides at once, where
+	// an exit waits serverExitGrace for the VM (the subtest below).
+	t.Run("killed", func(t *testing.T) {
+		s, fs, vm := newSandbox(t, PolicyStop, 0)
+		fs.err, fs.signal = errors.New("signal: killed"), true
+		killed := time.Now()
+		close(fs.done)
+		select {
+		case <-s.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the sandbox did not fail")
+		}
+		var se *ServerError
+		if !errors.As(s.Err(), &se) || !strings.Contains(se.Error(), "signal: killed") || !isClosed(vm.done) {
+			t.Fatalf("Err() = %v, VM stopped %v", s.Err(), isClosed(vm.done))
+		}
+		if d := se.At.Sub(killed); d >= serverExitGrace {
+			t.Errorf("the monitor decided %v after the kill: it waited for the VM", d)
 		}
 	})
 

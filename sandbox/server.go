@@ -43,6 +43,9 @@ type fsServer interface {
 	// exitErr says why, once exited is closed: nil when the front-end disconnected (QEMU
 	// exited), which is how a server ends normally.
 	exitErr() error
+	// killed says, once exited is closed, whether a signal ended the server: a server that
+	// ends because its VM did exits (the front-end disconnected), so it was not that.
+	killed() bool
 	// stop ends the server and waits for it.
 	stop() error
 	// describe names the server in messages: "confined kvfsd (pid 123)", "in-process kvfsd",
@@ -121,6 +124,7 @@ func startInProcess(ctx context.Context, cfg virtiofs.Config, l *net.UnixListene
 
 func (s *inProcServer) exited() <-chan struct{} { return s.done }
 func (s *inProcServer) exitErr() error          { <-s.done; return s.err }
+func (s *inProcServer) killed() bool            { return false }
 func (s *inProcServer) describe() string        { return "in-process kvfsd" }
 
 func (s *inProcServer) stop() error {
@@ -285,6 +289,7 @@ func readFrom(path string, offset, limit int64) []byte {
 
 func (s *extServer) exited() <-chan struct{} { return s.proc.Exited() }
 func (s *extServer) exitErr() error          { return s.proc.ExitErr() }
+func (s *extServer) killed() bool            { return signaled(s.proc.ExitErr()) }
 func (s *extServer) stop() error             { return terminate(s.proc, serverStopGrace) }
 
 func (s *extServer) describe() string {
@@ -379,8 +384,16 @@ func adoptConfined(ctx context.Context, rec serverRecord, channelPath string) (*
 
 func (s *confinedServer) exited() <-chan struct{} { return s.proc.Exited() }
 func (s *confinedServer) exitErr() error          { return s.proc.ExitErr() }
-func (s *confinedServer) stop() error             { return terminate(s.proc, serverStopGrace) }
-func (s *confinedServer) process() Process        { return s.proc }
+
+// killed: the supervisor killed, or the serving process (the supervisor exits with 128 plus
+// its signal, as a shell does).
+func (s *confinedServer) killed() bool {
+	err := s.proc.ExitErr()
+	var ee *exec.ExitError
+	return signaled(err) || errors.As(err, &ee) && ee.ExitCode() > 128
+}
+func (s *confinedServer) stop() error      { return terminate(s.proc, serverStopGrace) }
+func (s *confinedServer) process() Process { return s.proc }
 
 func (s *confinedServer) describe() string {
 	return fmt.Sprintf("confined kvfsd (pid %d)", s.proc.Pid())
@@ -446,6 +459,16 @@ func (s *confinedServer) setLogLevel(ctx context.Context, level string) error {
 	ctx, cancel := context.WithTimeout(ctx, channelTimeout)
 	defer cancel()
 	return s.channel.SetLogLevel(ctx, level)
+}
+
+// signaled says whether err, a process's exit error, is a death by a signal.
+func signaled(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
 }
 
 // errServerClean is the exit reason of a server whose front-end disconnected.
