@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/conformance"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
@@ -70,7 +71,8 @@ type daemon struct {
 	sock   string
 	log    *syncBuffer
 	done   chan struct{} // closed when cmd.Wait returned
-	server int           // the serving process: the sandboxed child with --sandbox=namespace
+	server int           // the serving process: the sandboxed server with --sandbox=namespace
+	args   []string
 }
 
 // startKvfsd starts kvfsd on share with args; with viaFD the test creates the listening socket
@@ -101,6 +103,7 @@ func startKvfsd(t *testing.T, share string, viaFD bool, args ...string) *daemon 
 		args = append(args, "--socket-path="+d.sock)
 	}
 	d.cmd.Args = append(d.cmd.Args, args...)
+	d.args = args
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -123,26 +126,38 @@ func startKvfsd(t *testing.T, share string, viaFD bool, args ...string) *daemon 
 	})
 	d.server = d.cmd.Process.Pid
 	if slices.Contains(args, "--sandbox=namespace") || !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--sandbox") }) {
-		d.waitFor(t, "the sandboxed child", func() bool {
-			// A task's children file lists the children that thread forked: Go forks
-			// from whichever thread runs the goroutine, so every thread is read.
-			files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", d.server))
-			var f []string
-			for _, name := range files {
-				b, _ := os.ReadFile(name)
-				f = append(f, strings.Fields(string(b))...)
-			}
-			if len(f) != 1 {
-				return false
-			}
-			d.server, _ = strconv.Atoi(f[0])
-			return true
-		})
+		// The supervisor's child is PID 1 of the namespaces, and the server its child.
+		for _, who := range []string{"the namespaces' PID 1", "the sandboxed server"} {
+			d.waitFor(t, who, func() bool {
+				child, ok := onlyChild(d.server)
+				if ok {
+					d.server = child
+				}
+				return ok
+			})
+		}
 	}
 	if !slices.Contains(args, "--seccomp=none") {
 		d.waitFor(t, "the seccomp filter", func() bool { return d.status(t)["Seccomp"] == "2" })
 	}
 	return d
+}
+
+// onlyChild returns the child of pid if it has exactly one. A task's children file lists the
+// children that thread forked: Go forks from whichever thread runs the goroutine, so every
+// thread is read.
+func onlyChild(pid int) (int, bool) {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var f []string
+	for _, name := range files {
+		b, _ := os.ReadFile(name)
+		f = append(f, strings.Fields(string(b))...)
+	}
+	if len(f) != 1 {
+		return 0, false
+	}
+	child, err := strconv.Atoi(f[0])
+	return child, err == nil
 }
 
 // waitFor polls cond until it holds, failing if kvfsd exits first or it takes very long.
@@ -163,16 +178,7 @@ func (d *daemon) waitFor(t *testing.T, what string, cond func() bool) {
 
 // status returns the fields of /proc/PID/status of the serving process.
 func (d *daemon) status(t *testing.T) map[string]string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.server))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		m[k] = strings.TrimSpace(v)
-	}
-	return m
+	return statusOf(t, strconv.Itoa(d.server))
 }
 
 // wait waits for kvfsd to exit and checks it exited with status 0.
@@ -309,6 +315,14 @@ func checkConfined(t *testing.T, d *daemon, share, sandbox string) {
 			t.Errorf("the server shares our %s namespace", kind)
 		}
 	}
+	keep := slices.Clone(confine.ServerCapabilities)
+	if slices.Contains(d.args, "--inode-file-handles=mandatory") {
+		keep = append(keep, unix.CAP_DAC_READ_SEARCH)
+	}
+	if slices.Contains(d.args, "--modcaps=+sys_admin") {
+		keep = append(keep, unix.CAP_SYS_ADMIN)
+	}
+	checkCapabilities(t, d.server, keep)
 	if l, _ := os.Readlink(proc + "/root"); l != "/" {
 		t.Errorf("%s/root -> %q, want / (the root of its own mount namespace)", proc, l)
 	}
@@ -338,6 +352,52 @@ func checkConfined(t *testing.T, d *daemon, share, sandbox string) {
 		t.Errorf("%s/cwd/../../sys: %v, want it missing (proc subset=pid)", proc, err)
 	}
 	checkUnreachable(t, d.server, share)
+}
+
+// checkCapabilities checks that every thread of pid has exactly keep (those of them this
+// process has) in its permitted, effective and bounding sets, and none inheritable or ambient.
+func checkCapabilities(t *testing.T, pid int, keep []confine.Capability) {
+	t.Helper()
+	own, err := strconv.ParseUint(statusOf(t, "self")["CapBnd"], 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want uint64
+	for _, c := range keep {
+		want |= 1 << c
+	}
+	want &= own
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if len(tasks) < 2 {
+		t.Fatalf("%d threads of the server", len(tasks))
+	}
+	for _, task := range tasks {
+		st := statusOf(t, strings.TrimPrefix(task, "/proc/"))
+		for set, w := range map[string]uint64{"CapPrm": want, "CapEff": want, "CapBnd": want, "CapInh": 0, "CapAmb": 0} {
+			got, err := strconv.ParseUint(st[set], 16, 64)
+			if err != nil {
+				t.Fatalf("%s %s: %q", task, set, st[set])
+			}
+			if got != w {
+				t.Errorf("%s: %s = %016x, want %016x", task, set, got, w)
+			}
+		}
+	}
+}
+
+// statusOf returns the fields of /proc/WHO/status.
+func statusOf(t *testing.T, who string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + who + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		m[k] = strings.TrimSpace(v)
+	}
+	return m
 }
 
 // checkUnreachable enters the server's mount namespace on a thread of its own and tries to
@@ -590,7 +650,9 @@ func TestSandboxErrors(t *testing.T) {
 
 // TestConfinedDAX maps files into a DAX window (the in-repo front-end plays Kata's DAX-capable
 // QEMU) through a confined kvfsd: the back-end channel, the policy's xattr and FS_XFLAG_DAX
-// checks (the one ioctl the filter allows) all run under seccomp kill.
+// checks (the one ioctl the filter allows) all run under seccomp kill. The policy's attribute,
+// trusted.kvfs.dax, needs CAP_SYS_ADMIN, which the namespace sandbox drops unless --modcaps
+// gives it back: without it, the file is not DAX.
 func TestConfinedDAX(t *testing.T) {
 	share := shareDir(t)
 	content := bytes.Repeat([]byte("confined-dax "), 100)
@@ -602,10 +664,33 @@ func TestConfinedDAX(t *testing.T) {
 	if err := unix.Setxattr(filepath.Join(share, "data"), "trusted.kvfs.dax", []byte("1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	d := startKvfsd(t, share, false, "--sandbox=namespace", "--seccomp=kill", "--inode-file-handles=mandatory")
+	const window, mapLen = 8 << 20, 2 << 20
+	t.Run("without sys_admin", func(t *testing.T) {
+		d := startKvfsd(t, share, false, "--sandbox=namespace", "--seccomp=kill")
+		checkConfined(t, d, share, "namespace")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		fe, err := frontend.Dial(ctx, d.sock, frontend.Options{DAXWindow: window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fe.Close()
+		c := fuseclient.New(fe)
+		if _, err := c.Init(ctx, fuseclient.LinuxInitFlags|fuseclient.DAXInitFlags); err != nil {
+			t.Fatalf("INIT: %v", err)
+		}
+		data, err := c.Lookup(ctx, fuse.RootID, "data")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if data.Attr.Flags&fuse.AttrDAX != 0 {
+			t.Error("ATTR_DAX from trusted.kvfs.dax, which a server without CAP_SYS_ADMIN cannot read")
+		}
+	})
+
+	d := startKvfsd(t, share, false, "--sandbox=namespace", "--seccomp=kill", "--inode-file-handles=mandatory", "--modcaps=+sys_admin")
 	checkConfined(t, d, share, "namespace")
 
-	const window, mapLen = 8 << 20, 2 << 20
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fe, err := frontend.Dial(ctx, d.sock, frontend.Options{DAXWindow: window})

@@ -54,7 +54,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.L.WithError(err).Warn("logging to stderr instead")
 	}
 	if fd, ok := confine.Child(); ok {
-		// The sandboxed child of a --sandbox=namespace kvfsd: the supervisor made the socket.
+		// PID 1 of a --sandbox=namespace kvfsd's namespaces: the supervisor made the socket;
+		// this process starts the server with fewer capabilities and pivots.
+		status, err := confine.Setup(opts.Server.SharedDir, args, fd, stdout, stderr, opts.ServerCapabilities())
+		if err != nil {
+			log.L.WithError(err).Error("kvfsd failed")
+		}
+		return status
+	}
+	if fd, ok := confine.ServingChild(); ok {
+		// The server of a --sandbox=namespace kvfsd, child of the one above.
 		opts.SocketPath, opts.SocketGroup, opts.FD = "", "", fd
 		return exitCode(serve(opts, false))
 	}
@@ -110,7 +119,7 @@ func supervise(args []string, opts *cmdline.Options, stdout, stderr io.Writer) i
 }
 
 // cpuProfileEnv names the file the serving kvfsd writes a CPU profile of its whole run to (see
-// --help). With --sandbox=namespace that is the sandboxed child, which inherits the environment;
+// --help). With --sandbox=namespace that is the sandboxed server, which inherits the environment;
 // the file is created before the sandbox is entered, so the path is the host's.
 const cpuProfileEnv = "KVFSD_CPUPROFILE"
 
@@ -136,8 +145,8 @@ func startCPUProfile(path string) (stop func(), err error) {
 }
 
 // serve serves until the front-end disconnects or a signal comes: unconfined, chrooted, or as
-// the sandboxed child. The seccomp filter goes on last, when nothing but serving is left.
-// setRlimit is false in the sandboxed child, which inherits the limit its supervisor set.
+// the sandboxed server. The seccomp filter goes on last, when nothing but serving is left.
+// setRlimit is false in the sandboxed server, which inherits the limit its supervisor set.
 func serve(opts *cmdline.Options, setRlimit bool) error {
 	stopProfile, err := startCPUProfile(os.Getenv(cpuProfileEnv))
 	if err != nil {
@@ -162,8 +171,8 @@ func serve(opts *cmdline.Options, setRlimit bool) error {
 	defer release()
 
 	switch opts.Sandbox {
-	case confine.SandboxNamespace: // only the sandboxed child gets here (see run)
-		err = confine.EnterNamespace(opts.Server.SharedDir)
+	case confine.SandboxNamespace: // only the sandboxed server gets here (see run)
+		err = confine.EnterRoot(opts.Server.SharedDir)
 	case confine.SandboxChroot:
 		err = confine.Chroot(opts.Server.SharedDir)
 	}

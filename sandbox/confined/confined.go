@@ -22,9 +22,9 @@
 //	supervisor  PID 1 of the namespaces: raises RLIMIT_NOFILE (as kvfsd does), makes its mount
 //	            tree a slave of the host's with a proc of its own (confine.PrepareMounts), and
 //	            starts the serving process with only confine.ServerCapabilities
-//	            (confine.StartWithCapabilities: bounding, permitted, effective, inheritable and
-//	            ambient sets, on every thread, in a cgo build too) while the host's tree is still
-//	            the root, so that the dynamic loader of a binary built with cgo finds its
+//	            (confine.StartServing: bounding, permitted, effective, inheritable and ambient
+//	            sets, on every thread, in a cgo build too) while the host's tree is still the
+//	            root, so that the dynamic loader of a binary built with cgo finds its
 //	            libraries; once the server holds its /proc/self/fd it pivots into the shared
 //	            directory and detaches the host's tree (confine.PivotRoot), which moves the
 //	            server's root too, then forwards SIGTERM, SIGINT and SIGHUP to the server and
@@ -33,11 +33,11 @@
 //	            capabilities (a Go program cannot drop them on all its threads in a cgo build),
 //	            which the server, with fewer and without ptrace, cannot reach.
 //	server      its child: moves its working directory into the namespace's /proc/self/fd, waits
-//	            for the pivot (nothing of the host is left in its mount tree; "/" is the shared
-//	            directory, which it checks), opens the shared directory, logs that it waits for
-//	            the front-end, installs the seccomp allowlist on every thread with no_new_privs
-//	            (confine.InstallSeccomp, confine.DefaultAction: kill on linux/amd64), and serves
-//	            the front-end and the channel.
+//	            for the pivot (confine.EnterRoot: nothing of the host is left in its mount tree;
+//	            "/" is the shared directory, which it checks), opens the shared directory, logs
+//	            that it waits for the front-end, installs the seccomp allowlist on every thread
+//	            with no_new_privs (confine.InstallSeccomp, confine.DefaultAction: kill on
+//	            linux/amd64), and serves the front-end and the channel.
 //
 // The server exits 0 when the front-end disconnects (QEMU exited) or on a signal the supervisor
 // forwards, and 1 with the error in the log otherwise; a system call outside the allowlist
@@ -72,7 +72,6 @@ import (
 	"syscall"
 
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/cmdline"
@@ -189,13 +188,9 @@ func runStep(step string) int {
 	return 0
 }
 
-// Descriptors of the serving process, besides vhostFD and channelFD: the pipes of its
-// handshake with the supervisor, and the final statistics'.
-const (
-	movedFD      = 5 // the server writes a byte once its working directory is in /proc/self/fd
-	detachedFD   = 6 // the supervisor writes a byte once it has pivoted into the shared directory
-	serveFinalFD = 7 // the server writes its statistics when it stops serving
-)
+// serveFinalFD is the serving process's descriptor of the final statistics' pipe, on which it
+// writes its statistics when it stops serving (after vhostFD and channelFD).
+const serveFinalFD = 5
 
 // setup is the supervisor, PID 1 of the namespaces: it mounts the namespace's proc, starts the
 // serving process with only the server's capabilities while the host's tree is still its root
@@ -213,17 +208,6 @@ func setup(spec Spec) error {
 	if err := confine.PrepareMounts(); err != nil {
 		return err
 	}
-	movedR, movedW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer movedR.Close()
-	detachedR, detachedW, err := os.Pipe()
-	if err != nil {
-		movedW.Close()
-		return err
-	}
-	defer detachedW.Close()
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Args = []string{Argv0}
 	cmd.Env = os.Environ()
@@ -234,32 +218,21 @@ func setup(spec Spec) error {
 	}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	vhost, channel := os.NewFile(vhostFD, "vhost-user"), os.NewFile(channelFD, "channel")
-	cmd.ExtraFiles = []*os.File{vhost, channel, movedW, detachedR, os.NewFile(finalFD, "final statistics")}
-	err = confine.StartWithCapabilities(cmd, confine.ServerCapabilities)
+	cmd.ExtraFiles = []*os.File{vhost, channel, os.NewFile(finalFD, "final statistics")}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	done, err := confine.StartServing(cmd, spec.Server.SharedDir, confine.ServerCapabilities)
 	for _, f := range cmd.ExtraFiles {
 		f.Close()
 	}
-	if err != nil {
-		return fmt.Errorf("start the server: %w", err)
-	}
-	// From here on, the server must be waited for.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	if _, err := movedR.Read(make([]byte, 1)); err != nil {
+	if errors.Is(err, confine.ErrServerEnded) {
 		// It died before it was ready: report how.
-		return serverEnd(cmd, <-done)
+		werr := <-done
+		return serverEnd(cmd, werr)
 	}
-	if err := confine.PivotRoot(spec.Server.SharedDir); err != nil {
-		_ = cmd.Process.Kill()
-		<-done
+	if err != nil {
 		return err
 	}
-	if _, err := detachedW.Write([]byte{1}); err != nil {
-		return serverEnd(cmd, <-done)
-	}
-	detachedW.Close()
 	for {
 		select {
 		case s := <-sigs:
@@ -310,7 +283,7 @@ func serve(spec Spec) error {
 	// interrupted.
 	context.AfterFunc(ctx, stop)
 
-	if err := handshake(spec.Server.SharedDir); err != nil {
+	if err := confine.EnterRoot(spec.Server.SharedDir); err != nil {
 		return err
 	}
 	vhost, err := inheritedListener(vhostFD, "vhost-user")
@@ -348,37 +321,6 @@ func serve(spec Spec) error {
 		return nil
 	}
 	return err
-}
-
-// handshake is the serving process's half of the supervisor's: while its root is still the
-// host's, it moves its working directory into its /proc/self/fd (the proc mounted for the
-// namespace), tells the supervisor, waits until the supervisor has pivoted into the shared
-// directory, and checks that its own root is now sharedDir.
-func handshake(sharedDir string) error {
-	var want unix.Stat_t
-	if err := unix.Stat(sharedDir, &want); err != nil {
-		return fmt.Errorf("shared directory %s: %w", sharedDir, err)
-	}
-	if err := os.Chdir("/proc/self/fd"); err != nil {
-		return fmt.Errorf("move to /proc/self/fd: %w", err)
-	}
-	moved, detached := os.NewFile(movedFD, "moved"), os.NewFile(detachedFD, "detached")
-	defer moved.Close()
-	defer detached.Close()
-	if _, err := moved.Write([]byte{1}); err != nil {
-		return fmt.Errorf("handshake with the supervisor: %w", err)
-	}
-	if _, err := detached.Read(make([]byte, 1)); err != nil {
-		return fmt.Errorf("the supervisor did not pivot into the shared directory: %w", err)
-	}
-	var got unix.Stat_t
-	if err := unix.Stat("/", &got); err != nil {
-		return err
-	}
-	if got.Dev != want.Dev || got.Ino != want.Ino {
-		return fmt.Errorf("the root is not the shared directory %s (dev %d ino %d, want dev %d ino %d)", sharedDir, got.Dev, got.Ino, want.Dev, want.Ino)
-	}
-	return nil
 }
 
 // writeFinalStats hands the owner the server's last counters, which it reports once the

@@ -17,9 +17,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/confine"
@@ -71,6 +74,9 @@ type Options struct {
 	// Seccomp is --seccomp: what kvfsd's seccomp filter does with a system call outside its
 	// allowlist, or SeccompNone for no filter. DefaultSeccomp without the option.
 	Seccomp confine.Action
+	// Modcaps is --modcaps (-o modcaps=): changes to the capabilities a --sandbox=namespace
+	// server keeps (see ServerCapabilities).
+	Modcaps []confine.CapabilityChange
 
 	// Foreground is -f. kvfsd always runs in the foreground; the flag is kept for compatibility.
 	Foreground bool
@@ -280,8 +286,23 @@ func (o *Options) check() error {
 		return errors.New("--socket-group applies only to a socket kvfsd creates (--socket-path)")
 	case o.Server.SharedDir == "":
 		return errors.New("no shared directory: give --shared-dir=DIR or -o source=DIR")
+	case o.Modcaps != nil && o.Sandbox != confine.SandboxNamespace:
+		return fmt.Errorf("--modcaps: kvfsd drops capabilities only with --sandbox=namespace (not %s)", o.Sandbox)
 	}
 	return nil
+}
+
+// ServerCapabilities are the capabilities the server of a --sandbox=namespace kvfsd keeps:
+// confine.ServerCapabilities, and CAP_DAC_READ_SEARCH when its inodes keep file handles, for
+// open_by_handle_at (which opens any file of the file system from a handle, around the root: the
+// price of --inode-file-handles, as with virtiofsd); then --modcaps. Without CAP_SYS_ADMIN,
+// trusted.* attributes (trusted.kvfs.dax among them) are out of the server's reach.
+func (o *Options) ServerCapabilities() []confine.Capability {
+	keep := confine.ServerCapabilities
+	if o.Server.InodeFileHandles != passthrough.FileHandlesNever {
+		keep = append(slices.Clone(keep), unix.CAP_DAC_READ_SEARCH)
+	}
+	return confine.ModifyCapabilities(keep, o.Modcaps)
 }
 
 // option describes one --name (or -o name) option.
@@ -297,7 +318,6 @@ type option struct {
 // Reasons for refusing options, shared by both dialects' spellings.
 const (
 	whyDirectIO  = "kvfsd does not make O_DIRECT configurable"
-	whyModcaps   = "kvfsd does not change its capabilities; run it with the ones it should have"
 	whyIDMap     = "kvfsd does not map or translate user and group IDs"
 	whyMigration = "kvfsd does not support live migration"
 )
@@ -337,7 +357,7 @@ var longOptions = map[string]option{
 
 	"daemonize":                {refused: "kvfsd always runs in the foreground; let the caller (systemd, the Kata runtime) supervise it"},
 	"allow-direct-io":          {refused: whyDirectIO},
-	"modcaps":                  {value: "CAPS", refused: whyModcaps},
+	"modcaps":                  {value: "CAPS", apply: setModcaps},
 	"tag":                      {value: "TAG", refused: "kvfsd does not offer the device configuration space; set the tag on the front-end (QEMU: -device vhost-user-fs-pci,tag=TAG)"},
 	"readonly":                 {refused: "kvfsd does not export read-only yet; bind-mount the shared directory read-only instead"},
 	"allow-mmap":               {refused: "kvfsd does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP"},
@@ -386,7 +406,7 @@ var subOptions = map[string]option{
 
 	"allow_direct_io":    {refused: whyDirectIO},
 	"no_allow_direct_io": {refused: whyDirectIO},
-	"modcaps":            {value: "CAPS", refused: whyModcaps},
+	"modcaps":            {value: "CAPS", apply: setModcaps},
 	"allow_root":         {refused: "kvfsd has no allow_root setting"},
 	"max_idle_threads":   {value: "N", refused: "kvfsd has no idle thread limit"},
 }
@@ -509,6 +529,15 @@ func setSeccomp(o *Options, v string) error {
 		return err
 	}
 	o.Seccomp = a
+	return nil
+}
+
+func setModcaps(o *Options, v string) error {
+	changes, err := confine.ParseModcaps(v)
+	if err != nil {
+		return err
+	}
+	o.Modcaps = changes
 	return nil
 }
 

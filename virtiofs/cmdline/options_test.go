@@ -3,6 +3,7 @@ package cmdline
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
+	"golang.org/x/sys/unix"
 )
 
 // defaults is what Parse returns for "--shared-dir=/s --socket-path=/sock".
@@ -202,6 +204,12 @@ func TestParse(t *testing.T) {
 		{name: "--seccomp trap", args: with("--seccomp=trap"), want: func(o *Options) { o.Seccomp = confine.SeccompTrap }},
 		{name: "sandbox last wins", args: with("--sandbox=none", "-o", "sandbox=chroot"), want: func(o *Options) { o.Sandbox = confine.SandboxChroot }},
 		{name: "--inode-file-handles never", args: with("--inode-file-handles=never"), want: func(*Options) {}},
+		{name: "--modcaps", args: with("--modcaps=+sys_admin:-MKNOD"), want: func(o *Options) {
+			o.Modcaps = []confine.CapabilityChange{{Cap: unix.CAP_SYS_ADMIN, Add: true}, {Cap: unix.CAP_MKNOD}}
+		}},
+		{name: "-o modcaps", args: with("-o", "modcaps=-cap_chown"), want: func(o *Options) {
+			o.Modcaps = []confine.CapabilityChange{{Cap: unix.CAP_CHOWN}}
+		}},
 		{name: "--inode-file-handles prefer", args: with("--inode-file-handles=prefer"), want: func(o *Options) { o.Server.InodeFileHandles = passthrough.FileHandlesPrefer }},
 		{name: "--inode-file-handles mandatory", args: with("--inode-file-handles", "mandatory"), want: func(o *Options) { o.Server.InodeFileHandles = passthrough.FileHandlesMandatory }},
 
@@ -289,6 +297,9 @@ func TestParseErrors(t *testing.T) {
 		{name: "refused even without its value", args: with("--tag"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
 
 		// Invalid values.
+		{name: "--modcaps unknown", args: with("--modcaps=+sys_admin:+nope"), want: []string{`--modcaps: "+nope": no capability nope`}},
+		{name: "-o modcaps without a sign", args: with("-o", "modcaps=sys_admin"), want: []string{`-o modcaps: "sys_admin": want +NAME or -NAME`}},
+		{name: "--modcaps chroot", args: with("--sandbox=chroot", "--modcaps=-mknod"), want: []string{"--modcaps: kvfsd drops capabilities only with --sandbox=namespace (not chroot)"}},
 		{name: "--cache bogus", args: with("--cache=bogus"), want: []string{"--cache: invalid cache mode"}},
 		{name: "-o cache bogus", args: with("-o", "cache=bogus"), want: []string{"-o cache: invalid cache mode"}},
 		{name: "--sandbox bogus", args: with("--sandbox=bogus"), want: []string{"--sandbox: invalid sandbox mode"}},
@@ -402,6 +413,28 @@ func TestRefusedOptions(t *testing.T) {
 	}
 }
 
+// TestServerCapabilities: what a --sandbox=namespace server keeps, by option.
+func TestServerCapabilities(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []confine.Capability
+	}{
+		{with(), confine.ServerCapabilities},
+		{with("--inode-file-handles=prefer"), append(slices.Clone(confine.ServerCapabilities), unix.CAP_DAC_READ_SEARCH)},
+		{with("--modcaps=+sys_admin:-mknod:+mknod:-chown"), []confine.Capability{
+			unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID, unix.CAP_SETUID, unix.CAP_SETGID,
+			unix.CAP_SETFCAP, unix.CAP_SYS_ADMIN, unix.CAP_MKNOD}},
+	} {
+		o, err := Parse(tt.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := o.ServerCapabilities(); !slices.Equal(got, tt.want) {
+			t.Errorf("%q: %v, want %v", tt.args, got, tt.want)
+		}
+	}
+}
+
 // TestUsageMentionsEveryOption keeps Usage in step with the option tables.
 func TestUsageMentionsEveryOption(t *testing.T) {
 	u := Usage()
@@ -415,7 +448,7 @@ func TestUsageMentionsEveryOption(t *testing.T) {
 			t.Errorf("Usage does not mention -o %s", name)
 		}
 	}
-	for _, s := range []string{"-h", "-V", "-f", "-d", "last one wins", "does not sandbox\n                        itself", "pivot_root"} {
+	for _, s := range []string{"-h", "-V", "-f", "-d", "last one wins", "does not sandbox itself", "pivot_root"} {
 		if !strings.Contains(u, s) {
 			t.Errorf("Usage does not mention %q", s)
 		}

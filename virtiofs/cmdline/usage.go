@@ -98,9 +98,18 @@ Process:
                         confine kvfsd before it serves: namespace (the
                         default) runs it in new mount, PID, network and IPC
                         namespaces with the shared directory as its root
-                        (pivot_root; needs root); chroot chroots into the
-                        shared directory (weaker); none does not sandbox
-                        itself: confine it from outside
+                        (pivot_root; needs root) and only the capabilities
+                        serving needs: chown, dac_override, fowner, fsetid,
+                        setuid, setgid, mknod, setfcap (and dac_read_search
+                        with inode file handles); chroot chroots into the
+                        shared directory (weaker: all capabilities kept);
+                        none does not sandbox itself: confine it from
+                        outside
+  --modcaps=LIST, -o modcaps=LIST
+                        change the capabilities the namespace sandbox keeps:
+                        +NAME adds, -NAME removes, ':'-separated (e.g.
+                        +sys_admin, which trusted.* attributes and
+                        trusted.kvfs.dax need)
   --seccomp=ACTION      seccomp allowlist of the system calls kvfsd makes
                         while serving, on all its threads; a call outside it:
                         kill (the default) kills kvfsd, log allows and logs
@@ -127,7 +136,7 @@ Accepted, and what kvfsd does anyway:
 
 Not supported yet (refused with an error, never ignored):
   -o allow_direct_io, -o no_allow_direct_io,
-  --allow-direct-io, -o modcaps=, --modcaps, -o allow_root,
+  --allow-direct-io, -o allow_root,
   -o max_idle_threads=, --daemonize, --tag, --readonly, --allow-mmap,
   --preserve-noatime, --uid-map, --gid-map, --translate-uid, --translate-gid,
   --migration-mode, --migration-on-error, --migration-verify-handles,
@@ -139,7 +148,7 @@ process started stays as the sandboxed server's supervisor: it forwards those
 signals and exits with the server's status (128+N if signal N killed it).
 
 Environment:
-  KVFSD_CPUPROFILE=FILE the serving process (the sandboxed child with
+  KVFSD_CPUPROFILE=FILE the serving process (the sandboxed server with
                         --sandbox=namespace) writes a Go CPU profile of its
                         whole run to FILE when it exits (for go tool pprof;
                         the benchmark uses it)

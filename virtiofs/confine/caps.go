@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os/exec"
 	"runtime"
+	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -104,4 +106,52 @@ func dropCapabilities(keep []Capability) error {
 		return fmt.Errorf("capabilities: capset: %w", err)
 	}
 	return nil
+}
+
+// capabilityNames are the kernel's capability names (capabilities(7)) without "CAP_", in
+// lower case, by number.
+var capabilityNames = []string{
+	"chown", "dac_override", "dac_read_search", "fowner", "fsetid", "kill", "setgid", "setuid",
+	"setpcap", "linux_immutable", "net_bind_service", "net_broadcast", "net_admin", "net_raw",
+	"ipc_lock", "ipc_owner", "sys_module", "sys_rawio", "sys_chroot", "sys_ptrace", "sys_pacct",
+	"sys_admin", "sys_boot", "sys_nice", "sys_resource", "sys_time", "sys_tty_config", "mknod",
+	"lease", "audit_write", "audit_control", "setfcap", "mac_override", "mac_admin", "syslog",
+	"wake_alarm", "block_suspend", "audit_read", "perfmon", "bpf", "checkpoint_restore",
+}
+
+// CapabilityChange is one item of virtiofsd's modcaps list: a capability added to the ones a
+// confined server keeps, or removed from them.
+type CapabilityChange struct {
+	Cap Capability
+	Add bool
+}
+
+// ParseModcaps parses virtiofsd's modcaps list: items separated by ':', each '+' or '-' and a
+// capability's name, with or without "cap_", in either case ("+sys_admin:-mknod").
+func ParseModcaps(list string) ([]CapabilityChange, error) {
+	var changes []CapabilityChange
+	for _, item := range strings.Split(list, ":") {
+		if len(item) < 2 || item[0] != '+' && item[0] != '-' {
+			return nil, fmt.Errorf("%q: want +NAME or -NAME (a capability, e.g. +sys_admin)", item)
+		}
+		name := strings.TrimPrefix(strings.ToLower(item[1:]), "cap_")
+		c := slices.Index(capabilityNames, name)
+		if c < 0 {
+			return nil, fmt.Errorf("%q: no capability %s", item, item[1:])
+		}
+		changes = append(changes, CapabilityChange{Cap: Capability(c), Add: item[0] == '+'})
+	}
+	return changes, nil
+}
+
+// ModifyCapabilities applies changes, in order, to a copy of keep.
+func ModifyCapabilities(keep []Capability, changes []CapabilityChange) []Capability {
+	out := slices.Clone(keep)
+	for _, ch := range changes {
+		out = slices.DeleteFunc(out, func(c Capability) bool { return c == ch.Cap })
+		if ch.Add {
+			out = append(out, ch.Cap)
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,4 +162,21 @@ func capField(t *testing.T, status, name string) uint64 {
 	}
 	t.Fatalf("no %s in status", name)
 	return 0
+}
+
+// TestCapabilityNames checks the name table against the kernel's numbers.
+func TestCapabilityNames(t *testing.T) {
+	for name, c := range map[string]int{
+		"chown": unix.CAP_CHOWN, "dac_read_search": unix.CAP_DAC_READ_SEARCH, "setpcap": unix.CAP_SETPCAP,
+		"net_raw": unix.CAP_NET_RAW, "sys_chroot": unix.CAP_SYS_CHROOT, "sys_admin": unix.CAP_SYS_ADMIN,
+		"mknod": unix.CAP_MKNOD, "setfcap": unix.CAP_SETFCAP, "syslog": unix.CAP_SYSLOG,
+		"audit_read": unix.CAP_AUDIT_READ, "checkpoint_restore": unix.CAP_CHECKPOINT_RESTORE,
+	} {
+		if got := slices.Index(capabilityNames, name); got != c {
+			t.Errorf("%s: %d, want %d", name, got, c)
+		}
+	}
+	if len(capabilityNames) != unix.CAP_LAST_CAP+1 {
+		t.Errorf("%d names, want %d", len(capabilityNames), unix.CAP_LAST_CAP+1)
+	}
 }

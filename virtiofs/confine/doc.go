@@ -3,9 +3,9 @@
 // (--seccomp=kill|log|trap|none), and the capabilities a confined server keeps
 // ([ServerCapabilities], [StartWithCapabilities]). The library (package virtiofs) never uses it,
 // since confinement is for the whole process: the kvfsd command confines itself, and package
-// sandbox/confined confines the process a sandbox's default server runs in (namespaces as
-// here, [PrepareMounts] and [PivotRoot] in two steps, the same allowlist, and only
-// ServerCapabilities on every thread).
+// sandbox/confined confines the process a sandbox's default server runs in (the same namespaces,
+// [PrepareMounts] and [StartServing] in its PID 1, [EnterRoot] in its server, the same
+// allowlist, and only ServerCapabilities on every thread).
 //
 // # Threat model
 //
@@ -21,23 +21,33 @@
 //
 // namespace (what the C and Rust virtiofsd do by default): kvfsd runs itself again as a child in
 // new mount, PID, network and IPC namespaces ([Supervise]); Go cannot unshare a mount namespace
-// for a process that already runs several threads, so the namespaces come from clone(2). The
-// child makes its mount tree a recursive slave of the host's (mounts the host adds below the
-// shared directory later, as Kata does for each container, still reach it), mounts a fresh proc,
-// keeps its working directory in that proc's /proc/self/fd, bind-mounts the shared directory
-// onto itself, pivot_roots into it and detaches the old root ([EnterNamespace]). The server then
-// serves "/" and reaches /proc/self/fd as "." (virtiofs.Config.ProcSelfFd): the detached proc
-// mount stays alive, and reachable, only through the working directory. The parent stays behind
-// as a small supervisor: it owns the vhost-user socket (it created it, and removes it and the
-// pidfile at the end), forwards SIGTERM, SIGINT and SIGHUP to the child, and exits with the
-// child's status; the child gets SIGKILL if the supervisor dies (Pdeathsig), and is then
+// for a process that already runs several threads, so the namespaces come from clone(2). That
+// child, PID 1 of the namespaces ([Setup]), makes its mount tree a recursive slave of the host's
+// (mounts the host adds below the shared directory later, as Kata does for each container, still
+// reach it) and mounts a fresh proc ([PrepareMounts]); it then starts kvfsd a third time as the
+// server, with only the capabilities serving needs ([ServerCapabilities], changed by --modcaps),
+// dropped from the thread that starts it ([StartWithCapabilities]) so that every thread of the
+// server has only those in any build of the binary. The server moves its working directory into
+// that proc's /proc/self/fd; PID 1 then bind-mounts the shared directory onto itself,
+// pivot_roots into it and detaches the old root ([PivotRoot]), which takes the server's root
+// along, and the server checks its root before it serves ([StartServing] and [EnterRoot] are
+// the two halves of that handshake). The server serves "/" and reaches /proc/self/fd as "."
+// (virtiofs.Config.ProcSelfFd): the detached proc mount stays alive, and reachable, only
+// through the working directory. PID 1 keeps its capabilities, but runs none of the server's
+// code and reads nothing the guest controls; it forwards SIGTERM, SIGINT and SIGHUP to the
+// server and exits as it does, and its death ends the namespace, the server with it. The
+// process started stays behind as a small supervisor: it owns the vhost-user socket (it created
+// it, and removes it and the pidfile at the end), forwards those signals to PID 1, and exits
+// with the server's status; PID 1 gets SIGKILL if the supervisor dies (Pdeathsig), and is then
 // reparented, as any orphan, to the nearest child subreaper or to init, which must reap it (as
-// with virtiofsd, which forks into its sandbox the same way). The supervisor does not serve and
-// carries no seccomp filter. The child is PID 1
-// of its namespace, so signals it does not handle are ignored; kvfsd handles SIGTERM, SIGINT and
-// SIGHUP. As PID 1 it would also inherit orphans, but kvfsd never forks, so there is nothing
-// to reap. The mode needs CAP_SYS_ADMIN (root): kvfsd does not map itself into a user
-// namespace.
+// with virtiofsd, which forks into its sandbox the same way). Neither PID 1 nor the supervisor
+// carries the seccomp filter. kvfsd never forks once serving, so PID 1 has no orphans to reap.
+// The mode needs CAP_SYS_ADMIN (root): kvfsd does not map itself into a user namespace.
+//
+// Without CAP_SYS_ADMIN the server cannot read trusted.* attributes: the guest sees none even
+// with --xattr, and the DAX policy's trusted.kvfs.dax is not read (rules and FS_XFLAG_DAX still
+// decide). --modcaps=+sys_admin gives it back, at the price of the capability that most of
+// what a namespace keeps out needs.
 //
 // chroot (for where namespaces are not available, as in an unprivileged container): the process
 // chroots into the shared directory ([Chroot]) after moving its working directory into
@@ -45,7 +55,9 @@
 // /proc/self/fd descriptor stay outside the root, so code that runs in kvfsd can walk out
 // through them with "..". The absolute paths it resolves, and ".." from inside the root, stay in
 // the shared directory. kvfsd cannot remove a socket it created with --socket-path, or its
-// pidfile, once chrooted; the next kvfsd on that path replaces them.
+// pidfile, once chrooted; the next kvfsd on that path replaces them. It keeps every capability
+// kvfsd was started with (a Go program cannot drop them on all its threads in a cgo build), so
+// --modcaps is refused with it.
 //
 // none: no sandbox; kvfsd relies on whoever starts it.
 //

@@ -34,7 +34,7 @@ func ParseMode(s string) (Mode, error) {
 }
 
 // ProcSelfFd is what a confined server passes as virtiofs.Config.ProcSelfFd: after
-// EnterNamespace or Chroot the working directory is /proc/self/fd.
+// EnterRoot or Chroot the working directory is /proc/self/fd.
 const ProcSelfFd = "."
 
 // childEnv marks the child Supervise starts; its value is the descriptor of the listening
@@ -46,12 +46,13 @@ const childEnv = "KVFSD_SANDBOX_CHILD"
 const childListenFD = 3
 
 // Namespaces are the namespaces of the sandbox, as clone flags: its own mount tree, process
-// IDs, (empty) network and System V IPC. A process started in them is the child EnterNamespace
-// expects.
+// IDs, (empty) network and System V IPC. A process started in them is the PID 1 Setup and
+// StartServing expect.
 const Namespaces = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC
 
-// Child reports whether this process is the sandboxed child of Supervise and, if so, the
-// descriptor of the listening socket it inherited. It removes the marker from the environment.
+// Child reports whether this process is the child of Supervise (PID 1 of the namespaces) and,
+// if so, the descriptor of the listening socket it inherited. It removes the marker from the
+// environment.
 // The marker alone is not trusted: the process must also be PID 1 of its own PID namespace,
 // which no kvfsd started by anyone else is.
 func Child() (listenFD int, ok bool) {
@@ -72,7 +73,7 @@ func Child() (listenFD int, ok bool) {
 // the number of the signal that killed it, with an error saying so. The child gets SIGKILL
 // should the calling thread die (Pdeathsig): Supervise keeps its goroutine on that thread.
 //
-// The child must call Child first, then EnterNamespace before it serves.
+// The child must call Child first, then Setup, which starts the server.
 func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	// Pdeathsig follows the thread that forked, not the process: keep to it until the end.
 	runtime.LockOSThread()
@@ -129,31 +130,6 @@ func exitStatus(ps *os.ProcessState, err error) (int, error) {
 		return 128 + int(ws.Signal()), fmt.Errorf("sandboxed process killed by %v", ws.Signal())
 	}
 	return ws.ExitStatus(), nil
-}
-
-// EnterNamespace confines the sandboxed child to dir, its shared directory: PrepareMounts, then
-// it opens the new proc's /proc/self/fd, PivotRoots into dir and moves its working directory
-// into that /proc/self/fd. Afterwards "/" is dir and ProcSelfFd reaches /proc/self/fd. It must
-// run in the child of Supervise (Child reported ok): in the host's mount namespace it would
-// pivot the host's.
-func EnterNamespace(dir string) error {
-	if err := PrepareMounts(); err != nil {
-		return err
-	}
-	procfd, err := unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("--sandbox=namespace: open /proc/self/fd: %w", err)
-	}
-	defer unix.Close(procfd)
-	if err := PivotRoot(dir); err != nil {
-		return err
-	}
-	// The old root, with the proc mounted in it, is detached: the working directory is now
-	// the only way to /proc/self/fd.
-	if err := unix.Fchdir(procfd); err != nil {
-		return fmt.Errorf("--sandbox=namespace: move to /proc/self/fd: %w", err)
-	}
-	return nil
 }
 
 // PrepareMounts is the first half of entering the namespaces, for a process started in
