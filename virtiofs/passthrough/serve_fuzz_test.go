@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kvfs/kvfs/internal/fusecheck"
 	"github.com/kvfs/kvfs/internal/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
@@ -131,7 +132,10 @@ func servePassthrough(t *testing.T, base string, logger *logrus.Entry, data []by
 		}
 		out := make([]byte, 16+int(hdr.Unique&0xffff))
 		written := s.Handle([][]byte{req}, [][]byte{out})
-		body := checkFuzzReply(t, op, &hdr, req, out, written)
+		body, err := fusecheck.Reply(req, out, written, func(e unix.Errno) bool { return unix.ErrnoName(e) != "" })
+		if err != nil {
+			t.Fatal(err)
+		}
 		if body == nil {
 			continue
 		}
@@ -171,38 +175,6 @@ func servePassthrough(t *testing.T, base string, logger *logrus.Entry, data []by
 	if after := watch(); after != before {
 		t.Fatalf("ESCAPE: outside the share changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-}
-
-// checkFuzzReply checks a reply and returns its body when the request succeeded with one.
-func checkFuzzReply(t *testing.T, op fuse.Opcode, in *fuse.InHeader, req, out []byte, n int) []byte {
-	t.Helper()
-	valid := int(in.Len) >= 40 && int(in.Len) <= len(req) && int(in.Len)-int(in.TotalExtlen)*8 >= 40
-	if valid && (op == fuse.OpForget || op == fuse.OpBatchForget || op == fuse.OpInterrupt) {
-		if n != 0 {
-			t.Fatalf("%v has no reply, got %d bytes", op, n)
-		}
-		return nil
-	}
-	if n < 16 || n > len(out) {
-		t.Fatalf("%v: %d-byte reply into %d bytes", op, n, len(out))
-	}
-	var h fuse.OutHeader
-	copy(fuse.AsBytes(&h), out)
-	switch {
-	case int(h.Len) != n:
-		t.Fatalf("%v: reply header says %d bytes, %d written", op, h.Len, n)
-	case h.Unique != in.Unique:
-		t.Fatalf("%v: reply to unique %d for request %d", op, h.Unique, in.Unique)
-	case h.Error > 0:
-		t.Fatalf("%v: positive error %d", op, h.Error)
-	case h.Error < 0 && unix.ErrnoName(unix.Errno(-h.Error)) == "":
-		t.Fatalf("%v: error %d is no errno", op, h.Error)
-	case h.Error < 0 && n != 16:
-		t.Fatalf("%v: error %d with a %d-byte body", op, h.Error, n-16)
-	case h.Error < 0:
-		return nil
-	}
-	return out[16:n]
 }
 
 // passthroughSeeds are the seed corpus in testdata/fuzz/FuzzPassthrough, by file name: the
