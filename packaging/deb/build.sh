@@ -10,8 +10,9 @@
 # removes the file at purge). The maintainer scripts run install.sh: postinst `configure
 # --packaged` (containerd's drop-in, a config.toml importing it when there was none, the
 # manifest); postrm, at remove and at purge, `uninstall` with the manifest's copy of the
-# script, since the package's files are gone by then. A VERSION that does not start with a
-# digit (a bare commit) becomes 0~gitVERSION. The package's path is printed on stdout.
+# script, since the package's files are gone by then. VERSION is make's (git describe):
+# a tag's v is dropped, a bare commit becomes 0~gitCOMMIT, anything else not starting with a
+# digit 0~VERSION. The package's path is printed on stdout.
 set -euo pipefail
 
 die() {
@@ -36,9 +37,13 @@ done
 [ -n "$bin" ] && [ -n "$guest" ] && [ -n "$version" ] && [ -n "$out" ] ||
 	die "usage: $0 --bin DIR --guest DIR --version VERSION --out DIR"
 case $version in
-[0-9]*) ;;
-*) version=0~git$version ;;
+v[0-9]*) version=${version#v} ;; # a tag
 esac
+if [[ $version =~ ^[0-9a-f]{7,40}$ && $version =~ [a-f] ]]; then
+	version=0~git$version # a bare commit (git describe --always without a tag)
+elif [[ ! $version =~ ^[0-9] ]]; then
+	version=0~$version
+fi
 [[ $version =~ ^[0-9][A-Za-z0-9.+~-]*$ ]] || die "--version $version: not a Debian version"
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -93,7 +98,10 @@ chmod 0755 "$stage/DEBIAN/postinst" "$stage/DEBIAN/postrm"
 (cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\n' | LC_ALL=C sort |
 	grep -vx etc/kvfs/configuration.toml | xargs md5sum) >"$stage/DEBIAN/md5sums"
 
+# gzip -1: on this project's loaded 2-CPU machine dpkg-deb took 30 s with gzip -9 and 216 s
+# with xz, against 7 s, for a package 3 % larger (xz's 7 % smaller): the guest image is
+# compressed already.
 mkdir -p "$out"
 deb=$out/kvfs_${version}_amd64.deb
-dpkg-deb --root-owner-group -Zgzip --build "$stage" "$deb" >&2
+dpkg-deb --root-owner-group -Zgzip -z1 --build "$stage" "$deb" >&2
 echo "$deb"
