@@ -36,6 +36,12 @@ install: build guest-image
 uninstall:
 	packaging/install.sh uninstall $(LAYOUT)
 
+# The Debian package $(BIN)/kvfs_<version>_amd64.deb (packaging/deb/build.sh): make install's
+# files under /usr, its configuration a conffile, maintainer scripts that run install.sh.
+.PHONY: deb
+deb: build guest-image
+	packaging/deb/build.sh --bin $(BIN) --guest $(DIST_GUEST) --version $(VERSION) --out $(BIN)
+
 deps:
 	scripts/deps.sh
 

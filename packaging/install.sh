@@ -2,8 +2,9 @@
 # Install kvfs on a containerd host, or take it out again.
 #
 #   packaging/install.sh install   --bin DIR --guest DIR [LAYOUT]   files, then configure
-#   packaging/install.sh configure [LAYOUT]                         the host's configuration only
+#   packaging/install.sh configure [--packaged] [LAYOUT]            the host's configuration only
 #   packaging/install.sh uninstall [--purge] [LAYOUT]               what install or configure added
+#   packaging/install.sh stage     --bin DIR --guest DIR [LAYOUT]   a package's files (see below)
 #
 # LAYOUT options (also read from the environment variables of the same name; options win):
 #   --destdir DIR       DESTDIR: a staging root every path below is put under (default none)
@@ -14,7 +15,13 @@
 # install copies the binaries in --bin (containerd-shim-kvfs-v2, kvfsd, kvfsctl) to
 # PREFIX/bin, the guest image in --guest (vmlinuz, initramfs.gz, image.json, SHA256SUMS, as
 # packaging/guest/build.sh --agent writes them, checked with sha256sum -c) to
-# PREFIX/share/kvfs/guest, and this script to PREFIX/share/kvfs/install.sh; then configures.
+# PREFIX/share/kvfs/guest, this script to PREFIX/share/kvfs/install.sh and the Kata Containers
+# fragment (below) to PREFIX/share/kvfs/kata/kvfsd.toml; then configures.
+#
+# The Kata fragment is for hosts that keep Kata's own shim and want kvfsd as its virtio-fs
+# daemon: a [hypervisor.qemu] table naming the installed kvfsd (virtio_fs_daemon,
+# valid_virtio_fs_daemon_paths, virtio_fs_extra_args, virtio_fs_cache). Nothing of Kata's is
+# changed: the user copies it into the config.d beside the configuration.toml Kata loads.
 #
 # configure writes
 #   SYSCONFDIR/kvfs/configuration.toml      from `kvfsctl config default --guest
@@ -30,6 +37,14 @@
 # add is listed, with its checksum, in the manifest LOCALSTATEDIR/lib/kvfs/install.manifest,
 # beside a copy of this script (so that uninstall works once PREFIX is gone, as in a package's
 # postrm).
+#
+# configure --packaged is for a distribution package (the Debian package's postinst): its
+# configuration.toml is the package's conffile, which the package manager installs, keeps when
+# edited and removes at purge; configure then does only containerd's files and the manifest.
+#
+# stage writes the files a package ships under DESTDIR, as install does but without the
+# manifest or containerd's files: the binaries, the guest image, this script, the Kata
+# fragment and configuration.toml.
 #
 # uninstall removes what the manifest lists, except files edited since (kept, and said so;
 # --purge removes them too), and the directories install created once they are empty. A
@@ -51,8 +66,8 @@ say() {
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case $cmd in
-install | configure | uninstall) ;;
-*) die "usage: $0 install --bin DIR --guest DIR | configure | uninstall [--purge]  [--destdir DIR] [--prefix DIR] [--sysconfdir DIR] [--localstatedir DIR]" ;;
+install | configure | uninstall | stage) ;;
+*) die "usage: $0 install --bin DIR --guest DIR | configure [--packaged] | uninstall [--purge] | stage --bin DIR --guest DIR  [--destdir DIR] [--prefix DIR] [--sysconfdir DIR] [--localstatedir DIR]" ;;
 esac
 
 destdir=${DESTDIR:-}
@@ -62,11 +77,17 @@ localstatedir=${LOCALSTATEDIR:-/var}
 bindir_src=
 guest_src=
 purge=
+packaged=
 while [ $# -gt 0 ]; do
 	opt=$1
 	case $opt in
 	--purge)
 		purge=1
+		shift
+		continue
+		;;
+	--packaged)
+		packaged=1
 		shift
 		continue
 		;;
@@ -85,6 +106,7 @@ while [ $# -gt 0 ]; do
 	shift 2
 done
 [ -z "$purge" ] || [ "$cmd" = uninstall ] || die "--purge is for uninstall"
+[ -z "$packaged" ] || [ "$cmd" = configure ] || die "--packaged is for configure"
 for v in prefix sysconfdir localstatedir; do
 	case ${!v} in
 	/*) ;;
@@ -102,6 +124,7 @@ guest_files="vmlinuz initramfs.gz image.json SHA256SUMS"
 share=$prefix/share/kvfs
 guest_dir=$share/guest
 config=$sysconfdir/kvfs/configuration.toml
+kata_fragment=$share/kata/kvfsd.toml
 ctrd_dir=$sysconfdir/containerd
 dropin=$ctrd_dir/conf.d/kvfs.toml
 ctrd_config=$ctrd_dir/config.toml
@@ -235,6 +258,34 @@ install_files() {
 		put "$guest_src/$f" "$guest_dir/$f" 0644
 	done
 	put "$0" "$share/install.sh" 0755
+
+	# Kata appends virtio_fs_extra_args to its own arguments (the Go runtime: --syslog --cache
+	# --shared-dir --fd; runtime-rs: --socket-path --shared-dir --cache --sandbox none
+	# --seccomp none), and kvfsd takes the last of a repeated option: --sandbox and --seccomp
+	# here keep kvfsd confined under runtime-rs too.
+	cat >"$tmp/kvfsd.toml" <<-EOF
+		# kvfsd as the virtio-fs daemon of Kata Containers 3.x's QEMU hypervisor (the Go runtime
+		# and runtime-rs). Installed by $share/install.sh; removed by its uninstall.
+		# To use it, copy it into the config.d directory beside the configuration.toml your
+		# Kata runtime loads (Kata merges config.d/*.toml over it in name order), e.g.
+		#   cp $kata_fragment /opt/kata/share/defaults/kata-containers/config.d/50-kvfsd.toml
+		# and remove that copy to go back to Kata's virtiofsd. shared_fs must be virtio-fs.
+		[hypervisor.qemu]
+		virtio_fs_daemon = "$prefix/bin/kvfsd"
+		valid_virtio_fs_daemon_paths = ["$prefix/bin/kvfsd"]
+		virtio_fs_extra_args = ["--thread-pool-size=1", "--announce-submounts", "--sandbox=namespace", "--seccomp=kill"]
+		virtio_fs_cache = "auto"
+	EOF
+	put "$tmp/kvfsd.toml" "$kata_fragment" 0644
+}
+
+# render_config writes configuration.toml: DefaultConfig() with the installed guest image.
+render_config() {
+	local kvfsctl=$destdir$prefix/bin/kvfsctl
+	[ -x "$kvfsctl" ] || die "no $kvfsctl: install the files first (install --bin --guest)"
+	"$kvfsctl" config default --guest "$guest_dir" >"$tmp/configuration.toml" ||
+		die "$kvfsctl config default failed"
+	put "$tmp/configuration.toml" "$config" 0644
 }
 
 # imports_dropin says whether containerd's config.toml imports the drop-in: its top-level
@@ -252,12 +303,8 @@ imports_dropin() {
 }
 
 configure() {
-	local kvfsctl=$destdir$prefix/bin/kvfsctl
-	[ -x "$kvfsctl" ] || die "no $kvfsctl: install the files first (install --bin --guest)"
 	keep_stale_news
-	"$kvfsctl" config default --guest "$guest_dir" >"$tmp/configuration.toml" ||
-		die "$kvfsctl config default failed"
-	put "$tmp/configuration.toml" "$config" 0644
+	[ -n "$packaged" ] || render_config
 
 	cat >"$tmp/kvfs.toml" <<-EOF
 		# The kvfs runtime for containerd 2.x's CRI: pods with runtimeClassName kvfs (handler
@@ -360,4 +407,8 @@ install)
 	;;
 configure) configure ;;
 uninstall) uninstall ;;
+stage)
+	install_files
+	render_config
+	;;
 esac

@@ -180,7 +180,7 @@ func TestInstallDestdir(t *testing.T) {
 		"opt/kvfs/bin/containerd-shim-kvfs-v2", "opt/kvfs/bin/kvfsd", "opt/kvfs/bin/kvfsctl",
 		"opt/kvfs/share/kvfs/guest/vmlinuz", "opt/kvfs/share/kvfs/guest/initramfs.gz",
 		"opt/kvfs/share/kvfs/guest/image.json", "opt/kvfs/share/kvfs/guest/SHA256SUMS",
-		"opt/kvfs/share/kvfs/install.sh", "etc/kvfs/configuration.toml",
+		"opt/kvfs/share/kvfs/install.sh", "opt/kvfs/share/kvfs/kata/kvfsd.toml", "etc/kvfs/configuration.toml",
 		"etc/containerd/conf.d/kvfs.toml", "etc/containerd/config.toml",
 		"var/lib/kvfs/install.manifest", "var/lib/kvfs/install.sh",
 	} {
@@ -373,6 +373,7 @@ func TestInstallBadArguments(t *testing.T) {
 		{[]string{"install", "--prefix", "usr"}, "not an absolute path"},
 		{[]string{"uninstall", "--destdir", t.TempDir()}, "nothing installed here"},
 		{[]string{"configure", "--purge"}, "--purge is for uninstall"},
+		{[]string{"install", "--packaged"}, "--packaged is for configure"},
 		{[]string{"install", "--nope"}, "unknown option --nope"},
 	} {
 		cmd := exec.Command("bash", append([]string{"install.sh"}, tc.args...)...)

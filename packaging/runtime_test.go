@@ -39,23 +39,7 @@ func TestInstalledRuntime(t *testing.T) {
 		Imports:  []string{filepath.Join(root, "etc/containerd/conf.d/*.toml")},
 		CRI:      true,
 	})
-	// The operator's one edit: where the sandboxes go (the test containerd's directory, which
-	// its leak check covers), and the accelerator if /dev/kvm opens but KVM cannot boot.
-	data, err := os.ReadFile(config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edited := strings.Replace(string(data), "\n# base_dir = \"/run/kvfs/sandboxes\"\n", "\nbase_dir = \""+c.SandboxBaseDir()+"\"\n", 1)
-	if accel, why := vmtest.Accel(context.Background(), g); accel == "tcg" {
-		t.Logf("accelerator tcg: %s", why)
-		edited = strings.Replace(edited, "\n# accel = \"\"\n", "\naccel = \"tcg\"\n", 1)
-	}
-	if edited == string(data) {
-		t.Fatalf("no base_dir to set in the installed configuration:\n%s", data)
-	}
-	if err := os.WriteFile(config, []byte(edited), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	editConfig(t, config, c, g)
 
 	// The CRI loaded the drop-in.
 	var info struct {
@@ -100,4 +84,26 @@ func TestInstalledRuntime(t *testing.T) {
 	}
 	installer(t, append([]string{"uninstall", "--purge"}, layout...)...)
 	sameTree(t, "after uninstall --purge, compared with before install", tree(t, root), before)
+}
+
+// editConfig makes the operator's one edit to the installed configuration at path: where the
+// sandboxes go (the test containerd's directory, which its leak check covers), and the
+// accelerator if /dev/kvm opens but KVM cannot boot the guest g.
+func editConfig(t *testing.T, path string, c *ctrdtest.Containerd, g vmtest.Guest) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(data), "\n# base_dir = \"/run/kvfs/sandboxes\"\n", "\nbase_dir = \""+c.SandboxBaseDir()+"\"\n", 1)
+	if accel, why := vmtest.Accel(context.Background(), g); accel == "tcg" {
+		t.Logf("accelerator tcg: %s", why)
+		edited = strings.Replace(edited, "\n# accel = \"\"\n", "\naccel = \"tcg\"\n", 1)
+	}
+	if edited == string(data) {
+		t.Fatalf("no base_dir to set in the installed configuration:\n%s", data)
+	}
+	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -49,6 +49,11 @@ type Options struct {
 	// test network's bridge is, and the pod sandbox image PauseImage is imported. The CRI's
 	// sandbox directories and network namespace files are LeakDirs.
 	CRI bool
+	// Wrapper, when set, is a command containerd is started through: containerd's command line
+	// is appended to it, and it must execute that in its place. It starts in containerd's
+	// own mount namespace; `nsenter -t PID -m --`, say, runs containerd and its shims in the
+	// mount namespace of process PID, where a package under test is installed.
+	Wrapper []string
 }
 
 // Containerd is a private containerd: its own directory, config, sockets and namespace.
@@ -139,6 +144,9 @@ func Start(t testing.TB, opts Options) *Containerd {
 	if opts.CRI {
 		// nsenter joins the network namespace and executes containerd in its place.
 		c.cmd = exec.Command("nsenter", "--net="+c.NetNS(), "--", bins.Containerd, "--config", cfgPath)
+	}
+	if len(opts.Wrapper) > 0 {
+		c.cmd = exec.Command(opts.Wrapper[0], append(slices.Clone(opts.Wrapper[1:]), c.cmd.Args...)...)
 	}
 	c.cmd.Dir = dir
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
