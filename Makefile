@@ -16,7 +16,7 @@ LOCALSTATEDIR ?= /var
 LAYOUT = --destdir "$(DESTDIR)" --prefix "$(PREFIX)" --sysconfdir "$(SYSCONFDIR)" --localstatedir "$(LOCALSTATEDIR)"
 
 .PHONY: all build deps test test-unit fuzz soak demo bench vet fmt-check clean generate check-generate \
-	guest-image install uninstall
+	guest-image install uninstall deploy-image
 
 all: build
 
@@ -35,6 +35,15 @@ install: build guest-image
 
 uninstall:
 	packaging/install.sh uninstall $(LAYOUT)
+
+# Kubernetes' node-install image (packaging/kubernetes): the binaries built static, the guest
+# image, install.sh and the entrypoint kvfs-deploy, as an OCI archive $(BIN)/kvfs-deploy.tar
+# for `ctr --namespace k8s.io image import` on each node (the DaemonSet does not pull it).
+DEPLOY_IMAGE ?= localhost/kvfs-deploy:latest
+deploy-image: guest-image
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/static/ \
+		./cmd/containerd-shim-kvfs-v2 ./cmd/kvfsd ./cmd/kvfsctl ./packaging/kubernetes/cmd/kvfs-deploy
+	$(BIN)/static/kvfs-deploy image -o $(BIN)/kvfs-deploy.tar -name $(DEPLOY_IMAGE) -bin $(BIN)/static -guest $(DIST_GUEST)
 
 deps:
 	scripts/deps.sh
