@@ -107,3 +107,29 @@ func TestImageCtr(t *testing.T) {
 	}
 	sameTree(t, "after the container's SIGTERM cleanup, compared with before", tree(t, root), before)
 }
+
+// TestImageRefusesDynamic: a binary linked against a C library would not run in the image
+// (it has only bash's libraries, for bash): Image refuses it, naming it.
+func TestImageRefusesDynamic(t *testing.T) {
+	dir := t.TempDir()
+	for _, b := range append(append([]string{}, deploy.Binaries...), deploy.Command) {
+		src := filepath.Join(bins, b)
+		if b == "kvfsd" {
+			src = "/bin/true" // Debian's: dynamically linked
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, b), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := deploy.Image("localhost/kvfs-deploy:test", deploy.Sources{
+		Bin: dir, Guest: filepath.Join(payload(t), "guest"), Installer: "../../install.sh",
+		Busybox: ociimage.BusyboxPath, Bash: "/bin/bash",
+	})
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "kvfsd")+" is dynamically linked") {
+		t.Errorf("Image with a dynamically linked kvfsd: %v", err)
+	}
+}
