@@ -16,7 +16,7 @@ LOCALSTATEDIR ?= /var
 LAYOUT = --destdir "$(DESTDIR)" --prefix "$(PREFIX)" --sysconfdir "$(SYSCONFDIR)" --localstatedir "$(LOCALSTATEDIR)"
 
 .PHONY: all build deps test test-unit fuzz soak demo bench vet fmt-check clean generate check-generate \
-	guest-image install uninstall
+	guest-image install uninstall deb deploy-image
 
 all: build
 
@@ -38,9 +38,17 @@ uninstall:
 
 # The Debian package $(BIN)/kvfs_<version>_amd64.deb (packaging/deb/build.sh): make install's
 # files under /usr, its configuration a conffile, maintainer scripts that run install.sh.
-.PHONY: deb
 deb: build guest-image
 	packaging/deb/build.sh --bin $(BIN) --guest $(DIST_GUEST) --version $(VERSION) --out $(BIN)
+
+# Kubernetes' node-install image (packaging/kubernetes): the binaries built static, the guest
+# image, install.sh and the entrypoint kvfs-deploy, as an OCI archive $(BIN)/kvfs-deploy.tar
+# for `ctr --namespace k8s.io image import` on each node (the DaemonSet does not pull it).
+DEPLOY_IMAGE ?= localhost/kvfs-deploy:latest
+deploy-image: guest-image
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/static/ \
+		./cmd/containerd-shim-kvfs-v2 ./cmd/kvfsd ./cmd/kvfsctl ./packaging/kubernetes/cmd/kvfs-deploy
+	$(BIN)/static/kvfs-deploy image -o $(BIN)/kvfs-deploy.tar -name $(DEPLOY_IMAGE) -bin $(BIN)/static -guest $(DIST_GUEST)
 
 deps:
 	scripts/deps.sh

@@ -174,6 +174,12 @@ mkdirs() {
 	done
 }
 
+# copy MODE SRC DEST writes DEST anew as a copy of SRC with MODE: install(1) without its
+# options, which busybox (the node-install image's tools) does not have.
+copy() {
+	rm -f "$3" && cp "$2" "$3" && chmod "$1" "$3"
+}
+
 # put SRC DEST MODE installs SRC as DEST: created if missing; replaced if it is what an earlier
 # install put there; left alone with the new version beside it as DEST.new if someone else
 # wrote it or the user edited it. Recorded in the manifest with the checksum installed.
@@ -183,7 +189,7 @@ put() {
 	mkdirs "$(dirname "$dest")"
 	was=$(recorded f "$dest")
 	if [ ! -e "$destdir$dest" ]; then
-		install -m "$mode" "$src" "$destdir$dest" || die "cannot install $destdir$dest"
+		copy "$mode" "$src" "$destdir$dest" || die "cannot install $destdir$dest"
 		say "installed $destdir$dest"
 		record f "$want" "$dest"
 		return
@@ -196,7 +202,7 @@ put() {
 		return
 	fi
 	if [ -n "$was" ] && [ "$have" = "$was" ]; then
-		install -m "$mode" "$src" "$destdir$dest.tmp" && mv -f "$destdir$dest.tmp" "$destdir$dest" ||
+		copy "$mode" "$src" "$destdir$dest.tmp" && mv -f "$destdir$dest.tmp" "$destdir$dest" ||
 			die "cannot replace $destdir$dest"
 		say "updated $destdir$dest"
 		record f "$want" "$dest"
@@ -204,7 +210,7 @@ put() {
 	fi
 	# Edited since we installed it, or not ours: keep it.
 	[ -z "$was" ] || record f "$was" "$dest"
-	install -m "$mode" "$src" "$destdir$dest.new" || die "cannot install $destdir$dest.new"
+	copy "$mode" "$src" "$destdir$dest.new" || die "cannot install $destdir$dest.new"
 	record f "$want" "$dest.new"
 	if [ -n "$was" ]; then
 		say "kept $destdir$dest: edited since it was installed; the new version is $destdir$dest.new (compare, merge, then remove it)"
@@ -250,7 +256,11 @@ install_files() {
 	for f in $guest_files; do
 		[ -f "$guest_src/$f" ] || die "no $guest_src/$f (packaging/guest/build.sh --agent $guest_src)"
 	done
-	(cd "$guest_src" && sha256sum --quiet -c SHA256SUMS) >&2 || die "$guest_src: the guest image does not match its SHA256SUMS"
+	# -c without --quiet, which busybox's sha256sum (the node-install image's) does not know.
+	if ! (cd "$guest_src" && sha256sum -c SHA256SUMS) >"$tmp/sums" 2>&1; then
+		grep -v ': OK$' "$tmp/sums" >&2
+		die "$guest_src: the guest image does not match its SHA256SUMS"
+	fi
 	for b in $binaries; do
 		put "$bindir_src/$b" "$prefix/bin/$b" 0755
 	done
