@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -416,5 +417,83 @@ func TestSandboxAPIRefusals(t *testing.T) {
 	case <-h2.sd.done:
 	case <-time.After(10 * shutdownGrace):
 		t.Error("ShutdownSandbox of a failed sandbox did not end the shim")
+	}
+}
+
+// TestSandboxAPIStopWhileStarting: a stop or shutdown that comes while the sandbox's VM boots
+// is not refused (containerd's controller never deletes a shim whose shutdown failed, and the
+// shim would outlive its pod): the boot is cancelled, StartSandbox fails, and the shim ends.
+// A boot that ends with a pod just as the stop comes has that pod stopped.
+func TestSandboxAPIStopWhileStarting(t *testing.T) {
+	ns := netNS(t)
+	for _, tc := range []struct {
+		name       string
+		honoursCtx bool // the boot gives up when its context ends; else it finishes its pod
+	}{{"boot cancelled", true}, {"boot finished", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			booting := make(chan struct{})
+			release := make(chan struct{})
+			inner := h.svc.opts.StartPod
+			h.svc.opts.StartPod = func(ctx context.Context, req PodRequest) (Pod, error) {
+				close(booting)
+				if tc.honoursCtx {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				<-release
+				return inner(ctx, req)
+			}
+			h.createSandbox("sbx", ns, &criapi.PodSandboxConfig{})
+			wait := h.waitSandbox("sbx")
+			startErr := make(chan error, 1)
+			go func() {
+				_, err := h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sbx"})
+				startErr <- err
+			}()
+			<-booting
+			shutdown := make(chan error, 1)
+			go func() {
+				_, err := h.svc.ShutdownSandbox(h.ctx, &sandboxAPI.ShutdownSandboxRequest{SandboxID: "sbx"})
+				shutdown <- err
+			}()
+			if !tc.honoursCtx {
+				// The shutdown waits for the boot: it has cancelled its context already.
+				time.Sleep(100 * time.Millisecond)
+				close(release)
+			}
+			for what, ch := range map[string]chan error{"StartSandbox": startErr, "ShutdownSandbox": shutdown} {
+				select {
+				case err := <-ch:
+					if what == "StartSandbox" && (err == nil || !strings.Contains(err.Error(), "sbx")) {
+						t.Errorf("StartSandbox stopped during its boot: %v, want an error naming the sandbox", err)
+					}
+					if what == "ShutdownSandbox" && err != nil {
+						t.Errorf("ShutdownSandbox during the boot: %v", err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s did not return", what)
+				}
+			}
+			if w := gotWait(t, wait); w.ExitStatus != exitVMDied {
+				t.Errorf("WaitSandbox: exit %d, want %d (a failed start)", w.ExitStatus, exitVMDied)
+			}
+			select {
+			case <-h.sd.Done():
+			case <-time.After(5 * time.Second):
+				t.Error("the shim did not end after ShutdownSandbox")
+			}
+			if !tc.honoursCtx {
+				if n := h.pod().stopped; n != 1 {
+					t.Errorf("the pod booted as the stop came was stopped %d times, want once", n)
+				}
+			}
+			h.svc.mu.Lock()
+			pod := h.svc.pod
+			h.svc.mu.Unlock()
+			if pod != nil {
+				t.Error("the shim still has a pod")
+			}
+		})
 	}
 }
