@@ -598,3 +598,27 @@ func (s *Service) podFilesOf(id string) (string, bool) {
 	}
 	return s.sandbox.files, true
 }
+
+// withPodShm makes the guest spec's /dev/shm the pod's: a bind of the guest's own /dev/shm, a
+// tmpfs of the VM (which is the pod's alone), in place of the tmpfs of the container's own the
+// spec mounts there. So the pod's containers share their /dev/shm, as CRI's podsandbox
+// sandboxer gives them the pause container's. Its size is the guest's tmpfs default (half
+// the VM's memory): CRI's pod config gives no /dev/shm size (podsandbox's is a fixed 64 MiB).
+// A /dev/shm the CRI's own mounts give (a bind) stays.
+func withPodShm(g *specs.Spec) {
+	for i, m := range g.Mounts {
+		if filepath.Clean(m.Destination) != podShm || m.Type != "tmpfs" {
+			continue
+		}
+		opts := []string{"rbind", "rprivate", "nosuid", "nodev"}
+		for _, o := range m.Options {
+			if o == "noexec" || o == "ro" {
+				opts = append(opts, o)
+			}
+		}
+		g.Mounts[i] = specs.Mount{Destination: podShm, Type: "bind", Source: podShm, Options: opts}
+	}
+}
+
+// podShm is where a container and the guest have their /dev/shm.
+const podShm = "/dev/shm"

@@ -2,11 +2,14 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -215,8 +218,22 @@ func TestSandboxAPI(t *testing.T) {
 			t.Errorf("the pod's %s: %q, %v; want %q", name, got, err, want)
 		}
 	}
-	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer(id))})
+	// c1's own /dev/shm tmpfs (containerd's default spec has one per container) becomes a
+	// bind of the guest's, the pod's.
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer(id),
+		specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}})})
 	h.start("c1", "")
+	var guest specs.Spec
+	h.agent.mu.Lock()
+	err = json.Unmarshal(h.agent.specs["c1"], &guest)
+	h.agent.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(guest.Mounts, func(m specs.Mount) bool { return m.Destination == "/dev/shm" }); i < 0 ||
+		!reflect.DeepEqual(guest.Mounts[i], specs.Mount{Destination: "/dev/shm", Type: "bind", Source: "/dev/shm", Options: []string{"rbind", "rprivate", "nosuid", "nodev", "noexec"}}) {
+		t.Errorf("c1's guest /dev/shm: %+v, want a bind of the guest's", guest.Mounts)
+	}
 	ownHosts := filepath.Join(h.dir, "own-hosts")
 	os.WriteFile(ownHosts, []byte("own\n"), 0o644)
 	h.create(&taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", criContainer(id),
