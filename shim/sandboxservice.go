@@ -72,6 +72,12 @@ type podSandbox struct {
 	createdAt time.Time
 	exited    chan struct{} // closed when phase becomes sandboxStopped
 
+	// cancelStart cancels StartSandbox's boot, and started is closed when StartSandbox has
+	// ended (booted or not): a stop or shutdown that comes during the boot ends it, rather
+	// than leave a shim whose containerd gave up on it.
+	cancelStart context.CancelFunc // guarded by Service.mu; set while starting
+	started     chan struct{}
+
 	phase sandboxPhase // guarded by Service.mu
 	pid   uint32       // guarded by Service.mu; the VM's, while it runs
 	exit  exit         // guarded by Service.mu; set when phase becomes sandboxStopped
@@ -225,10 +231,23 @@ func (s *Service) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRe
 		return nil, err
 	}
 	sb.phase = sandboxStarting
+	bootCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sb.cancelStart, sb.started = cancel, make(chan struct{})
 	s.mu.Unlock()
+	defer close(sb.started)
 
-	pod, _, err := s.acquirePod(ctx, sb.req, true)
+	pod, _, err := s.acquirePod(bootCtx, sb.req, true)
 	s.mu.Lock()
+	sb.cancelStart = nil
+	if err == nil && bootCtx.Err() != nil {
+		// A stop came as the boot ended: the pod is this sandbox's, and the stop waits for
+		// this start to stop it.
+		err = fmt.Errorf("sandbox %s: stopped while it started: %w", sb.id, context.Cause(bootCtx))
+		s.mu.Unlock()
+		s.stopSandboxPod(s.ctx, sandboxStopTimeout, true)
+		s.mu.Lock()
+	}
 	if err != nil {
 		s.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
 		s.mu.Unlock()
@@ -268,6 +287,8 @@ func (s *Service) watchSandbox(sb *podSandbox, pod Pod) {
 // (SIGKILL; CRI has stopped its containers already) and their exits waited for, within the
 // request's timeout; then the VM, the share and the tap go. The containers stay, stopped,
 // until their Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
+// A sandbox still starting has its boot cancelled and waited for: StartSandbox fails (and
+// stops the pod if the boot had got one), and the stop is then done.
 func (s *Service) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
 	timeout := sandboxStopTimeout
 	if r.TimeoutSecs > 0 {
@@ -285,8 +306,17 @@ func (s *Service) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequ
 		s.mu.Unlock()
 		return &sandboxAPI.StopSandboxResponse{}, nil
 	case sandboxStarting:
+		// Its boot is cancelled: StartSandbox fails, ends the sandbox, and stops what it
+		// booted. containerd's controller gives up on a shim whose stop or shutdown fails
+		// (it never deletes it), so a stop during the boot must not be refused.
+		sb.cancelStart()
 		s.mu.Unlock()
-		return nil, fmt.Errorf("sandbox %s is starting: %w", sb.id, errdefs.ErrFailedPrecondition)
+		select {
+		case <-sb.started:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return s.StopSandbox(ctx, r)
 	case sandboxStopping, sandboxStopped:
 		s.mu.Unlock()
 		select { // another stop, or the pod's death, is under way: done when it is
@@ -568,3 +598,27 @@ func (s *Service) podFilesOf(id string) (string, bool) {
 	}
 	return s.sandbox.files, true
 }
+
+// withPodShm makes the guest spec's /dev/shm the pod's: a bind of the guest's own /dev/shm, a
+// tmpfs of the VM (which is the pod's alone), in place of the tmpfs of the container's own the
+// spec mounts there. So the pod's containers share their /dev/shm, as CRI's podsandbox
+// sandboxer gives them the pause container's. Its size is the guest's tmpfs default (half
+// the VM's memory): CRI's pod config gives no /dev/shm size (podsandbox's is a fixed 64 MiB).
+// A /dev/shm the CRI's own mounts give (a bind) stays.
+func withPodShm(g *specs.Spec) {
+	for i, m := range g.Mounts {
+		if filepath.Clean(m.Destination) != podShm || m.Type != "tmpfs" {
+			continue
+		}
+		opts := []string{"rbind", "rprivate", "nosuid", "nodev"}
+		for _, o := range m.Options {
+			if o == "noexec" || o == "ro" {
+				opts = append(opts, o)
+			}
+		}
+		g.Mounts[i] = specs.Mount{Destination: podShm, Type: "bind", Source: podShm, Options: opts}
+	}
+}
+
+// podShm is where a container and the guest have their /dev/shm.
+const podShm = "/dev/shm"

@@ -1,11 +1,15 @@
 package shim
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -214,8 +218,22 @@ func TestSandboxAPI(t *testing.T) {
 			t.Errorf("the pod's %s: %q, %v; want %q", name, got, err, want)
 		}
 	}
-	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer(id))})
+	// c1's own /dev/shm tmpfs (containerd's default spec has one per container) becomes a
+	// bind of the guest's, the pod's.
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", criContainer(id),
+		specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}})})
 	h.start("c1", "")
+	var guest specs.Spec
+	h.agent.mu.Lock()
+	err = json.Unmarshal(h.agent.specs["c1"], &guest)
+	h.agent.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(guest.Mounts, func(m specs.Mount) bool { return m.Destination == "/dev/shm" }); i < 0 ||
+		!reflect.DeepEqual(guest.Mounts[i], specs.Mount{Destination: "/dev/shm", Type: "bind", Source: "/dev/shm", Options: []string{"rbind", "rprivate", "nosuid", "nodev", "noexec"}}) {
+		t.Errorf("c1's guest /dev/shm: %+v, want a bind of the guest's", guest.Mounts)
+	}
 	ownHosts := filepath.Join(h.dir, "own-hosts")
 	os.WriteFile(ownHosts, []byte("own\n"), 0o644)
 	h.create(&taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", criContainer(id),
@@ -416,5 +434,83 @@ func TestSandboxAPIRefusals(t *testing.T) {
 	case <-h2.sd.done:
 	case <-time.After(10 * shutdownGrace):
 		t.Error("ShutdownSandbox of a failed sandbox did not end the shim")
+	}
+}
+
+// TestSandboxAPIStopWhileStarting: a stop or shutdown that comes while the sandbox's VM boots
+// is not refused (containerd's controller never deletes a shim whose shutdown failed, and the
+// shim would outlive its pod): the boot is cancelled, StartSandbox fails, and the shim ends.
+// A boot that ends with a pod just as the stop comes has that pod stopped.
+func TestSandboxAPIStopWhileStarting(t *testing.T) {
+	ns := netNS(t)
+	for _, tc := range []struct {
+		name       string
+		honoursCtx bool // the boot gives up when its context ends; else it finishes its pod
+	}{{"boot cancelled", true}, {"boot finished", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			booting := make(chan struct{})
+			release := make(chan struct{})
+			inner := h.svc.opts.StartPod
+			h.svc.opts.StartPod = func(ctx context.Context, req PodRequest) (Pod, error) {
+				close(booting)
+				if tc.honoursCtx {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				<-release
+				return inner(ctx, req)
+			}
+			h.createSandbox("sbx", ns, &criapi.PodSandboxConfig{})
+			wait := h.waitSandbox("sbx")
+			startErr := make(chan error, 1)
+			go func() {
+				_, err := h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sbx"})
+				startErr <- err
+			}()
+			<-booting
+			shutdown := make(chan error, 1)
+			go func() {
+				_, err := h.svc.ShutdownSandbox(h.ctx, &sandboxAPI.ShutdownSandboxRequest{SandboxID: "sbx"})
+				shutdown <- err
+			}()
+			if !tc.honoursCtx {
+				// The shutdown waits for the boot: it has cancelled its context already.
+				time.Sleep(100 * time.Millisecond)
+				close(release)
+			}
+			for what, ch := range map[string]chan error{"StartSandbox": startErr, "ShutdownSandbox": shutdown} {
+				select {
+				case err := <-ch:
+					if what == "StartSandbox" && (err == nil || !strings.Contains(err.Error(), "sbx")) {
+						t.Errorf("StartSandbox stopped during its boot: %v, want an error naming the sandbox", err)
+					}
+					if what == "ShutdownSandbox" && err != nil {
+						t.Errorf("ShutdownSandbox during the boot: %v", err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s did not return", what)
+				}
+			}
+			if w := gotWait(t, wait); w.ExitStatus != exitVMDied {
+				t.Errorf("WaitSandbox: exit %d, want %d (a failed start)", w.ExitStatus, exitVMDied)
+			}
+			select {
+			case <-h.sd.Done():
+			case <-time.After(5 * time.Second):
+				t.Error("the shim did not end after ShutdownSandbox")
+			}
+			if !tc.honoursCtx {
+				if n := h.pod().stopped; n != 1 {
+					t.Errorf("the pod booted as the stop came was stopped %d times, want once", n)
+				}
+			}
+			h.svc.mu.Lock()
+			pod := h.svc.pod
+			h.svc.mu.Unlock()
+			if pod != nil {
+				t.Error("the shim still has a pod")
+			}
+		})
 	}
 }

@@ -259,12 +259,16 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 	} else {
 		// The Sandbox API leaves a container's /etc/hosts, /etc/resolv.conf and
-		// /etc/hostname to the sandbox.
-		if dir, ok := s.podFilesOf(sandboxID); ok {
+		// /etc/hostname to the sandbox, and its /dev/shm (the pod's, in the guest).
+		dir, apiSandbox := s.podFilesOf(sandboxID)
+		if apiSandbox {
 			withPodFiles(spec, dir)
 		}
 		if guestSpec, hostBinds, err = AdaptSpec(spec, r.ID); err != nil {
 			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		if apiSandbox {
+			withPodShm(guestSpec)
 		}
 	}
 	// The pod's network is its sandbox's (or, without CRI, its one container's). A CRI

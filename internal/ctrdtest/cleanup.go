@@ -47,12 +47,6 @@ func (c *Containerd) cleanup(t testing.TB) {
 		}
 		c.stop(t)
 	}
-	if c.opts.CRI {
-		if err := c.removeNetNS(); err != nil {
-			t.Errorf("ctrdtest: cleanup: %v", err)
-		}
-	}
-
 	now, err := c.snapshot()
 	if err != nil {
 		t.Errorf("ctrdtest: cleanup: %v", err)

@@ -45,7 +45,7 @@ type Options struct {
 	// zero (a VM booted under TCG takes tens of seconds).
 	CtrTimeout time.Duration
 	// CRI turns containerd's CRI on (see ctrdconf.Config), for crictl (Crictl): containerd then runs
-	// in a network namespace of its own (NetNS), named after its namespace, where the CNI
+	// in a network namespace of its own (NetNS), unnamed (it goes with its processes), where the CNI
 	// test network's bridge is, and the pod sandbox image PauseImage is imported. The CRI's
 	// sandbox directories and network namespace files are LeakDirs.
 	CRI bool
@@ -63,6 +63,7 @@ type Containerd struct {
 	dir       string
 	namespace string
 	logPath   string
+	cgroup    string // the containerd's cgroup (v2), under its namespace's: see cgroup.go
 	cmd       *exec.Cmd
 	exited    chan struct{} // closed when cmd has been waited for
 	waitErr   error         // cmd.Wait's result, set before exited is closed
@@ -83,6 +84,7 @@ const shortTempDir = "/tmp"
 func Start(t testing.TB, opts Options) *Containerd {
 	t.Helper()
 	bins := Binaries(t)
+	sweepDeadOwners(t)
 	if opts.LogLevel == "" {
 		opts.LogLevel = "info"
 	}
@@ -129,21 +131,37 @@ func Start(t testing.TB, opts Options) *Containerd {
 			c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(dir, d, "io.containerd.grpc.v1.cri", "sandboxes"))
 		}
 		c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(dir, "state", "io.containerd.grpc.v1.cri", "netns"))
-		if err := c.setupCRI(); err != nil {
+		if err := ctrdconf.WriteCRIFiles(dir, opts.CtrTimeout); err != nil {
 			os.RemoveAll(dir)
 			t.Fatalf("ctrdtest: %v", err)
 		}
 	}
+	if c.cgroup, err = c.makeCgroup(); err != nil {
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	cgroupFD, err := os.Open(c.cgroup)
+	if err != nil {
+		removeCgroupTree(filepath.Dir(c.cgroup))
+		os.RemoveAll(dir)
+		t.Fatalf("ctrdtest: %v", err)
+	}
+	defer cgroupFD.Close()
 	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		c.removeNetNS()
+		removeCgroupTree(filepath.Dir(c.cgroup))
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
 	c.cmd = exec.Command(bins.Containerd, "--config", cfgPath)
+	var netns uintptr
 	if opts.CRI {
-		// nsenter joins the network namespace and executes containerd in its place.
-		c.cmd = exec.Command("nsenter", "--net="+c.NetNS(), "--", bins.Containerd, "--config", cfgPath)
+		// A network namespace of its own, unnamed: it lives as long as a process of the
+		// containerd does (they are all in its cgroup, which the cleanup empties), and no
+		// longer. Its loopback is up before containerd starts (the streaming server listens
+		// there).
+		netns = syscall.CLONE_NEWNET
+		c.cmd = exec.Command("/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, bins.Containerd, "--config", cfgPath)
 	}
 	if len(opts.Wrapper) > 0 {
 		c.cmd = exec.Command(opts.Wrapper[0], append(slices.Clone(opts.Wrapper[1:]), c.cmd.Args...)...)
@@ -156,16 +174,18 @@ func Start(t testing.TB, opts Options) *Containerd {
 	// machine's mount table, where other tests count mounts, and goes with the last of its
 	// processes. Its own process group, so that a ^C to the test does not reach it first; and
 	// killed if the test binary dies.
+	// It starts in its cgroup, which its processes inherit.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:   netns,
 		Unshareflags: syscall.CLONE_NEWNS,
 		Setpgid:      true,
 		Pdeathsig:    syscall.SIGKILL,
+		UseCgroupFD:  true,
+		CgroupFD:     int(cgroupFD.Fd()),
 	}
 	if err := c.cmd.Start(); err != nil {
 		logf.Close()
-		if opts.CRI {
-			c.removeNetNS()
-		}
+		removeCgroupTree(filepath.Dir(c.cgroup))
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: starting containerd: %v", err)
 	}

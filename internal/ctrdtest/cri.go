@@ -32,14 +32,16 @@ const CRINamespace = ctrdconf.CRINamespace
 // image from). A runtime whose VM does the pause container's job never runs it.
 const PauseImage = ctrdconf.PauseImage
 
-// NetNS is the path of the containerd's network namespace, with CRI: the test network's
-// bridge is there, and the pods' veths have their host ends there. Commands run in it with
-// InNetNS. Empty without CRI (containerd then runs in the test's network namespace).
+// NetNS is the path of the containerd's network namespace, with CRI, while containerd runs
+// (/proc/PID/ns/net: the namespace has no name, and goes with the containerd's last process):
+// the test network's bridge is there, and the pods' veths have their host ends there.
+// Commands run in it with InNetNS. Empty without CRI (containerd then runs in the test's
+// network namespace).
 func (c *Containerd) NetNS() string {
 	if !c.opts.CRI {
 		return ""
 	}
-	return filepath.Join("/run/netns", c.namespace)
+	return fmt.Sprintf("/proc/%d/ns/net", c.PID())
 }
 
 // InNetNS is the command name args... run in NetNS (through nsenter), killed when ctx is done.
@@ -48,31 +50,6 @@ func (c *Containerd) InNetNS(ctx context.Context, name string, args ...string) *
 	cmd.Env = c.environ()
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
-}
-
-// setupCRI makes what a CRI containerd needs before it starts: its network namespace
-// (named after its containerd namespace, loopback up: the streaming server listens there), the
-// CNI config and crictl's config (ctrdconf.WriteCRIFiles).
-func (c *Containerd) setupCRI() error {
-	if out, err := exec.Command("ip", "netns", "add", c.namespace).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %v: %s", c.namespace, err, bytes.TrimSpace(out))
-	}
-	if out, err := exec.Command("ip", "-n", c.namespace, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		return errors.Join(fmt.Errorf("ip -n %s link set lo up: %v: %s", c.namespace, err, bytes.TrimSpace(out)), c.removeNetNS())
-	}
-	if err := ctrdconf.WriteCRIFiles(c.dir, c.opts.CtrTimeout); err != nil {
-		return errors.Join(err, c.removeNetNS())
-	}
-	return nil
-}
-
-// removeNetNS removes the containerd's network namespace (with the bridge and the veth ends
-// left in it).
-func (c *Containerd) removeNetNS() error {
-	if out, err := exec.Command("ip", "netns", "del", c.namespace).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns del %s: %v: %s", c.namespace, err, bytes.TrimSpace(out))
-	}
-	return nil
 }
 
 // importPause imports PauseImage into CRINamespace.

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -275,6 +276,118 @@ func TestCleanupReclaimsLeaks(t *testing.T) {
 	}
 	if _, err := os.Stat(c.Dir()); !os.IsNotExist(err) {
 		t.Errorf("%s: %v after the cleanup", c.Dir(), err)
+	}
+}
+
+// TestCleanupCatchesOrphans: a process a containerd started that left it — in a session of
+// its own, reparented away from containerd, its command line naming nothing of the test, as
+// a shim's daemon can — is still the containerd's: the snapshot has it, the cleanup fails the
+// test for it and kills it. (Here the shim of a runtime that leaves a daemon and fails its
+// start, so that containerd forgets it.)
+func TestCleanupCatchesOrphans(t *testing.T) {
+	requireContainerd(t)
+	dir := t.TempDir()
+	shim := "#!/bin/sh\nfor a; do last=$a; done\nif [ \"$last\" = start ]; then setsid sleep 607 </dev/null >/dev/null 2>&1 & fi\necho 'the orphaning shim fails' >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(dir, "containerd-shim-orphan-v2"), []byte(shim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := &recorder{TB: t}
+	c := Start(r, Options{ShimDirs: []string{dir}})
+	image := ImportBusybox(t, c)
+	if res := c.RunCtr(t, "run", "--runtime", "io.containerd.orphan.v2", image, "o1", "true"); res.ExitCode == 0 {
+		t.Fatalf("ctr run with the orphaning shim succeeded: %+v", res)
+	}
+	var orphan Process
+	for deadline := time.Now().Add(10 * time.Second); orphan.PID == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, p := range c.Snapshot(t).Processes {
+			if p.Cmdline == "sleep 607" {
+				orphan = p
+			}
+		}
+	}
+	if orphan.PID == 0 {
+		t.Fatal("the snapshot does not have the orphaned sleep 607")
+	}
+	if orphan.PPID == c.PID() {
+		t.Errorf("%s is containerd's child: the test wants an orphan", orphan)
+	}
+
+	r.runCleanups()
+	errs := strings.Join(r.errors, "\n")
+	if !regexp.MustCompile(`leak after the test: process pid ` + fmt.Sprint(orphan.PID) + ` \(sleep 607\)`).MatchString(errs) {
+		t.Errorf("the cleanup did not report the orphan %s:\n%s", orphan, errs)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		q, err := readProcess(orphan.PID)
+		if err != nil || q.Start != orphan.Start || q.State == 'Z' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s outlived the cleanup", orphan)
+		}
+	}
+	if _, err := os.Stat(filepath.Dir(c.cgroup)); !os.IsNotExist(err) {
+		t.Errorf("the containerd's cgroup %s: %v after the cleanup", filepath.Dir(c.cgroup), err)
+	}
+}
+
+// TestSweepDeadOwners: what the containerd of a test binary that died before its cleanup left
+// in its cgroups is killed by the next Start, and the cgroups removed.
+func TestSweepDeadOwners(t *testing.T) {
+	root, err := cgroup2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dead owner: a process that has exited, with its pid and start time.
+	dead := exec.Command("true")
+	if err := dead.Start(); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := readProcess(dead.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.Wait()
+	ns := namespaceFor(t)
+	cg := filepath.Join(root, ns, fmt.Sprintf("%s%d-%d", cgroupPrefix, owner.PID, owner.Start))
+	if err := os.MkdirAll(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer removeCgroupTree(filepath.Join(root, ns))
+	fd, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := exec.Command("sleep", "608")
+	left.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	err = left.Start()
+	fd.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer left.Process.Kill()
+	// A live owner's (this test binary's) is left alone.
+	self, err := readProcess(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveNS := namespaceFor(t)
+	live := filepath.Join(root, liveNS, fmt.Sprintf("%s%d-%d", cgroupPrefix, self.PID, self.Start))
+	if err := os.MkdirAll(live, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer removeCgroupTree(filepath.Join(root, liveNS))
+
+	r := &recorder{TB: t}
+	sweepDeadOwners(r)
+	if err := left.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("the dead owner's process: %v, want killed", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, ns)); !os.IsNotExist(err) {
+		t.Errorf("the dead owner's cgroup: %v, want it removed", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("the live owner's cgroup: %v, want it kept", err)
 	}
 }
 

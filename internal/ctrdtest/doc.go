@@ -29,9 +29,15 @@
 // The binaries are scripts/deps.sh's (Binaries): containerd ContainerdVersion, ctr and the
 // runc shim in ${KVFS_CACHE:-/var/cache/kvfs}/bin; runc is Debian's.
 //
+// containerd starts in a cgroup (v2) of its own, which every process it starts inherits:
+// the leak check finds its processes there even once orphaned and renamed, and the next
+// Start on the machine kills what a test binary that died before its cleanup left (see
+// cgroup.go). With CRI, its network namespace has no name: it goes with the last of the
+// containerd's processes, which the cleanup kills.
+//
 // What leaks is whatever the containerd holds after the test that it did not hold at the
-// start: its shims and their descendants (container processes, VMs) and any process naming
-// its directory or a LeakDir, mounts under them (in the test's mount namespace and in
+// start: the processes of its cgroup, its shims and their descendants (container processes,
+// VMs) and any process naming its directory or a LeakDir, mounts under them (in the test's mount namespace and in
 // containerd's), cgroups and runc state in its namespace,
 // entries of the LeakDirs, and more of containerd's open descriptors of a kind. CheckNoLeaks
 // checks that against a Snapshot during the test (after a series of runs, say); Start's

@@ -17,10 +17,11 @@ import (
 
 // Snapshot is what a containerd holds at one moment, as the leak check sees it.
 type Snapshot struct {
-	// Processes are those whose command line names the containerd's directory (its shims,
-	// by the -address argument containerd gives them) or a LeakDir (a VM of a sandbox
-	// there), and the descendants of containerd and of those (container processes, VMs).
-	// containerd itself is not among them.
+	// Processes are those of the containerd's cgroups (every process it started, and theirs,
+	// even once orphaned: see cgroup.go), those whose command line names the containerd's
+	// directory (its shims, by the -address argument containerd gives them) or a LeakDir (a
+	// VM of a sandbox there), and the descendants of containerd and of those. containerd
+	// itself is not among them.
 	Processes []Process
 	// Mounts are the mount points under the containerd's directory and the LeakDirs, in the
 	// test's mount namespace and in containerd's.
@@ -186,6 +187,16 @@ func (c *Containerd) processes() ([]Process, error) {
 			if names(p.Cmdline, d) {
 				mine[p.PID] = true
 			}
+		}
+	}
+	// Every process of the containerd's cgroups, wherever it was reparented to.
+	pids, err := cgroupPIDs(filepath.Dir(c.cgroup))
+	if err != nil {
+		return nil, err
+	}
+	for _, pid := range pids {
+		if pid != self {
+			mine[pid] = true
 		}
 	}
 	// Descendants of containerd and of the processes found so far.

@@ -80,6 +80,13 @@ type Env struct {
 // configuration and that sandboxer, and the image is imported for it.
 func Start(t *testing.T, extra, sandboxer string) *Env {
 	t.Helper()
+	return StartWith(t, extra, sandboxer, nil)
+}
+
+// StartWith is Start with drop-ins of containerd's config (ctrdtest.Options.Imports): a CRI
+// runtime handler's base_runtime_spec, say.
+func StartWith(t *testing.T, extra, sandboxer string, imports []string) *Env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("boots VMs under QEMU (-short)")
 	}
@@ -103,7 +110,7 @@ func Start(t *testing.T, extra, sandboxer string) *Env {
 	}
 	// Registered before Start, so it runs after the containerd's own cleanup (its leak check).
 	t.Cleanup(func() { checkBaseDirEmpty(t, e.BaseDir) })
-	opts := ctrdtest.Options{ShimDirs: []string{BinDir}, LeakDirs: []string{e.BaseDir}}
+	opts := ctrdtest.Options{ShimDirs: []string{BinDir}, LeakDirs: []string{e.BaseDir}, Imports: imports}
 	cri := sandboxer != ""
 	if cri {
 		opts.CRI = true

@@ -16,6 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/kvfs/kvfs/internal/ctrdtest"
 	"github.com/kvfs/kvfs/shim/e2e"
 )
@@ -191,11 +196,13 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	}
 	checkNoPause(t, e, sandboxer, p.id)
 
-	a := p.container(t, "a", `echo hello-from-a > /shared/from-a; ip -4 -o addr show eth0; echo a-started
+	a := p.container(t, "a", `echo shm-from-a > /dev/shm/from-a; echo hello-from-a > /shared/from-a; ip -4 -o addr show eth0; echo a-started
 exec nc -l -p 8080 -e sh -c 'echo pong-from-the-pod; head -n1 > /shared/got'`,
 		map[string]any{"container_path": "/shared", "host_path": shared})
 	b := p.containerWith(t, "b", `while [ ! -e /shared/from-a ]; do sleep 0.2; done
 echo "b-read $(cat /shared/from-a)"
+echo "shm $(cat /dev/shm/from-a 2>&1)"
+echo "shm-size $(df -k /dev/shm | awk 'NR==2 {print $2}')k $(grep ' /dev/shm ' /proc/mounts | cut -d' ' -f3)"
 if echo x > /ro/new 2>/dev/null; then echo ro-writable; else echo ro-refused; fi
 echo "ro-file $(cat /ro/data)"
 echo "escape $(cat /ro/escape 2>&1)"
@@ -212,7 +219,10 @@ exec sleep 600`,
 
 	aLog := p.waitLog(t, a, "a-started")
 	logs := p.waitLog(t, b, "b-done")
-	for _, want := range []string{"b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", fmt.Sprintf("memory.max %d\n", 96<<20)} {
+	// The pod's containers share its /dev/shm: under "podsandbox" the CRI's (a tmpfs on the
+	// host, through the share), under "shim" the guest's (a tmpfs of the pod's VM).
+	t.Logf("sandboxer %s: b's /dev/shm: %s", sandboxer, regexp.MustCompile(`shm-size [^\n]*`).FindString(logs))
+	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", fmt.Sprintf("memory.max %d\n", 96<<20)} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("b's log has no %q:\n%s", want, logs)
 		}
@@ -311,7 +321,112 @@ exec sleep 600`,
 	e.C.CheckNoLeaks(t, before)
 }
 
-// TestCRILifecycle: in a running pod, exec -it gets a terminal of the size asked, crictl
+// slowHook is a prestart hook that containerd's CRI puts in every container spec of the kvfs
+// runtime handler (its base_runtime_spec: the honest way, without NRI, for an OCI hook to
+// reach the shim through the CRI), that sleeps past its timeout, with a child in its process
+// group, for a container named slowHookName, and exits at once for the others.
+type slowHook struct {
+	dir    string // the hook, its pid files
+	path   string
+	dropin string // containerd's drop-in: the handler's base_runtime_spec
+}
+
+const (
+	slowHookName    = "slow-hook"
+	slowHookTimeout = 3 // seconds
+)
+
+func newSlowHook(t *testing.T) *slowHook {
+	t.Helper()
+	h := &slowHook{dir: t.TempDir()}
+	h.path = filepath.Join(h.dir, "prestart.sh")
+	// The hook's environment is only its Env: no PATH.
+	script := fmt.Sprintf(`#!/bin/sh
+state=$(/bin/cat)
+case "$state" in *'"io.kubernetes.cri.container-name":"%s"'*) ;; *) exit 0;; esac
+echo $$ > %s/hook.pid
+/bin/sleep 600 &
+echo $! > %s/child.pid
+echo slow-hook-sleeping
+wait
+`, slowHookName, h.dir, h.dir)
+	if err := os.WriteFile(h.path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// containerd's default spec, as the CRI makes it without a base spec, with the hook.
+	spec, err := oci.GenerateSpec(namespaces.WithNamespace(context.Background(), ctrdtest.CRINamespace), nil, &containers.Container{ID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeout := slowHookTimeout
+	spec.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: h.path, Args: []string{h.path, "prestart"}, Timeout: &timeout}}}
+	base := filepath.Join(h.dir, "base-spec.json")
+	writeJSON(t, base, spec)
+	h.dropin = filepath.Join(h.dir, "hooks.toml")
+	dropin := fmt.Sprintf("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]\n  base_runtime_spec = %q\n", e2e.CRIHandler, base)
+	if err := os.WriteFile(h.dropin, []byte(dropin), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// check creates and starts the container the hook sleeps for in pod p (CRI's create only
+// records it: the shim's Create, which runs the hook, comes with crictl start): crictl start
+// fails once the hook's timeout has passed, with an error naming the hook, its process group
+// is gone, and the container is removed without a trace (the test's leak checks cover the
+// rest).
+func (h *slowHook) check(t *testing.T, p *pod) {
+	t.Helper()
+	cfg := filepath.Join(p.dir, slowHookName+".json")
+	writeJSON(t, cfg, map[string]any{
+		"metadata": map[string]any{"name": slowHookName},
+		"image":    map[string]any{"image": p.e.Image},
+		"command":  []string{"true"},
+		"log_path": slowHookName + ".log",
+	})
+	id := strings.TrimSpace(p.e.C.Crictl(t, "create", p.id, cfg, p.config))
+	start := time.Now()
+	r := p.e.C.RunCrictl(t, "start", id)
+	took := time.Since(start)
+	t.Logf("crictl start with a prestart hook sleeping past its %ds timeout: failed after %v", slowHookTimeout, took.Round(time.Millisecond))
+	if r.ExitCode == 0 {
+		t.Errorf("crictl start of %s succeeded, want its prestart hook's timeout to fail it", slowHookName)
+	} else if want := fmt.Sprintf("prestart hook 0 (%s): timed out after %ds: killed", h.path, slowHookTimeout); !strings.Contains(r.Stderr, want) ||
+		!strings.Contains(r.Stderr, "slow-hook-sleeping") {
+		t.Errorf("crictl start: %s\nwant an error with %q and the hook's output", r.Stderr, want)
+	}
+	// The guest container's creation and removal come on top of the timeout (39 s of them
+	// measured under TCG at a load of 15); two minutes are still far from a hook left to run
+	// its 600 s.
+	if took < slowHookTimeout*time.Second || took > slowHookTimeout*time.Second+2*time.Minute {
+		t.Errorf("crictl start failed after %v, want about the hook's timeout of %ds", took, slowHookTimeout)
+	}
+	for _, f := range []string{"hook.pid", "child.pid"} {
+		b, err := os.ReadFile(filepath.Join(h.dir, f))
+		if err != nil {
+			t.Errorf("the hook did not run for %s: %v", slowHookName, err)
+			continue
+		}
+		pid := strings.TrimSpace(string(b))
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			stat, err := os.ReadFile("/proc/" + pid + "/stat")
+			if err != nil || strings.Contains(string(stat), ") Z ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("the hook's process %s (%s) outlived its timeout: %s", pid, f, stat)
+				break
+			}
+		}
+	}
+	p.e.C.Crictl(t, "rm", id)
+	if out := p.e.C.Crictl(t, "ps", "-a", "-q", "--name", slowHookName); strings.TrimSpace(out) != "" {
+		t.Errorf("a container %s is left after its removal: %s", slowHookName, out)
+	}
+}
+
+// TestCRILifecycle: in a running pod, a prestart hook past its timeout fails a container's
+// start (slowHook), exec -it gets a terminal of the size asked, crictl
 // attach reaches a container's stdin and output, a container stopped and removed is created
 // again and runs; then runp/stopp/rmp cycles (criCycles of the sandboxer) leave no process,
 // mount, network namespace file, descriptor or sandbox directory behind. It runs under both
@@ -323,12 +438,14 @@ func TestCRILifecycle(t *testing.T) {
 }
 
 func testCRILifecycle(t *testing.T, sandboxer string) {
-	e := e2e.Start(t, "", sandboxer)
+	hook := newSlowHook(t)
+	e := e2e.StartWith(t, "", sandboxer, []string{hook.dropin})
 	before := e.C.Snapshot(t)
 	p := runPod(t, e, "p2", nil)
 	checkNoPause(t, e, sandboxer, p.id)
 	c1 := p.container(t, "c", "echo run; exec sleep 600")
 	p.waitLog(t, c1, "run")
+	hook.check(t, p)
 
 	script, err := exec.LookPath("script")
 	if err != nil {
