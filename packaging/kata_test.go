@@ -251,25 +251,28 @@ func kataStart(t *testing.T, daemon, runtime, share, cache string, extra []strin
 	}
 }
 
-// servingProcess is pid's only child if it has one (kvfsd --sandbox=namespace serves from a
-// child), else pid.
+// servingProcess is the process that serves for kvfsd pid: pid itself, or with
+// --sandbox=namespace the only child of its only child (pid supervises PID 1 of the
+// namespaces, which starts the server).
 func servingProcess(t *testing.T, pid int) int {
 	t.Helper()
-	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var kids []string
-	for _, name := range files {
-		b, _ := os.ReadFile(name)
-		kids = append(kids, strings.Fields(string(b))...)
+	for {
+		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		var kids []string
+		for _, name := range files {
+			b, _ := os.ReadFile(name)
+			kids = append(kids, strings.Fields(string(b))...)
+		}
+		switch len(kids) {
+		case 0:
+			return pid
+		case 1:
+			pid, _ = strconv.Atoi(kids[0])
+			continue
+		}
+		t.Fatalf("kvfsd %d has children %v", pid, kids)
+		return 0
 	}
-	switch len(kids) {
-	case 0:
-		return pid
-	case 1:
-		n, _ := strconv.Atoi(kids[0])
-		return n
-	}
-	t.Fatalf("kvfsd %d has children %v", pid, kids)
-	return 0
 }
 
 // procStatus returns the fields of /proc/PID/status.
