@@ -52,7 +52,8 @@ type kataFragment struct {
 // runtime's own default ones (`--thread-pool-size=1 --announce-submounts`, runtime-rs's
 // `--thread-pool-size=1 -o announce_submounts`). Each time the in-repo front-end connects as
 // QEMU does, negotiates, looks a file up and reads its attributes: the entry's validity must be
-// the cache mode's, a mount point in the share must be announced as a submount, and the
+// the cache mode's, a mount point in the share must be announced as a submount, extended
+// attributes must be served when Kata adds --xattr (the guest's SELinux on), and the
 // serving process must be confined (seccomp on, its own mount namespace) unless runtime-rs's
 // `--sandbox none --seccomp none` went unanswered (its default extra args).
 func TestKataDaemonArgs(t *testing.T) {
@@ -86,6 +87,9 @@ func TestKataDaemonArgs(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(share, "hello"), []byte("kata\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := unix.Setxattr(filepath.Join(share, "hello"), "user.kvfs", []byte("yes"), 0); err != nil {
+		t.Fatal(err)
+	}
 	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +116,11 @@ func TestKataDaemonArgs(t *testing.T) {
 				})
 			}
 		}
+		// With the guest's SELinux on (disable_guest_selinux = false) both runtimes add
+		// --xattr after the extra args.
+		t.Run(c.runtime+"/auto/fragment+selinux", func(t *testing.T) {
+			kataStart(t, q.Daemon, c.runtime, share, "auto", append(slices.Clone(q.ExtraArgs), "--xattr"), true)
+		})
 	}
 }
 
@@ -224,6 +233,11 @@ func kataStart(t *testing.T, daemon, runtime, share, cache string, extra []strin
 	a, err := c.Getattr(ctx, e.NodeID, 0)
 	if err != nil || a.Attr.Ino != e.Attr.Ino || a.Attr.Size != 5 {
 		t.Errorf("GETATTR hello: %+v, %v", a, err)
+	}
+	if slices.Contains(extra, "--xattr") {
+		if v, _, err := c.Getxattr(ctx, e.NodeID, "user.kvfs", 64); err != nil || string(v) != "yes" {
+			t.Errorf("GETXATTR user.kvfs of hello with --xattr: %q, %v", v, err)
+		}
 	}
 	s, err := c.Lookup(ctx, fuse.RootID, "sub")
 	if err != nil || s.Attr.Flags&fuse.AttrSubmount == 0 {
