@@ -94,7 +94,6 @@ func Start(t testing.TB, opts Options) *Containerd {
 		dir:       dir,
 		namespace: namespaceFor(t),
 		logPath:   filepath.Join(dir, "containerd.log"),
-		exited:    make(chan struct{}),
 	}
 	// Processes in containers not running as root still reach their bundle through it.
 	if err := os.Chmod(dir, 0o711); err != nil {
@@ -106,8 +105,7 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: Options.Config: %v", err)
 	}
-	cfgPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), cfg, 0o600); err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
@@ -129,43 +127,13 @@ func Start(t testing.TB, opts Options) *Containerd {
 			t.Fatalf("ctrdtest: %v", err)
 		}
 	}
-	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		c.removeNetNS()
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
-	}
-	c.cmd = exec.Command(bins.Containerd, "--config", cfgPath)
-	if opts.CRI {
-		// nsenter joins the network namespace and executes containerd in its place.
-		c.cmd = exec.Command("nsenter", "--net="+c.NetNS(), "--", bins.Containerd, "--config", cfgPath)
-	}
-	c.cmd.Dir = dir
-	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	c.cmd.Env = append(c.environ(), opts.Env...)
-	// Its own mount namespace (private: nothing propagates either way), so that what it and
-	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
-	// machine's mount table, where other tests count mounts, and goes with the last of its
-	// processes. Its own process group, so that a ^C to the test does not reach it first; and
-	// killed if the test binary dies.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{
-		Unshareflags: syscall.CLONE_NEWNS,
-		Setpgid:      true,
-		Pdeathsig:    syscall.SIGKILL,
-	}
-	if err := c.cmd.Start(); err != nil {
-		logf.Close()
+	if err := c.launch(""); err != nil {
 		if opts.CRI {
 			c.removeNetNS()
 		}
 		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: starting containerd: %v", err)
+		t.Fatalf("ctrdtest: %v", err)
 	}
-	logf.Close()
-	go func() {
-		c.waitErr = c.cmd.Wait()
-		close(c.exited)
-	}()
 	t.Cleanup(func() { c.cleanup(t) })
 	if err := c.waitReady(30 * time.Second); err != nil {
 		t.Fatalf("ctrdtest: %v", err)
@@ -175,6 +143,80 @@ func Start(t testing.TB, opts Options) *Containerd {
 	}
 	c.start = c.Snapshot(t)
 	return c
+}
+
+// launch starts containerd on the config in c.dir, its output appended to its log. With
+// mountNS empty, it gets a mount namespace of its own; else it joins the mount namespace of
+// that file (nsenter --mount), as Restart does.
+func (c *Containerd) launch(mountNS string) error {
+	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cfgPath := filepath.Join(c.dir, "config.toml")
+	var nsenter []string
+	if c.opts.CRI {
+		nsenter = append(nsenter, "--net="+c.NetNS())
+	}
+	if mountNS != "" {
+		nsenter = append(nsenter, "--mount="+mountNS)
+	}
+	cmd := exec.Command(c.bins.Containerd, "--config", cfgPath)
+	if len(nsenter) > 0 {
+		// nsenter joins the namespaces and executes containerd in its place.
+		cmd = exec.Command("nsenter", append(append(nsenter, "--", c.bins.Containerd), "--config", cfgPath)...)
+	}
+	cmd.Dir = c.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(c.environ(), c.opts.Env...)
+	// Its own mount namespace (private: nothing propagates either way), so that what it and
+	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
+	// machine's mount table, where other tests count mounts, and goes with the last of its
+	// processes. Its own process group, so that a ^C to the test does not reach it first; and
+	// killed if the test binary dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if mountNS == "" {
+		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	exited := make(chan struct{})
+	c.cmd, c.exited = cmd, exited
+	go func() {
+		c.waitErr = cmd.Wait()
+		close(exited)
+	}()
+	return nil
+}
+
+// Restart stops containerd (SIGTERM, as a service manager stops it) and starts it again on the
+// same config, root and state, in the same mount namespace (where its shims and their mounts
+// are) and network namespace, as a host's containerd is restarted under running containers: its
+// shims keep running, and it reconnects to them. It returns once containerd answers. The
+// descriptor counts of a Snapshot taken before are not compared with those after (they are
+// another process's). Not to be called at the same time as the containerd's other methods.
+func (c *Containerd) Restart(t testing.TB) {
+	t.Helper()
+	select {
+	case <-c.exited:
+		t.Fatalf("ctrdtest: restart: containerd has exited: %v", c.waitErr)
+	default:
+	}
+	// Held open, the mount namespace outlives containerd even with no shim left in it.
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", c.PID()))
+	if err != nil {
+		t.Fatalf("ctrdtest: restart: %v", err)
+	}
+	defer ns.Close()
+	c.stop(t)
+	if err := c.launch(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), ns.Fd())); err != nil {
+		t.Fatalf("ctrdtest: restart: %v", err)
+	}
+	if err := c.waitReady(30 * time.Second); err != nil {
+		t.Fatalf("ctrdtest: restart: %v", err)
+	}
 }
 
 // namespaceFor is a containerd namespace for the test, unique on the machine: runc keeps its
