@@ -200,8 +200,15 @@ func Cleanup(ctx context.Context, bundle string) error {
 	case err != nil:
 		errs = append(errs, err)
 	default:
-		if err := sandbox.Cleanup(ctx, rec.BaseDir, rec.SandboxID); err != nil && !errors.Is(err, sandbox.ErrInUse) {
+		switch err := sandbox.Cleanup(ctx, rec.BaseDir, rec.SandboxID); {
+		case errors.Is(err, sandbox.ErrInUse):
+		case err != nil:
 			errs = append(errs, err)
+		case rec.Cgroup != "":
+			// The sandbox's processes have ended: its cgroup goes too.
+			if err := removePodCgroup(rec.Cgroup); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		_ = os.Remove(filepath.Join(bundle, bundleRecordName))
 	}
