@@ -131,7 +131,33 @@ func openFifo(ctx context.Context, path string) (io.WriteCloser, error) {
 	if u, err := url.Parse(path); err == nil && u.Scheme == "fifo" {
 		path = u.Path
 	}
-	return fifo.OpenFifo(ctx, path, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+	// The kept read side first, opened at once (non-blocking): the write side's open then
+	// finds a reader.
+	r, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &fifoWriter{WriteCloser: w, keep: r}, nil
+}
+
+// fifoWriter is the write side of an output fifo, with a read side of its own kept open and
+// never read: when containerd, the reader, goes away (restarted), writes do not fail with
+// EPIPE but wait in the pipe until the reader containerd opens again takes them, as with
+// containerd's runc shim.
+type fifoWriter struct {
+	io.WriteCloser
+	keep io.Closer
+}
+
+func (f *fifoWriter) Close() error {
+	err := f.WriteCloser.Close()
+	f.keep.Close()
+	return err
 }
 
 // sharedFile is one file behind stdout and stderr: closed when both are.
