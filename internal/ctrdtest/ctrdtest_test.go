@@ -394,6 +394,12 @@ func TestTwoContainerds(t *testing.T) {
 	}
 	before := b.Snapshot(t)
 	a.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "same")
+	// The kill returns before the task has stopped (a loaded machine takes a while).
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(a.Ctr(t, "tasks", "list"), "STOPPED"); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a's task not stopped 30 s after SIGKILL:\n%s", a.Ctr(t, "tasks", "list"))
+		}
+	}
 	a.Ctr(t, "tasks", "delete", "same")
 	a.Ctr(t, "containers", "delete", "same")
 	// b's container is untouched by a's deletion of the same ID.
