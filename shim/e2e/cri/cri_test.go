@@ -369,7 +369,8 @@ exec sleep 600`,
 }
 
 // cgroupDirs are the directories of the host cgroup path in each hierarchy that has it: the
-// unified one, and the v1 ones on a host with those (hybrid here).
+// unified one, and the v1 ones on a host with those (hybrid here). Symlinked hierarchy names
+// (cpu -> cpu,cpuacct) are left out: their directories are the same.
 func cgroupDirs(t *testing.T, path string) []string {
 	t.Helper()
 	roots, err := filepath.Glob("/sys/fs/cgroup/*")
@@ -379,6 +380,9 @@ func cgroupDirs(t *testing.T, path string) []string {
 	roots = append(roots, "/sys/fs/cgroup")
 	var out []string
 	for _, r := range roots {
+		if fi, err := os.Lstat(r); err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			continue
+		}
 		if _, err := os.Stat(filepath.Join(r, path, "cgroup.procs")); err == nil {
 			out = append(out, filepath.Join(r, path))
 		}
