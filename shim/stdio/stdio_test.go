@@ -2,11 +2,13 @@ package stdio
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func script(t *testing.T, body string) string {
@@ -119,5 +121,48 @@ func TestFifoReaderRestarts(t *testing.T) {
 	}
 	if string(got) != "while-away\nafter\n" {
 		t.Errorf("the second reader got %q, want what was written while it was away, then after", got)
+	}
+}
+
+// TestFifoEarlyOutput: output written before containerd's reader has opened the fifo (an
+// exec that prints and exits at once) waits for that reader, and reaches it whole, even when
+// the process's streams are closed before the reader comes.
+func TestFifoEarlyOutput(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stdout")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Open(context.Background(), Config{Stdout: path, Terminal: true, ContainerID: "c", Namespace: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := p.Stdout.Write([]byte("early\n"))
+		p.Close()
+		wrote <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the reader comes late
+	got := make(chan string, 1)
+	go func() {
+		r, err := os.Open(path)
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer r.Close()
+		b, _ := io.ReadAll(r)
+		got <- string(b)
+	}()
+	select {
+	case s := <-got:
+		if s != "early\n" {
+			t.Errorf("the reader got %q, want %q", s, "early\n")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader got nothing in 10 s: the output went into a pipe nobody else held")
+	}
+	if err := <-wrote; err != nil {
+		t.Errorf("write: %v", err)
 	}
 }
