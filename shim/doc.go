@@ -41,7 +41,21 @@
 //     network (hostNetwork), refused at Create, like a path that is the host's namespace.
 //   - AdaptSpec turns a container's OCI spec into the guest's: its root under
 //     /run/kvfs/shared/<id>, host-only parts dropped, host bind mounts bound into the share.
-//   - Package stdio opens containerd's stdio (fifos, file://, binary://).
+//   - Package stdio opens containerd's stdio (fifos, file://, binary://). An output fifo keeps
+//     a read side of the shim's own, so that a restarted containerd finds what was written
+//     while it was away.
+//   - The pod's host cgroup (cgroup.go): with CRI's podsandbox, the pause container's
+//     linux.cgroupsPath, joined by the shim before it starts the pod's kvfsd and QEMU, so that
+//     containerd's pod stats (crictl statsp, read from the pod's cgroup parent) are the VM's.
+//
+// # Restarts and crashes
+//
+// containerd restarted reconnects to the pod's shim by the address each container's bundle
+// keeps, and the pod goes on. A shim that dies (SIGKILL) is noticed by containerd, which runs
+// the delete action (Manager.Stop) in each of its containers' bundles, all at once: the first
+// to lock the sandbox kills the VM and kvfsd, detaches the mounts and removes the directory,
+// the others wait for it; the pod's cgroup is removed after; the tasks are reported exited
+// with 137.
 //
 // # Processes and exits
 //

@@ -186,6 +186,16 @@ func (m Manager) Stop(ctx context.Context, id string) (cshim.StopStatus, error) 
 	return cshim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil
 }
 
+// cleanupWait bounds the delete action's wait for another delete action holding the
+// sandbox, and for the sandbox's killed processes to leave its cgroup.
+const cleanupWait = 10 * time.Second
+
+// shimServes reports whether a shim answers at the address recorded in bundle.
+func shimServes(bundle string) bool {
+	addr, err := cshim.ReadAddress(filepath.Join(bundle, "address"))
+	return err == nil && cshim.CanConnect(addr)
+}
+
 // Cleanup undoes on the host what a dead shim left of the container in bundle: the rootfs
 // mount, and the sandbox the bundle names, unless its owner lives.
 func Cleanup(ctx context.Context, bundle string) error {
@@ -200,8 +210,28 @@ func Cleanup(ctx context.Context, bundle string) error {
 	case err != nil:
 		errs = append(errs, err)
 	default:
-		if err := sandbox.Cleanup(ctx, rec.BaseDir, rec.SandboxID); err != nil && !errors.Is(err, sandbox.ErrInUse) {
+		err := sandbox.Cleanup(ctx, rec.BaseDir, rec.SandboxID)
+		// containerd runs the delete action of each of a dead shim's containers at once: the
+		// sandbox's lock may be another one's, cleaning up. Wait for it while no shim serves
+		// the pod.
+		for deadline := time.Now().Add(cleanupWait); errors.Is(err, sandbox.ErrInUse) && !shimServes(bundle) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			err = sandbox.Cleanup(ctx, rec.BaseDir, rec.SandboxID)
+		}
+		switch {
+		case errors.Is(err, sandbox.ErrInUse):
+		case err != nil:
 			errs = append(errs, err)
+		case rec.Cgroup != "":
+			// The sandbox's processes are killed: its cgroup goes once they are gone.
+			err := removePodCgroup(rec.Cgroup)
+			for deadline := time.Now().Add(cleanupWait); err != nil && time.Now().Before(deadline); {
+				time.Sleep(100 * time.Millisecond)
+				err = removePodCgroup(rec.Cgroup)
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
 		_ = os.Remove(filepath.Join(bundle, bundleRecordName))
 	}

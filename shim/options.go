@@ -70,6 +70,9 @@ func ConfigSource(opts *anypb.Any) (path string, body []byte, err error) {
 type bundleRecord struct {
 	SandboxID string `json:"sandbox_id"`
 	BaseDir   string `json:"base_dir"`
+	// Cgroup is the pod's host cgroup the shim joined (PodRequest.Cgroup), if any: removed
+	// once the sandbox is.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 const bundleRecordName = "kvfs-sandbox.json"

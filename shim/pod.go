@@ -29,6 +29,7 @@ type VMPod struct {
 	client *ttrpc.Client
 	agent  agent.AgentService
 	net    *podNetwork // nil: no network namespace, no NIC
+	cg     *podCgroup  // nil: no host cgroup of the pod's joined
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -62,11 +63,25 @@ func VMPodStarter(dial Dialer) PodStarter {
 }
 
 func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr error) {
+	// The pod's host cgroup first: its kvfsd and QEMU are born there.
+	var cg *podCgroup
+	if req.Cgroup != "" {
+		if err := checkCgroupPath(req.Cgroup); err != nil {
+			log.G(ctx).WithError(err).Warn("the pod's VM runs in the shim's cgroup")
+		} else if cg, err = joinPodCgroup(req.Cgroup); err != nil {
+			return nil, fmt.Errorf("pod %s: %w", req.ID, err)
+		}
+	}
 	sb, err := sandbox.Create(ctx, req.ID, sandbox.Options{Config: req.Config, Annotations: req.Annotations})
 	if err != nil {
+		if cg != nil {
+			if err := cg.leave(); err != nil {
+				log.G(ctx).WithError(err).Warn("leaving the pod's cgroup")
+			}
+		}
 		return nil, err
 	}
-	p := &VMPod{sb: sb, done: make(chan struct{})}
+	p := &VMPod{sb: sb, cg: cg, done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			p.teardown(ctx)
@@ -306,6 +321,11 @@ func (p *VMPod) teardown(ctx context.Context) error {
 	}
 	if p.net != nil {
 		if err := p.net.detach(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if p.cg != nil {
+		if err := p.cg.leave(); err != nil {
 			errs = append(errs, err)
 		}
 	}

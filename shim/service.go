@@ -77,6 +77,10 @@ type PodRequest struct {
 	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
 	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
 	NetNS string
+	// Cgroup is the host cgroup of CRI's pod sandbox container (its spec's
+	// linux.cgroupsPath), where the pod's shim, kvfsd and QEMU run (cgroup.go). Empty: none is
+	// joined.
+	Cgroup string
 }
 
 // PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
@@ -257,6 +261,9 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
+		if spec.Linux != nil {
+			podReq.Cgroup = spec.Linux.CgroupsPath
+		}
 	} else {
 		// The Sandbox API leaves a container's /etc/hosts, /etc/resolv.conf and
 		// /etc/hostname to the sandbox, and its /dev/shm (the pod's, in the guest).
@@ -313,7 +320,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 
 	// The record comes first: if this shim dies while booting the pod, the delete action
 	// still finds the sandbox to clean up.
-	if err := writeBundleRecord(r.Bundle, bundleRecord{SandboxID: sandboxID, BaseDir: cfg.BaseDir}); err != nil {
+	if err := writeBundleRecord(r.Bundle, bundleRecord{SandboxID: sandboxID, BaseDir: cfg.BaseDir, Cgroup: podReq.Cgroup}); err != nil {
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })

@@ -101,7 +101,6 @@ func Start(t testing.TB, opts Options) *Containerd {
 		dir:       dir,
 		namespace: namespaceFor(t),
 		logPath:   filepath.Join(dir, "containerd.log"),
-		exited:    make(chan struct{}),
 	}
 	// Processes in containers not running as root still reach their bundle through it.
 	if err := os.Chmod(dir, 0o711); err != nil {
@@ -113,8 +112,7 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: Options.Config: %v", err)
 	}
-	cfgPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), cfg, 0o600); err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
@@ -140,60 +138,11 @@ func Start(t testing.TB, opts Options) *Containerd {
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	cgroupFD, err := os.Open(c.cgroup)
-	if err != nil {
+	if err := c.launch("", ""); err != nil {
 		removeCgroupTree(filepath.Dir(c.cgroup))
 		os.RemoveAll(dir)
 		t.Fatalf("ctrdtest: %v", err)
 	}
-	defer cgroupFD.Close()
-	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		removeCgroupTree(filepath.Dir(c.cgroup))
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
-	}
-	c.cmd = exec.Command(bins.Containerd, "--config", cfgPath)
-	var netns uintptr
-	if opts.CRI {
-		// A network namespace of its own, unnamed: it lives as long as a process of the
-		// containerd does (they are all in its cgroup, which the cleanup empties), and no
-		// longer. Its loopback is up before containerd starts (the streaming server listens
-		// there).
-		netns = syscall.CLONE_NEWNET
-		c.cmd = exec.Command("/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`, bins.Containerd, "--config", cfgPath)
-	}
-	if len(opts.Wrapper) > 0 {
-		c.cmd = exec.Command(opts.Wrapper[0], append(slices.Clone(opts.Wrapper[1:]), c.cmd.Args...)...)
-	}
-	c.cmd.Dir = dir
-	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	c.cmd.Env = append(c.environ(), opts.Env...)
-	// Its own mount namespace (private: nothing propagates either way), so that what it and
-	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
-	// machine's mount table, where other tests count mounts, and goes with the last of its
-	// processes. Its own process group, so that a ^C to the test does not reach it first; and
-	// killed if the test binary dies.
-	// It starts in its cgroup, which its processes inherit.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:   netns,
-		Unshareflags: syscall.CLONE_NEWNS,
-		Setpgid:      true,
-		Pdeathsig:    syscall.SIGKILL,
-		UseCgroupFD:  true,
-		CgroupFD:     int(cgroupFD.Fd()),
-	}
-	if err := c.cmd.Start(); err != nil {
-		logf.Close()
-		removeCgroupTree(filepath.Dir(c.cgroup))
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: starting containerd: %v", err)
-	}
-	logf.Close()
-	go func() {
-		c.waitErr = c.cmd.Wait()
-		close(c.exited)
-	}()
 	t.Cleanup(func() { c.cleanup(t) })
 	if err := c.waitReady(30 * time.Second); err != nil {
 		t.Fatalf("ctrdtest: %v", err)
@@ -203,6 +152,117 @@ func Start(t testing.TB, opts Options) *Containerd {
 	}
 	c.start = c.Snapshot(t)
 	return c
+}
+
+// launch starts containerd on the config in c.dir, in its cgroup (which its processes
+// inherit), its output appended to its log. With mountNS and netNS empty, it gets a mount
+// namespace of its own and, with CRI, a network namespace of its own; else it joins the
+// namespaces of those files (nsenter), as Restart does.
+func (c *Containerd) launch(mountNS, netNS string) error {
+	cgroupFD, err := os.Open(c.cgroup)
+	if err != nil {
+		return err
+	}
+	defer cgroupFD.Close()
+	logf, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(c.bins.Containerd, "--config", filepath.Join(c.dir, "config.toml"))
+	var newNet uintptr
+	switch {
+	case mountNS != "" || netNS != "":
+		var nsenter []string
+		if mountNS != "" {
+			nsenter = append(nsenter, "--mount="+mountNS)
+		}
+		if netNS != "" {
+			nsenter = append(nsenter, "--net="+netNS)
+		}
+		// nsenter joins the namespaces and executes containerd in its place.
+		cmd = exec.Command("nsenter", append(append(nsenter, "--"), cmd.Args...)...)
+	case c.opts.CRI:
+		// A network namespace of its own, unnamed: it lives as long as a process of the
+		// containerd does (they are all in its cgroup, which the cleanup empties), and no
+		// longer. Its loopback is up before containerd starts (the streaming server listens
+		// there).
+		newNet = syscall.CLONE_NEWNET
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `ip link set lo up && exec "$0" "$@"`}, cmd.Args...)...)
+	}
+	if len(c.opts.Wrapper) > 0 {
+		cmd = exec.Command(c.opts.Wrapper[0], append(slices.Clone(c.opts.Wrapper[1:]), cmd.Args...)...)
+	}
+	cmd.Dir = c.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(c.environ(), c.opts.Env...)
+	// Its own mount namespace (private: nothing propagates either way), so that what it and
+	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
+	// machine's mount table, where other tests count mounts, and goes with the last of its
+	// processes. Its own process group, so that a ^C to the test does not reach it first; and
+	// killed if the test binary dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  newNet,
+		Setpgid:     true,
+		Pdeathsig:   syscall.SIGKILL,
+		UseCgroupFD: true,
+		CgroupFD:    int(cgroupFD.Fd()),
+	}
+	if mountNS == "" {
+		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	exited := make(chan struct{})
+	c.cmd, c.exited = cmd, exited
+	go func() {
+		c.waitErr = cmd.Wait()
+		close(exited)
+	}()
+	return nil
+}
+
+// Restart stops containerd (SIGTERM, as a service manager stops it) and starts it again on the
+// same config, root and state, in the same cgroup, mount namespace (where its shims and their
+// mounts are) and network namespace, as a host's containerd is restarted under running
+// containers: its shims keep running, and it reconnects to them. It returns once containerd
+// answers. The descriptor counts of a Snapshot taken before are not compared with those after
+// (they are another process's). Not to be called at the same time as the containerd's other
+// methods.
+func (c *Containerd) Restart(t testing.TB) {
+	t.Helper()
+	select {
+	case <-c.exited:
+		t.Fatalf("ctrdtest: restart: containerd has exited: %v", c.waitErr)
+	default:
+	}
+	// Held open, the namespaces outlive containerd even with no shim left in them.
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	held := func(kind string) string {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", c.PID(), kind))
+		if err != nil {
+			t.Fatalf("ctrdtest: restart: %v", err)
+		}
+		files = append(files, f)
+		return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+	}
+	mountNS, netNS := held("mnt"), ""
+	if c.opts.CRI {
+		netNS = held("net")
+	}
+	c.stop(t)
+	if err := c.launch(mountNS, netNS); err != nil {
+		t.Fatalf("ctrdtest: restart: %v", err)
+	}
+	if err := c.waitReady(30 * time.Second); err != nil {
+		t.Fatalf("ctrdtest: restart: %v", err)
+	}
 }
 
 // namespaceFor is a containerd namespace for the test, unique on the machine: runc keeps its

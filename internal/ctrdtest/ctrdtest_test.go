@@ -507,6 +507,12 @@ func TestTwoContainerds(t *testing.T) {
 	}
 	before := b.Snapshot(t)
 	a.Ctr(t, "tasks", "kill", "--signal", "SIGKILL", "same")
+	// The kill returns before the task has stopped (a loaded machine takes a while).
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(a.Ctr(t, "tasks", "list"), "STOPPED"); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a's task not stopped 30 s after SIGKILL:\n%s", a.Ctr(t, "tasks", "list"))
+		}
+	}
 	a.Ctr(t, "tasks", "delete", "same")
 	a.Ctr(t, "containers", "delete", "same")
 	// b's container is untouched by a's deletion of the same ID.
@@ -680,4 +686,42 @@ func writeJSON(t *testing.T, path string, v any) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRestart: Restart under a running runc task, the reference runtime: containerd comes
+// back in the same mount namespace (the task's rootfs mount is still seen), reconnects to the
+// shim, the task runs on and takes an exec, a kill and a delete, and nothing is left.
+func TestRestart(t *testing.T) {
+	requireContainerd(t)
+	c := Start(t, Options{})
+	image := ImportBusybox(t, c)
+	before := c.Snapshot(t)
+	c.Ctr(t, "run", "-d", "--runtime", "io.containerd.runc.v2", image, "r1", "sleep", "600")
+	mounts := c.Snapshot(t).Mounts
+	pid := c.PID()
+
+	c.Restart(t)
+	if c.PID() == pid {
+		t.Fatalf("containerd's pid is %d after the restart, as before", pid)
+	}
+	if now := c.Snapshot(t).Mounts; !slices.Equal(now, mounts) {
+		t.Errorf("mounts after the restart: %q, were %q", now, mounts)
+	}
+	if out := c.Ctr(t, "task", "ls"); !regexp.MustCompile(`(?m)^r1\s+\d+\s+RUNNING$`).MatchString(out) {
+		t.Errorf("ctr task ls after the restart:\n%s", out)
+	}
+	if out := c.Ctr(t, "task", "exec", "--exec-id", "e1", "r1", "echo", "after"); out != "after\n" {
+		t.Errorf("exec after the restart: %q", out)
+	}
+	c.Ctr(t, "task", "kill", "-s", "SIGKILL", "r1")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if out := c.Ctr(t, "task", "ls"); strings.Contains(out, "STOPPED") {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("r1 not stopped 30 s after SIGKILL:\n%s", out)
+		}
+	}
+	c.Ctr(t, "task", "rm", "r1")
+	c.Ctr(t, "container", "rm", "r1")
+	c.CheckNoLeaks(t, before)
 }

@@ -34,6 +34,8 @@ type Snapshot struct {
 	// FDs are containerd's open descriptors by what they are ("socket", "pipe", a path),
 	// with how many of each; nil once containerd has exited.
 	FDs map[string]int
+	// FDsOf is the pid of the containerd process FDs are of (Restart starts another).
+	FDsOf int
 }
 
 // Process is a process of the machine.
@@ -103,7 +105,7 @@ func diff(before, now Snapshot) []string {
 			}
 		}
 	}
-	if before.FDs != nil && now.FDs != nil {
+	if before.FDs != nil && now.FDs != nil && before.FDsOf == now.FDsOf {
 		kinds := make([]string, 0, len(now.FDs))
 		for k := range now.FDs {
 			kinds = append(kinds, k)
@@ -149,7 +151,7 @@ func (c *Containerd) snapshot() (Snapshot, error) {
 		if err != nil {
 			return s, err
 		}
-		s.FDs = fds
+		s.FDs, s.FDsOf = fds, c.PID()
 	}
 	return s, nil
 }

@@ -269,14 +269,61 @@ func TestTasks(t *testing.T) {
 	wantStatus(t, e, map[string]string{"t1": "RUNNING", "t2": "RUNNING"})
 	wantResult(t, "exec in t1 after resume", e.C.RunCtr(t, "task", "exec", "--exec-id", "e3", "t1", "echo", "t1"), 0, "t1\n")
 
+	// containerd restarted under the running tasks: it reconnects to their shims.
+	e.C.Restart(t)
+	wantStatus(t, e, map[string]string{"t1": "RUNNING", "t2": "RUNNING"})
+	wantResult(t, "exec in t1 after containerd's restart", e.C.RunCtr(t, "task", "exec", "--exec-id", "e4", "t1", "echo", "t1"), 0, "t1\n")
+
+	// t2's shim SIGKILLed: containerd runs its delete action, which stops t2's VM and
+	// kvfsd and removes its sandbox, and drops the task (as for a dead runc shim: ctr task ls
+	// no longer lists it); its container is removed with ctr c rm.
+	var shim, pod []ctrdtest.Process
+	for _, p := range e.C.Snapshot(t).Processes {
+		switch {
+		case strings.Contains(p.Cmdline, "containerd-shim-kvfs-v2 -namespace") && strings.Contains(p.Cmdline, "-id t2"):
+			shim = append(shim, p)
+		case strings.Contains(p.Cmdline, "qemu-system") && strings.Contains(p.Cmdline, filepath.Join(e.BaseDir, "t2")):
+			pod = append(pod, p)
+		}
+	}
+	if len(shim) != 1 || len(pod) != 1 {
+		t.Fatalf("t2's shim %v and QEMU %v: want one of each", shim, pod)
+	}
+	for _, p := range e.C.Snapshot(t).Processes {
+		if p.PPID == shim[0].PID && !strings.Contains(p.Cmdline, "qemu-system") {
+			pod = append(pod, p) // its kvfsd
+		}
+	}
+	if err := syscall.Kill(shim[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for taskStatus(t, e)["t2"] == "RUNNING" || len(Alive(pod)) > 0 || exists(filepath.Join(e.BaseDir, "t2")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("t2's shim killed: a minute later, t2 is %q, its processes %v still run, its sandbox directory exists: %v",
+				taskStatus(t, e)["t2"], Alive(pod), exists(filepath.Join(e.BaseDir, "t2")))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if st, ok := taskStatus(t, e)["t2"]; ok && st != "STOPPED" {
+		t.Errorf("t2's shim killed: t2 is %s, want it stopped or gone", st)
+	}
+	wantStatus(t, e, map[string]string{"t1": "RUNNING"})
+
 	// sleep is its container's init, which takes no signal it has no handler for but SIGKILL.
 	e.C.Ctr(t, "task", "kill", "-s", "SIGKILL", "t1")
-	e.C.Ctr(t, "task", "kill", "-s", "SIGKILL", "--all", "t2")
-	waitStatus(t, e, map[string]string{"t1": "STOPPED", "t2": "STOPPED"})
+	waitStatus(t, e, map[string]string{"t1": "STOPPED"})
 	for _, id := range []string{"t1", "t2"} {
-		e.C.Ctr(t, "task", "rm", id)
+		if _, ok := taskStatus(t, e)[id]; ok {
+			e.C.Ctr(t, "task", "rm", id)
+		}
 		e.C.Ctr(t, "container", "rm", id)
 	}
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // kvfsctl runs the kvfsctl under test and returns its output; it fails the test unless it

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -158,4 +159,20 @@ func ShellQuote(args []string) string {
 		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 	}
 	return strings.Join(q, " ")
+}
+
+// Alive are the processes of ps that still run (the same pid and start time, not a zombie).
+func Alive(ps []ctrdtest.Process) []ctrdtest.Process {
+	var out []ctrdtest.Process
+	for _, p := range ps {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) > 19 && f[0] != "Z" && f[19] == strconv.FormatUint(p.Start, 10) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -131,7 +131,69 @@ func openFifo(ctx context.Context, path string) (io.WriteCloser, error) {
 	if u, err := url.Parse(path); err == nil && u.Scheme == "fifo" {
 		path = u.Path
 	}
-	return fifo.OpenFifo(ctx, path, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+	w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := &fifoWriter{WriteCloser: w, path: path}
+	go f.keepOnceOpen()
+	return f, nil
+}
+
+// fifoWriter is the write side of an output fifo, which keeps a read side of its own open,
+// never read, once containerd's reader has opened the fifo: when containerd goes away
+// (restarted), writes do not fail with EPIPE but wait in the pipe until the reader containerd
+// opens again takes them, as with containerd's runc shim. The kept side is opened only after
+// containerd's: before that, a write waits for containerd's reader, so that nothing written
+// goes into a pipe nobody but the shim holds.
+type fifoWriter struct {
+	io.WriteCloser
+	path string
+
+	mu     sync.Mutex
+	keep   *os.File // guarded by mu
+	closed bool     // guarded by mu
+}
+
+// keepOnceOpen opens the kept read side once the write side is open (containerd's reader
+// is there), unless the writer is closed first.
+func (f *fifoWriter) keepOnceOpen() {
+	// An empty write returns once the open is done, or with an error once closed.
+	if _, err := f.WriteCloser.Write(nil); err == nil {
+		f.openKeep()
+	}
+}
+
+func (f *fifoWriter) openKeep() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keep != nil || f.closed {
+		return
+	}
+	// Non-blocking: a read side opens at once; it is never read.
+	if r, err := os.OpenFile(f.path, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+		f.keep = r
+	}
+}
+
+func (f *fifoWriter) Write(b []byte) (int, error) {
+	n, err := f.WriteCloser.Write(b)
+	if err == nil {
+		f.openKeep() // at once, if keepOnceOpen has not yet
+	}
+	return n, err
+}
+
+func (f *fifoWriter) Close() error {
+	f.mu.Lock()
+	f.closed = true
+	keep := f.keep
+	f.mu.Unlock()
+	err := f.WriteCloser.Close()
+	if keep != nil {
+		keep.Close()
+	}
+	return err
 }
 
 // sharedFile is one file behind stdout and stderr: closed when both are.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/sandbox/confined"
 	"github.com/kvfs/kvfs/shim/e2e"
 )
 
@@ -186,10 +188,17 @@ func testCRIPod(t *testing.T, sandboxer string) {
 		t.Fatal(err)
 	}
 
+	linux := map[string]any{"resources": map[string]any{
+		"cpu_period": 100000, "cpu_quota": 100000, "memory_limit_in_bytes": 256 << 20}}
+	// The pod's host cgroup, where containerd's podsandbox reads the pod's stats: the kubelet
+	// makes it; here it is in the containerd's namespace's cgroups (covered by its leak check).
+	cgroupParent := "/" + e.C.Namespace() + "/kvfs-p1"
+	if sandboxer == podSandboxer {
+		linux["cgroup_parent"] = cgroupParent
+	}
 	p := runPod(t, e, "p1", map[string]any{
 		"dns_config": map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
-		"linux": map[string]any{"resources": map[string]any{
-			"cpu_period": 100000, "cpu_quota": 100000, "memory_limit_in_bytes": 256 << 20}},
+		"linux":      linux,
 	})
 	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
 		t.Errorf("%d QEMU processes for the pod, want 1", n)
@@ -288,6 +297,43 @@ exec sleep 600`,
 		t.Errorf("exec exit 3: %+v", r)
 	}
 
+	// containerd restarted under the running pod (same root and state; its shims keep
+	// running): it reconnects to the pod's shim, and the pod works on: its containers are as
+	// they were (a has served its one connection and exited, b runs), exec and logs work.
+	states := func() string {
+		var ps struct{ Containers []struct{ ID, State string } }
+		out := e.C.Crictl(t, "ps", "-a", "--pod", p.id, "-o", "json")
+		if err := json.Unmarshal([]byte(out), &ps); err != nil {
+			t.Fatalf("crictl ps -o json: %v\n%s", err, out)
+		}
+		var l []string
+		for _, c := range ps.Containers {
+			l = append(l, c.ID+" "+c.State)
+		}
+		slices.Sort(l)
+		return strings.Join(l, "\n")
+	}
+	was := states()
+	e.C.Restart(t)
+	if now := states(); now != was {
+		t.Errorf("after containerd's restart, the pod's containers are\n%s\nwere\n%s", now, was)
+	}
+	if !strings.Contains(was, b+" CONTAINER_RUNNING") {
+		t.Errorf("b is not running: %s", was)
+	}
+	if out := e.C.Crictl(t, "pods", "--quiet", "--state", "ready", "--id", p.id); strings.TrimSpace(out) != p.id {
+		t.Errorf("after containerd's restart, crictl pods: %q, want the pod ready", out)
+	}
+	if out := e.C.Crictl(t, "exec", "--sync", b, "sh", "-c", "echo after-restart >> /shared/from-a; cat /shared/from-a"); strings.TrimSpace(out) != "hello-from-a\nafter-restart" {
+		t.Errorf("exec after containerd's restart: %q", out)
+	}
+	// A line on the output of b's init (its sleep) reaches its log through the reopened stdio.
+	e.C.Crictl(t, "exec", "--sync", b, "sh", "-c", "for p in $(pidof sleep); do echo b-after-restart > /proc/$p/fd/1; done")
+	p.waitLog(t, b, "b-after-restart")
+	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
+		t.Errorf("%d QEMU processes after containerd's restart, want the pod's 1", n)
+	}
+
 	var cs struct {
 		Stats []struct {
 			Attributes struct{ ID string }
@@ -299,7 +345,10 @@ exec sleep 600`,
 		cs.Stats[0].Memory.WorkingSetBytes.Value == "" || cs.Stats[0].Memory.WorkingSetBytes.Value == "0" {
 		t.Errorf("crictl stats: %+v, %v", cs, err)
 	}
-	if sandboxer == shimSandboxer {
+	if sandboxer == podSandboxer {
+		checkPodCgroup(t, e, p.id, cgroupParent)
+	}
+	{
 		var ps struct {
 			Stats []struct {
 				Attributes struct{ ID string }
@@ -318,6 +367,14 @@ exec sleep 600`,
 	}
 	e.C.Crictl(t, "stopp", p.id)
 	e.C.Crictl(t, "rmp", p.id)
+	if sandboxer == podSandboxer {
+		// The shim removed the pod sandbox's cgroup: the parent, the kubelet's, is empty.
+		for _, d := range cgroupDirs(t, cgroupParent) {
+			if err := os.Remove(d); err != nil {
+				t.Errorf("removing the pod's cgroup parent %s after rmp: %v", d, err)
+			}
+		}
+	}
 	e.C.CheckNoLeaks(t, before)
 }
 
@@ -425,10 +482,103 @@ func (h *slowHook) check(t *testing.T, p *pod) {
 	}
 }
 
+// cgroupDirs are the directories of the host cgroup path in each hierarchy that has it: the
+// unified one, and the v1 ones on a host with those (hybrid here). Symlinked hierarchy names
+// (cpu -> cpu,cpuacct) are left out: their directories are the same.
+func cgroupDirs(t *testing.T, path string) []string {
+	t.Helper()
+	roots, err := filepath.Glob("/sys/fs/cgroup/*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots = append(roots, "/sys/fs/cgroup")
+	var out []string
+	for _, r := range roots {
+		if fi, err := os.Lstat(r); err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(r, path, "cgroup.procs")); err == nil {
+			out = append(out, filepath.Join(r, path))
+		}
+	}
+	return out
+}
+
+// checkPodCgroup checks that the pod's QEMU and kvfsd run in the host cgroup of its sandbox
+// (parent/id), where the memory and CPU accounting is, and that crictl statsp (containerd's
+// podsandbox reads the parent) reports the VM's use: more CPU than the shim alone spends (the
+// guest booted under TCG) and memory as much as the guest's RAM QEMU holds.
+func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
+	t.Helper()
+	var qemu, kvfsd []ctrdtest.Process
+	for _, pr := range e.C.Snapshot(t).Processes {
+		switch {
+		case strings.Contains(pr.Cmdline, "qemu-system"):
+			qemu = append(qemu, pr)
+		case strings.HasPrefix(pr.Cmdline, confined.Argv0):
+			kvfsd = append(kvfsd, pr)
+		}
+	}
+	if len(qemu) != 1 || len(kvfsd) == 0 {
+		t.Fatalf("the pod's QEMU %v and kvfsd %v", qemu, kvfsd)
+	}
+	var hierarchies []string
+	for _, h := range []string{"memory", "cpuacct", ""} { // v1 (this host), or v2 only
+		if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", h, parent, id, "cgroup.procs")); err == nil {
+			hierarchies = append(hierarchies, h)
+			for _, pr := range append(qemu, kvfsd...) {
+				if !slices.Contains(strings.Fields(string(b)), strconv.Itoa(pr.PID)) {
+					t.Errorf("%s is not in the pod's cgroup %s (hierarchy %q): %q", pr, filepath.Join(parent, id), h, b)
+				}
+			}
+		}
+	}
+	if len(hierarchies) == 0 {
+		t.Fatalf("the pod's cgroup %s is in no hierarchy", filepath.Join(parent, id))
+	}
+	var ps struct {
+		Stats []struct {
+			Linux struct {
+				Memory struct{ WorkingSetBytes struct{ Value string } }
+				CPU    struct{ UsageCoreNanoSeconds struct{ Value string } }
+			}
+		}
+	}
+	out := e.C.Crictl(t, "statsp", "-o", "json", "--id", id)
+	if err := json.Unmarshal([]byte(out), &ps); err != nil || len(ps.Stats) != 1 {
+		t.Fatalf("crictl statsp: %v\n%s", err, out)
+	}
+	mem, _ := strconv.ParseUint(ps.Stats[0].Linux.Memory.WorkingSetBytes.Value, 10, 64)
+	cpu, _ := strconv.ParseUint(ps.Stats[0].Linux.CPU.UsageCoreNanoSeconds.Value, 10, 64)
+	shmem := rssShmem(t, qemu[0].PID)
+	t.Logf("crictl statsp: working set %d MiB (QEMU's RssShmem %d MiB), CPU %v", mem>>20, shmem>>20, time.Duration(cpu))
+	if mem < shmem || mem < 64<<20 {
+		t.Errorf("crictl statsp: working set %d bytes; want at least the guest's RAM QEMU holds (%d) and 64 MiB\n%s", mem, shmem, out)
+	}
+	if cpu < uint64(2*time.Second) {
+		t.Errorf("crictl statsp: CPU %v; want the VM's boot's, more than 2 s\n%s", time.Duration(cpu), out)
+	}
+}
+
+// rssShmem is the shared memory (the guest's RAM, a memfd) pid has resident.
+func rssShmem(t *testing.T, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`RssShmem:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no RssShmem in /proc/%d/status", pid)
+	}
+	kb, _ := strconv.ParseUint(string(m[1]), 10, 64)
+	return kb << 10
+}
+
 // TestCRILifecycle: in a running pod, a prestart hook past its timeout fails a container's
-// start (slowHook), exec -it gets a terminal of the size asked, crictl
-// attach reaches a container's stdin and output, a container stopped and removed is created
-// again and runs; then runp/stopp/rmp cycles (criCycles of the sandboxer) leave no process,
+// start (slowHook), exec -it gets a terminal of the size asked, crictl attach reaches a
+// container's stdin and output, a container stopped and removed is created again and runs,
+// and the pod's shim SIGKILLed is cleaned up after; then runp/stopp/rmp cycles (criCycles of the sandboxer) leave no process,
 // mount, network namespace file, descriptor or sandbox directory behind. It runs under both
 // sandboxers.
 func TestCRILifecycle(t *testing.T) {
@@ -519,6 +669,41 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
 		t.Errorf("%d QEMU processes after the restart, want the pod's 1", n)
 	}
+
+	// The pod's shim SIGKILLed under the running pod: containerd sees it die and runs the
+	// shim binary's delete action, which stops the VM and the pod's kvfsd and removes the
+	// sandbox; the container is reported exited, and stopp and rmp remove the rest.
+	var shim, pod []ctrdtest.Process
+	for _, pr := range e.C.Snapshot(t).Processes {
+		switch {
+		case strings.Contains(pr.Cmdline, "containerd-shim-kvfs-v2 -namespace"):
+			shim = append(shim, pr)
+		case strings.Contains(pr.Cmdline, "qemu-system"), strings.HasPrefix(pr.Cmdline, confined.Argv0):
+			pod = append(pod, pr)
+		}
+	}
+	if len(shim) != 1 || len(pod) < 2 {
+		t.Fatalf("the pod's shim %v and its QEMU and kvfsd %v: want one shim, one QEMU and a kvfsd", shim, pod)
+	}
+	if err := syscall.Kill(shim[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for ; time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		state := e.C.Crictl(t, "ps", "-a", "--quiet", "--state", "exited", "--id", c2)
+		if strings.TrimSpace(state) == c2 && len(e2e.Alive(pod)) == 0 && len(sandboxDirs(t, e)) == 0 {
+			break
+		}
+	}
+	if out := e.C.Crictl(t, "ps", "-a", "--quiet", "--state", "exited", "--id", c2); strings.TrimSpace(out) != c2 {
+		t.Errorf("the shim killed: container %s is not reported exited (crictl ps -a --state exited: %q)", c2, out)
+	}
+	if left := e2e.Alive(pod); len(left) > 0 {
+		t.Errorf("the shim killed: the pod's processes still run 2 minutes later: %v", left)
+	}
+	if dirs := sandboxDirs(t, e); len(dirs) > 0 {
+		t.Errorf("the shim killed: the sandbox directory is left: %q", dirs)
+	}
 	e.C.Crictl(t, "stopp", p.id)
 	e.C.Crictl(t, "rmp", p.id)
 	e.C.CheckNoLeaks(t, before)
@@ -539,6 +724,19 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	t.Logf("sandboxer %s: %d runp/stopp/rmp cycles in %v; runp %v a pod", sandboxer, cycles,
 		time.Since(start).Round(time.Millisecond), (runp / time.Duration(cycles)).Round(time.Millisecond))
 	e.C.CheckNoLeaks(t, before)
+}
+
+// sandboxDirs are the sandbox directories in the kvfs configuration's base_dir.
+func sandboxDirs(t *testing.T, e *e2e.Env) []string {
+	ents, err := os.ReadDir(e.BaseDir)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, ent := range ents {
+		out = append(out, ent.Name())
+	}
+	return out
 }
 
 // criCycles is how many pods TestCRILifecycle runs one after the other, by sandboxer: 30
