@@ -74,6 +74,7 @@ func reading(res *Results, rs []row) []string {
 	out = append(out, poolEffect(res)...)
 	out = append(out, cacheEffect(res)...)
 	out = append(out, limitGap(rs)...)
+	out = append(out, floorShare(res, rs)...)
 	out = append(out, targets(res, rs)...)
 	return out
 }
@@ -244,6 +245,31 @@ func limitGap(rs []row) []string {
 	}
 	return []string{"Share of the host's own rate (the limit row) reached by kvfsd and the C virtiofsd (pool 0, cache auto): " + strings.Join(parts, "; ") +
 		". Small requests are dominated by the path around the system call (virtqueue, notifications, FUSE decoding, the front-end's own work), 1 MiB ones by the copy."}
+}
+
+// floorShare says what share of the floor row (the two cross-process wake-ups of a QD1 request)
+// each server reaches at queue depth 1.
+func floorShare(res *Results, rs []row) []string {
+	var parts []string
+	for _, r := range rs {
+		if r.pool != 0 || r.substitute || !r.kFlo.ok() || !r.vFlo.ok() {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s) %s and %s", r.w.Name, r.cache, pct(r.kFlo), pct(r.vFlo)))
+	}
+	fl := res.Samples[Setup{Server: floor}]
+	var ops []float64
+	for _, ss := range fl {
+		if len(ss) > 0 {
+			ops = append(ops, summarize(ss).ops)
+		}
+	}
+	if len(parts) == 0 || len(ops) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("The floor, a two-process eventfd ping-pong, made %s round trips per second in this run (median over its measurements). Share of it reached at queue depth 1 by kvfsd and the C virtiofsd (pool 0): %s. "+
+		"A LOOKUP+GETATTR, a CREATE+RELEASE+UNLINK or a READDIRPLUS is several requests, each with its own two wake-ups, so only the single-request rows (READ and WRITE QD1) can come near 100%%.",
+		num(Median(ops)), strings.Join(parts, "; "))}
 }
 
 func nRows(n int) string {

@@ -11,7 +11,7 @@ import (
 // fakeResults are two rounds of every setup but the C virtiofsd with a pool, which "died".
 func fakeResults() *Results {
 	res := &Results{Config: Config{Rounds: 2, Duration: time.Second, Files: 10, DataSize: 1 << 20},
-		Workloads: workloads(10)[:2], Setups: setups(),
+		Workloads: pick(workloads(10), "LOOKUP+GETATTR", "CREATE+RELEASE+UNLINK"), Setups: setups(),
 		NA: map[Setup]string{}, NADetail: map[Setup]string{}, Samples: map[Setup]map[string][]Sample{}}
 	for _, su := range res.Setups {
 		if su.Server == virtiofsd && su.Pool > 0 {
@@ -21,8 +21,11 @@ func fakeResults() *Results {
 		res.Samples[su] = map[string][]Sample{}
 		for i, w := range res.Workloads {
 			ops := 1000 * (i + 1)
-			if su.Server == kvfsd {
+			switch su.Server {
+			case kvfsd:
 				ops *= 2
+			case floor:
+				ops *= 4
 			}
 			for range res.Config.Rounds {
 				res.Samples[su][w.Name] = append(res.Samples[su][w.Name], Sample{Ops: ops, Elapsed: time.Second,
@@ -33,12 +36,28 @@ func fakeResults() *Results {
 	return res
 }
 
+// pick returns the workloads of ws with these names, in that order.
+func pick(ws []workload, names ...string) []workload {
+	var out []workload
+	for _, n := range names {
+		for _, w := range ws {
+			if w.Name == n {
+				out = append(out, w)
+			}
+		}
+	}
+	return out
+}
+
 func TestReport(t *testing.T) {
 	res := fakeResults()
 	md := Report(res, "chart.png")
 	for _, want := range []string{
 		"| LOOKUP+GETATTR | 0 | auto | 2.00 (2.00–2.00) |", // kvfsd has twice the ops/s
 		"| LOOKUP+GETATTR | 4 † | auto |",                  // compared with virtiofsd pool 0
+		"| 200% | 100% | 50% | 25% |\n",                    // of limit, of floor (4× the C virtiofsd's ops/s)
+		"| floor (eventfd ping-pong) | – | – | 4000 |",
+		"made 6000 round trips per second", "LOOKUP+GETATTR (auto) 50% and 25%",
 		"| virtiofsd | 4 | auto | n/a (killed by its seccomp filter) |",
 		"![", "chart.png",
 	} {
@@ -76,9 +95,9 @@ func TestRoundOrder(t *testing.T) {
 		want  string
 	}{
 		{0, "kvfsd-pool0-auto virtiofsd-pool0-auto kvfsd-pool4-auto virtiofsd-pool4-auto kvfsd-pool0-none virtiofsd-pool0-none kvfsd-pool4-none virtiofsd-pool4-none " +
-			"kvfsd-pool0-auto-xattr-killprivv2 kvfsd-pool0-auto-xattr-nokillprivv2 virtiofsd-pool0-auto-xattr limit"},
+			"kvfsd-pool0-auto-xattr-killprivv2 kvfsd-pool0-auto-xattr-nokillprivv2 virtiofsd-pool0-auto-xattr limit floor"},
 		{1, "virtiofsd-pool4-auto kvfsd-pool4-auto virtiofsd-pool0-none kvfsd-pool0-none virtiofsd-pool4-none kvfsd-pool4-none " +
-			"virtiofsd-pool0-auto-xattr kvfsd-pool0-auto-xattr-nokillprivv2 kvfsd-pool0-auto-xattr-killprivv2 limit virtiofsd-pool0-auto kvfsd-pool0-auto"},
+			"virtiofsd-pool0-auto-xattr kvfsd-pool0-auto-xattr-nokillprivv2 kvfsd-pool0-auto-xattr-killprivv2 limit floor virtiofsd-pool0-auto kvfsd-pool0-auto"},
 	} {
 		if got := ids(roundOrder(targets, tc.round)); got != tc.want {
 			t.Errorf("round %d:\n got %s\nwant %s", tc.round, got, tc.want)
