@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfs/kvfs/virtiofs/frontend"
@@ -157,6 +158,7 @@ func (s *serverDriver) lookupOne(ctx context.Context, name string, getattr bool)
 func (s *serverDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed uint64) error {
 	var side []time.Duration
 	var g errgroup.Group
+	var over atomic.Bool // the READs are done (they may end before the deadline: meter.maxOps)
 	g.Go(func() error {
 		rng := nameRNG(^seed)
 		for {
@@ -166,12 +168,13 @@ func (s *serverDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed
 			}
 			now := time.Now()
 			side = append(side, now.Sub(start))
-			if !now.Before(m.deadline) {
+			if !now.Before(m.deadline) || over.Load() {
 				return nil
 			}
 		}
 	})
 	err := s.ioLoop(ctx, m, p, seed)
+	over.Store(true)
 	if gerr := g.Wait(); err == nil {
 		err = gerr
 	}

@@ -125,6 +125,7 @@ func workloads(nFiles int) []workload {
 type meter struct {
 	usage    func() (usage, error)
 	deadline time.Time
+	maxOps   int // if not 0, stop after this many operations (the deadline still holds)
 
 	lat     []time.Duration
 	ops     int
@@ -152,7 +153,7 @@ func (m *meter) done(start time.Time, n int64) bool {
 	m.lat = append(m.lat, now.Sub(start))
 	m.ops++
 	m.bytes += n
-	return now.Before(m.deadline)
+	return now.Before(m.deadline) && (m.maxOps == 0 || m.ops < m.maxOps)
 }
 
 // merge records operations timed elsewhere (by concurrent workers).
