@@ -149,6 +149,11 @@ type request struct {
 		read    ReadIn
 		write   WriteIn
 	}
+	// scratch holds the argument and reply structs of the other fixed-size requests (inOnly,
+	// inOut, outOnly, CREATE), for the same reason: see scratchIn.
+	scratch struct {
+		in, out [scratchSize / 8]uint64
+	}
 }
 
 // Handle serves one request: in are the device-readable buffers, out the device-writable ones.
