@@ -252,7 +252,8 @@ func limitGap(rs []row) []string {
 func floorShare(res *Results, rs []row) []string {
 	var parts []string
 	for _, r := range rs {
-		if r.pool != 0 || r.substitute || !r.kFlo.ok() || !r.vFlo.ok() {
+		// The single-request rows: one request, two wake-ups, a few µs of work.
+		if r.pool != 0 || r.substitute || r.w.Bytes != 4<<10 || !r.kFlo.ok() || !r.vFlo.ok() {
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s (%s) %s and %s", r.w.Name, r.cache, pct(r.kFlo), pct(r.vFlo)))
@@ -267,8 +268,8 @@ func floorShare(res *Results, rs []row) []string {
 	if len(parts) == 0 || len(ops) == 0 {
 		return nil
 	}
-	return []string{fmt.Sprintf("The floor, a two-process eventfd ping-pong, made %s round trips per second in this run (median over its measurements). Share of it reached at queue depth 1 by kvfsd and the C virtiofsd (pool 0): %s. "+
-		"A LOOKUP+GETATTR, a CREATE+RELEASE+UNLINK or a READDIRPLUS is several requests, each with its own two wake-ups, so only the single-request rows (READ and WRITE QD1) can come near 100%%.",
+	return []string{fmt.Sprintf("The floor, a two-process eventfd ping-pong, made %s round trips per second in this run (median over its measurements). Share of it reached by kvfsd and the C virtiofsd on the single-request rows, 4 KiB at queue depth 1 (pool 0): %s. "+
+		"The other queue-depth-1 rows are several requests per operation (LOOKUP+GETATTR, CREATE+RELEASE+UNLINK, READDIRPLUS), each with its own two wake-ups, or a 1 MiB copy: their shares are in the ratio table.",
 		num(Median(ops)), strings.Join(parts, "; "))}
 }
 
@@ -301,7 +302,7 @@ func listRows(rs []row, f func(row) ratio) string {
 // profileWhy explains, from kvfsd's CPU profile under one workload and that workload's figures,
 // where a request's time goes.
 func profileWhy(res *Results, p *Profile) string {
-	s := fmt.Sprintf("Why, from kvfsd's CPU profile under %s (below): of its CPU, %.0f%% is the notification path (the kick fd's poll and read, the call fd's write), %.0f%% the system calls of the file system work, %.0f%% the Go scheduler, %.0f%% allocation and GC, and %.0f%% its own Go code (virtqueue, FUSE, passthrough).",
+	s := fmt.Sprintf("Why, from kvfsd's CPU profile under %s (below): of its CPU, %.0f%% is the notification path (the wait for a kick, the call fd's write), %.0f%% the system calls of the file system work, %.0f%% the Go scheduler, %.0f%% allocation and GC, and %.0f%% its own Go code (virtqueue, FUSE, passthrough).",
 		p.Workload, 100*p.kind(kindNotify), 100*p.kind(kindSyscall), 100*p.kind(kindScheduler), 100*p.kind(kindGC), 100*p.kind(kindGo))
 	k := res.Samples[Setup{Server: kvfsd, Cache: "auto"}][p.Workload]
 	v := res.Samples[Setup{Server: virtiofsd, Cache: "auto"}][p.Workload]
@@ -334,5 +335,5 @@ func schedulerNote(res *Results) string {
 		return ""
 	}
 	return " kvfsd's CPU profiles (below) put this share of its CPU in Go's scheduler (entering and leaving system calls, sysmon, waking and parking threads), work the C virtiofsd's plain threads do not do: " +
-		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking poll(2) was tried and cost more CPU and more switches per operation (docs/performance.md)."
+		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking wait of the ring's own was tried and cost more CPU and more switches per operation (docs/performance.md)."
 }

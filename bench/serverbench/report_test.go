@@ -8,10 +8,14 @@ import (
 	"time"
 )
 
-// fakeResults are two rounds of every setup but the C virtiofsd with a pool, which "died".
-func fakeResults() *Results {
+// fakeResults are two rounds of every setup but the C virtiofsd with a pool, which "died", of the
+// named workloads (default: LOOKUP+GETATTR and CREATE+RELEASE+UNLINK).
+func fakeResults(names ...string) *Results {
+	if len(names) == 0 {
+		names = []string{"LOOKUP+GETATTR", "CREATE+RELEASE+UNLINK"}
+	}
 	res := &Results{Config: Config{Rounds: 2, Duration: time.Second, Files: 10, DataSize: 1 << 20},
-		Workloads: pick(workloads(10), "LOOKUP+GETATTR", "CREATE+RELEASE+UNLINK"), Setups: setups(),
+		Workloads: pick(workloads(10), names...), Setups: setups(),
 		NA: map[Setup]string{}, NADetail: map[Setup]string{}, Samples: map[Setup]map[string][]Sample{}}
 	for _, su := range res.Setups {
 		if su.Server == virtiofsd && su.Pool > 0 {
@@ -20,6 +24,9 @@ func fakeResults() *Results {
 		}
 		res.Samples[su] = map[string][]Sample{}
 		for i, w := range res.Workloads {
+			if !su.runs(w) {
+				continue
+			}
 			ops := 1000 * (i + 1)
 			switch su.Server {
 			case kvfsd:
@@ -57,7 +64,6 @@ func TestReport(t *testing.T) {
 		"| LOOKUP+GETATTR | 4 † | auto |",                  // compared with virtiofsd pool 0
 		"| 200% | 100% | 50% | 25% |\n",                    // of limit, of floor (4× the C virtiofsd's ops/s)
 		"| floor (eventfd ping-pong) | – | – | 4000 |",
-		"made 6000 round trips per second", "LOOKUP+GETATTR (auto) 50% and 25%",
 		"| virtiofsd | 4 | auto | n/a (killed by its seccomp filter) |",
 		"![", "chart.png",
 	} {
@@ -75,6 +81,24 @@ func TestReport(t *testing.T) {
 	}
 	if r := img.Bounds(); r.Dx() < 500 || r.Dy() < 200 {
 		t.Errorf("chart is %v", r)
+	}
+}
+
+func TestReadingFloor(t *testing.T) {
+	// READ 4 KiB QD1 (i = 1 in fakeResults: 2000 ops/s for the C virtiofsd, 4000 for kvfsd,
+	// 8000 for the floor) and READ 4 KiB QD16, which the floor does not run.
+	md := Report(fakeResults("LOOKUP+GETATTR", "READ 4 KiB random QD1", "READ 4 KiB random QD16"), "")
+	for _, want := range []string{
+		"made 6000 round trips per second", // the median of its two workloads' 4000 and 8000
+		"(pool 0): READ 4 KiB random QD1 (auto) 50% and 25%; READ 4 KiB random QD1 (none) 50% and 25%. ",
+		"| READ 4 KiB random QD16 | 0 | auto | 2.00 (2.00–2.00) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | 200% | 100% | – | – |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "LOOKUP+GETATTR (auto) 50%") {
+		t.Error("the floor's reading lists a multi-request row")
 	}
 }
 
