@@ -6,6 +6,9 @@
 #    on the host. Writes docs/benchmarks.md and docs/benchmarks-server.png; about 8 minutes on 2
 #    cores. Arguments are passed on to kvfsbench, after the defaults below:
 #      scripts/bench.sh -rounds 2 -duration 300ms -run 'READ|WRITE'   # a quick look
+#    Each QD1 row is also read as a share of the "floor" row, a two-process eventfd ping-pong
+#    measured in the same slices. -slices 1 measures each server alone for a whole cell (the
+#    others connected but idle) instead of in interleaved slices.
 # 2. Guest level (bench/guestbench): one QEMU guest with kvfsd, the C virtiofsd and 9p mounted
 #    at once, fio, dd, a metadata workload and a C build in it, and kvfsd's KILLPRIV_V2 on and
 #    off. Adds its section to docs/benchmarks.md and writes docs/benchmarks-guest.png; about 12

@@ -1168,8 +1168,8 @@ func TestHostileQEMURings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Readable until its end: once a read returns end of file the ring must break rather
-		// than spin on a descriptor that is always readable.
+		// Always readable, and epoll cannot wait on it: the ring must break rather than spin
+		// or wait forever.
 		if !eventfdSignalled(errFD, hostileTimeout) {
 			t.Fatal("vring 1 with a regular file as kick fd was not marked broken")
 		}

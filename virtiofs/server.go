@@ -72,7 +72,13 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, fs: fs}
 	s.fuse = fuse.NewServer(fs, fuse.Options{InitFlags: initFlags(&cfg), Logger: log.L})
 	s.dev = newDevice(s.fuse, cfg.ThreadPoolSize)
-	s.backend = vhostuser.NewBackend(s.dev)
+	var bopts []vhostuser.Option
+	if cfg.ThreadPoolSize == 0 {
+		// The rings serve the requests themselves: see WithRingProcs. With a pool, the
+		// workers would run on the extra Ps and wake more threads (docs/performance.md).
+		bopts = append(bopts, vhostuser.WithRingProcs())
+	}
+	s.backend = vhostuser.NewBackend(s.dev, bopts...)
 	window.b = s.backend
 	return s, nil
 }

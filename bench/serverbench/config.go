@@ -108,6 +108,9 @@ func shellJoin(argv []string) string {
 // Main is kvfsbench: it parses argv (argv[0] is the program), runs the benchmark and writes
 // the report.
 func Main(argv []string, stdout, stderr io.Writer) int {
+	if os.Getenv(floorEchoEnv) != "" {
+		return floorEcho()
+	}
 	cfg, err := ParseFlags(argv, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -11,7 +11,10 @@
 // backwards, kvfsd and the C virtiofsd of a configuration next to each other, so that the two
 // see the same moments of a shared, noisy machine. Each figure reported is the median over the
 // rounds, and each kvfsd/virtiofsd ratio the median of the per-round ratios. A "limit" target
-// makes the same system calls directly from Go on the host, as the cost no server can beat.
+// makes the same system calls directly from Go on the host, as the cost no server can beat. A
+// "floor" target, on the queue-depth-1 workloads, is a two-process eventfd ping-pong (floor.go):
+// the two cross-process wake-ups every request at queue depth 1 costs, so each QD1 row also
+// reads as a share of it. With -slices 1, each server runs alone for its whole cell.
 //
 // Memory (named "memory" for -run): each of kvfsd with --inode-file-handles=never and
 // =mandatory and the C virtiofsd is started alone and connected; its RSS and descriptors are

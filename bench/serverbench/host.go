@@ -84,6 +84,69 @@ func (h *hostDriver) lookupGetattr(_ context.Context, m *meter) error {
 	}
 }
 
+// lookupForget: lookupGetattr's calls on a random file.
+func (h *hostDriver) lookupForget(_ context.Context, m *meter, seed uint64) error {
+	defer m.stop()
+	rng := nameRNG(seed)
+	for {
+		start := time.Now()
+		if err := h.lookupOne(h.names[rng.IntN(len(h.names))], true); err != nil {
+			return err
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// lookupOne: openat(O_PATH) and fstatat for the LOOKUP, another fstatat for a GETATTR if
+// getattr, close for the FORGET.
+func (h *hostDriver) lookupOne(name string, getattr bool) error {
+	var st unix.Stat_t
+	fd, err := unix.Openat(h.filesFD, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("openat %s: %w", name, err)
+	}
+	err = unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+	if err == nil && getattr {
+		err = unix.Fstatat(fd, "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+	}
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("fstatat %s: %w", name, err)
+	}
+	return nil
+}
+
+// ioForgets: io, and lookupOne of random files in a goroutine alongside.
+func (h *hostDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed uint64) error {
+	var side []time.Duration
+	done := make(chan error, 1)
+	go func() {
+		rng := nameRNG(^seed)
+		for {
+			start := time.Now()
+			if err := h.lookupOne(h.names[rng.IntN(len(h.names))], false); err != nil {
+				done <- err
+				return
+			}
+			now := time.Now()
+			side = append(side, now.Sub(start))
+			if !now.Before(m.deadline) {
+				done <- nil
+				return
+			}
+		}
+	}()
+	err := h.ioLoop(m, p, seed)
+	if serr := <-done; err == nil {
+		err = serr
+	}
+	m.merge(side, 0)
+	m.stop()
+	return err
+}
+
 // createReleaseUnlink: openat(O_CREAT|O_EXCL) and fstat for the CREATE, close for the RELEASE,
 // unlinkat for the UNLINK.
 func (h *hostDriver) createReleaseUnlink(_ context.Context, m *meter) error {
@@ -155,6 +218,11 @@ func (h *hostDriver) readdirplus(_ context.Context, m *meter) error {
 // each making one call at a time.
 func (h *hostDriver) io(_ context.Context, m *meter, p ioParams, seed uint64) error {
 	defer m.stop()
+	return h.ioLoop(m, p, seed)
+}
+
+// ioLoop is io without the meter's stop.
+func (h *hostDriver) ioLoop(m *meter, p ioParams, seed uint64) error {
 	buf := func() []byte {
 		b := make([]byte, p.Size)
 		for i := range b {

@@ -42,7 +42,7 @@ type Func struct {
 // The kinds of work a sample is put in, by the first frame from the leaf up that says which.
 const (
 	kindSyscall   = "system calls for the file system work (openat, statx, pwritev...), their time in the kernel included"
-	kindNotify    = "system calls that wait for and signal the guest: poll and read of the kick fd, write of the call fd (waking the front-end's thread included)"
+	kindNotify    = "system calls that wait for and signal the guest: the wait for a kick (epoll_wait), write of the call fd (waking the front-end's thread included)"
 	kindScheduler = "Go scheduler and runtime threads (parking, waking, sysmon, entering and leaving system calls)"
 	kindGC        = "memory allocation and garbage collection"
 	kindGo        = "kvfsd's own Go code (virtqueue, FUSE decoding, passthrough bookkeeping)"

@@ -74,6 +74,7 @@ func reading(res *Results, rs []row) []string {
 	out = append(out, poolEffect(res)...)
 	out = append(out, cacheEffect(res)...)
 	out = append(out, limitGap(rs)...)
+	out = append(out, floorShare(res, rs)...)
 	out = append(out, targets(res, rs)...)
 	return out
 }
@@ -246,6 +247,32 @@ func limitGap(rs []row) []string {
 		". Small requests are dominated by the path around the system call (virtqueue, notifications, FUSE decoding, the front-end's own work), 1 MiB ones by the copy."}
 }
 
+// floorShare says what share of the floor row (the two cross-process wake-ups of a QD1 request)
+// each server reaches at queue depth 1.
+func floorShare(res *Results, rs []row) []string {
+	var parts []string
+	for _, r := range rs {
+		// The single-request rows: one request, two wake-ups, a few µs of work.
+		if r.pool != 0 || r.substitute || r.w.Bytes != 4<<10 || !r.kFlo.ok() || !r.vFlo.ok() {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s) %s and %s", r.w.Name, r.cache, pct(r.kFlo), pct(r.vFlo)))
+	}
+	fl := res.Samples[Setup{Server: floor}]
+	var ops []float64
+	for _, ss := range fl {
+		if len(ss) > 0 {
+			ops = append(ops, summarize(ss).ops)
+		}
+	}
+	if len(parts) == 0 || len(ops) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("The floor, a two-process eventfd ping-pong, made %s round trips per second in this run (median over its measurements). Share of it reached by kvfsd and the C virtiofsd on the single-request rows, 4 KiB at queue depth 1 (pool 0): %s. "+
+		"The other queue-depth-1 rows are several requests per operation (LOOKUP+GETATTR, CREATE+RELEASE+UNLINK, READDIRPLUS), each with its own two wake-ups, or a 1 MiB copy: their shares are in the ratio table.",
+		num(Median(ops)), strings.Join(parts, "; "))}
+}
+
 func nRows(n int) string {
 	switch n {
 	case 0:
@@ -275,7 +302,7 @@ func listRows(rs []row, f func(row) ratio) string {
 // profileWhy explains, from kvfsd's CPU profile under one workload and that workload's figures,
 // where a request's time goes.
 func profileWhy(res *Results, p *Profile) string {
-	s := fmt.Sprintf("Why, from kvfsd's CPU profile under %s (below): of its CPU, %.0f%% is the notification path (the kick fd's poll and read, the call fd's write), %.0f%% the system calls of the file system work, %.0f%% the Go scheduler, %.0f%% allocation and GC, and %.0f%% its own Go code (virtqueue, FUSE, passthrough).",
+	s := fmt.Sprintf("Why, from kvfsd's CPU profile under %s (below): of its CPU, %.0f%% is the notification path (the wait for a kick, the call fd's write), %.0f%% the system calls of the file system work, %.0f%% the Go scheduler, %.0f%% allocation and GC, and %.0f%% its own Go code (virtqueue, FUSE, passthrough).",
 		p.Workload, 100*p.kind(kindNotify), 100*p.kind(kindSyscall), 100*p.kind(kindScheduler), 100*p.kind(kindGC), 100*p.kind(kindGo))
 	k := res.Samples[Setup{Server: kvfsd, Cache: "auto"}][p.Workload]
 	v := res.Samples[Setup{Server: virtiofsd, Cache: "auto"}][p.Workload]
@@ -308,5 +335,5 @@ func schedulerNote(res *Results) string {
 		return ""
 	}
 	return " kvfsd's CPU profiles (below) put this share of its CPU in Go's scheduler (entering and leaving system calls, sysmon, waking and parking threads), work the C virtiofsd's plain threads do not do: " +
-		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking poll(2) was tried and cost more CPU and more switches per operation (docs/performance.md)."
+		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking wait of the ring's own was tried and cost more CPU and more switches per operation (docs/performance.md)."
 }

@@ -88,6 +88,7 @@ type row struct {
 	ops, p50   ratio
 	p99, cpu   ratio
 	kLim, vLim ratio // ops/s as a fraction of the limit's
+	kFlo, vFlo ratio // ops/s as a fraction of the floor's (QD1 rows only)
 }
 
 func (r row) label() string {
@@ -97,7 +98,7 @@ func (r row) label() string {
 // rows pairs every kvfsd setup with its C virtiofsd counterpart, workload by workload.
 func rows(res *Results) []row {
 	var out []row
-	lim := Setup{Server: limit}
+	lim, flo := Setup{Server: limit}, Setup{Server: floor}
 	for _, w := range res.Workloads {
 		for _, k := range res.Setups {
 			if k.Server != kvfsd || !k.runs(w) {
@@ -119,6 +120,9 @@ func rows(res *Results) []row {
 			ls := res.Samples[lim][w.Name]
 			r.kLim = pairedRatio(ks, ls, mOps)
 			r.vLim = pairedRatio(vs, ls, mOps)
+			fs := res.Samples[flo][w.Name]
+			r.kFlo = pairedRatio(ks, fs, mOps)
+			r.vFlo = pairedRatio(vs, fs, mOps)
 			out = append(out, r)
 		}
 	}
@@ -163,7 +167,9 @@ func Report(res *Results, chart string) string {
 	p("How to read the ratios (kvfsd ÷ C virtiofsd): for ops/s above 1 means kvfsd is faster; for latency and CPU per operation below 1 means kvfsd is better. ")
 	p("**CPU µs/op** is the server process's user + system time (all threads, from `/proc/PID/stat`, 10 ms resolution) over the measurement divided by the operations: the front-end's own CPU is not in it. ")
 	p("**switches/op** are the context switches (voluntary and not) of the server's threads over the measurement per operation: each is a thread going to sleep or being preempted, so they count the wake-ups a request costs. ")
-	p("**of limit** is a server's ops/s as a fraction of the limit row's, which makes the same system calls directly from Go on the host: how close each server comes to the host's own cost.\n\n")
+	p("**of limit** is a server's ops/s as a fraction of the limit row's, which makes the same system calls directly from Go on the host: how close each server comes to the host's own cost. ")
+	p("**of floor** (queue depth 1 rows) is a server's ops/s as a fraction of the floor row's, measured in the same slices: a two-process eventfd ping-pong (each side poll(2), read(2), write(2), nothing else), the two cross-process wake-ups every request at queue depth 1 costs, so no server can reach 100%%. ")
+	p("At queue depth 16 the driver kicks rarely and the rows are CPU-bound: there CPU per operation is what limits throughput.\n\n")
 	if chart != "" {
 		p("![kvfsd ÷ C virtiofsd per row: ops/s and CPU per operation](%s)\n\n", chart)
 		p("The chart shows, per row and on a log scale, kvfsd's ops/s ÷ the C virtiofsd's (upper bar) and the C virtiofsd's CPU per operation ÷ kvfsd's (lower bar): right of 1 is better for kvfsd in both.\n\n")
@@ -176,14 +182,14 @@ func Report(res *Results, chart string) string {
 	p("\n")
 
 	p("### Ratios, kvfsd ÷ C virtiofsd\n\n")
-	p("| workload | pool | cache | ops/s | p50 latency | p99 latency | CPU/op | kvfsd of limit | virtiofsd of limit |\n")
-	p("|---|---|---|---|---|---|---|---|---|\n")
+	p("| workload | pool | cache | ops/s | p50 latency | p99 latency | CPU/op | kvfsd of limit | virtiofsd of limit | kvfsd of floor | virtiofsd of floor |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		pool := fmt.Sprint(r.pool)
 		if r.substitute {
 			pool += " †"
 		}
-		p("| %s | %s | %s | %v | %v | %v | %v | %s | %s |\n", r.w.Name, pool, r.cache, r.ops, r.p50, r.p99, r.cpu, pct(r.kLim), pct(r.vLim))
+		p("| %s | %s | %s | %v | %v | %v | %v | %s | %s | %s | %s |\n", r.w.Name, pool, r.cache, r.ops, r.p50, r.p99, r.cpu, pct(r.kLim), pct(r.vLim), pct(r.kFlo), pct(r.vFlo))
 	}
 	if slices.ContainsFunc(rs, func(r row) bool { return r.substitute }) {
 		p("\n† The C virtiofsd could not run with this thread pool (see below); kvfsd's pool-4 rows are compared with the C virtiofsd's pool-0 rows, the best it offers here.\n")
@@ -200,8 +206,8 @@ func Report(res *Results, chart string) string {
 				continue
 			}
 			name, pool, cache := su.Server, fmt.Sprint(su.Pool), su.cacheLabel()
-			if su.Server == limit {
-				name, pool, cache = "limit (host syscalls)", "–", "–"
+			if !su.isServer() {
+				name, pool, cache = su.String(), "–", "–"
 			}
 			if why, na := res.NA[su]; na && len(res.Samples[su][w.Name]) == 0 {
 				p("| %s | %s | %s | n/a (%s) | | | | | | |\n", name, pool, cache, why)
@@ -228,6 +234,7 @@ func Report(res *Results, chart string) string {
 	p("\nThe limit row makes, per operation, what a passthrough server must: `openat(O_PATH)` + `fstatat` for LOOKUP and `fstatat` for GETATTR (+ the `close` at FORGET); ")
 	p("`openat(O_CREAT|O_EXCL)` + `fstat`, `close`, `unlinkat` for CREATE+RELEASE+UNLINK; `getdents64` + `fstatat` per entry for READDIRPLUS (the per-entry `openat(O_PATH)` both servers need for a node ID is not in it); ")
 	p("`pread`/`pwrite` of the same sizes at the same offsets for READ and WRITE, depth 16 being 16 goroutines. Its CPU figure is this process's. ")
+	p("The floor row (queue-depth-1 workloads only, whatever the workload) is a round trip between this process and a second one, kvfsbench re-executed as an echo, over two eventfds: this side writes one and waits for the other with poll(2) and reads it, the echo waits with poll(2), reads and writes back. Its CPU figure is the echo process's. ")
 	p("The servers' latencies are measured in the front-end from submission to the moment it collects the reply (in submission order at depth 16), so they include the front-end's and the notifications' cost, the same for both servers.\n\n")
 
 	if len(res.NA) > 0 {

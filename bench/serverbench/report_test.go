@@ -8,10 +8,14 @@ import (
 	"time"
 )
 
-// fakeResults are two rounds of every setup but the C virtiofsd with a pool, which "died".
-func fakeResults() *Results {
+// fakeResults are two rounds of every setup but the C virtiofsd with a pool, which "died", of the
+// named workloads (default: LOOKUP+GETATTR and CREATE+RELEASE+UNLINK).
+func fakeResults(names ...string) *Results {
+	if len(names) == 0 {
+		names = []string{"LOOKUP+GETATTR", "CREATE+RELEASE+UNLINK"}
+	}
 	res := &Results{Config: Config{Rounds: 2, Duration: time.Second, Files: 10, DataSize: 1 << 20},
-		Workloads: workloads(10)[:2], Setups: setups(),
+		Workloads: pick(workloads(10), names...), Setups: setups(),
 		NA: map[Setup]string{}, NADetail: map[Setup]string{}, Samples: map[Setup]map[string][]Sample{}}
 	for _, su := range res.Setups {
 		if su.Server == virtiofsd && su.Pool > 0 {
@@ -20,9 +24,15 @@ func fakeResults() *Results {
 		}
 		res.Samples[su] = map[string][]Sample{}
 		for i, w := range res.Workloads {
+			if !su.runs(w) {
+				continue
+			}
 			ops := 1000 * (i + 1)
-			if su.Server == kvfsd {
+			switch su.Server {
+			case kvfsd:
 				ops *= 2
+			case floor:
+				ops *= 4
 			}
 			for range res.Config.Rounds {
 				res.Samples[su][w.Name] = append(res.Samples[su][w.Name], Sample{Ops: ops, Elapsed: time.Second,
@@ -33,12 +43,27 @@ func fakeResults() *Results {
 	return res
 }
 
+// pick returns the workloads of ws with these names, in that order.
+func pick(ws []workload, names ...string) []workload {
+	var out []workload
+	for _, n := range names {
+		for _, w := range ws {
+			if w.Name == n {
+				out = append(out, w)
+			}
+		}
+	}
+	return out
+}
+
 func TestReport(t *testing.T) {
 	res := fakeResults()
 	md := Report(res, "chart.png")
 	for _, want := range []string{
 		"| LOOKUP+GETATTR | 0 | auto | 2.00 (2.00–2.00) |", // kvfsd has twice the ops/s
 		"| LOOKUP+GETATTR | 4 † | auto |",                  // compared with virtiofsd pool 0
+		"| 200% | 100% | 50% | 25% |\n",                    // of limit, of floor (4× the C virtiofsd's ops/s)
+		"| floor (eventfd ping-pong) | – | – | 4000 |",
 		"| virtiofsd | 4 | auto | n/a (killed by its seccomp filter) |",
 		"![", "chart.png",
 	} {
@@ -59,6 +84,24 @@ func TestReport(t *testing.T) {
 	}
 }
 
+func TestReadingFloor(t *testing.T) {
+	// READ 4 KiB QD1 (i = 1 in fakeResults: 2000 ops/s for the C virtiofsd, 4000 for kvfsd,
+	// 8000 for the floor) and READ 4 KiB QD16, which the floor does not run.
+	md := Report(fakeResults("LOOKUP+GETATTR", "READ 4 KiB random QD1", "READ 4 KiB random QD16"), "")
+	for _, want := range []string{
+		"made 6000 round trips per second", // the median of its two workloads' 4000 and 8000
+		"(pool 0): READ 4 KiB random QD1 (auto) 50% and 25%; READ 4 KiB random QD1 (none) 50% and 25%. ",
+		"| READ 4 KiB random QD16 | 0 | auto | 2.00 (2.00–2.00) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | 200% | 100% | – | – |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "LOOKUP+GETATTR (auto) 50%") {
+		t.Error("the floor's reading lists a multi-request row")
+	}
+}
+
 func TestRoundOrder(t *testing.T) {
 	var targets []*target
 	for _, su := range setups() {
@@ -76,9 +119,9 @@ func TestRoundOrder(t *testing.T) {
 		want  string
 	}{
 		{0, "kvfsd-pool0-auto virtiofsd-pool0-auto kvfsd-pool4-auto virtiofsd-pool4-auto kvfsd-pool0-none virtiofsd-pool0-none kvfsd-pool4-none virtiofsd-pool4-none " +
-			"kvfsd-pool0-auto-xattr-killprivv2 kvfsd-pool0-auto-xattr-nokillprivv2 virtiofsd-pool0-auto-xattr limit"},
+			"kvfsd-pool0-auto-xattr-killprivv2 kvfsd-pool0-auto-xattr-nokillprivv2 virtiofsd-pool0-auto-xattr limit floor"},
 		{1, "virtiofsd-pool4-auto kvfsd-pool4-auto virtiofsd-pool0-none kvfsd-pool0-none virtiofsd-pool4-none kvfsd-pool4-none " +
-			"virtiofsd-pool0-auto-xattr kvfsd-pool0-auto-xattr-nokillprivv2 kvfsd-pool0-auto-xattr-killprivv2 limit virtiofsd-pool0-auto kvfsd-pool0-auto"},
+			"virtiofsd-pool0-auto-xattr kvfsd-pool0-auto-xattr-nokillprivv2 kvfsd-pool0-auto-xattr-killprivv2 limit floor virtiofsd-pool0-auto kvfsd-pool0-auto"},
 	} {
 		if got := ids(roundOrder(targets, tc.round)); got != tc.want {
 			t.Errorf("round %d:\n got %s\nwant %s", tc.round, got, tc.want)

@@ -15,7 +15,7 @@ import (
 
 // Setup is one server configuration, or the host ("limit").
 type Setup struct {
-	Server string // "kvfsd", "virtiofsd" or "limit"
+	Server string // "kvfsd", "virtiofsd", "limit" or "floor"
 	Pool   int    // --thread-pool-size
 	Cache  string // "auto" or "none"
 	// Xattr is "" (extended attributes off, both servers' default), or the -o options that turn
@@ -27,11 +27,15 @@ const (
 	kvfsd     = "kvfsd"
 	virtiofsd = "virtiofsd"
 	limit     = "limit"
+	floor     = "floor"
 )
 
+// isServer reports whether the setup is a server, not the limit or the floor.
+func (s Setup) isServer() bool { return s.Server == kvfsd || s.Server == virtiofsd }
+
 func (s Setup) id() string {
-	if s.Server == limit {
-		return limit
+	if !s.isServer() {
+		return s.Server
 	}
 	id := fmt.Sprintf("%s-pool%d-%s", s.Server, s.Pool, s.Cache)
 	if s.Xattr != "" {
@@ -41,8 +45,11 @@ func (s Setup) id() string {
 }
 
 func (s Setup) String() string {
-	if s.Server == limit {
+	switch s.Server {
+	case limit:
 		return "limit (host syscalls)"
+	case floor:
+		return "floor (eventfd ping-pong)"
 	}
 	return fmt.Sprintf("%s pool %d cache %s", s.Server, s.Pool, s.cacheLabel())
 }
@@ -56,9 +63,16 @@ func (s Setup) cacheLabel() string {
 }
 
 // runs reports whether the setup runs workload w: the xattr setups run only the xattr
-// workloads, the others only the rest, and the limit runs everything.
+// workloads, the other servers only the rest, the limit runs everything and the floor every
+// workload at queue depth 1.
 func (s Setup) runs(w workload) bool {
-	return s.Server == limit || (s.Xattr != "") == w.Xattr
+	switch s.Server {
+	case limit:
+		return true
+	case floor:
+		return w.Depth <= 1
+	}
+	return (s.Xattr != "") == w.Xattr
 }
 
 // setups are the configurations of issue 3, in report order.
@@ -70,7 +84,7 @@ func setups() []Setup {
 		}
 	}
 	out = append(out, xattrSetups()...)
-	return append(out, Setup{Server: limit})
+	return append(out, Setup{Server: limit}, Setup{Server: floor})
 }
 
 // xattrSetups are the configurations with extended attributes on (pool 0, cache auto): kvfsd
@@ -289,7 +303,7 @@ func roundOrder(targets []*target, r int) []*target {
 	var groups [][]*target
 	for _, t := range targets {
 		n := len(groups)
-		if n > 0 && t.Server != limit && groups[n-1][0].Server != limit &&
+		if n > 0 && t.isServer() && groups[n-1][0].isServer() &&
 			groups[n-1][0].Pool == t.Pool && groups[n-1][0].Cache == t.Cache &&
 			(groups[n-1][0].Xattr == "") == (t.Xattr == "") {
 			groups[n-1] = append(groups[n-1], t)
@@ -320,6 +334,14 @@ func start(ctx context.Context, cfg *Config, su Setup, sh *share, runDir string)
 		return nil, err
 	}
 	t := &target{Setup: su}
+	if su.Server == floor {
+		f, err := startFloor()
+		if err != nil {
+			return nil, err
+		}
+		t.drv, t.life = f, context.Background()
+		return t, nil
+	}
 	if su.Server == limit {
 		h, err := openHost(sh, cdir)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfs/kvfs/virtiofs/frontend"
@@ -121,6 +122,65 @@ func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
 		items = append(items, fuse.ForgetOne{NodeID: node, Nlookup: n})
 	}
 	return s.forget(ctx, items)
+}
+
+func (s *serverDriver) lookupForget(ctx context.Context, m *meter, seed uint64) error {
+	defer m.stop()
+	rng := nameRNG(seed)
+	for {
+		start := time.Now()
+		if err := s.lookupOne(ctx, s.names[rng.IntN(len(s.names))], true); err != nil {
+			return err
+		}
+		if !m.done(start, 0) {
+			return nil
+		}
+	}
+}
+
+// lookupOne looks name up in files/, with a GETATTR if getattr, and forgets it.
+func (s *serverDriver) lookupOne(ctx context.Context, name string, getattr bool) error {
+	e, err := s.c.Lookup(ctx, s.files, name)
+	if err != nil {
+		return fmt.Errorf("LOOKUP %s: %w", name, err)
+	}
+	if getattr {
+		if _, err := s.c.Getattr(ctx, e.NodeID, 0); err != nil {
+			return fmt.Errorf("GETATTR %s: %w", name, err)
+		}
+	}
+	if err := s.c.Forget(ctx, e.NodeID, 1); err != nil {
+		return fmt.Errorf("FORGET %s: %w", name, err)
+	}
+	return nil
+}
+
+func (s *serverDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed uint64) error {
+	var side []time.Duration
+	var g errgroup.Group
+	var over atomic.Bool // the READs are done (they may end before the deadline: meter.maxOps)
+	g.Go(func() error {
+		rng := nameRNG(^seed)
+		for {
+			start := time.Now()
+			if err := s.lookupOne(ctx, s.names[rng.IntN(len(s.names))], false); err != nil {
+				return err
+			}
+			now := time.Now()
+			side = append(side, now.Sub(start))
+			if !now.Before(m.deadline) || over.Load() {
+				return nil
+			}
+		}
+	})
+	err := s.ioLoop(ctx, m, p, seed)
+	over.Store(true)
+	if gerr := g.Wait(); err == nil {
+		err = gerr
+	}
+	m.merge(side, 0)
+	m.stop()
+	return err
 }
 
 func (s *serverDriver) createReleaseUnlink(ctx context.Context, m *meter) error {
@@ -320,6 +380,11 @@ func (s *serverDriver) check(sl *ioSlot, p ioParams, written uint32) error {
 // collects them in submission order.
 func (s *serverDriver) io(ctx context.Context, m *meter, p ioParams, seed uint64) error {
 	defer m.stop()
+	return s.ioLoop(ctx, m, p, seed)
+}
+
+// ioLoop is io without the meter's stop.
+func (s *serverDriver) ioLoop(ctx context.Context, m *meter, p ioParams, seed uint64) error {
 	offs := newOffsets(p, s.dataSize, seed)
 	slots := make([]*ioSlot, p.Depth)
 	defer func() {

@@ -41,14 +41,24 @@ func (o *offsets) get() int64 {
 	return off
 }
 
+// nameRNG picks the files of the random LOOKUP workloads.
+func nameRNG(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x6c6f6f6b7570)) }
+
 // A driver runs the workloads against one target: a server through the front-end, or the host
 // directly. Each workload method performs operations until m says to stop, reports each one to
 // m, and calls m.stop when the measured work is over (cleanup such as FORGETs may follow).
 type driver interface {
 	lookupGetattr(ctx context.Context, m *meter) error
+	// lookupForget is LOOKUP of a random file (seeded by seed), GETATTR, and its FORGET on the
+	// high-priority queue, so that the server's inode table grows and shrinks by one each time.
+	lookupForget(ctx context.Context, m *meter, seed uint64) error
 	createReleaseUnlink(ctx context.Context, m *meter) error
 	readdirplus(ctx context.Context, m *meter) error
 	io(ctx context.Context, m *meter, p ioParams, seed uint64) error
+	// ioForgets is io with a second stream alongside, until the same deadline: LOOKUP of a
+	// random file and its FORGET, one after the other, so that FORGETs arrive on the
+	// high-priority queue while the request queue is busy. Both streams' operations count.
+	ioForgets(ctx context.Context, m *meter, p ioParams, seed uint64) error
 	// usage is what the process doing the work (the server's, or ours for the host) has
 	// consumed so far.
 	usage() (usage, error)
@@ -87,17 +97,26 @@ func workloads(nFiles int) []workload {
 	return []workload{
 		{Name: "LOOKUP+GETATTR", Op: fmt.Sprintf("LOOKUP of one of %d files in one directory, then GETATTR of it (the FORGETs go after each measured slice, unmeasured)", nFiles),
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.lookupGetattr(ctx, m) }},
+		{Name: "LOOKUP+GETATTR+FORGET random", Op: fmt.Sprintf("LOOKUP of a random one of %d files in one directory, GETATTR of it, and its FORGET on the high-priority queue: the server's inode table grows and shrinks with every operation", nFiles),
+			run: func(ctx context.Context, d driver, m *meter, seed uint64) error { return d.lookupForget(ctx, m, seed) }},
 		{Name: "CREATE+RELEASE+UNLINK", Op: "CREATE of a new file, RELEASE, UNLINK, and the FORGET a guest sends when it drops the inode",
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.createReleaseUnlink(ctx, m) }},
 		{Name: "READDIRPLUS", Op: fmt.Sprintf("one listing of the %d-entry directory: OPENDIR, READDIRPLUS with 4 KiB replies (as Linux 6.1 asks) until the end, RELEASEDIR, BATCH_FORGET of every entry returned (entries/s = ops/s × %d)", nFiles, nFiles),
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.readdirplus(ctx, m) }},
 		ioWorkload("READ 4 KiB random QD1", "one 4 KiB READ at a random aligned offset, one request in flight", ioParams{Size: k4, Depth: 1, Random: true}),
 		ioWorkload("READ 4 KiB random QD16", "one 4 KiB READ at a random aligned offset, 16 requests in flight", ioParams{Size: k4, Depth: 16, Random: true}),
+		{Name: "READ 4 KiB random QD16 + FORGETs", Depth: 16, Bytes: k4,
+			Op: fmt.Sprintf("one 4 KiB READ at a random aligned offset with 16 in flight on the request queue, or, from a second stream alongside, one LOOKUP of a random one of the %d files and its FORGET on the high-priority queue (both queues busy at once, as a guest reading while it evicts inodes; MiB/s counts the READs only)", nFiles),
+			run: func(ctx context.Context, d driver, m *meter, seed uint64) error {
+				return d.ioForgets(ctx, m, ioParams{Size: k4, Depth: 16, Random: true}, seed)
+			}},
 		ioWorkload("WRITE 4 KiB random QD1", "one 4 KiB WRITE at a random aligned offset, one request in flight", ioParams{Write: true, Size: k4, Depth: 1, Random: true}),
 		xattrWrite,
 		ioWorkload("WRITE 4 KiB random QD16", "one 4 KiB WRITE at a random aligned offset, 16 requests in flight", ioParams{Write: true, Size: k4, Depth: 16, Random: true}),
 		ioWorkload("READ 1 MiB sequential", "one 1 MiB READ, sequential through the file, one request in flight", ioParams{Size: m1, Depth: 1}),
 		ioWorkload("WRITE 1 MiB sequential", "one 1 MiB WRITE, sequential through the file, one request in flight", ioParams{Write: true, Size: m1, Depth: 1}),
+		ioWorkload("READ 1 MiB sequential QD16", "one 1 MiB READ, sequential through the file, 16 requests in flight", ioParams{Size: m1, Depth: 16}),
+		ioWorkload("WRITE 1 MiB sequential QD16", "one 1 MiB WRITE, sequential through the file, 16 requests in flight", ioParams{Write: true, Size: m1, Depth: 16}),
 	}
 }
 
@@ -106,6 +125,7 @@ func workloads(nFiles int) []workload {
 type meter struct {
 	usage    func() (usage, error)
 	deadline time.Time
+	maxOps   int // if not 0, stop after this many operations (the deadline still holds)
 
 	lat     []time.Duration
 	ops     int
@@ -133,7 +153,7 @@ func (m *meter) done(start time.Time, n int64) bool {
 	m.lat = append(m.lat, now.Sub(start))
 	m.ops++
 	m.bytes += n
-	return now.Before(m.deadline)
+	return now.Before(m.deadline) && (m.maxOps == 0 || m.ops < m.maxOps)
 }
 
 // merge records operations timed elsewhere (by concurrent workers).

@@ -69,26 +69,26 @@ var handlers = [opcodeLimit]handler{
 // header alone.
 func inOnly[In any](op func(FileSystem, *Context, uint64, *In) Errno) handler {
 	return func(s *Server, r *request) Errno {
-		var in In
-		if !arg(r, &in) {
+		in := scratchIn[In](r)
+		if !arg(r, in) {
 			return unix.EINVAL
 		}
-		return op(s.fs, &r.Context, r.NodeID, &in)
+		return op(s.fs, &r.Context, r.NodeID, in)
 	}
 }
 
 // inOut is the handler of an operation that takes one argument struct and answers with one.
 func inOut[In, Out any](op func(FileSystem, *Context, uint64, *In, *Out) Errno) handler {
 	return func(s *Server, r *request) Errno {
-		var in In
-		if !arg(r, &in) {
+		in := scratchIn[In](r)
+		if !arg(r, in) {
 			return unix.EINVAL
 		}
-		var out Out
-		if e := op(s.fs, &r.Context, r.NodeID, &in, &out); e != OK {
+		out := scratchOut[Out](r)
+		if e := op(s.fs, &r.Context, r.NodeID, in, out); e != OK {
 			return e
 		}
-		setBody(r, &out)
+		setBody(r, out)
 		return OK
 	}
 }
@@ -96,13 +96,32 @@ func inOut[In, Out any](op func(FileSystem, *Context, uint64, *In, *Out) Errno) 
 // outOnly is the handler of an operation without arguments that answers with one struct.
 func outOnly[Out any](op func(FileSystem, *Context, uint64, *Out) Errno) handler {
 	return func(s *Server, r *request) Errno {
-		var out Out
-		if e := op(s.fs, &r.Context, r.NodeID, &out); e != OK {
+		out := scratchOut[Out](r)
+		if e := op(s.fs, &r.Context, r.NodeID, out); e != OK {
 			return e
 		}
-		setBody(r, &out)
+		setBody(r, out)
 		return OK
 	}
+}
+
+// scratchSize is the room for one argument or reply struct in a request's scratch space.
+const scratchSize = 256
+
+// scratchIn and scratchOut return a zeroed T in r's scratch space for an argument and a reply
+// struct (a new one if T does not fit). Only wire structs, which hold no pointers, may live
+// there: the scratch space is not scanned for pointers. The handler's use ends with the request.
+func scratchIn[T any](r *request) *T  { return scratchAt[T](&r.scratch.in) }
+func scratchOut[T any](r *request) *T { return scratchAt[T](&r.scratch.out) }
+
+func scratchAt[T any](s *[scratchSize / 8]uint64) *T {
+	var zero T
+	if unsafe.Sizeof(zero) > unsafe.Sizeof(*s) || unsafe.Alignof(zero) > unsafe.Alignof(*s) {
+		return new(T)
+	}
+	p := (*T)(unsafe.Pointer(s))
+	*p = zero
+	return p
 }
 
 // arg copies the next fixed-size argument out of r.args.
@@ -404,8 +423,8 @@ func doLink(s *Server, r *request) Errno {
 }
 
 func doCreate(s *Server, r *request) Errno {
-	var in CreateIn
-	if !arg(r, &in) {
+	in := scratchIn[CreateIn](r)
+	if !arg(r, in) {
 		return unix.EINVAL
 	}
 	name, e := r.name()
@@ -416,17 +435,17 @@ func doCreate(s *Server, r *request) Errno {
 		return unix.EINVAL
 	}
 	return create(r, func(e *EntryOut, o *OpenOut) Errno {
-		return s.fs.Create(&r.Context, r.NodeID, name, &in, e, o)
+		return s.fs.Create(&r.Context, r.NodeID, name, in, e, o)
 	})
 }
 
 func doTmpfile(s *Server, r *request) Errno {
-	var in CreateIn
-	if !arg(r, &in) {
+	in := scratchIn[CreateIn](r)
+	if !arg(r, in) {
 		return unix.EINVAL
 	}
 	return create(r, func(e *EntryOut, o *OpenOut) Errno {
-		return s.fs.Tmpfile(&r.Context, r.NodeID, &in, e, o)
+		return s.fs.Tmpfile(&r.Context, r.NodeID, in, e, o)
 	})
 }
 
@@ -496,14 +515,14 @@ func (r *request) parseSecctx() bool {
 
 // create answers CREATE and TMPFILE: an entry followed by an open handle.
 func create(r *request, op func(*EntryOut, *OpenOut) Errno) Errno {
-	var out struct {
+	out := scratchOut[struct {
 		Entry EntryOut
 		Open  OpenOut
-	}
+	}](r)
 	if e := op(&out.Entry, &out.Open); e != OK {
 		return e
 	}
-	setBody(r, &out)
+	setBody(r, out)
 	return OK
 }
 

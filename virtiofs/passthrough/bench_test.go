@@ -170,9 +170,9 @@ func BenchmarkLookupGetAttr(b *testing.B) {
 // system and back, with the allocations each costs.
 func BenchmarkRequest(b *testing.B) {
 	e := newEnv(b, Options{AttrTimeout: 1e9, EntryTimeout: 1e9})
-	makeFiles(b, e, 1)
+	names := makeFiles(b, e, 1000)
 	srv := fuse.NewServer(e.fs, fuse.Options{})
-	out := make([]byte, 16+4096)
+	out := make([]byte, 16+1<<20)
 	outv := [][]byte{out[:16], out[16:]}
 	var h fuse.InHeader
 	in := make([][]byte, 0, 4)
@@ -220,6 +220,70 @@ func BenchmarkRequest(b *testing.B) {
 		f := fuse.ForgetIn{Nlookup: uint64(b.N)}
 		h := fuse.InHeader{Len: 48, Opcode: uint32(fuse.OpForget), Unique: 2, NodeID: entry.NodeID}
 		srv.Handle([][]byte{fuse.AsBytes(&h), fuse.AsBytes(&f)}, nil)
+	})
+	// A new inode every time: LOOKUP of another file, GETATTR, FORGET, as a guest walking a
+	// large tree and evicting what it walked does; the inode table grows and shrinks by one.
+	cnames := make([][]byte, len(names))
+	for i, n := range names {
+		cnames[i] = append([]byte(n), 0)
+	}
+	// FORGET has no reply; its buffers are made once, so that allocs/op stay the server's.
+	var fh fuse.InHeader
+	f := fuse.ForgetIn{Nlookup: 1}
+	forget := [][]byte{fuse.AsBytes(&fh), fuse.AsBytes(&f)}
+	doForget := func(node uint64) {
+		fh = fuse.InHeader{Len: 48, Opcode: uint32(fuse.OpForget), Unique: 2, NodeID: node}
+		srv.HandleAsync(forget, nil, nil, 0)
+	}
+	b.Run("LOOKUP+GETATTR+FORGET", func(b *testing.B) {
+		getattr := fuse.GetattrIn{}
+		ga := fuse.AsBytes(&getattr)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			do(b, fuse.OpLookup, 1, cnames[i%len(cnames)])
+			i++
+			var e fuse.EntryOut
+			copy(fuse.AsBytes(&e), out[16:])
+			do(b, fuse.OpGetattr, e.NodeID, ga)
+			doForget(e.NodeID)
+		}
+	})
+	b.Run("CREATE+RELEASE+UNLINK+FORGET", func(b *testing.B) {
+		cin := fuse.CreateIn{Flags: unix.O_RDWR | unix.O_CREAT | unix.O_EXCL, Mode: unix.S_IFREG | 0o644}
+		cb := fuse.AsBytes(&cin)
+		cname := []byte("new\x00")
+		var rel fuse.ReleaseIn
+		rb := fuse.AsBytes(&rel)
+		b.ReportAllocs()
+		for b.Loop() {
+			do(b, fuse.OpCreate, 1, cb, cname)
+			var e fuse.EntryOut
+			copy(fuse.AsBytes(&e), out[16:])
+			var o fuse.OpenOut
+			copy(fuse.AsBytes(&o), out[16+len(fuse.AsBytes(&e)):])
+			rel = fuse.ReleaseIn{Fh: o.Fh}
+			do(b, fuse.OpRelease, e.NodeID, rb)
+			do(b, fuse.OpUnlink, 1, cname)
+			doForget(e.NodeID)
+		}
+	})
+	big := make([]byte, 1<<20)
+	b.Run("WRITE 1 MiB", func(b *testing.B) {
+		w := fuse.WriteIn{Fh: open.Fh, Size: uint32(len(big))}
+		wb := fuse.AsBytes(&w)
+		b.ReportAllocs()
+		for b.Loop() {
+			do(b, fuse.OpWrite, entry.NodeID, wb, big)
+		}
+	})
+	b.Run("READ 1 MiB", func(b *testing.B) {
+		r := fuse.ReadIn{Fh: open.Fh, Size: uint32(len(big))}
+		rb := fuse.AsBytes(&r)
+		b.ReportAllocs()
+		for b.Loop() {
+			do(b, fuse.OpRead, entry.NodeID, rb)
+		}
 	})
 	b.Run("WRITE 4 KiB", func(b *testing.B) {
 		w := fuse.WriteIn{Fh: open.Fh, Size: uint32(len(data))}

@@ -75,6 +75,7 @@ type Backend struct {
 	dev            Device
 	pollInterval   time.Duration
 	backendTimeout time.Duration
+	ringProcs      bool // WithRingProcs
 
 	serving atomic.Bool
 
@@ -622,6 +623,9 @@ func (s *session) startRing(v *Vring) error {
 	v.fdMu.Unlock()
 	v.done = make(chan struct{})
 	v.running = true
+	if s.b.ringProcs {
+		addRingProc(1)
+	}
 	go v.run(s.ctx, v.kickFD, wakeFD, v.polled, s.b.pollInterval)
 	log.G(s.ctx).WithField("vring", v.idx).WithField("size", v.num).WithField("base", v.base).
 		Debug("vhost-user: vring started")
@@ -637,6 +641,9 @@ func (s *session) stopRing(v *Vring) {
 	v.stopping.Store(true)
 	v.wake()
 	<-v.done
+	if s.b.ringProcs {
+		addRingProc(-1)
+	}
 	v.fdMu.Lock()
 	wakeFD := v.wakeFD
 	v.wakeFD = -1

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"runtime"
 	"testing"
 	"time"
 
@@ -698,4 +699,46 @@ func TestBackendHostileKickFD(t *testing.T) {
 	unix.Close(fd)
 	waitEvent(t, tr.errf, true)
 	r.sync()
+}
+
+func TestBackendRingProcs(t *testing.T) {
+	checkNoLeak(t)
+	base := runtime.GOMAXPROCS(0)
+	procs := func(want int, when string) {
+		t.Helper()
+		if got := runtime.GOMAXPROCS(0); got != want {
+			t.Fatalf("%s: GOMAXPROCS %d, want %d (%d found, one more per running ring)", when, got, want, base)
+		}
+	}
+	r := newRig(t, WithRingProcs())
+	c := r.c
+	r.realize(qemuProtocol)
+	must(t, c.SetFeatures(guestAcked))
+	must(t, c.AddMemReg(r.region(), r.memfd))
+	tr0, tr1 := r.newRing(0, true), r.newRing(1, true)
+	r.startRing(tr0, 0, true)
+	procs(base+1, "one ring started")
+	r.startRing(tr1, 0, true)
+	procs(base+2, "two rings started")
+	r.roundTrip(tr1)
+	if _, err := c.GetVringBase(1); err != nil { // stops ring 1
+		t.Fatal(err)
+	}
+	procs(base+1, "ring 1 stopped")
+	r.roundTrip(tr0)
+	c.Close()
+	if err := r.wait(); err != nil {
+		t.Fatal(err)
+	}
+	procs(base, "front-end gone")
+
+	// Without the option nothing changes.
+	r2 := newRig(t)
+	r2.realize(qemuProtocol)
+	must(t, r2.c.SetFeatures(guestAcked))
+	must(t, r2.c.AddMemReg(r2.region(), r2.memfd))
+	tr := r2.newRing(1, true)
+	r2.startRing(tr, 0, true)
+	r2.roundTrip(tr)
+	procs(base, "a ring of a Backend without WithRingProcs")
 }

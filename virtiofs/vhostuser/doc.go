@@ -56,11 +56,12 @@
 // # Concurrency and lock order
 //
 // Serve runs the message loop on the caller's goroutine; all connection and ring configuration
-// is owned by it and needs no lock. Each started ring has one goroutine that waits with poll(2) on
-// the ring's kick eventfd and a private wake eventfd (used to stop it, to re-check after
-// SET_VRING_ENABLE(1), and to let it notice it is broken). poll keeps one goroutine per ring and
-// lets the message loop close the kick fd only after the goroutine has exited, so an fd number is
-// never closed while being waited on.
+// is owned by it and needs no lock. Each started ring has one goroutine that waits with
+// epoll_wait(2), on an epoll instance of its own, for the ring's kick eventfd and a private wake
+// eventfd (used to stop it, to re-check after SET_VRING_ENABLE(1), and to let it notice it is
+// broken), both edge-triggered so that a wake-up is one system call (Vring.run). The goroutine
+// closes its epoll instance before it exits, and the message loop closes the kick fd only after
+// that, so an fd number is never closed while being waited on.
 //
 // Locks, in the order they are taken:
 //

@@ -94,15 +94,6 @@ func signal(fd int) error {
 	return err
 }
 
-// drain consumes an eventfd's counter (or up to 8 bytes of whatever the front-end passed). It
-// reports false at end of file: a kick fd that is readable forever (a regular file, a pipe
-// without writers) would otherwise make the ring goroutine spin.
-func drain(fd int) bool {
-	var b [8]byte
-	n, err := unix.Read(fd, b[:])
-	return n > 0 || err != nil
-}
-
 func (v *Vring) setEnabled(on bool) {
 	v.enabled.Store(on)
 	if on && v.running {
@@ -160,27 +151,50 @@ func (v *Vring) closeFDs() {
 	v.swapErr(-1)
 }
 
-// run is the ring goroutine. It waits with poll(2) on the kick eventfd and the ring's own wake
-// eventfd (one goroutine, no fd closed under it: the message loop closes the fds only after done
-// is closed), and calls the device under the memory read lock. A ring whose kick was set with
-// NOFD has no kick fd and is polled every interval instead.
+// run is the ring goroutine. It waits in epoll_wait(2) on an epoll instance of its own holding
+// the kick eventfd and the ring's own wake eventfd, both edge-triggered, and calls the device
+// under the memory read lock. Edge-triggered, every write to either eventfd reports one event
+// whether or not its counter was read, so the ring never reads them: one system call per
+// wake-up (the C virtiofsd makes two, ppoll and read). The counters only grow, by one per kick;
+// at ten million kicks a second a 64-bit counter would take 58 000 years to saturate. An fd that
+// epoll cannot wait on (a regular file) or that hangs up breaks the ring, and no fd can make
+// it spin: each wake-up needs a new event. The message loop closes the kick fd only after the
+// goroutine has exited (done), and the epoll instance is closed before that. A ring whose kick
+// was set with NOFD has no kick fd and is polled every interval instead.
 func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interval time.Duration) {
 	defer close(v.done)
 	l := log.G(ctx).WithField("vring", v.idx)
-	fds := []unix.PollFd{{Fd: int32(wakeFD), Events: unix.POLLIN}}
-	if kickFD >= 0 {
-		fds = append(fds, unix.PollFd{Fd: int32(kickFD), Events: unix.POLLIN})
-	}
-	timeout := -1
-	if polled {
-		timeout = max(1, int(interval/time.Millisecond))
-	}
 	fail := func(err error) {
 		l.WithError(err).Error("vhost-user: vring broken, no longer served")
 		v.broken.Store(true)
 		v.signalErr()
 	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		fail(fmt.Errorf("epoll_create1: %w", err))
+		return
+	}
+	defer unix.Close(epfd)
+	for _, fd := range []int{wakeFD, kickFD} {
+		if fd < 0 {
+			continue
+		}
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			what := "wake"
+			if fd == kickFD {
+				what = "kick"
+			}
+			fail(fmt.Errorf("%s fd cannot be waited on: %w", what, err))
+			return
+		}
+	}
+	timeout := -1
+	if polled {
+		timeout = max(1, int(interval/time.Millisecond))
+	}
 
+	var evs [2]unix.EpollEvent
 	work := true // buffers may be available already when the ring starts
 	for !v.stopping.Load() {
 		if v.broken.Load() { // remapping failed
@@ -199,29 +213,22 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 			continue // another batch, once stop and memory updates have had their chance
 		}
 		work = polled
-		n, err := unix.Poll(fds, timeout)
+		n, err := unix.EpollWait(epfd, evs[:], timeout)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			fail(fmt.Errorf("poll: %w", err))
+			fail(fmt.Errorf("epoll_wait: %w", err))
 			return
 		}
 		if n == 0 { // polled ring: interval elapsed
 			work = true
 			continue
 		}
-		if fds[0].Revents != 0 {
-			drain(wakeFD)
-			work = true
-		}
-		if len(fds) > 1 && fds[1].Revents != 0 {
-			if fds[1].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
-				fail(fmt.Errorf("kick fd unusable (revents %#x)", fds[1].Revents))
-				return
-			}
-			if !drain(kickFD) {
-				fail(errors.New("kick fd at end of file"))
+		for _, ev := range evs[:n] {
+			if ev.Fd == int32(kickFD) &&
+				ev.Events&(unix.EPOLLERR|unix.EPOLLHUP|unix.EPOLLRDHUP) != 0 {
+				fail(fmt.Errorf("kick fd unusable (events %#x)", ev.Events))
 				return
 			}
 			work = true
