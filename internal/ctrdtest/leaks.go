@@ -27,7 +27,8 @@ type Snapshot struct {
 	// test's mount namespace and in containerd's.
 	Mounts []string
 	// Cgroups are the cgroups in the containerd's namespace (ctr makes /NAMESPACE/ID in each
-	// hierarchy) and the runc state directories in it (/run/containerd/runc/NAMESPACE/ID); not the containerd's own cgroup there (cgroup.go).
+	// hierarchy), but for the containerd's own there (cgroup.go), and the runc state
+	// directories in it (/run/containerd/runc/NAMESPACE/ID).
 	Cgroups []string
 	// Entries are the entries of the LeakDirs (a sandbox directory per pod, say).
 	Entries []string
