@@ -214,6 +214,9 @@ func (c *Containerd) reclaim(t testing.TB, now Snapshot) {
 			t.Errorf("ctrdtest: removing %s: %v", d, err)
 		}
 	}
+	if err := os.Remove(c.cgroup); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ctrdtest: removing the containerd's cgroup: %v", err)
+	}
 	dirs, err := c.namespaceDirs()
 	if err != nil {
 		t.Errorf("ctrdtest: cleanup: %v", err)

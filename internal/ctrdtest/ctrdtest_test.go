@@ -294,6 +294,12 @@ func TestCleanupCatchesOrphans(t *testing.T) {
 	}
 	r := &recorder{TB: t}
 	c := Start(r, Options{ShimDirs: []string{dir}})
+	cleaned := false
+	defer func() {
+		if !cleaned { // the test failed before it checked the cleanup
+			r.runCleanups()
+		}
+	}()
 	image := ImportBusybox(t, c)
 	if res := c.RunCtr(t, "run", "--runtime", "io.containerd.orphan.v2", image, "o1", "true"); res.ExitCode == 0 {
 		t.Fatalf("ctr run with the orphaning shim succeeded: %+v", res)
@@ -313,6 +319,7 @@ func TestCleanupCatchesOrphans(t *testing.T) {
 		t.Errorf("%s is containerd's child: the test wants an orphan", orphan)
 	}
 
+	cleaned = true
 	r.runCleanups()
 	errs := strings.Join(r.errors, "\n")
 	if !regexp.MustCompile(`leak after the test: process pid ` + fmt.Sprint(orphan.PID) + ` \(sleep 607\)`).MatchString(errs) {

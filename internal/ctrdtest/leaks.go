@@ -27,7 +27,8 @@ type Snapshot struct {
 	// test's mount namespace and in containerd's.
 	Mounts []string
 	// Cgroups are the cgroups in the containerd's namespace (ctr makes /NAMESPACE/ID in each
-	// hierarchy) and the runc state directories in it (/run/containerd/runc/NAMESPACE/ID).
+	// hierarchy), but for the containerd's own there (cgroup.go), and the runc state
+	// directories in it (/run/containerd/runc/NAMESPACE/ID).
 	Cgroups []string
 	// Entries are the entries of the LeakDirs (a sandbox directory per pod, say).
 	Entries []string
@@ -390,7 +391,8 @@ func (c *Containerd) namespaceDirs() ([]string, error) {
 // runcRoot is where containerd's runc shim has runc keep its state, by namespace.
 const runcRoot = "/run/containerd/runc"
 
-// cgroups lists the entries of the namespace's directories (see Snapshot.Cgroups).
+// cgroups lists the entries of the namespace's directories (see Snapshot.Cgroups), but for
+// the containerd's own cgroup.
 func (c *Containerd) cgroups() ([]string, error) {
 	dirs, err := c.namespaceDirs()
 	if err != nil {
@@ -406,8 +408,8 @@ func (c *Containerd) cgroups() ([]string, error) {
 			return nil, err
 		}
 		for _, e := range ents {
-			if e.IsDir() {
-				out = append(out, filepath.Join(d, e.Name()))
+			if p := filepath.Join(d, e.Name()); e.IsDir() && p != c.cgroup {
+				out = append(out, p)
 			}
 		}
 	}
