@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/internal/vmtest"
 )
@@ -149,7 +150,7 @@ func TestDebianPackage(t *testing.T) {
 	if s, err := ns.output("dpkg-query", "-W", "-f=${Status}", "kvfs"); err == nil {
 		t.Errorf("after dpkg --purge, kvfs is %q", s)
 	}
-	sameTree(t, "after dpkg --purge, compared with before dpkg -i", hostTree(t, root), before)
+	fstree.Same(t, "after dpkg --purge, compared with before dpkg -i", hostTree(t, root), before)
 	ns.checkUpper(t)
 }
 

@@ -4,20 +4,16 @@
 package packaging_test
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io/fs"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -88,64 +84,6 @@ func withoutLayoutEnv() []string {
 	return env
 }
 
-// tree lists every file and directory under root: path → "dir", a symlink's target, or a
-// regular file's mode and checksum.
-func tree(t *testing.T, root string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		switch {
-		case d.IsDir():
-			out[rel] = "dir " + info.Mode().Perm().String()
-		case d.Type()&fs.ModeSymlink != 0:
-			target, _ := os.Readlink(p)
-			out[rel] = "-> " + target
-		default:
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			s := sha256.Sum256(data)
-			out[rel] = info.Mode().String() + " " + hex.EncodeToString(s[:])
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// sameTree fails the test with what differs between two trees.
-func sameTree(t *testing.T, what string, got, want map[string]string) {
-	t.Helper()
-	if maps.Equal(got, want) {
-		return
-	}
-	var diff []string
-	for _, k := range slices.Sorted(maps.Keys(got)) {
-		if w, ok := want[k]; !ok {
-			diff = append(diff, "+ "+k+" "+got[k])
-		} else if w != got[k] {
-			diff = append(diff, "~ "+k+" "+w+" → "+got[k])
-		}
-	}
-	for _, k := range slices.Sorted(maps.Keys(want)) {
-		if _, ok := got[k]; !ok {
-			diff = append(diff, "- "+k+" "+want[k])
-		}
-	}
-	t.Errorf("%s:\n%s", what, strings.Join(diff, "\n"))
-}
-
 // userFiles puts files into root that an install must leave alone: a host's own /etc and
 // /usr/local/bin contents.
 func userFiles(t *testing.T, root string) {
@@ -171,10 +109,10 @@ func TestInstallDestdir(t *testing.T) {
 	dest := t.TempDir()
 	userFiles(t, dest)
 	guest := fakeGuest(t, "1")
-	before := tree(t, dest)
+	before := fstree.List(t, dest)
 	layout := []string{"--destdir", dest, "--prefix", "/opt/kvfs"}
 	out := installer(t, append([]string{"install", "--bin", bins, "--guest", guest}, layout...)...)
-	installed := tree(t, dest)
+	installed := fstree.List(t, dest)
 
 	for _, p := range []string{
 		"opt/kvfs/bin/containerd-shim-kvfs-v2", "opt/kvfs/bin/kvfsd", "opt/kvfs/bin/kvfsctl",
@@ -230,7 +168,7 @@ func TestInstallDestdir(t *testing.T) {
 
 	// A second install changes nothing and says so.
 	out = installer(t, append([]string{"install", "--bin", bins, "--guest", guest}, layout...)...)
-	sameTree(t, "a second install changed", tree(t, dest), installed)
+	fstree.Same(t, "a second install changed", fstree.List(t, dest), installed)
 	for _, word := range []string{"installed", "updated", "created", "kept"} {
 		if strings.Contains(out, ": "+word+" ") {
 			t.Errorf("a second install said %q:\n%s", word, out)
@@ -238,7 +176,7 @@ func TestInstallDestdir(t *testing.T) {
 	}
 
 	installer(t, append([]string{"uninstall"}, layout...)...)
-	sameTree(t, "after uninstall, compared with before install", tree(t, dest), before)
+	fstree.Same(t, "after uninstall, compared with before install", fstree.List(t, dest), before)
 }
 
 func dig(m map[string]any, path ...string) any {
@@ -260,7 +198,7 @@ func TestInstallUpgrade(t *testing.T) {
 	t.Parallel()
 	dest := t.TempDir()
 	userFiles(t, dest)
-	before := tree(t, dest)
+	before := fstree.List(t, dest)
 	layout := []string{"--destdir", dest}
 	installer(t, append([]string{"install", "--bin", bins, "--guest", fakeGuest(t, "1")}, layout...)...)
 
@@ -271,7 +209,7 @@ func TestInstallUpgrade(t *testing.T) {
 	}
 	fmt.Fprintln(f, "\n# edited by the operator")
 	f.Close()
-	edited := tree(t, dest)[("etc/kvfs/configuration.toml")]
+	edited := fstree.List(t, dest)[("etc/kvfs/configuration.toml")]
 
 	// Version 2: a new guest image and a new kvfsd.
 	bins2 := t.TempDir()
@@ -289,7 +227,7 @@ func TestInstallUpgrade(t *testing.T) {
 	}
 	guest2 := fakeGuest(t, "2")
 	out := installer(t, append([]string{"install", "--bin", bins2, "--guest", guest2}, layout...)...)
-	after := tree(t, dest)
+	after := fstree.List(t, dest)
 	if after["etc/kvfs/configuration.toml"] != edited {
 		t.Error("the edited configuration was overwritten")
 	}
@@ -308,7 +246,7 @@ func TestInstallUpgrade(t *testing.T) {
 	}
 
 	out = installer(t, append([]string{"uninstall"}, layout...)...)
-	left := tree(t, dest)
+	left := fstree.List(t, dest)
 	if left["etc/kvfs/configuration.toml"] != edited || !strings.Contains(out, "kept "+cfg) {
 		t.Errorf("uninstall did not keep the edited configuration:\n%s", out)
 	}
@@ -316,7 +254,7 @@ func TestInstallUpgrade(t *testing.T) {
 		t.Error("uninstall left configuration.toml.new")
 	}
 	installer(t, append([]string{"uninstall", "--purge"}, layout...)...)
-	sameTree(t, "after uninstall --purge, compared with before install", tree(t, dest), before)
+	fstree.Same(t, "after uninstall --purge, compared with before install", fstree.List(t, dest), before)
 }
 
 // TestInstallContainerdConfig: a host's own config.toml is never rewritten; when its imports
@@ -341,7 +279,7 @@ func TestInstallContainerdConfig(t *testing.T) {
 			if err := os.WriteFile(p, []byte(tc.config), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			before := tree(t, dest)
+			before := fstree.List(t, dest)
 			out := installer(t, "install", "--bin", bins, "--guest", fakeGuest(t, "1"), "--destdir", dest)
 			if got, _ := os.ReadFile(p); string(got) != tc.config {
 				t.Errorf("config.toml rewritten:\n%s", got)
@@ -356,7 +294,7 @@ func TestInstallContainerdConfig(t *testing.T) {
 				t.Errorf("the note does not say what to add:\n%s", out)
 			}
 			installer(t, "uninstall", "--destdir", dest)
-			sameTree(t, "after uninstall", tree(t, dest), before)
+			fstree.Same(t, "after uninstall", fstree.List(t, dest), before)
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/internal/vmtest"
 )
@@ -29,7 +30,7 @@ func TestInstalledRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	before := tree(t, root)
+	before := fstree.List(t, root)
 	layout := []string{"--prefix", root + "/usr", "--sysconfdir", root + "/etc", "--localstatedir", root + "/var"}
 	installer(t, append([]string{"install", "--bin", bins, "--guest", filepath.Dir(g.Kernel)}, layout...)...)
 
@@ -83,7 +84,7 @@ func TestInstalledRuntime(t *testing.T) {
 		t.Errorf("uninstall did not keep the edited %s", config)
 	}
 	installer(t, append([]string{"uninstall", "--purge"}, layout...)...)
-	sameTree(t, "after uninstall --purge, compared with before install", tree(t, root), before)
+	fstree.Same(t, "after uninstall --purge, compared with before install", fstree.List(t, root), before)
 }
 
 // editConfig makes the operator's one edit to the installed configuration at path: where the

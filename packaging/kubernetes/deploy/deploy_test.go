@@ -2,13 +2,9 @@ package deploy_test
 
 import (
 	"bufio"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"io/fs"
-	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -22,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/packaging/kubernetes/deploy"
 )
 
@@ -93,54 +90,6 @@ func hostRoot(t *testing.T) string {
 	return root
 }
 
-// tree lists every file and directory under root: path → "dir MODE" or "MODE SHA256".
-func tree(t *testing.T, root string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			out[rel] = "dir " + info.Mode().String()
-			return nil
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		s := sha256.Sum256(data)
-		out[rel] = info.Mode().String() + " " + hex.EncodeToString(s[:])
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func sameTree(t *testing.T, what string, got, want map[string]string) {
-	t.Helper()
-	if maps.Equal(got, want) {
-		return
-	}
-	for _, p := range slices.Sorted(maps.Keys(got)) {
-		if want[p] != got[p] {
-			t.Errorf("%s: %s is %q, was %q", what, p, got[p], want[p])
-		}
-	}
-	for _, p := range slices.Sorted(maps.Keys(want)) {
-		if _, ok := got[p]; !ok {
-			t.Errorf("%s: %s is gone (was %q)", what, p, want[p])
-		}
-	}
-}
-
 // apiServer is a TLS server that answers node label patches as the API server would, and
 // records them; sa is a service account directory for it (token, ca.crt).
 type apiServer struct {
@@ -205,7 +154,7 @@ func deployCmd(args ...string) *exec.Cmd {
 // the host root as it was.
 func TestEntrypoint(t *testing.T) {
 	root := hostRoot(t)
-	before := tree(t, root)
+	before := fstree.List(t, root)
 	api := newAPIServer(t)
 	restarts := filepath.Join(t.TempDir(), "restarts")
 	cmd := deployCmd("install", "-host-root", root, "-payload", payload(t), "-service-account", api.sa,
@@ -297,7 +246,7 @@ wait:
 	if got := api.got(); !slices.Equal(got, []string{labelPatch, unlabelPatch}) {
 		t.Errorf("API requests %q, want %q", got, []string{labelPatch, unlabelPatch})
 	}
-	sameTree(t, "after SIGTERM with cleanup, compared with before install", tree(t, root), before)
+	fstree.Same(t, "after SIGTERM with cleanup, compared with before install", fstree.List(t, root), before)
 }
 
 // TestEntrypointNotImported: a host whose containerd config.toml does not import the
@@ -311,7 +260,7 @@ func TestEntrypointNotImported(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "etc/containerd/config.toml"), []byte("version = 3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := tree(t, root)
+	before := fstree.List(t, root)
 	api := newAPIServer(t)
 	restarts := filepath.Join(t.TempDir(), "restarts")
 	p := payload(t)
@@ -347,7 +296,7 @@ func TestEntrypointNotImported(t *testing.T) {
 	if got := api.got(); !slices.Equal(got, []string{unlabelPatch}) {
 		t.Errorf("API requests %q, want %q", got, unlabelPatch)
 	}
-	sameTree(t, "after uninstall, compared with before install", tree(t, root), before)
+	fstree.Same(t, "after uninstall, compared with before install", fstree.List(t, root), before)
 
 	// A second uninstall finds nothing to do, and says so.
 	cmd = deployCmd(append([]string{"uninstall", "-wait=false"}, args...)...)

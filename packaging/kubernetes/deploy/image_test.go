@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/internal/ociimage"
 	"github.com/kvfs/kvfs/packaging/kubernetes/deploy"
 )
@@ -52,7 +53,7 @@ func TestImageCtr(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "etc/hostname"), []byte("node-1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before := tree(t, root)
+	before := fstree.List(t, root)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -104,7 +105,7 @@ func TestImageCtr(t *testing.T) {
 	if !strings.Contains(strings.Join(out, "\n"), "kvfs-deploy: uninstalled") {
 		t.Errorf("the container did not say it uninstalled")
 	}
-	sameTree(t, "after the container's SIGTERM cleanup, compared with before", tree(t, root), before)
+	fstree.Same(t, "after the container's SIGTERM cleanup, compared with before", fstree.List(t, root), before)
 }
 
 // TestImageRefusesDynamic: a binary linked against a C library would not run in the image
