@@ -267,7 +267,8 @@ func TestAgentInGuest(t *testing.T) {
 	}
 
 	// The shim may restart: a new connection on the same port is served, after a pause (the
-	// agent's poll sees POLLHUP) and also at once (before it can: the stream ids tell).
+	// agent's poll sees POLLHUP) and also at once (usually before it can: the stream ids
+	// tell; TestSerialListenerNewHostAtOnce checks that path without a guest).
 	closeAgent()
 	time.Sleep(500 * time.Millisecond)
 	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
@@ -298,15 +299,17 @@ func TestAgentInGuest(t *testing.T) {
 	}
 	console, _ := os.ReadFile(s.ConsolePath())
 	// After the pause the agent saw the host leave (its read answers end of file, or the
-	// poll POLLHUP) once, and waited for the next host without spinning; the host that came
-	// at once was told apart by its stream ids.
-	if n := bytes.Count(console, []byte("kvfs-agent: info host left")); n != 1 {
-		t.Errorf("the console shows %d departures of the host, want 1\n%s", n, console)
+	// poll POLLHUP), and waited for the next host without spinning. The host that came at
+	// once was told apart by its stream ids, unless the agent's poll saw that host leave
+	// too before the next one came (a matter of microseconds): either way each of the two
+	// new hosts was noticed once.
+	left := bytes.Count(console, []byte("kvfs-agent: info host left"))
+	began := bytes.Count(console, []byte("kvfs-agent: info a new host session began"))
+	if left < 1 || left+began != 2 {
+		t.Errorf("the console shows %d departures of the host and %d new sessions told by their stream ids, want 1 and 1, or 2 and 0\n%s", left, began, console)
 	}
-	for _, line := range []string{"kvfs-agent: info a new host session began", "kvfs-agent: info shut down"} {
-		if !bytes.Contains(console, []byte(line)) {
-			t.Errorf("the console does not show %q\n%s", line, console)
-		}
+	if !bytes.Contains(console, []byte("kvfs-agent: info shut down")) {
+		t.Errorf("the console does not show the agent's shutdown\n%s", console)
 	}
 	t.Logf("done after %v; the console:\n%s", time.Since(start).Round(time.Millisecond), console)
 }
