@@ -42,7 +42,8 @@ type CRIRound struct {
 	// → the first line's timestamp in the CRI log file (LogLine).
 	LogStart, LogLine time.Duration
 	StopP, RmP        time.Duration // crictl stopp and rmp, wall time
-	Shim              Mem           // the pod's shim (kvfsd inside it, for kvfs)
+	Shim              Mem           // the pod's shim
+	Server            Mem           // the pod's confined kvfsd, its supervisor and server (kvfs)
 	VMM               Mem           // QEMU (kvfs); zero for runc
 	Others            Mem           // the shim's other descendants: runc's pause and container
 	// StartCPU is the CPU time of the shim and its descendants (theirs and their waited-for
@@ -56,8 +57,8 @@ type CRIRound struct {
 	checkError []string  // VmRSS and smaps_rollup disagreeing
 }
 
-// Total is the memory the pod costs the host: shim, QEMU and the other descendants.
-func (r CRIRound) Total() Mem { return r.Shim.Add(r.VMM).Add(r.Others) }
+// Total is the memory the pod costs the host: shim, kvfsd, QEMU and the other descendants.
+func (r CRIRound) Total() Mem { return r.Shim.Add(r.Server).Add(r.VMM).Add(r.Others) }
 
 // CRIReport is a CRI run's results.
 type CRIReport struct {
@@ -310,10 +311,13 @@ func (r *CRIRound) readPod(ctx context.Context, c *containerd, cfg Config, handl
 			return err
 		}
 		pids = append(pids, p.pid)
-		if strings.HasPrefix(p.comm, "qemu") {
+		switch {
+		case strings.HasPrefix(p.comm, "qemu"):
 			r.VMM = r.VMM.Add(m)
 			check("qemu", m)
-		} else {
+		case isServer(p):
+			r.Server = r.Server.Add(m)
+		default:
 			r.Others = r.Others.Add(m)
 		}
 	}

@@ -1,5 +1,5 @@
 // Package podbench measures a pod through containerd: kvfs's shim (io.containerd.kvfs.v2,
-// each pod a QEMU VM whose root file system kvfsd serves from inside the shim) against
+// each pod a QEMU VM whose root file system the pod's confined kvfsd serves) against
 // containerd's runc shim, side by side in one run, interleaved round by round.
 //
 // Method. A private containerd (its own directory under /tmp, namespace and mount namespace;

@@ -46,7 +46,8 @@ type Round struct {
 	Run       time.Duration // ctr run --rm ... true, wall time
 	RunSpan   time.Duration // the same run in containerd's log: connecting to shim → shim disconnected
 	Detached  time.Duration // ctr run -d ... sleep, wall time (Create and Start, until ctr has the task running)
-	Shim      Mem           // the shim process (kvfsd inside it, for kvfs)
+	Shim      Mem           // the shim process
+	Server    Mem           // the pod's confined kvfsd, its supervisor and server (kvfs); zero for runc
 	VMM       Mem           // QEMU (kvfs); zero for runc
 	Container Mem           // the shim's other descendants: the container's processes (runc)
 	Boot      map[string]time.Duration
@@ -61,8 +62,8 @@ type Round struct {
 	AfterAnswer, BeforeVM time.Duration
 }
 
-// Total is the memory a pod costs the host: shim, QEMU and the container's processes.
-func (r Round) Total() Mem { return r.Shim.Add(r.VMM).Add(r.Container) }
+// Total is the memory a pod costs the host: shim, kvfsd, QEMU and the container's processes.
+func (r Round) Total() Mem { return r.Shim.Add(r.Server).Add(r.VMM).Add(r.Container) }
 
 // Report is a run's results.
 type Report struct {
@@ -282,11 +283,14 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 			}
 			return r, err
 		}
-		if strings.HasPrefix(p.comm, "qemu") {
+		switch {
+		case strings.HasPrefix(p.comm, "qemu"):
 			vmm = append(vmm, p.pid)
 			r.VMM = r.VMM.Add(m)
 			check("qemu", m)
-		} else {
+		case isServer(p):
+			r.Server = r.Server.Add(m)
+		default:
 			r.Container = r.Container.Add(m)
 		}
 	}
