@@ -118,6 +118,7 @@ case $destdir in
 *) die "--destdir $destdir: not an absolute path" ;;
 esac
 destdir=${destdir%/}
+[ -z "$destdir" ] || [ -d "$destdir" ] || die "--destdir $destdir: no such directory"
 
 binaries="containerd-shim-kvfs-v2 kvfsd kvfsctl"
 guest_files="vmlinuz initramfs.gz image.json SHA256SUMS"

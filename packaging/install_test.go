@@ -313,6 +313,7 @@ func TestInstallBadArguments(t *testing.T) {
 		{[]string{"configure", "--purge"}, "--purge is for uninstall"},
 		{[]string{"install", "--packaged"}, "--packaged is for configure"},
 		{[]string{"install", "--nope"}, "unknown option --nope"},
+		{[]string{"install", "--bin", bins, "--guest", "/x", "--destdir", "/nonexistent/kvfs"}, "--destdir /nonexistent/kvfs: no such directory"},
 	} {
 		cmd := exec.Command("bash", append([]string{"install.sh"}, tc.args...)...)
 		cmd.Env = withoutLayoutEnv()
