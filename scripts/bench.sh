@@ -95,6 +95,9 @@ fi
 
 # $AGENT_GUEST: another directory for the agent guest image (one this branch's agent is built into).
 agent_guest=${AGENT_GUEST:-${KVFS_CACHE:-/var/cache/kvfs}/agent-guest}
+# The test guest, which kvfspodbench boots once under KVM to find whether KVM works here
+# (/dev/kvm can open where KVM boots fail); the verdict is cached beside it for this boot.
+probe_guest=${KVFS_CACHE:-/var/cache/kvfs}/guest
 
 if [ "$only" = "" ] || [ "$only" = pod ]; then
 	phow=$how

@@ -73,7 +73,7 @@ type CRIReport struct {
 // RunCRI runs the CRI benchmark: in each round a pod through HandlerKvfs, then one through
 // HandlerRunc.
 func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
-	p, err := prepare(&cfg, "crictl")
+	p, err := prepare(ctx, &cfg, "crictl")
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kvfs/kvfs/internal/vmtest"
 )
 
 // Main is the command line of bench/cmd/kvfspodbench; it returns the exit status.
@@ -22,7 +24,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.ShimDir, "shim-dir", "bin", "directory holding containerd-shim-kvfs-v2")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "/var/cache/kvfs/bin", "containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)")
 	fs.StringVar(&cfg.GuestDir, "guest", "/var/cache/kvfs/agent-guest", "the agent guest image (packaging/guest/build.sh --agent)")
-	fs.StringVar(&cfg.Accel, "accel", "", "QEMU accelerator: kvm, tcg, or empty for kvm if /dev/kvm opens")
+	fs.StringVar(&cfg.Accel, "accel", "", "QEMU accelerator: kvm, tcg, or empty for kvm if a probe boot of -probe-guest under KVM works")
+	fs.StringVar(&cfg.ProbeGuest, "probe-guest", vmtest.DefaultCacheDir, "the test guest (packaging/guest/build.sh DIR) the KVM probe boots")
 	fs.StringVar(&cfg.Memory, "mem", "512M", "the guest's memory (vm.memory)")
 	fs.IntVar(&cfg.VCPUs, "vcpus", 1, "the guest's vCPUs (vm.vcpus)")
 	fs.DurationVar(&cfg.Settle, "settle", 2*time.Second, "wait after a sleep container started before its memory is read")

@@ -109,7 +109,7 @@ func Section(rep *Report) string {
 	p("The guest: vm.memory %s, %d vCPU(s), agent over virtio-serial.\n", cfg.Memory, cfg.VCPUs)
 	p("- **Method:** %d rounds after one uncounted warm-up run of each runtime; in each round kvfs then runc (interleaved, ABAB…). ", cfg.Runs)
 	p("A round runs `ctr run --rm --runtime R IMAGE ID true` (wall time around ctr), then `ctr run -d --runtime R IMAGE ID sleep 3600` (wall time: until ctr has the task started) ")
-	p("and, %s after it returned, reads the memory of the shim process and of its descendants (QEMU for kvfs; the container's processes for runc) from /proc/PID/status (VmRSS) and /proc/PID/smaps_rollup (Rss, Pss), then kills and deletes it. ", cfg.Settle)
+	p("and, %s after it returned, reads the memory of the shim process and of its descendants (kvfsd and QEMU for kvfs; the container's processes for runc) from /proc/PID/status (VmRSS) and /proc/PID/smaps_rollup (Rss, Pss), then kills and deletes it. ", cfg.Settle)
 	p("Second readings: the `true` run's span in containerd's log, from \"connecting to shim\" to \"shim disconnected\"; VmRSS against smaps_rollup's Rss. ")
 	p("kvfs's boot split is the kvfs shim's log line \"the guest agent answers\": host time from QEMU's start to the agent's answer, split with the guest's CLOCK_BOOTTIME (the agent's Ping: init_started_ns, uptime_ns) into QEMU+firmware (host total − guest uptime), kernel boot (uptime when the agent started as init) and agent start-up. ")
 	p("Figures are medians over the rounds with their range in brackets; each ratio is the median (range) of the per-round ratios kvfs ÷ runc. The machine is shared and noisy: read the ratios and orders of magnitude, not the last digit.\n\n")

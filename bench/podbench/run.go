@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ociimage"
-	"github.com/kvfs/kvfs/sandbox"
+	"github.com/kvfs/kvfs/internal/vmtest"
 )
 
 // The two runtimes, as ctr names them, and their shims' binaries.
@@ -29,13 +29,16 @@ type Config struct {
 	ShimDir  string        // holds containerd-shim-kvfs-v2
 	BinDir   string        // containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)
 	GuestDir string        // the agent guest image (packaging/guest/build.sh --agent)
-	Accel    string        // "" for kvm if /dev/kvm opens, else tcg
+	Accel    string        // "" for what a probe boot of ProbeGuest finds (vmtest.Accel)
 	Memory   string        // the guest's memory (vm.memory)
 	VCPUs    int           // the guest's vCPUs (vm.vcpus)
 	Settle   time.Duration // wait after a sleep container started before its memory is read
 	KeepLog  string        // where containerd's log is copied at the end; "" for nowhere
 	CRI      bool          // pods through the CRI (crictl) instead of ctr (RunCRI)
 	Idle     time.Duration // CRI: how long a running pod's CPU use is measured for
+	// ProbeGuest is the test guest (packaging/guest/build.sh DIR) that, with Accel empty, a
+	// KVM boot is tried with: /dev/kvm can open on a host where KVM boots fail or hang.
+	ProbeGuest string
 
 	Command, Invoked, Rev string // for the report
 	Progress              io.Writer
@@ -91,7 +94,7 @@ type prepared struct {
 // prepare makes cfg's directories absolute (containerd runs in its own directory), checks
 // that the guest image, the shims and the binaries of binDir named in bins are there, and
 // picks the accelerator.
-func prepare(cfg *Config, bins ...string) (prepared, error) {
+func prepare(ctx context.Context, cfg *Config, bins ...string) (prepared, error) {
 	for _, d := range []*string{&cfg.ShimDir, &cfg.BinDir, &cfg.GuestDir} {
 		abs, err := filepath.Abs(*d)
 		if err != nil {
@@ -111,11 +114,13 @@ func prepare(cfg *Config, bins ...string) (prepared, error) {
 	}
 	p.accel, p.accelWhy = cfg.Accel, "set with -accel"
 	if p.accel == "" {
-		p.accel = sandbox.DetectAccel()
-		p.accelWhy = "/dev/kvm opens"
-		if p.accel != sandbox.AccelKVM {
-			p.accelWhy = "no usable /dev/kvm"
+		g := vmtest.Guest{Kernel: filepath.Join(cfg.ProbeGuest, "vmlinuz"), Initrd: filepath.Join(cfg.ProbeGuest, "initramfs.gz")}
+		for _, f := range []string{g.Kernel, g.Initrd} {
+			if _, err := os.Stat(f); err != nil {
+				return prepared{}, fmt.Errorf("the probe guest (-probe-guest; packaging/guest/build.sh DIR), which finds whether KVM boots here: %w", err)
+			}
 		}
+		p.accel, p.accelWhy = vmtest.Accel(ctx, g)
 	}
 	return p, nil
 }
@@ -129,7 +134,7 @@ func (p prepared) kvfsConfig(dir string, cfg Config) string {
 
 // Run runs the benchmark through ctr.
 func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
-	p, err := prepare(&cfg)
+	p, err := prepare(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
