@@ -233,14 +233,7 @@ func setup(spec Spec) error {
 	if err != nil {
 		return err
 	}
-	for {
-		select {
-		case s := <-sigs:
-			_ = cmd.Process.Signal(s)
-		case err := <-done:
-			return serverEnd(cmd, err)
-		}
-	}
+	return serverEnd(cmd, confine.ForwardUntilExit(cmd, sigs, done))
 }
 
 // serverEnd turns the serving process's end into the supervisor's: nil if it exited 0, else a

@@ -105,12 +105,20 @@ func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Wri
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	err = ForwardUntilExit(cmd, sigs, done)
+	return exitStatus(cmd.ProcessState, err)
+}
+
+// ForwardUntilExit passes each signal that arrives on sigs on to cmd until cmd has exited,
+// which done (cmd.Wait's result) tells, and returns cmd.Wait's error: the wait of a process
+// that supervises another.
+func ForwardUntilExit(cmd *exec.Cmd, sigs <-chan os.Signal, done <-chan error) error {
 	for {
 		select {
 		case s := <-sigs:
-			cmd.Process.Signal(s)
+			_ = cmd.Process.Signal(s)
 		case err := <-done:
-			return exitStatus(cmd.ProcessState, err)
+			return err
 		}
 	}
 }

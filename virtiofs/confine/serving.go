@@ -180,12 +180,6 @@ func Setup(dir string, args []string, listenFD int, stdout, stderr io.Writer, ke
 		return 1, err
 	}
 	l.Close()
-	for {
-		select {
-		case s := <-sigs:
-			_ = cmd.Process.Signal(s)
-		case err := <-done:
-			return exitStatus(cmd.ProcessState, err)
-		}
-	}
+	err = ForwardUntilExit(cmd, sigs, done)
+	return exitStatus(cmd.ProcessState, err)
 }
