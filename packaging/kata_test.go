@@ -2,7 +2,6 @@ package packaging_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -12,13 +11,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
@@ -130,7 +130,7 @@ func kataStart(t *testing.T, daemon, runtime, share, cache string, extra []strin
 	sock := filepath.Join(t.TempDir(), "vhost-fs.sock")
 	cmd := exec.Command(daemon)
 	var stderr *os.File
-	log := &lockedBuffer{}
+	log := &syncbuf.Buffer{}
 	switch runtime {
 	case "go":
 		// As virtiofsd.go: the runtime listens, passes the listener, and QEMU connects.
@@ -245,7 +245,10 @@ func kataStart(t *testing.T, daemon, runtime, share, cache string, extra []strin
 	}
 
 	server := servingProcess(t, cmd.Process.Pid)
-	status := procStatus(t, server)
+	status, err := procstatus.ReadPID(server)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", server))
 	ours, _ := os.Readlink("/proc/self/ns/mnt")
 	if got := status["Seccomp"] == "2" && ns != ours; got != confined {
@@ -287,37 +290,4 @@ func servingProcess(t *testing.T, pid int) int {
 		t.Fatalf("kvfsd %d has children %v", pid, kids)
 		return 0
 	}
-}
-
-// procStatus returns the fields of /proc/PID/status.
-func procStatus(t *testing.T, pid int) map[string]string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		m[k] = strings.TrimSpace(v)
-	}
-	return m
-}
-
-// lockedBuffer is a bytes.Buffer for a child's output and the test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -20,6 +20,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/internal/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
@@ -49,17 +50,15 @@ func confinedChild(t *testing.T, pid int) int {
 // statusField returns a field of /proc/PID/status.
 func statusField(t *testing.T, pid int, name string) string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	s, err := procstatus.ReadPID(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, name+":"); ok {
-			return strings.TrimSpace(v)
-		}
+	v, ok := s[name]
+	if !ok {
+		t.Fatalf("/proc/%d/status has no %s", pid, name)
 	}
-	t.Fatalf("/proc/%d/status has no %s", pid, name)
-	return ""
+	return v
 }
 
 // waitLog waits until the sandbox's server.log has want.

@@ -9,11 +9,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/internal/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
 )
@@ -60,21 +60,15 @@ func selfRSS(t testing.TB) int64 {
 // procMemory is a memory field of /proc/PID/status (VmRSS, RssAnon, ...) in bytes.
 func procMemory(t testing.TB, pid int, field string) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	s, err := procstatus.ReadPID(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatalf("%s %q", field, v)
-			}
-			return kb << 10
-		}
+	n, err := s.Bytes(field)
+	if err != nil {
+		t.Fatalf("/proc/%d/%v", pid, err)
 	}
-	t.Fatalf("/proc/%d/status has no %s", pid, field)
-	return 0
+	return n
 }
 
 // TestLeaks runs leakCycles lives of a sandbox with two binds (read-write and read-only) and

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/internal/procstatus"
 	"github.com/kvfs/kvfs/internal/vmtest"
 	"github.com/kvfs/kvfs/sandbox/confined"
 )
@@ -349,18 +350,16 @@ func runHelperProcess(t testing.TB, spec helperSpec) helperResult {
 func reapSandboxedServers(t testing.TB) {
 	t.Helper()
 	for _, pid := range childPids(t) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		s, err := procstatus.ReadPID(pid)
 		if err != nil {
 			continue
 		}
 		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.HasPrefix(string(cmd), confined.Argv0+"\x00") {
 			continue
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(strings.TrimPrefix(line, "NSpid:")); strings.HasPrefix(line, "NSpid:") && len(f) == 2 && f[1] == "1" {
-				if _, err := unix.Wait4(pid, nil, 0, nil); err != nil {
-					t.Errorf("reap sandboxed server %d: %v", pid, err)
-				}
+		if f := strings.Fields(s["NSpid"]); len(f) == 2 && f[1] == "1" {
+			if _, err := unix.Wait4(pid, nil, 0, nil); err != nil {
+				t.Errorf("reap sandboxed server %d: %v", pid, err)
 			}
 		}
 	}

@@ -1,7 +1,6 @@
 package shim
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
+
+	"github.com/kvfs/kvfs/internal/syncbuf"
 )
 
 // hookTrace is one file that the agent's calls, the pod's unbinds, the events and the hook
@@ -83,24 +84,6 @@ func (tr *hookTrace) lines() ([]string, map[string]specs.State) {
 		names = append(names, name)
 	}
 	return names, states
-}
-
-// syncBuffer is a bytes.Buffer for a logger that other goroutines may still write to.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // withHooks writes the bundle of container id in pod "pod" with hooks in its spec.
@@ -234,7 +217,7 @@ func TestHookCreateRuntimeFails(t *testing.T) {
 // output and fail neither Start nor Delete; the hooks after them still run.
 func TestHookPostFailuresLogged(t *testing.T) {
 	h := newHarness(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	logger := logrus.New()
 	logger.SetOutput(logs)
 	h.svc.ctx = log.WithLogger(h.svc.ctx, logrus.NewEntry(logger))

@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
-	"golang.org/x/sys/unix"
 )
 
 // memoryName is the name -run matches to select the memory measurement.
@@ -182,25 +184,20 @@ func sampleMemory(d *daemon) (memSample, error) {
 	}
 	var s memSample
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		st, err := procstatus.ReadPID(pid)
 		if err != nil {
 			return memSample{}, err
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if !ok || (k != "VmRSS" && k != "RssAnon") {
-				continue
-			}
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return memSample{}, fmt.Errorf("/proc/%d/status: %s: %w", pid, k, err)
-			}
-			if k == "VmRSS" {
-				s.RSS += kb << 10
-			} else {
-				s.Anon += kb << 10
-			}
+		rss, err := st.Bytes("VmRSS")
+		if err != nil {
+			return memSample{}, fmt.Errorf("/proc/%d/%w", pid, err)
 		}
+		anon, err := st.Bytes("RssAnon")
+		if err != nil {
+			return memSample{}, fmt.Errorf("/proc/%d/%w", pid, err)
+		}
+		s.RSS += rss
+		s.Anon += anon
 		fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
 		if err != nil {
 			return memSample{}, err

@@ -14,17 +14,19 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/conformance"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
-	"golang.org/x/sys/unix"
 )
 
 // kvfsdBin is ./cmd/kvfsd, built once by TestMain.
@@ -47,29 +49,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer is a bytes.Buffer safe for the writer goroutine exec starts and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // daemon is a running kvfsd.
 type daemon struct {
 	cmd    *exec.Cmd
 	sock   string
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 	done   chan struct{} // closed when cmd.Wait returned
 	server int           // the serving process: the sandboxed server with --sandbox=namespace
 	args   []string
@@ -81,7 +65,7 @@ type daemon struct {
 // --seccomp=none, once it announced).
 func startKvfsd(t *testing.T, share string, viaFD bool, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{sock: filepath.Join(t.TempDir(), "vhost-fs.sock"), log: &syncBuffer{}, done: make(chan struct{})}
+	d := &daemon{sock: filepath.Join(t.TempDir(), "vhost-fs.sock"), log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	args = append([]string{"--shared-dir=" + share}, args...)
 	d.cmd = exec.Command(kvfsdBin)
 	if viaFD {
@@ -386,18 +370,13 @@ func checkCapabilities(t *testing.T, pid int, keep []confine.Capability) {
 }
 
 // statusOf returns the fields of /proc/WHO/status.
-func statusOf(t *testing.T, who string) map[string]string {
+func statusOf(t *testing.T, who string) procstatus.Status {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + who + "/status")
+	s, err := procstatus.Read(who)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]string{}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		m[k] = strings.TrimSpace(v)
-	}
-	return m
+	return s
 }
 
 // checkUnreachable enters the server's mount namespace on a thread of its own and tries to

@@ -1,7 +1,6 @@
 package ctrdtest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/syncbuf"
 )
 
 // TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
@@ -398,24 +398,6 @@ func TestSweepDeadOwners(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestClientCloseIO: through the Go client, a container's cat reads what is written to its
 // stdin and exits only when CloseIO closes it.
 func TestClientCloseIO(t *testing.T) {
@@ -440,7 +422,7 @@ func TestClientCloseIO(t *testing.T) {
 		}
 	}()
 	stdinR, stdinW := io.Pipe()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, &stdout, &stderr), cio.WithFIFODir(c.FIFODir())))
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package vmtest
 
 import (
-	"bytes"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvfs/kvfs/internal/syncbuf"
 )
 
 // serverStartTimeout bounds the wait for the server's socket.
@@ -67,7 +68,7 @@ func socketDir(t testing.TB) (dir, socket string) {
 // start runs the server with listener (if any) as fd 3 and waits for its socket.
 func start(t testing.TB, binary string, args []string, dir, socket string, listener *os.File) (stop func()) {
 	t.Helper()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	cmd := exec.Command(binary, args...)
 	cmd.Stdout = &out
 	cmd.Stderr = &out
@@ -120,22 +121,4 @@ func start(t testing.TB, binary string, args []string, dir, socket string, liste
 			t.Fatalf("vmtest: server %v created no socket within %v:\n%s", cmd.Args, serverStartTimeout, out.String())
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent Write and String.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer // guarded by mu
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
