@@ -276,6 +276,7 @@ func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState, max i
 				return n, err
 			}
 		}
+		vr.Yield()
 	}
 	return max, vr.Notify()
 }

@@ -46,8 +46,10 @@ func addRingProc(d int) {
 // runtime/proc.go).
 const yieldEvery = 5 * time.Millisecond
 
-// yieldSlice calls runtime.Gosched if the ring goroutine has not done so for yieldEvery. Ring
-// goroutine only.
+// Yield calls runtime.Gosched if the ring goroutine has not done so for yieldEvery. The ring
+// goroutine calls it before each Device.HandleQueue; a device that serves many requests in one
+// HandleQueue (a batch can take longer than 10 ms: 64 requests of 1 MiB) calls it between them.
+// Only from HandleQueue, like the other methods.
 //
 // Why: a ring goroutine never blocks in Go (it waits in epoll_wait, a system call, and serves
 // its requests with system calls), so the scheduler never starts a new time slice on its P,
@@ -57,10 +59,10 @@ const yieldEvery = 5 * time.Millisecond
 // is woken and starts again at its shortest period. Traced with perf probes (READ 1 MiB
 // sequential QD16, 5 000 requests): sysmon called preemptone 1 074 times and handed off a
 // P 990 times; per READ 1 MiB at QD1, 0.7–1.0 nanosleep and 0.6–0.7 futex calls, which the C
-// virtiofsd does not make (docs/performance.md, "Sysmon"). A Gosched on every wake-up instead
+// virtiofsd does not make (docs/performance.md, step 2). A Gosched on every wake-up instead
 // costs more than it saves: it puts the goroutine on the global run queue and wakes a thread
 // for an idle P (1.9 futex calls per READ 4 KiB at QD1).
-func (v *Vring) yieldSlice() {
+func (v *Vring) Yield() {
 	if time.Since(v.yielded) < yieldEvery {
 		return
 	}

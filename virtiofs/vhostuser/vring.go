@@ -46,7 +46,7 @@ type Vring struct {
 	callFD int        // guarded by fdMu; -1: none
 	errFD  int        // guarded by fdMu; -1: none
 
-	yielded time.Time // the ring goroutine's last runtime.Gosched (yieldSlice); its own
+	yielded time.Time // the ring goroutine's last runtime.Gosched (Yield); its own
 }
 
 // Index returns the vring index.
@@ -241,7 +241,7 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 // process runs the device on the ring under the memory read lock. A panic in the device breaks
 // the ring rather than the process.
 func (v *Vring) process() (more bool, err error) {
-	v.yieldSlice()
+	v.Yield()
 	v.s.memMu.RLock()
 	defer v.s.memMu.RUnlock()
 	if v.q == nil || v.broken.Load() {
