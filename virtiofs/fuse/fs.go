@@ -17,8 +17,8 @@ type Context struct {
 	GID    uint32
 	PID    uint32
 	// SecCtx is the security context the guest wants a new file created with (CREATE, MKNOD,
-	// MKDIR, SYMLINK once SECURITY_CTX is negotiated); nil when it sent none. Its Value is
-	// valid only during the call.
+	// MKDIR, SYMLINK once SECURITY_CTX is negotiated); nil when it sent none. Its Name and
+	// Value are valid only during the call.
 	SecCtx *SecurityContext
 }
 
@@ -37,7 +37,9 @@ type SecurityContext struct {
 //
 // Methods run concurrently (one goroutine per queue, or a worker pool); implementations do their
 // own locking. A method must not keep the dst or src slices it is given: they are guest memory
-// valid only for the duration of the call.
+// valid only for the duration of the call. Nor may it keep a name, symlink target or extended
+// attribute name it is given (copy it, strings.Clone): these strings are the server's request
+// buffer, reused once the request is answered, so that no request allocates for its names.
 type FileSystem interface {
 	// Init is called when the guest (re)initialises the session, with the feature flags both
 	// sides agreed on. A second INIT (guest reboot) first calls Destroy.

@@ -147,7 +147,9 @@ var (
 )
 
 // cstring takes the next NUL-terminated string of at most max bytes from r.args. A string
-// without a terminator is a malformed request: EINVAL.
+// without a terminator is a malformed request: EINVAL. The string is not copied: it is in r's
+// argument buffer, the server's own copy of the request (the guest cannot change it), and so is
+// valid only until the request is answered, as FileSystem says of every name.
 func (r *request) cstring(max int, errs strErrs) (string, Errno) {
 	i := bytes.IndexByte(r.args, 0)
 	switch {
@@ -158,7 +160,7 @@ func (r *request) cstring(max int, errs strErrs) (string, Errno) {
 	case i > max:
 		return "", errs.tooLong
 	}
-	s := string(r.args[:i])
+	s := unsafe.String(&r.args[0], i)
 	r.args = r.args[i+1:]
 	return s, OK
 }

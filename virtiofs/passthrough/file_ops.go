@@ -106,7 +106,7 @@ func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.Cre
 	if e != fuse.OK {
 		return e
 	}
-	fd, err := unix.Openat(pfd, name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	fd, err := openat(pfd, name, flags|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	created := err == nil
 	if err == unix.EEXIST && in.Flags&unix.O_EXCL == 0 {
 		// The guest believed name absent. Open what is there only if it is a regular file:
@@ -131,7 +131,7 @@ func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.Cre
 // openExisting opens regular file name in dirfd with flags, through an O_PATH descriptor so
 // that its type is checked on the inode that is then opened.
 func (fs *FS) openExisting(dirfd int, name string, flags int) (int, error) {
-	opath, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	opath, err := openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}

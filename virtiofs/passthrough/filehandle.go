@@ -294,7 +294,7 @@ func (fs *FS) holdIfLast(dirfd int, name string) {
 	if !fs.UsesFileHandles() {
 		return
 	}
-	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return // the removal will fail too
 	}

@@ -208,7 +208,7 @@ func checkName(name string, dot, dotdot fuse.Errno) fuse.Errno {
 	switch {
 	case name == "":
 		return unix.ENOENT
-	case len(name) > 255:
+	case len(name) > nameMax:
 		return unix.ENAMETOOLONG
 	case strings.IndexByte(name, '/') >= 0 || strings.IndexByte(name, 0) >= 0:
 		return unix.EINVAL
@@ -371,7 +371,7 @@ func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse
 
 // lookupAt looks name up in directory dirfd, a descriptor of node p, taking a reference.
 func (fs *FS) lookupAt(p *inode, dirfd int, name string, out *fuse.EntryOut) (uint64, fuse.Errno) {
-	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, errno(err)
 	}

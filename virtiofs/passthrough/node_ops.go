@@ -296,14 +296,14 @@ func (fs *FS) Symlink(ctx *fuse.Context, parent uint64, name, target string, out
 func (fs *FS) Mknod(ctx *fuse.Context, parent uint64, name string, in *fuse.MknodIn, out *fuse.EntryOut) fuse.Errno {
 	return fs.create(ctx, parent, name, out, func(dirfd int) error {
 		mode := in.Mode&unix.S_IFMT | fs.createMode(int32(dirfd), in.Mode, in.Umask)
-		return unix.Mknodat(dirfd, name, mode, int(in.Rdev))
+		return mknodat(dirfd, name, mode, int(in.Rdev))
 	})
 }
 
 // Mkdir creates a directory; the guest's umask applies.
 func (fs *FS) Mkdir(ctx *fuse.Context, parent uint64, name string, in *fuse.MkdirIn, out *fuse.EntryOut) fuse.Errno {
 	return fs.create(ctx, parent, name, out, func(dirfd int) error {
-		return unix.Mkdirat(dirfd, name, fs.createMode(int32(dirfd), in.Mode, in.Umask))
+		return mkdirat(dirfd, name, fs.createMode(int32(dirfd), in.Mode, in.Umask))
 	})
 }
 
@@ -331,7 +331,7 @@ func (fs *FS) remove(parent uint64, name string, flags int) fuse.Errno {
 	}
 	defer fs.putFd(p, pfd)
 	fs.holdIfLast(pfd, name)
-	return errno(unix.Unlinkat(pfd, name, flags))
+	return errno(unlinkat(pfd, name, flags))
 }
 
 const renameFlags = unix.RENAME_NOREPLACE | unix.RENAME_EXCHANGE | unix.RENAME_WHITEOUT
@@ -365,7 +365,7 @@ func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent ui
 	if flags&unix.RENAME_EXCHANGE == 0 {
 		fs.holdIfLast(npfd, newName) // the entry renamed over, if any
 	}
-	return errno(unix.Renameat2(pfd, name, npfd, newName, uint(flags)))
+	return errno(renameat2(pfd, name, npfd, newName, uint(flags)))
 }
 
 // Link makes newParent/newName another name of node id, which must not be a directory. The

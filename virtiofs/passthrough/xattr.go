@@ -170,7 +170,7 @@ func (fs *FS) labelNew(ctx *fuse.Context, dirfd int, name string) fuse.Errno {
 		if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			flags = unix.AT_REMOVEDIR
 		}
-		unix.Unlinkat(dirfd, name, flags)
+		unlinkat(dirfd, name, flags)
 	}
 	return e
 }
@@ -180,7 +180,7 @@ func (fs *FS) setLabel(ctx *fuse.Context, dirfd int, name string) fuse.Errno {
 	if e != fuse.OK {
 		return e
 	}
-	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return errno(err)
 	}

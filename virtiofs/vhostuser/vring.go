@@ -45,6 +45,8 @@ type Vring struct {
 	fdMu   sync.Mutex // also held to write wakeFD, so that Wake never signals a closed fd
 	callFD int        // guarded by fdMu; -1: none
 	errFD  int        // guarded by fdMu; -1: none
+
+	yielded time.Time // the ring goroutine's last runtime.Gosched (Yield); its own
 }
 
 // Index returns the vring index.
@@ -239,6 +241,7 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 // process runs the device on the ring under the memory read lock. A panic in the device breaks
 // the ring rather than the process.
 func (v *Vring) process() (more bool, err error) {
+	v.Yield()
 	v.s.memMu.RLock()
 	defer v.s.memMu.RUnlock()
 	if v.q == nil || v.broken.Load() {
