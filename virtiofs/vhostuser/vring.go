@@ -172,11 +172,12 @@ func (v *Vring) closeFDs() {
 // # Adaptive polling
 //
 // A ring with a poll limit (v.pollMax, WithAdaptivePolling; off by default) does not go to sleep
-// right after a batch: for a window (v.pollWindow, from 0 to pollMax) it keeps looking at the
-// avail ring, with the driver's kicks suppressed (virtq.Queue.SuppressNotify), and serves what
-// comes without a kick and without a sleep and wake-up of its thread (Vring.poll). The window
-// adapts, as QEMU's iothread poll-max-ns, poll-grow and poll-shrink do, to the idle time: from
-// the end of a batch to the next wake-up, measured only when the ring did go to sleep:
+// right after a batch that took chains from the ring: for a window (v.pollWindow, 0 to pollMax)
+// it keeps looking at the avail ring, with the driver's kicks suppressed
+// (virtq.Queue.SuppressNotify), and serves what comes without a kick and without a sleep and
+// wake-up of its thread (Vring.poll). The window adapts, as QEMU's iothread poll-max-ns,
+// poll-grow and poll-shrink do, to the idle time: from the end of the last batch that took
+// chains to a wake-up, measured only when the ring did go to sleep:
 //
 //   - it starts at 0 (no polling) when the ring starts;
 //   - after a sleep that ended within pollMax of the batch, polling longer might have caught
@@ -193,12 +194,13 @@ func (v *Vring) closeFDs() {
 // once after every batch, as without polling, until requests come closer together again.
 //
 // Threat model: the guest decides when requests come, so it decides how much of pollMax is
-// spent, but never more: a poll follows only a batch the ring served, lasts at most the window
-// (≤ pollMax) counted from the end of that batch, and does not start again until the next
-// batch. A guest can keep a polling ring's thread busy, as it can by sending requests without
-// pause anyway; it cannot make one wake-up poll longer than pollMax, and a guest that sends
-// nothing costs nothing after the first window. The avail idx the poll reads is only compared
-// (virtq.Queue.Available); the batch that follows validates it as usual.
+// spent, but never more: a poll follows only a batch that took at least one of the guest's
+// chains, lasts at most the window (≤ pollMax) counted from the end of that batch, and does not
+// start again until the next such batch; a kick or a Wake that finds nothing to take is served
+// and followed by sleep, as without polling. A guest can keep a polling ring's thread busy, as
+// it can by sending requests without pause anyway; it cannot make one batch poll longer than
+// pollMax, and a guest that sends nothing costs nothing after the first window. The avail idx a
+// poll reads is only compared (virtq.Queue.Available); the batch that follows validates it.
 func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interval time.Duration) {
 	defer close(v.done)
 	l := log.G(ctx).WithField("vring", v.idx)
@@ -234,17 +236,16 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 
 	var evs [2]unix.EpollEvent
 	work := true            // buffers may be available already when the ring starts
-	var idleSince time.Time // polling: when the last batch ended, until the wake-up after it
+	var idleSince time.Time // polling: when the last batch that took chains ended
 	for !v.stopping.Load() {
 		if v.broken.Load() { // remapping failed
 			fail(errors.New("rings not mapped by the new memory table"))
 			return
 		}
-		more := false
-		batch := work && v.enabled.Load()
-		if batch {
+		more, popped := false, false
+		if work && v.enabled.Load() {
 			var err error
-			if more, err = v.process(); err != nil {
+			if more, popped, err = v.process(); err != nil {
 				fail(err)
 				return
 			}
@@ -252,7 +253,7 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 		if more {
 			continue // another batch, once stop and memory updates have had their chance
 		}
-		if v.pollMax > 0 && batch {
+		if v.pollMax > 0 && popped {
 			idleSince = time.Now()
 			if v.pollWindow > 0 && v.poll(idleSince) {
 				work = true
@@ -269,8 +270,10 @@ func (v *Vring) run(ctx context.Context, kickFD, wakeFD int, polled bool, interv
 			return
 		}
 		if !idleSince.IsZero() {
+			// Kept until the next batch that takes chains: after a wake-up that finds nothing
+			// (a kick the driver sent as kicks were being suppressed), the next wake-up is
+			// measured from the same batch again.
 			v.adaptPoll(time.Since(idleSince))
-			idleSince = time.Time{}
 		}
 		if n == 0 { // polled ring: interval elapsed
 			work = true
@@ -342,13 +345,13 @@ func (v *Vring) poll(start time.Time) (work bool) {
 	return work
 }
 
-// process runs the device on the ring under the memory read lock. A panic in the device breaks
-// the ring rather than the process.
-func (v *Vring) process() (more bool, err error) {
+// process runs the device on the ring under the memory read lock, and reports whether it took
+// chains from the ring (popped). A panic in the device breaks the ring rather than the process.
+func (v *Vring) process() (more, popped bool, err error) {
 	v.s.memMu.RLock()
 	defer v.s.memMu.RUnlock()
 	if v.q == nil || v.broken.Load() {
-		return false, nil
+		return false, false, nil
 	}
 	if v.pollMax > 0 {
 		v.woken.Store(false) // this call serves what any Wake before it asked for
@@ -358,5 +361,7 @@ func (v *Vring) process() (more bool, err error) {
 			err = fmt.Errorf("device panicked: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return v.s.dev.HandleQueue(v.idx, v)
+	last := v.q.LastAvail()
+	more, err = v.s.dev.HandleQueue(v.idx, v)
+	return more, v.q.LastAvail() != last, err
 }
