@@ -315,8 +315,9 @@ func (v *Vring) adaptPoll(idle time.Duration) {
 // Guest memory may be remapped or unmapped by the message loop at any time outside the memory
 // read lock, so every look at the ring takes the read lock for that look alone: a memory update
 // or a ring stop waiting for the write lock gets it after at most one iteration. Each iteration
-// is two atomic loads of flags, one of the avail idx and a read of the monotonic clock (vDSO):
-// no system call, so nothing beyond kvfsd's seccomp allowlist.
+// is atomic loads of the ring's flags and of the avail idx, the read lock's two atomic adds and
+// a read of the monotonic clock (vDSO): no system call, so nothing beyond kvfsd's seccomp
+// allowlist (clock_gettime, the vDSO's fallback, is in it for Go's runtime).
 func (v *Vring) poll(start time.Time) (work bool) {
 	mu := &v.s.memMu
 	mu.RLock()
