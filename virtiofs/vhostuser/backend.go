@@ -36,7 +36,10 @@ type Device interface {
 	// and reports more when it stopped with chains still available; the Backend then calls it
 	// again without waiting for a kick, after letting a stop or a memory update through. It
 	// returns an error only when the ring is broken; the Backend then stops serving that ring,
-	// signals its error eventfd and logs.
+	// signals its error eventfd and logs. It returns more false only after enabling kicks
+	// (virtq.Queue.EnableNotify) and finding the ring empty: a ring that polls
+	// (WithAdaptivePolling) calls it for a chain it saw with kicks still suppressed, and relies
+	// on it to enable them.
 	HandleQueue(idx int, vr *Vring) (more bool, err error)
 	// Reset tells the device that the driver was reset (RESET_OWNER, RESET_DEVICE) or went away
 	// (the front-end disconnected). All rings are stopped when it is called.

@@ -308,9 +308,13 @@ func (v *Vring) adaptPoll(idle time.Duration) {
 // poll looks at the avail ring from the end of a batch (start) until the poll window has
 // passed, with the driver's kicks suppressed, and reports whether there is work for the device:
 // a chain the driver published, or a Wake. It stops early when the ring is stopping, broken or
-// disabled, so the message loop never waits for a window to run out. Before it returns, kicks
-// are enabled again and the ring is looked at once more (virtq.Queue.EnableNotify), so a chain
-// published as the poll ends is reported rather than left without a kick.
+// disabled, so the message loop never waits for a window to run out. When it finds work it
+// leaves kicks suppressed: the batch that follows serves the chain and, like every batch that
+// empties the ring, enables kicks again before it returns (Device.HandleQueue); enabling them
+// here would have the driver kick for the very chain found, if it looks after the poll did.
+// When it finds nothing, kicks are enabled again and the ring is looked at once more
+// (virtq.Queue.EnableNotify), so a chain published as the poll ends is reported rather than
+// left without a kick.
 //
 // Guest memory may be remapped or unmapped by the message loop at any time outside the memory
 // read lock, so every look at the ring takes the read lock for that look alone: a memory update
@@ -335,13 +339,14 @@ func (v *Vring) poll(start time.Time) (work bool) {
 			break
 		}
 	}
-	if !work && v.s.b.pollEnd != nil {
+	if work {
+		return true
+	}
+	if v.s.b.pollEnd != nil {
 		v.s.b.pollEnd(v.idx)
 	}
 	mu.RLock()
-	if v.q.EnableNotify() {
-		work = true
-	}
+	work = v.q.EnableNotify()
 	mu.RUnlock()
 	return work
 }
