@@ -78,6 +78,10 @@ func (m CacheMode) Timeout() time.Duration {
 // maxThreadPoolSize bounds --thread-pool-size.
 const maxThreadPoolSize = 1024
 
+// MaxPollMax bounds Config.PollMax. Sleeping in epoll_wait and being woken costs tens of
+// microseconds; a poll longer than 10 ms would only burn the CPU that the sleep saves.
+const MaxPollMax = 10 * time.Millisecond
+
 // Config is what a server serves and how. The zero value plus SharedDir is the default
 // configuration: cache=auto, no xattrs, guest-local POSIX and flock locks, requests handled
 // inline.
@@ -117,6 +121,13 @@ type Config struct {
 	// ThreadPoolSize is the number of worker goroutines, shared by all queues; 0 handles
 	// requests inline on each queue's goroutine.
 	ThreadPoolSize int
+	// PollMax, when positive, makes each request queue poll its avail ring after a batch, with
+	// the guest's kicks suppressed, for a window that adapts to how soon requests come and never
+	// exceeds PollMax, before it sleeps (vhostuser.WithAdaptivePolling; QEMU's iothread
+	// poll-max-ns). It trades CPU for the wake-up a request costs, which pays only on a host
+	// with a CPU to spare for it (docs/performance.md). 0, the default, never polls. The
+	// high-priority queue never polls: nobody waits for the FORGETs it carries.
+	PollMax time.Duration
 	// Writeback offers the guest a writeback cache (FUSE_WRITEBACK_CACHE): writes collect in the
 	// guest's page cache and reach the host later, in pages, and the guest keeps file sizes and
 	// times itself while it holds dirty data. Host-side changes to a file the guest is writing
@@ -204,6 +215,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ThreadPoolSize > maxThreadPoolSize {
 		return fmt.Errorf("thread pool size %d is larger than %d", c.ThreadPoolSize, maxThreadPoolSize)
+	}
+	if c.PollMax < 0 || c.PollMax > MaxPollMax {
+		return fmt.Errorf("invalid poll limit %v: want 0 to %v", c.PollMax, MaxPollMax)
 	}
 	if c.XattrMap != "" {
 		if _, err := passthrough.ParseXattrMap(c.XattrMap); err != nil {

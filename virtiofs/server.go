@@ -78,6 +78,11 @@ func NewServer(cfg Config) (*Server, error) {
 		// workers would run on the extra Ps and wake more threads (docs/performance.md).
 		bopts = append(bopts, vhostuser.WithRingProcs())
 	}
+	if cfg.PollMax > 0 {
+		// The request queues only: the high-priority queue carries FORGETs, which have no
+		// reply that anyone waits for.
+		bopts = append(bopts, vhostuser.WithAdaptivePolling(cfg.PollMax, func(idx int) bool { return idx >= 1 }))
+	}
 	s.backend = vhostuser.NewBackend(s.dev, bopts...)
 	window.b = s.backend
 	return s, nil

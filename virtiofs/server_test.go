@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,16 +256,37 @@ func waitSocket(t *testing.T, path string) {
 	}
 }
 
-// TestConcurrentRequests keeps many requests in flight on the request queue, inline and with a
-// worker pool, and checks every file's content on the host.
+// Config.PollMax is bounded: 0 (off) to MaxPollMax.
+func TestConfigPollMax(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Nanosecond, virtiofs.MaxPollMax} {
+		cfg := virtiofs.Config{SharedDir: "/s", PollMax: d}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("Validate refuses poll limit %v: %v", d, err)
+		}
+	}
+	for _, d := range []time.Duration{-time.Nanosecond, virtiofs.MaxPollMax + 1} {
+		cfg := virtiofs.Config{SharedDir: "/s", PollMax: d}
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "invalid poll limit") {
+			t.Errorf("Validate of poll limit %v: %v", d, err)
+		}
+	}
+}
+
+// TestConcurrentRequests keeps many requests in flight on the request queue, inline, with a
+// worker pool and with adaptive polling, and checks every file's content on the host.
 func TestConcurrentRequests(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("kvfsd's passthrough needs root")
 	}
-	for _, pool := range []int{0, 1, 4} {
-		t.Run(fmt.Sprintf("pool=%d", pool), func(t *testing.T) {
+	for _, cfg := range []virtiofs.Config{{}, {ThreadPoolSize: 1}, {ThreadPoolSize: 4}, {PollMax: 50 * time.Microsecond}} {
+		name := fmt.Sprintf("pool=%d", cfg.ThreadPoolSize)
+		if cfg.PollMax > 0 {
+			name += fmt.Sprintf(",poll-max=%v", cfg.PollMax)
+		}
+		t.Run(name, func(t *testing.T) {
 			dir := shareDir(t)
-			sock, _, _ := startServer(t, virtiofs.Config{SharedDir: dir, ThreadPoolSize: pool})
+			cfg.SharedDir = dir
+			sock, _, _ := startServer(t, cfg)
 			fe, c := dial(t, sock)
 			defer fe.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -231,6 +231,8 @@ func TestConfinedConformance(t *testing.T) {
 		// Kata's own command line (runtime-go, default extra args): the defaults apply.
 		{"kata argv defaults", true, []string{"--syslog", "--cache=auto", "--thread-pool-size=1", "--announce-submounts"}, "namespace", true},
 		{"chroot pool 4", false, []string{"--sandbox=chroot", "--seccomp=kill", "--thread-pool-size=4"}, "chroot", false},
+		// The request queue polls its ring between requests under the filter.
+		{"namespace polling", false, []string{"--sandbox=namespace", "--seccomp=kill", "--poll-max-ns=50000"}, "namespace", false},
 		// Nodes keep file handles: name_to_handle_at and open_by_handle_at under the filter.
 		{"namespace file handles", false, []string{"--sandbox=namespace", "--seccomp=kill", "--inode-file-handles=mandatory"}, "namespace", false},
 	} {

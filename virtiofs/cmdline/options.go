@@ -341,6 +341,7 @@ var longOptions = map[string]option{
 	"sandbox":            {value: "MODE", apply: setSandbox},
 	"seccomp":            {value: "ACTION", apply: setSeccomp},
 	"inode-file-handles": {value: "MODE", apply: setInodeFileHandles},
+	"poll-max-ns":        {value: "NS", apply: setPollMaxNS},
 
 	"xattr":                 {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
 	"announce-submounts":    {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
@@ -403,6 +404,7 @@ var subOptions = map[string]option{
 	"no_posix_acl":      {apply: setFlag(func(o *Options) { o.Server.PosixACL = false })},
 	"dax":               {value: "MODE", apply: setDAXMode},
 	"dax_rules":         {value: "RULES", apply: setDAXRules},
+	"poll_max_ns":       {value: "NS", apply: setPollMaxNS},
 
 	"allow_direct_io":    {refused: whyDirectIO},
 	"no_allow_direct_io": {refused: whyDirectIO},
@@ -489,6 +491,16 @@ func setThreadPoolSize(o *Options, v string) error {
 		return fmt.Errorf("invalid thread pool size %q: want a number ≥ 0", v)
 	}
 	o.Server.ThreadPoolSize = n
+	return nil
+}
+
+// setPollMaxNS takes kvfsd's poll limit in nanoseconds, as QEMU's iothread poll-max-ns.
+func setPollMaxNS(o *Options, v string) error {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > int64(virtiofs.MaxPollMax) {
+		return fmt.Errorf("invalid poll limit %q: want nanoseconds from 0 to %d", v, int64(virtiofs.MaxPollMax))
+	}
+	o.Server.PollMax = time.Duration(n)
 	return nil
 }
 

@@ -79,6 +79,15 @@ File system:
                         cannot be opened
   --thread-pool-size=N  worker goroutines, shared by all queues; 0 (the
                         default) handles requests on each queue's goroutine
+  --poll-max-ns=NS, -o poll_max_ns=NS
+                        after serving requests, a request queue keeps looking
+                        for the next one, with the guest's notifications
+                        off, for up to NS nanoseconds (at most 10000000)
+                        before it sleeps: the window grows while requests
+                        come within NS and drops to 0 when they do not.
+                        Saves a wake-up per request at the price of a
+                        spinning CPU; worth it only with CPUs to spare
+                        (default 0: no polling)
   --dax=MODE, -o dax=MODE
                         which files a guest whose device has a DAX window
                         (QEMU cache-size=N, Kata's experimental QEMU) maps

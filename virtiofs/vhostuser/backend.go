@@ -36,7 +36,10 @@ type Device interface {
 	// and reports more when it stopped with chains still available; the Backend then calls it
 	// again without waiting for a kick, after letting a stop or a memory update through. It
 	// returns an error only when the ring is broken; the Backend then stops serving that ring,
-	// signals its error eventfd and logs.
+	// signals its error eventfd and logs. It returns more false only after enabling kicks
+	// (virtq.Queue.EnableNotify) and finding the ring empty: a ring that polls
+	// (WithAdaptivePolling) calls it for a chain it saw with kicks still suppressed, and relies
+	// on it to enable them.
 	HandleQueue(idx int, vr *Vring) (more bool, err error)
 	// Reset tells the device that the driver was reset (RESET_OWNER, RESET_DEVICE) or went away
 	// (the front-end disconnected). All rings are stopped when it is called.
@@ -70,10 +73,27 @@ func WithPollInterval(d time.Duration) Option {
 	}
 }
 
+// WithAdaptivePolling makes the rings for which poll returns true (all of them if poll is nil)
+// poll their avail ring after each batch, with the driver's kicks suppressed, for a window that
+// adapts to how soon work comes and never exceeds limit, before they go back to sleep: a
+// request published within the window is served without a kick and without the ring's
+// thread going to sleep and being woken (Vring.run says how the window adapts). It costs a
+// CPU spinning for up to limit after every batch, so it pays only where the host has CPUs to
+// spare. limit ≤ 0 leaves polling off, the default.
+func WithAdaptivePolling(limit time.Duration, poll func(idx int) bool) Option {
+	return func(b *Backend) {
+		b.pollMax, b.pollRing = max(limit, 0), poll
+	}
+}
+
 // Backend serves one front-end connection at a time for a Device.
 type Backend struct {
 	dev            Device
 	pollInterval   time.Duration
+	pollMax        time.Duration  // WithAdaptivePolling; 0: off
+	pollRing       func(int) bool // which rings poll; nil: all
+	pollStart      time.Duration  // the first window (pollStartWindow; tests change it)
+	pollEnd        func(idx int)  // tests: called when a poll runs out, before kicks are re-enabled
 	backendTimeout time.Duration
 	ringProcs      bool // WithRingProcs
 
@@ -86,7 +106,8 @@ type Backend struct {
 
 // NewBackend returns a Backend for dev.
 func NewBackend(dev Device, opts ...Option) *Backend {
-	b := &Backend{dev: dev, pollInterval: time.Millisecond, backendTimeout: DefaultBackendTimeout}
+	b := &Backend{dev: dev, pollInterval: time.Millisecond, pollStart: pollStartWindow,
+		backendTimeout: DefaultBackendTimeout}
 	for _, o := range opts {
 		o(b)
 	}
@@ -623,6 +644,10 @@ func (s *session) startRing(v *Vring) error {
 	v.fdMu.Unlock()
 	v.done = make(chan struct{})
 	v.running = true
+	v.pollMax, v.pollWindow = 0, 0
+	if s.b.pollMax > 0 && (s.b.pollRing == nil || s.b.pollRing(v.idx)) {
+		v.pollMax = s.b.pollMax
+	}
 	if s.b.ringProcs {
 		addRingProc(1)
 	}

@@ -36,6 +36,10 @@
 //   - makes notifier fds non-blocking, so a front-end passing something other than an eventfd
 //     cannot make a ring goroutine block; a kick fd that reports an error, a hang-up or end of
 //     file breaks its ring instead of spinning;
+//   - with adaptive polling (WithAdaptivePolling, off by default), lets the guest decide how
+//     much of the poll limit a ring spends after each batch, never more: a poll follows only a
+//     batch the ring served and lasts at most the limit from its end, whatever the guest
+//     writes into the rings (Vring.run); a guest that goes quiet costs one window at most;
 //   - treats a panic or error in Device.HandleQueue as a broken ring (logged, error eventfd
 //     signalled, ring no longer served), not as a process failure;
 //   - checks every reply on the back-end channel (FS_MAP, FS_UNMAP: flags exactly 0x5, the
@@ -61,7 +65,10 @@
 // eventfd (used to stop it, to re-check after SET_VRING_ENABLE(1), and to let it notice it is
 // broken), both edge-triggered so that a wake-up is one system call (Vring.run). The goroutine
 // closes its epoll instance before it exits, and the message loop closes the kick fd only after
-// that, so an fd number is never closed while being waited on.
+// that, so an fd number is never closed while being waited on. A ring that polls after a batch
+// (WithAdaptivePolling) takes the memory read lock for each look at the avail ring only, and
+// checks for a stop, a disabled or broken ring and a Wake between looks, so neither the
+// message loop nor a Wake waits for its window to run out.
 //
 // Locks, in the order they are taken:
 //

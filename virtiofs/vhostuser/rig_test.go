@@ -17,11 +17,14 @@ import (
 )
 
 // fakeDevice echoes: it copies each chain's readable bytes into its writable buffers. It records
-// HandleQueue calls. A chain whose data starts with "FAIL" or "PANIC" makes it return an error or
+// HandleQueue calls, with the ring and its poll window at the call. A chain whose data starts with "FAIL" or "PANIC" makes it return an error or
 // panic.
 type fakeDevice struct {
 	queues int
 	calls  [8]atomic.Int64
+	vrings [8]atomic.Pointer[Vring]
+	window [8]atomic.Int64 // Vring.pollWindow at the last call
+	busy   [8]atomic.Bool  // in HandleQueue
 	resets atomic.Int64
 	called chan int
 }
@@ -36,6 +39,10 @@ func (d *fakeDevice) Reset()           { d.resets.Add(1) }
 
 func (d *fakeDevice) HandleQueue(idx int, vr *Vring) (bool, error) {
 	d.calls[idx].Add(1)
+	d.vrings[idx].Store(vr)
+	d.window[idx].Store(int64(vr.pollWindow))
+	d.busy[idx].Store(true)
+	defer d.busy[idx].Store(false)
 	select {
 	case d.called <- idx:
 	default:
@@ -192,6 +199,7 @@ func must(t *testing.T, err error) {
 type testRing struct {
 	idx              uint8
 	drv              *virtq.Driver
+	eventIdx         bool
 	kick, call, errf int
 }
 
@@ -206,7 +214,7 @@ func (r *rig) newRing(idx uint8, eventIdx bool) *testRing {
 	for _, fd := range fds {
 		unix.SetNonblock(fd, true)
 	}
-	return &testRing{idx: idx, drv: drv, kick: fds[0], call: fds[1], errf: fds[2]}
+	return &testRing{idx: idx, drv: drv, eventIdx: eventIdx, kick: fds[0], call: fds[1], errf: fds[2]}
 }
 
 // startRing is QEMU's per-ring start: NUM, BASE, ADDR, KICK, [ENABLE], CALL.

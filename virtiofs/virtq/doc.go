@@ -53,7 +53,9 @@
 //  3. Device decides whether to interrupt: used idx store, then (full barrier) read used_event or
 //     avail.flags. Store-to-load ordering needs a full barrier; see fence in access.go.
 //  4. Device re-enables kicks: write avail_event or clear NO_NOTIFY, full barrier, re-read avail
-//     idx, so a chain published while kicks were off is never missed.
+//     idx, so a chain published while kicks were off is never missed. A device that polls the
+//     avail ring with kicks suppressed ([Queue.SuppressNotify], [Queue.Available]) ends every
+//     poll with EnableNotify for the same reason.
 //
 // used_event and avail_event are 16-bit fields at the end of the rings; the naturally aligned
 // 4-byte word around them may extend past the ring, so they are accessed with single 16-bit

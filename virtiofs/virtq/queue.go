@@ -422,6 +422,35 @@ func (q *Queue) DisableNotify() {
 	q.storeUsedWord()
 }
 
+// SuppressNotify tells the driver it need not kick for any chain it publishes from now on, until
+// EnableNotify: for a device that polls the avail ring ([Queue.Available]) instead of waiting
+// for kicks. Without EVENT_IDX it sets used.flags NO_NOTIFY, as DisableNotify does. With
+// EVENT_IDX, DisableNotify would leave avail_event at the last avail entry, so the driver would
+// still kick for the next chain it adds; SuppressNotify puts avail_event one entry behind
+// instead. The driver kicks when its avail idx moves past avail_event, and its idx can never be
+// more than Size (at most 32768) ahead of the entries the device has popped, so it does not pass
+// an index 65535 entries ahead of where it is: no kick until EnableNotify moves avail_event
+// again (a driver that checks late for entries the device has popped already may still kick
+// once, which costs a wake-up and loses nothing). Like DisableNotify it has no fence: kicks
+// that arrive anyway are harmless.
+func (q *Queue) SuppressNotify() {
+	if q.err != nil {
+		return
+	}
+	if q.cfg.EventIdx {
+		storeLE16(q.used, 4+8*int(q.cfg.Size), q.lastAvail-1)
+		return
+	}
+	q.DisableNotify()
+}
+
+// Available reports whether the driver has published chains that Next has not popped yet. It
+// is one acquire load of avail idx, validated by nothing: the Next that follows checks it. A
+// broken queue reports false.
+func (q *Queue) Available() bool {
+	return q.err == nil && q.loadAvailIdx() != q.lastAvail
+}
+
 // EnableNotify asks the driver to kick for the next chain (EVENT_IDX: avail_event = last avail;
 // otherwise clear NO_NOTIFY), then, after a full barrier, reports whether chains arrived that
 // Next has not popped yet. If so the driver may not kick for them: the caller must process the

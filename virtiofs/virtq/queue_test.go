@@ -3,6 +3,7 @@ package virtq
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/kvfs/kvfs/virtiofs/guestmem"
@@ -611,5 +612,62 @@ func BenchmarkNextComplete(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		cycle(b, r, c)
+	}
+}
+
+// SuppressNotify keeps the driver from kicking for every chain it adds while the device polls
+// with Available, in both notification modes (with EVENT_IDX, the first chain after a plain
+// EnableNotify would still kick), and EnableNotify ends the poll by reporting what the driver
+// published meanwhile.
+func TestSuppressNotifyForPolling(t *testing.T) {
+	for _, eventIdx := range []bool{false, true} {
+		t.Run(fmt.Sprintf("eventIdx=%v", eventIdx), func(t *testing.T) {
+			r := newRig(t, rigOpts{eventIdx: eventIdx})
+			var c Chain
+			add := func() { mustAdd(t, r.d, []Buf{{dataGPA, 1}}, nil, nil) }
+			drain := func(n int) {
+				t.Helper()
+				for range n {
+					mustNext(t, r.q, &c)
+					r.q.Complete(c.Head, 0)
+					r.d.PopUsed()
+				}
+			}
+			if r.q.Available() || r.q.EnableNotify() {
+				t.Fatal("work reported on an empty queue")
+			}
+			for round := range 3 { // the index moves on: avail_event is behind it each time
+				r.q.SuppressNotify()
+				for i := range 3 {
+					add()
+					if r.d.NeedsKick() {
+						t.Fatalf("round %d, chain %d: kick while the device polls", round, i)
+					}
+					if !r.q.Available() {
+						t.Fatalf("round %d, chain %d: Available misses a published chain", round, i)
+					}
+				}
+				drain(2)
+				if !r.q.Available() {
+					t.Fatal("Available misses the third chain")
+				}
+				// The end of a poll: kicks back on, and the chain published meanwhile reported.
+				if !r.q.EnableNotify() {
+					t.Fatal("EnableNotify misses a chain published while kicks were suppressed")
+				}
+				drain(1)
+				if r.q.Available() || r.q.EnableNotify() {
+					t.Fatal("work reported after draining")
+				}
+				add()
+				if !r.d.NeedsKick() {
+					t.Fatal("no kick after EnableNotify ended the poll")
+				}
+				drain(1)
+				if r.q.EnableNotify() {
+					t.Fatal("EnableNotify reports work after draining")
+				}
+			}
+		})
 	}
 }
