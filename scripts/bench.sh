@@ -10,9 +10,11 @@
 #    measured in the same slices. -slices 1 measures each server alone for a whole cell (the
 #    others connected but idle) instead of in interleaved slices.
 # 2. Guest level (bench/guestbench): one QEMU guest with kvfsd, the C virtiofsd and 9p mounted
-#    at once, fio, dd, a metadata workload and a C build in it, and kvfsd's KILLPRIV_V2 on and
-#    off. Adds its section to docs/benchmarks.md and writes docs/benchmarks-guest.png; about 12
-#    minutes under TCG. $GUEST_ARGS are passed on to kvfsguestbench.
+#    at once, fio, dd, a metadata workload, a C build of generated sources and a parallel build
+#    of Lua 5.4.4 (make -j with tcc; its source is downloaded once, checksum pinned) in it, and
+#    kvfsd's KILLPRIV_V2 on and off. Adds its section to docs/benchmarks.md and writes
+#    docs/benchmarks-guest.png; about 15 minutes under TCG. The guest image is built into
+#    ${KVFS_CACHE:-/var/cache/kvfs}/guest-bench. $GUEST_ARGS are passed on to kvfsguestbench.
 # 3. Pod level (bench/podbench): a private containerd runs busybox with ctr through kvfs's shim
 #    (io.containerd.kvfs.v2, a QEMU VM per pod) and through containerd's runc shim, interleaved:
 #    `ctr run --rm ... true`, the memory of a pod running sleep, and kvfs's boot split. Adds its
@@ -26,10 +28,11 @@
 #
 # BENCH_ONLY=server, guest, pod or cri runs one part only; the others' sections stay as they are.
 #   BENCH_ONLY=guest GUEST_ARGS='-runs 1 -fio-runtime 1 -files 200' scripts/bench.sh   # a quick look
+#   BENCH_ONLY=guest GUEST_ARGS='-run luabuild -runs 5 -out /tmp/lua.md -chart /tmp/lua.png' scripts/bench.sh
 #   BENCH_ONLY=pod POD_ARGS='-runs 2' scripts/bench.sh
 #   BENCH_ONLY=cri CRI_ARGS='-runs 2' scripts/bench.sh
 # Runs as root (both servers and the guest's 9p passthrough need it); scripts/deps.sh installs the
-# C virtiofsd, QEMU, fio and tcc.
+# C virtiofsd, QEMU, fio, tcc and make.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,7 +90,7 @@ if [ "$only" = "" ] || [ "$only" = guest ]; then
 	[ -n "$only" ] && ghow="BENCH_ONLY=$only $ghow"
 	[ -n "${GUEST_ARGS:-}" ] && ghow="GUEST_ARGS='$GUEST_ARGS' $ghow"
 	# shellcheck disable=SC2086 # GUEST_ARGS is a list of arguments
-	bin/kvfsguestbench -invoked "$ghow" -rev "$rev" \
+	bin/kvfsguestbench -invoked "$ghow" -rev "$rev" -image "${KVFS_CACHE:-/var/cache/kvfs}/guest-bench" \
 		-kvfsd bin/kvfsd -virtiofsd "$virtiofsd" \
 		-runs 3 -fio-runtime 2 -fio-mib 64 -files 2000 -dd-mib 64 -c-files 24 \
 		-out docs/benchmarks.md -chart docs/benchmarks-guest.png ${GUEST_ARGS:-}

@@ -5,7 +5,8 @@
 #     reference server the tests compare against;
 #   - busybox-static, cpio, kmod, gcc, libc6-dev: the guest image (packaging/guest/build.sh);
 #     busybox-static is also the containers' test image (internal/ociimage);
-#   - fio, tcc: the guest benchmark's image (packaging/guest/build.sh --bench copies them in);
+#   - fio, tcc, make: the guest benchmark's image (packaging/guest/build.sh --bench copies them
+#     in), and make for its test that builds the Lua source with tcc on the host;
 #   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
 #     its Go plugins);
 #   - runc: the OCI runtime of containerd's own runc shim, which the containerd tests run first;
@@ -24,7 +25,7 @@ set -euo pipefail
 containerd_version=v2.4.2
 crictl_version=v1.37.0
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc protobuf-compiler runc containernetworking-plugins iproute2"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc make protobuf-compiler runc containernetworking-plugins iproute2"
 
 missing=()
 for p in $packages; do

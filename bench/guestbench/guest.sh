@@ -10,8 +10,10 @@
 #   GB-DONE                            the last line of a complete run
 #
 # bench.conf sets: RUNS FIO_RUNTIME FIO_MIB META_FILES DD_MIB MOUNTS KP_MOUNTS NINEP_TAG
-# NINEP_OPTS. MOUNTS are the compared mounts, KP_MOUNTS the killpriv_v2 pair; each name is
-# also its virtio-fs tag, except $NINEP_TAG, which is mounted as 9p with $NINEP_OPTS.
+# NINEP_OPTS TESTS BUILD_JOBS LUA_TOP LUA_MAKE LUA_CHECK LUA_CHECK_OUT. MOUNTS are the compared
+# mounts, KP_MOUNTS the killpriv_v2 pair; each name is also its virtio-fs tag, except
+# $NINEP_TAG, which is mounted as 9p with $NINEP_OPTS. TESTS are the names of the results to
+# measure (a workload runs when one of its results is wanted).
 # shellcheck disable=SC2086 # $MOUNTS, $KP_MOUNTS and $order are lists of words
 set -u
 # shellcheck source=/dev/null # written by the host
@@ -28,6 +30,14 @@ err() {
 
 result() {
 	echo "GB run=$run mount=$m test=$1 value=$2"
+}
+
+# want TEST: whether TEST is among $TESTS.
+want() {
+	case " $TESTS " in
+	*" $1 "*) return 0 ;;
+	esac
+	return 1
 }
 
 now() {
@@ -95,7 +105,7 @@ meta() {
 		return
 	}
 	for kv in $out; do
-		result "${kv%%=*}" "${kv#*=}"
+		! want "${kv%%=*}" || result "${kv%%=*}" "${kv#*=}"
 	done
 }
 
@@ -107,7 +117,7 @@ dd_run() {
 		return
 	}
 	t1=$(now)
-	result dd-write "$(echo "$t0 $t1" | awk '{ printf "%.6f", $2 - $1 }')"
+	! want dd-write || result dd-write "$(echo "$t0 $t1" | awk '{ printf "%.6f", $2 - $1 }')"
 	kvfs-gbench drop
 	t0=$(now)
 	out=$(dd if="$f" of=/dev/null bs=1M 2>&1) || {
@@ -115,7 +125,7 @@ dd_run() {
 		return
 	}
 	t1=$(now)
-	result dd-read "$(echo "$t0 $t1" | awk '{ printf "%.6f", $2 - $1 }')"
+	! want dd-read || result dd-read "$(echo "$t0 $t1" | awk '{ printf "%.6f", $2 - $1 }')"
 	rm -f "$f"
 }
 
@@ -138,6 +148,37 @@ cbuild() {
 	result cbuild "$(echo "$t0 $t1" | awk '{ printf "%.6f", $2 - $1 }')"
 }
 
+# luabuild builds Lua from the unmodified source tree the host unpacked in luabuild/$LUA_TOP,
+# in place (the objects go to the share, as a developer's build writes them), with GNU make
+# -j$BUILD_JOBS and tcc, from cold caches; the interpreter must then print $LUA_CHECK_OUT.
+# make clean leaves the tree as it was for the next run.
+luabuild() {
+	d=$B/$m/luabuild/$LUA_TOP
+	kvfs-gbench drop
+	t0=$(now)
+	out=$(cd "$d" && eval "make -j$BUILD_JOBS $LUA_MAKE" 2>&1)
+	status=$?
+	t1=$(now)
+	if [ $status -ne 0 ]; then
+		err luabuild "make exit status $status: $(echo "$out" | tail -n 5)"
+	elif ! got=$("$d/src/lua" -e "$LUA_CHECK" 2>&1); then
+		err luabuild "the built lua failed: $got"
+	elif [ "$got" != "$LUA_CHECK_OUT" ]; then
+		err luabuild "the built lua printed $got, want $LUA_CHECK_OUT"
+	elif [ ! -x "$d/src/luac" ]; then
+		err luabuild "make built no src/luac"
+	else
+		result luabuild "$(echo "$t0 $t1" | awk '{ printf "%.6f", $2 - $1 }')"
+	fi
+	out=$(cd "$d" && make clean 2>&1) || err luabuild "make clean: $out"
+	# What make clean must remove: a leftover would make the next build warm.
+	left=$(cd "$d/src" && ls ./*.o ./*.a lua luac 2>/dev/null)
+	[ -z "$left" ] || {
+		err luabuild "left after make clean: $left"
+		(cd "$d/src" && rm -f $left)
+	}
+}
+
 # rotate N WORDS...: the words rotated left by N.
 rotate() {
 	n=$1
@@ -157,15 +198,20 @@ rotate() {
 run=0
 m=-
 mount_all
-echo "GB-CONFIG runs=$RUNS fio_runtime=$FIO_RUNTIME fio_mib=$FIO_MIB meta_files=$META_FILES dd_mib=$DD_MIB"
+echo "GB-CONFIG runs=$RUNS fio_runtime=$FIO_RUNTIME fio_mib=$FIO_MIB meta_files=$META_FILES dd_mib=$DD_MIB build_jobs=$BUILD_JOBS tests=$(echo $TESTS | tr ' ' ,)"
 
-# Lay the data files out once, before anything is measured.
-for m in $MOUNTS $KP_MOUNTS; do
-	out=$(dd if=/dev/zero of="$B/$m/fio.dat" bs=1M count="$FIO_MIB" conv=fsync 2>&1) || {
-		echo "GB-FATAL laying out $B/$m/fio.dat: $out"
-		exit 1
-	}
-done
+# Lay the data files out once, before anything is measured, if fio runs: all its tests are
+# named *-4k or *-1m.
+case " $TESTS " in
+*"-4k "* | *"-1m "*)
+	for m in $MOUNTS $KP_MOUNTS; do
+		out=$(dd if=/dev/zero of="$B/$m/fio.dat" bs=1M count="$FIO_MIB" conv=fsync 2>&1) || {
+			echo "GB-FATAL laying out $B/$m/fio.dat: $out"
+			exit 1
+		}
+	done
+	;;
+esac
 sync
 echo GB-READY
 sleep 1
@@ -186,29 +232,45 @@ while [ $run -le "$RUNS" ]; do
 			libaio) depth=16 direct=1 ;;
 			mmap) depth=1 direct=0 ;;
 			esac
+			want "$rw-$engine-4k" || continue
 			for m in $order; do
 				fio_job "$rw-$engine-4k" "$rw" "$engine" 4k "$depth" "$direct"
 			done
 		done
 	done
-	for m in $order; do
-		fio_job read-psync-1m read psync 1M 1 1
-	done
+	if want read-psync-1m; then
+		for m in $order; do
+			fio_job read-psync-1m read psync 1M 1 1
+		done
+	fi
 	# KILLPRIV_V2: buffered writes, as an application makes them.
-	for m in $kporder; do
-		fio_job killpriv-randwrite-psync-4k randwrite psync 4k 1 0
-	done
+	if want killpriv-randwrite-psync-4k; then
+		for m in $kporder; do
+			fio_job killpriv-randwrite-psync-4k randwrite psync 4k 1 0
+		done
+	fi
 	m=-
-	fio_run
-	for m in $order; do
-		meta
-	done
-	for m in $order; do
-		dd_run
-	done
-	for m in $order; do
-		cbuild
-	done
+	! grep -q '^\[.*@' "$jobs" || fio_run
+	if want create || want stat || want list || want delete; then
+		for m in $order; do
+			meta
+		done
+	fi
+	if want dd-write || want dd-read; then
+		for m in $order; do
+			dd_run
+		done
+	fi
+	if want cbuild; then
+		for m in $order; do
+			cbuild
+		done
+	fi
+	if want luabuild; then
+		for m in $order; do
+			luabuild
+		done
+	fi
 	run=$((run + 1))
 done
 m=-

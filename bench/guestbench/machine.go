@@ -14,7 +14,8 @@ type Machine struct {
 	sb.Host
 	LoadBefore, LoadAfter  string
 	QEMU, Kvfsd, Virtiofsd string
-	Fio, Tcc, GuestKernel  string
+	Fio, Tcc, Make         string
+	GuestKernel            string
 }
 
 func describeMachine(cfg Config, g vmtest.Guest) Machine {
@@ -31,6 +32,7 @@ func describeMachine(cfg Config, g vmtest.Guest) Machine {
 	m.Virtiofsd = sb.FirstLine(cfg.Virtiofsd, "--version")
 	m.Fio = sb.FirstLine("fio", "--version")
 	m.Tcc = sb.FirstLine("tcc", "-v")
+	m.Make = sb.FirstLine("make", "--version")
 	if b, err := os.ReadFile(filepath.Join(filepath.Dir(g.Kernel), "kernel-version")); err == nil {
 		m.GuestKernel = "Linux " + strings.TrimSpace(string(b))
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -25,13 +26,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Kvfsd, "kvfsd", "bin/kvfsd", "kvfsd binary")
 	fs.StringVar(&cfg.Virtiofsd, "virtiofsd", "/usr/lib/qemu/virtiofsd", "the C virtiofsd")
 	fs.StringVar(&cfg.QEMU, "qemu", "", "QEMU binary (default "+"qemu-system-x86_64"+")")
-	fs.StringVar(&cfg.ImageDir, "image", "/var/cache/kvfs/guest-bench", "directory of the bench image (packaging/guest/build.sh --bench)")
+	fs.StringVar(&cfg.ImageDir, "image", defaultImageDir(), "directory of the bench image (packaging/guest/build.sh --bench)")
 	fs.IntVar(&cfg.Runs, "runs", 3, "runs of every workload on every mount")
 	fs.IntVar(&cfg.FioRuntime, "fio-runtime", 2, "seconds per fio job")
 	fs.IntVar(&cfg.FioMiB, "fio-mib", 64, "size of fio's file, MiB")
 	fs.IntVar(&cfg.MetaFiles, "files", 2000, "files the metadata workload creates, stats, lists and deletes")
 	fs.IntVar(&cfg.DDMiB, "dd-mib", 64, "size of dd's file, MiB")
 	fs.IntVar(&cfg.CFiles, "c-files", 24, "C files of the build workload")
+	fs.IntVar(&cfg.BuildJobs, "build-jobs", 0, "make -j of the Lua build (default: -smp)")
+	fs.StringVar(&cfg.SrcCache, "src-cache", "", "directory the Lua source tarball is downloaded to once (default: IMAGE/src)")
+	run := fs.String("run", "", "run only the workloads whose test names (workloads.go: read-psync-4k, create, cbuild, luabuild, killpriv-randwrite-psync-4k, ...) match this regular expression")
 	fs.StringVar(&cfg.MemSize, "mem", "2G", "guest memory")
 	fs.IntVar(&cfg.SMP, "smp", 2, "guest vCPUs")
 	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Minute, "limit for the guest")
@@ -46,6 +50,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "kvfsguestbench: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *run != "" {
+		re, err := regexp.Compile(*run)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfsguestbench: -run: %v\n", err)
+			return 2
+		}
+		cfg.Run = re
 	}
 	if err := cfg.check(); err != nil {
 		fmt.Fprintf(stderr, "kvfsguestbench: %v\n", err)
@@ -76,6 +88,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// defaultImageDir is $KVFS_CACHE/guest-bench, else /var/cache/kvfs/guest-bench.
+func defaultImageDir() string {
+	if d := os.Getenv("KVFS_CACHE"); d != "" {
+		return filepath.Join(d, "guest-bench")
+	}
+	return "/var/cache/kvfs/guest-bench"
+}
+
 func (c *Config) check() error {
 	switch {
 	case c.Runs < 1:
@@ -86,6 +106,11 @@ func (c *Config) check() error {
 		return errors.New("-fio-mib, -dd-mib, -files and -c-files must be at least 1")
 	case c.SMP < 1:
 		return errors.New("-smp must be at least 1")
+	case c.BuildJobs < 0:
+		return errors.New("-build-jobs must not be negative")
+	}
+	if tests, killpriv := Selected(c.Run); len(tests) == 0 && !killpriv {
+		return fmt.Errorf("-run %q matches no workload", c.Run)
 	}
 	for _, b := range []string{c.Kvfsd, c.Virtiofsd} {
 		if _, err := os.Stat(b); err != nil {
@@ -98,7 +123,8 @@ func (c *Config) check() error {
 func write(rep *Report, out, chart string, stdout io.Writer) error {
 	rel := ""
 	if chart != "" {
-		png, err := Chart(rep.Results)
+		tests, _ := Selected(rep.Config.Run)
+		png, err := Chart(rep.Results, tests)
 		if err != nil {
 			return err
 		}

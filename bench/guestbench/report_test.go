@@ -3,6 +3,7 @@ package guestbench
 import (
 	"bytes"
 	"image/png"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestSection(t *testing.T) {
 }
 
 func TestChart(t *testing.T) {
-	b, err := Chart(testReport(t).Results)
+	b, err := Chart(testReport(t).Results, Tests)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,5 +81,52 @@ func TestSectionGoalNotMet(t *testing.T) {
 	}
 	if !strings.Contains(s, "in every run in 1 of these (C build with tcc, cold)") {
 		t.Errorf("section does not say the build was behind in every run:\n%s", s)
+	}
+}
+
+// TestSectionLuaBuildOnly is a report of kvfsguestbench -run luabuild: the Lua build's row with
+// make's job count, its method, no other workload's row and no KILLPRIV_V2 table.
+func TestSectionLuaBuildOnly(t *testing.T) {
+	r, err := Parse(`GB-CONFIG runs=2 build_jobs=2 tests=luabuild
+GB-READY
+GB run=1 mount=kvfsd test=luabuild value=30.0
+GB run=1 mount=virtiofsd test=luabuild value=33.0
+GB run=1 mount=9p test=luabuild value=45.0
+GB run=2 mount=kvfsd test=luabuild value=36.0
+GB run=2 mount=virtiofsd test=luabuild value=30.0
+GB-ERR run=2 mount=9p test=luabuild the built lua printed nothing, want Lua 5.4 42
+GB-DONE t=100
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{
+		Config:  Config{Runs: 2, SMP: 2, Run: regexp.MustCompile("luabuild"), Command: "kvfsguestbench -run luabuild"},
+		Results: r,
+	}
+	s := Section(rep, "")
+	for _, want := range []string{
+		// Medians 33, 31.5, 45; virtiofsd ÷ kvfsd per run 1.10 and 0.83, 9p ÷ kvfsd 1.50.
+		"| Lua 5.4.4 make -j2 with tcc, cold | s | 33.000 | 31.500 | 45.000 | 0.97 (0.83–1.10) | 1.50 |",
+		"`make -j2 " + LuaMake + "`",
+		"Only the workloads whose names match `-run luabuild` ran.",
+		"Against the C virtiofsd: kvfsd's median is at least as good in 0 of 1 workloads and below it in 1 (Lua 5.4.4 make -j with tcc, cold 0.97); in none of these was kvfsd behind in every run.",
+		"- `GB-ERR run=2 mount=9p test=luabuild the built lua printed nothing, want Lua 5.4 42`",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("section lacks %q:\n%s", want, s)
+		}
+	}
+	for _, not := range []string{"KILLPRIV_V2", "| randread", "| C build with tcc"} {
+		if strings.Contains(s, not) {
+			t.Errorf("section of -run luabuild has %q:\n%s", not, s)
+		}
+	}
+	b, err := Chart(r, []Test{Tests[len(Tests)-1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := png.Decode(bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
 	}
 }

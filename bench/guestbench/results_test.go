@@ -193,7 +193,7 @@ func TestGuestScriptTestsMatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{KillprivTest.Name, "read-psync-1m", "cbuild", "dd-write", "dd-read"} {
+	for _, want := range []string{KillprivTest.Name, "read-psync-1m", "cbuild", "luabuild", "dd-write", "dd-read"} {
 		if !strings.Contains(string(script), want) {
 			t.Errorf("guest.sh does not report %s", want)
 		}

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,6 +65,12 @@ type Config struct {
 	// FioMiB, MetaFiles, DDMiB and CFiles size the workloads: fio's file, the files created,
 	// dd's file, the C sources compiled.
 	FioMiB, MetaFiles, DDMiB, CFiles int
+	// BuildJobs is make's -j for the Lua build; 0 for SMP.
+	BuildJobs int
+	// SrcCache is where the Lua tarball is kept once downloaded; empty for ImageDir/src.
+	SrcCache string
+	// Run, if not nil, selects the workloads whose test names it matches (Selected).
+	Run *regexp.Regexp
 	// MemSize and SMP are the guest's.
 	MemSize string
 	SMP     int
@@ -132,18 +140,36 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 	}
-	for _, m := range Mounts {
-		if err := writeCSources(filepath.Join(dirs[m], "cbuild"), cfg.CFiles); err != nil {
+	tests, killpriv := Selected(cfg.Run)
+	names := make([]string, 0, len(tests)+1)
+	for _, t := range tests {
+		names = append(names, t.Name)
+	}
+	if killpriv {
+		names = append(names, KillprivTest.Name)
+	}
+	var lua string
+	if slices.Contains(names, "luabuild") {
+		if lua, err = luaTarball(ctx, cfg.srcCache()); err != nil {
 			return nil, err
+		}
+	}
+	for _, m := range Mounts {
+		if slices.Contains(names, "cbuild") {
+			if err := writeCSources(filepath.Join(dirs[m], "cbuild"), cfg.CFiles); err != nil {
+				return nil, err
+			}
+		}
+		if lua != "" {
+			if err := untar(lua, filepath.Join(dirs[m], "luabuild")); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dirs[mountCtl], "guest.sh"), guestScript, 0o755); err != nil {
 		return nil, err
 	}
-	conf := fmt.Sprintf("RUNS=%d\nFIO_RUNTIME=%d\nFIO_MIB=%d\nMETA_FILES=%d\nDD_MIB=%d\nMOUNTS=%q\nKP_MOUNTS=%q\nNINEP_TAG=%s\nNINEP_OPTS=%s\n",
-		cfg.Runs, cfg.FioRuntime, cfg.FioMiB, cfg.MetaFiles, cfg.DDMiB, strings.Join(Mounts, " "),
-		MountKP2+" "+MountNoKP2, Mount9p, NinePOptions)
-	if err := os.WriteFile(filepath.Join(dirs[mountCtl], "bench.conf"), []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dirs[mountCtl], "bench.conf"), []byte(cfg.benchConf(names)), 0o644); err != nil {
 		return nil, err
 	}
 
@@ -235,6 +261,43 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, bootFailure(errors.New("the guest did not finish the benchmark (no GB-DONE)"), res)
 	}
 	return rep, nil
+}
+
+// benchConf is guest.sh's configuration, a shell fragment; tests are the test names to run.
+func (c *Config) benchConf(tests []string) string {
+	var b strings.Builder
+	for _, kv := range []struct {
+		k string
+		v any
+	}{
+		{"RUNS", c.Runs}, {"FIO_RUNTIME", c.FioRuntime}, {"FIO_MIB", c.FioMiB}, {"META_FILES", c.MetaFiles},
+		{"DD_MIB", c.DDMiB}, {"MOUNTS", strings.Join(Mounts, " ")}, {"KP_MOUNTS", MountKP2 + " " + MountNoKP2},
+		{"NINEP_TAG", Mount9p}, {"NINEP_OPTS", NinePOptions}, {"TESTS", strings.Join(tests, " ")},
+		{"BUILD_JOBS", c.buildJobs()}, {"LUA_TOP", LuaTop}, {"LUA_MAKE", LuaMake},
+		{"LUA_CHECK", LuaCheck}, {"LUA_CHECK_OUT", LuaCheckOut},
+	} {
+		fmt.Fprintf(&b, "%s=%s\n", kv.k, shQuote(fmt.Sprint(kv.v)))
+	}
+	return b.String()
+}
+
+// shQuote quotes s for sh.
+func shQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func (c *Config) buildJobs() int {
+	if c.BuildJobs > 0 {
+		return c.BuildJobs
+	}
+	return c.SMP
+}
+
+func (c *Config) srcCache() string {
+	if c.SrcCache != "" {
+		return c.SrcCache
+	}
+	return filepath.Join(c.ImageDir, "src")
 }
 
 func bootFailure(err error, res *vmtest.Result) error {

@@ -1,6 +1,9 @@
 package guestbench
 
-import "fmt"
+import (
+	"fmt"
+	"regexp"
+)
 
 // Unit says what a result measures and which way is better.
 type Unit int
@@ -61,5 +64,17 @@ func fioTests() []Test {
 		Test{"dd-write", "dd bs=1M write + fsync", Seconds},
 		Test{"dd-read", "dd bs=1M cold read", Seconds},
 		Test{"cbuild", "C build with tcc, cold", Seconds},
+		Test{"luabuild", "Lua 5.4.4 make -j with tcc, cold", Seconds},
 	)
+}
+
+// Selected are the tests whose names re matches (all for nil), in the order of Tests, and
+// whether the KILLPRIV_V2 workload is among them.
+func Selected(re *regexp.Regexp) (tests []Test, killpriv bool) {
+	for _, t := range Tests {
+		if re == nil || re.MatchString(t.Name) {
+			tests = append(tests, t)
+		}
+	}
+	return tests, re == nil || re.MatchString(KillprivTest.Name)
 }

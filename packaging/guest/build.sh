@@ -13,9 +13,9 @@
 # each other.
 #
 # --bench builds the guest benchmark's image (bench/guestbench) instead, into an
-# OUTDIR of its own: the same, plus the 9p modules, fio and tcc with the shared
-# libraries they load, glibc's headers and start files for tcc, and the static
-# helpers in bench/*.c. The default image does not change.
+# OUTDIR of its own: the same, plus the 9p modules, fio, tcc and GNU make with
+# the shared libraries they load, glibc's headers, start files and libm for tcc,
+# and the static helpers in bench/*.c. The default image does not change.
 #
 # --agent builds the pod VM's image, into an OUTDIR of its own: the same kernel,
 # the virtio, virtio-fs, virtio-serial, vsock and virtio-net guest modules
@@ -71,7 +71,7 @@ host_packages="busybox-static cpio kmod gcc libc6-dev qemu-system-x86"
 inputs=("$here/build.sh" "$here/init" "$here"/tools/*.c)
 if [ -n "$bench" ]; then
 	modules+=" 9pnet 9pnet_virtio 9p"
-	host_packages+=" fio tcc"
+	host_packages+=" fio tcc make"
 	inputs+=("$here"/bench/*.c)
 fi
 if [ -n "$agent" ]; then
@@ -305,18 +305,23 @@ add_bench_tools() {
 	ln -s ../lib "$root/usr/lib"
 	copy_with_libs /usr/bin/fio
 	copy_with_libs /usr/bin/tcc
+	copy_with_libs /usr/bin/make
 	# tcc links against the dynamic linker by its name in the library directory.
 	ln -sf /lib64/ld-linux-x86-64.so.2 "$root/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
 	# tcc's own headers and runtime, and what it needs of glibc's development
-	# files to compile and link against libc: headers, start files, libc.so
-	# (a linker script) and libc_nonshared.a. No static libraries otherwise.
+	# files to compile and link against libc and libm: headers, start files,
+	# libc.so and libm.so (linker scripts; libm.so names libmvec.so.1 too) and
+	# libc_nonshared.a. No static libraries otherwise.
 	cp -r /usr/lib/x86_64-linux-gnu/tcc "$root/lib/x86_64-linux-gnu/" || die "cannot copy tcc's files"
 	while read -r f; do
 		[ -f "$f" ] || continue
 		case $f in
-		/usr/include/* | */crt1.o | */crti.o | */crtn.o | */libc.so | */libc_nonshared.a) copy_host "$f" ;;
+		/usr/include/* | */crt1.o | */crti.o | */crtn.o | */libc.so | */libm.so | */libc_nonshared.a) copy_host "$f" ;;
 		esac
 	done < <(dpkg -L libc6-dev linux-libc-dev)
+	for f in /lib/x86_64-linux-gnu/libm.so.6 /lib/x86_64-linux-gnu/libmvec.so.1; do
+		[ -e "$root$f" ] || copy_host "$f"
+	done
 	for c in "$here"/bench/*.c; do
 		name=$(basename "$c" .c)
 		gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/$name" "$c" ||
