@@ -159,8 +159,13 @@ func Report(res *Results, chart string) string {
 	p("- **Shared directory:** %s; %d empty files in one directory; one %d MiB data file\n", m.FSType, cfg.Files, cfg.DataSize>>20)
 	p("- **Method:** every server configuration is started once and stays connected. %d rounds; in each round every workload runs on every configuration for %v after a %v warm-up, ",
 		cfg.Rounds, cfg.Duration, cfg.Warmup)
-	p("all configurations together: the %v of each is cut into %d slices that go round the configurations forwards then backwards (ABC CBA ABC …), the kvfsd and the C virtiofsd of a configuration next to each other, so that they see the same moments of the machine. ",
-		cfg.Duration, cfg.Slices)
+	if cfg.Slices == 1 {
+		p("one configuration after the other (-slices 1): each runs alone for its whole %v, the others connected and idle, the kvfsd and the C virtiofsd of a configuration next to each other. ",
+			cfg.Duration)
+	} else {
+		p("all configurations together: the %v of each is cut into %d slices that go round the configurations forwards then backwards (ABC CBA ABC …), the kvfsd and the C virtiofsd of a configuration next to each other, so that they see the same moments of the machine. ",
+			cfg.Duration, cfg.Slices)
+	}
 	p("The configurations rotate from round to round. Each figure is the median over the rounds; each ratio is the median of the per-round ratios, with the range over the rounds in brackets. ")
 	p("The machine is shared and noisy: read the ratios, not the absolute figures.\n\n")
 

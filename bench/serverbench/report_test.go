@@ -156,3 +156,18 @@ func TestReadingTargets(t *testing.T) {
 		}
 	}
 }
+
+// TestReportMethodSlices checks that the method says how the servers shared the measured time:
+// interleaved slices, or with -slices 1 each alone for its whole cell.
+func TestReportMethodSlices(t *testing.T) {
+	for slices, want := range map[int]string{
+		6: "cut into 6 slices that go round the configurations",
+		1: "one configuration after the other (-slices 1): each runs alone for its whole 1s",
+	} {
+		res := fakeResults()
+		res.Config.Slices = slices
+		if md := Report(res, ""); !strings.Contains(md, want) {
+			t.Errorf("-slices %d: the report lacks %q", slices, want)
+		}
+	}
+}

@@ -405,7 +405,7 @@ func start(ctx context.Context, cfg *Config, su Setup, sh *share, runDir string)
 	// at once, as a guest reading while it evicts inodes keeps them.
 	probes := []func(m *meter) error{
 		func(m *meter) error { return s.lookupGetattr(ctx, m) },
-		func(m *meter) error { return s.createReleaseUnlink(ctx, m) },
+		func(m *meter) error { return s.createReleaseUnlink(ctx, m, 1) },
 		func(m *meter) error { return s.io(ctx, m, ioParams{Size: 4096, Depth: 16, Random: true}, 1) },
 		func(m *meter) error {
 			return s.io(ctx, m, ioParams{Write: true, Size: 4096, Depth: 16, Random: true}, 2)
