@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ioParams describe a READ or WRITE workload on the data file.
@@ -151,6 +153,8 @@ type meter struct {
 	begin   time.Time
 	end     time.Time
 	u0, u1  usage
+	fe0     time.Duration // this process's CPU (selfCPU) at the start
+	fe1     time.Duration // and at the stop
 	stopped bool
 	err     error // from reading the usage
 }
@@ -159,6 +163,7 @@ type meter struct {
 func newMeter(d time.Duration, u func() (usage, error), lat []time.Duration) *meter {
 	m := &meter{usage: u, lat: lat}
 	m.u0, m.err = u()
+	m.fe0 = selfCPU()
 	m.begin = time.Now()
 	m.deadline = m.begin.Add(d)
 	return m
@@ -179,6 +184,17 @@ func (m *meter) merge(lat []time.Duration, n int64) {
 	m.lat = append(m.lat, lat...)
 	m.ops += len(lat)
 	m.bytes += n
+}
+
+// selfCPU is this process's user + system time, all threads (getrusage): while a server is
+// measured, the front-end's and the FUSE client's, with whatever else this process does then
+// (its garbage collector; the other targets are idle).
+func selfCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // parallel runs depth streams of an operation, each in its own goroutine, until m's deadline, or
@@ -230,6 +246,7 @@ func (m *meter) stop() {
 	}
 	m.stopped = true
 	m.end = time.Now()
+	m.fe1 = selfCPU()
 	var err error
 	m.u1, err = m.usage()
 	if m.err == nil {

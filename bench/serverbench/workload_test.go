@@ -76,6 +76,9 @@ func TestWorkloads(t *testing.T) {
 				if !m.stopped || m.err != nil {
 					t.Fatalf("meter stopped %v, usage error %v", m.stopped, m.err)
 				}
+				if m.fe1 <= m.fe0 {
+					t.Errorf("this process's CPU went from %v to %v over %d operations", m.fe0, m.fe1, m.ops)
+				}
 				side := strings.HasSuffix(w.Name, "+ FORGETs") // a second stream's operations count too
 				switch {
 				case len(m.lat) != m.ops:
