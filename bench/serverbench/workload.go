@@ -189,12 +189,16 @@ func (m *meter) merge(lat []time.Duration, n int64) {
 // selfCPU is this process's user + system time, all threads (getrusage): while a server is
 // measured, the front-end's and the FUSE client's, with whatever else this process does then
 // (its garbage collector; the other targets are idle).
-func selfCPU() time.Duration {
+func selfCPU() time.Duration { return selfUsage().CPU }
+
+// selfUsage is this process's usage (getrusage: CPU and context switches of all its threads,
+// exited ones included).
+func selfUsage() usage {
 	var ru unix.Rusage
 	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return usage{}
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return usage{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Switches: uint64(ru.Nvcsw + ru.Nivcsw)}
 }
 
 // parallel runs depth streams of an operation, each in its own goroutine, until m's deadline, or
