@@ -15,22 +15,26 @@
 // Concurrency: Submit, SubmitAsync, Wait, Alloc, Free and Kick may be used from any goroutine.
 // Start, Stop and Close are serialised with each other.
 //
-// Completions are reaped by the waiters themselves, as a guest's driver takes its interrupt on the
-// CPU that waits, with no goroutine in between: a request at queue depth 1 costs the front-end
-// no Go scheduler hand-off, only the call eventfd's wake-up of the thread that waits for it.
-// Each queue has at most one reaper at a time, the first Wait that finds the role free (the
-// role is queue.reaping, taken and left under queue.mu). The reaper pops every used entry of its
-// queue, completing other waiters' requests too (their Pending.done closes), and, until its own
-// request is done, blocks in poll(2) on the raw call eventfd and on the queue's wake eventfd.
-// Wait never loses a wake-up: the reaper reads the call eventfd before popping the used ring,
-// and re-arms the interrupt (used_event, or clearing NO_INTERRUPT) with a re-check after a
+// Completions: a request alone in flight on its queue is reaped by its own Wait, as a guest's
+// driver takes its interrupt on the CPU that waits, with no goroutine in between: at queue depth
+// 1 the front-end costs no Go scheduler hand-off, only the call eventfd's wake-up of the thread
+// that waits, in poll(2) on the raw eventfd. With several requests in flight, the Wait that
+// finds the queue without a reaper starts a reaper goroutine, which reads the call eventfd
+// through Go's netpoller and completes requests until none is in flight; the waiters wait on
+// their requests' done channels meanwhile, so that completions come in batches as before.
+//
+// Each queue has at most one reaper at a time, either kind (the role is queue.reaping, taken and
+// left under queue.mu). A reaper pops every used entry of its queue, completing other waiters'
+// requests too. No wake-up is lost: a reaper reads the call eventfd before popping the used
+// ring, and re-arms the interrupt (used_event, or clearing NO_INTERRUPT) with a re-check after a
 // barrier, so a completion published after the re-check signals the eventfd and one published
-// before it is popped; a signal left by a previous reaper makes the next one's first poll return
-// at once, which costs a loop and loses nothing. The other waiters wait on their request's
-// done channel and on the queue's handoff channel, which the reaper closes when it leaves; they
-// then race for the role. A reaper leaves when its request is done or its ctx ends; to make it
-// leave the blocking poll, its ctx (context.AfterFunc), Stop and Close write the wake eventfd.
-// Requests nobody waits for are completed by the next reaper of their queue.
+// before it is popped; a signal left over from an earlier reaper makes the next one's first wait
+// return at once, which costs a loop and loses nothing. Waiters without the role also wait on
+// the queue's handoff channel, which a reaper closes when it leaves; they then race for the
+// role. A Wait that reaps leaves when its request is done or its ctx ends, the reaper goroutine
+// when no request is in flight; to get a reaper out of its wait, its ctx (context.AfterFunc),
+// Stop and Close write the queue's wake eventfd and its call eventfd (the reaper goroutine reads
+// only the latter). Requests nobody waits for are completed by the next reaper of their queue.
 //
 // Lock order: Frontend.ctlMu before queue.mu.
 package frontend
@@ -648,13 +652,14 @@ func (f *Frontend) Kick(q int) error {
 
 // Pending is a request in flight.
 type Pending struct {
-	f       *Frontend
-	q       *queue
-	head    uint16
-	table   uint64 // guest-physical address of its indirect table, 0 if none
-	done    chan struct{}
-	written uint32 // valid once done is closed
-	err     error  // valid once done is closed
+	f        *Frontend
+	q        *queue
+	head     uint16
+	table    uint64 // guest-physical address of its indirect table, 0 if none
+	done     chan struct{}
+	finished bool   // guarded by the queue's mu: done is closed
+	written  uint32 // valid once done is closed
+	err      error  // valid once done is closed
 }
 
 // SubmitAsync places a chain of readable then writable buffers on queue q (0 = hiprio,
@@ -709,9 +714,9 @@ func (f *Frontend) SubmitAsync(q int, readable, writable []virtq.Buf) (*Pending,
 }
 
 // Wait waits for the request to be used by the device and returns the bytes it wrote. If ctx ends
-// first the request stays in flight and Wait may be called again. If no other Wait is reaping
-// the request's queue, this one does, in a blocking poll(2) on its goroutine's thread (see the
-// package doc).
+// first the request stays in flight and Wait may be called again. A request alone in flight on
+// its queue is reaped by its own Wait, in a blocking poll(2) on the goroutine's thread; with
+// others in flight a reaper goroutine completes it (see the package doc).
 func (p *Pending) Wait(ctx context.Context) (uint32, error) {
 	q := p.q
 	for {
@@ -721,10 +726,13 @@ func (p *Pending) Wait(ctx context.Context) (uint32, error) {
 		default:
 		}
 		q.mu.Lock()
-		if !q.reaping && !q.closed { // Close fails every request before it sets closed
+		if !q.reaping && !q.closed && !p.finished { // Close fails every request before it sets closed
 			q.reaping = true
-			q.mu.Unlock()
-			return p.reap(ctx)
+			if len(q.pending) == 1 { // p alone
+				q.mu.Unlock()
+				return p.reap(ctx)
+			}
+			go q.reapInFlight()
 		}
 		if q.handoff == nil {
 			q.handoff = make(chan struct{})
@@ -741,6 +749,15 @@ func (p *Pending) Wait(ctx context.Context) (uint32, error) {
 	}
 }
 
+// leave gives up the reaper role and wakes the waiters that wait for it. Called with mu held.
+func (q *queue) leave() {
+	q.reaping = false
+	if q.handoff != nil {
+		close(q.handoff)
+		q.handoff = nil
+	}
+}
+
 // reap is Wait as the queue's reaper: it pops used entries until p is done or ctx ends, then
 // leaves the role.
 func (p *Pending) reap(ctx context.Context) (uint32, error) {
@@ -751,21 +768,12 @@ func (p *Pending) reap(ctx context.Context) (uint32, error) {
 			stop()
 		}
 		q.mu.Lock()
-		q.reaping = false
-		if q.handoff != nil {
-			close(q.handoff)
-			q.handoff = nil
-		}
+		q.leave()
 		q.mu.Unlock()
 	}()
-	fds := [2]unix.PollFd{{Fd: int32(q.call), Events: unix.POLLIN}, {Fd: int32(q.wake), Events: unix.POLLIN}}
-	var b [8]byte
 	for {
-		q.reap()
-		select {
-		case <-p.done:
+		if q.reap(p) {
 			return p.written, p.err
-		default:
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
@@ -774,20 +782,72 @@ func (p *Pending) reap(ctx context.Context) (uint32, error) {
 			// If ctx ends from here on, the poll below returns.
 			stop = context.AfterFunc(ctx, q.interrupt)
 		}
-		if _, err := unix.Poll(fds[:], -1); err != nil {
-			if err == unix.EINTR {
-				continue
-			}
-			return 0, fmt.Errorf("frontend: queue %d: poll: %w", q.idx, err)
-		}
-		// Read before popping: a completion signalled after this read signals again.
-		if fds[0].Revents != 0 {
-			unix.Read(q.call, b[:])
-		}
-		if fds[1].Revents != 0 {
-			unix.Read(q.wake, b[:])
+		if err := q.sleep(); err != nil {
+			return 0, err
 		}
 	}
+}
+
+// reapInFlight is the reaper goroutine a Wait starts, having taken the role for it, when its
+// request is not alone in flight: it pops used entries until no request is in flight (or Close),
+// then leaves the role. The waiters wait on their requests' done channels meanwhile.
+//
+// It reads the call eventfd through Go's netpoller (a duplicate of it, registered for this
+// goroutine's lifetime only, so that a lone request's wake-up wakes no netpoller thread): the
+// completions of requests in flight together then come in the batches a scheduler hand-off
+// gathers, and the reaper's wake-up and its waiters' share a thread.
+func (q *queue) reapInFlight() {
+	var call *os.File
+	if fd, err := unix.Dup(q.call); err == nil {
+		unix.CloseOnExec(fd)
+		call = os.NewFile(uintptr(fd), fmt.Sprintf("call%d", q.idx))
+		defer call.Close()
+	}
+	var b [8]byte
+	for {
+		q.reap(nil)
+		q.mu.Lock()
+		if len(q.pending) == 0 || q.closed {
+			q.leave()
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		var err error
+		if call != nil {
+			_, err = call.Read(b[:])
+		} else {
+			err = q.sleep()
+		}
+		if err != nil {
+			// Not expected of an eventfd; the role goes back to the waiters, whose next
+			// one starts over.
+			q.mu.Lock()
+			q.leave()
+			q.mu.Unlock()
+			return
+		}
+	}
+}
+
+// sleep is the reaper's wait: poll(2) on the call eventfd and the wake eventfd, then read the
+// ones that fired. A completion signalled after this read signals again.
+func (q *queue) sleep() error {
+	fds := [2]unix.PollFd{{Fd: int32(q.call), Events: unix.POLLIN}, {Fd: int32(q.wake), Events: unix.POLLIN}}
+	if _, err := unix.Poll(fds[:], -1); err != nil {
+		if err == unix.EINTR {
+			return nil
+		}
+		return fmt.Errorf("frontend: queue %d: poll: %w", q.idx, err)
+	}
+	var b [8]byte
+	if fds[0].Revents != 0 {
+		unix.Read(q.call, b[:])
+	}
+	if fds[1].Revents != 0 {
+		unix.Read(q.wake, b[:])
+	}
+	return nil
 }
 
 // interrupt makes the queue's reaper, if any, return from its poll and look again.
@@ -795,6 +855,7 @@ func (q *queue) interrupt() {
 	var b [8]byte
 	b[0] = 1
 	unix.Write(q.wake, b[:]) // EAGAIN: the counter is saturated, the reaper wakes anyway
+	unix.Write(q.call, b[:]) // the reaper goroutine reads only this one; a reaper looks again
 }
 
 // Head returns the descriptor head of the request.
@@ -814,30 +875,34 @@ func (p *Pending) finish(written uint32, err error) {
 	if p.table != 0 {
 		p.f.Free(p.table)
 	}
-	p.written, p.err = written, err
+	p.written, p.err, p.finished = written, err, true
 	close(p.done)
 }
 
-// reap completes the used chains of the queue. Called by its reaper.
-func (q *queue) reap() {
+// reap completes the used chains of the queue and asks the device for an interrupt at the next
+// completion, popping again if one came in between. Called by the queue's reaper; it reports
+// whether mine (nil for none) is done.
+func (q *queue) reap(mine *Pending) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.drv == nil {
-		return
-	}
 	for {
-		for {
-			head, written, ok := q.drv.PopUsed()
-			if !ok {
-				break
-			}
-			if p := q.pending[head]; p != nil { // unknown heads come from raw use or a bad device
-				delete(q.pending, head)
-				p.finish(written, nil)
+		if q.drv != nil {
+			for {
+				head, written, ok := q.drv.PopUsed()
+				if !ok {
+					break
+				}
+				if p := q.pending[head]; p != nil { // unknown heads come from raw use or a bad device
+					delete(q.pending, head)
+					p.finish(written, nil)
+				}
 			}
 		}
-		if !q.drv.EnableInterrupts() {
-			return
+		if mine != nil && mine.finished {
+			return true
+		}
+		if q.drv == nil || !q.drv.EnableInterrupts() {
+			return false
 		}
 	}
 }

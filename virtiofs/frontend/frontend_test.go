@@ -585,9 +585,10 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// TestReaperHandoff checks that a reaper whose ctx is cancelled leaves its blocking poll at once
-// and hands the role to a waiter already waiting on the same queue, which then gets both
-// requests' completions once the device serves the ring again: no wake-up is lost.
+// TestReaperHandoff checks that a Wait reaping its lone request whose ctx is cancelled leaves its
+// blocking poll at once and hands the role over to a waiter already waiting on the same queue,
+// which then (two requests in flight) starts the reaper goroutine: both requests complete once
+// the device serves the ring again, and no wake-up is lost.
 func TestReaperHandoff(t *testing.T) {
 	s := startServer(t, 2)
 	ctx := testCtx(t)
@@ -604,10 +605,6 @@ func TestReaperHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pb, err := f.SubmitAsync(1, rb.readable, rb.writable)
-	if err != nil {
-		t.Fatal(err)
-	}
 	q := f.queues[1]
 	locked := func(fn func() bool) func() bool {
 		return func() bool { q.mu.Lock(); defer q.mu.Unlock(); return fn() }
@@ -616,6 +613,10 @@ func TestReaperHandoff(t *testing.T) {
 	aDone := make(chan error, 1)
 	go func() { _, err := pa.Wait(actx); aDone <- err }()
 	waitUntil(t, "A's waiter reaps", locked(func() bool { return q.reaping }))
+	pb, err := f.SubmitAsync(1, rb.readable, rb.writable)
+	if err != nil {
+		t.Fatal(err)
+	}
 	type result struct {
 		n   uint32
 		err error
@@ -635,7 +636,7 @@ func TestReaperHandoff(t *testing.T) {
 		t.Fatal("a reaper whose ctx was cancelled stayed in its poll")
 	}
 	t.Logf("the cancelled reaper left after %v", time.Since(start))
-	waitUntil(t, "B's waiter reaps", locked(func() bool { return q.reaping }))
+	waitUntil(t, "B's waiter starts a reaper", locked(func() bool { return q.reaping }))
 
 	if err := f.Client().SetVringEnable(1, true); err != nil {
 		t.Fatal(err)
@@ -661,12 +662,16 @@ func TestReaperHandoff(t *testing.T) {
 	rb.free(f)
 }
 
-// TestStopCloseWakeReaper checks that Stop and Close fail the request of a Wait blocked in its
-// poll as the queue's reaper (and of a second waiter behind it), and that Close leaves no
-// descriptor open.
+// TestStopCloseWakeReaper checks that Stop and Close fail the requests of waiters while the
+// queue's reaper is blocked in its poll, whether it is the Wait of a lone request or the reaper
+// goroutine of two, that the reaper leaves, and that Close leaves no descriptor open.
 func TestStopCloseWakeReaper(t *testing.T) {
-	for _, stop := range []bool{true, false} {
-		name := map[bool]string{true: "Stop", false: "Close"}[stop]
+	for _, tc := range []struct {
+		stop bool
+		n    int
+	}{{true, 1}, {true, 2}, {false, 1}, {false, 2}} {
+		stop := tc.stop
+		name := fmt.Sprintf("%s/%d in flight", map[bool]string{true: "Stop", false: "Close"}[stop], tc.n)
 		t.Run(name, func(t *testing.T) {
 			before := openFDs(t)
 			s := startServer(t, 2)
@@ -677,23 +682,27 @@ func TestStopCloseWakeReaper(t *testing.T) {
 			}
 			disableRing(t, f, 1)
 			rng := rand.New(rand.NewPCG(9, 10))
-			var waits []chan error
-			for range 2 {
+			var pend []*Pending
+			for range tc.n { // all submitted before any Wait: with 2, the reaper goroutine reaps
 				r := newRequest(t, f, rng, 100, 1, 1)
 				defer r.free(f)
 				p, err := f.SubmitAsync(1, r.readable, r.writable)
 				if err != nil {
 					t.Fatal(err)
 				}
+				pend = append(pend, p)
+			}
+			var waits []chan error
+			for _, p := range pend {
 				done := make(chan error, 1)
 				go func() { _, err := p.Wait(ctx); done <- err }()
 				waits = append(waits, done)
 			}
 			q := f.queues[1]
-			waitUntil(t, "a waiter reaps and the other waits", func() bool {
+			waitUntil(t, "a reaper polls and the waiters wait", func() bool {
 				q.mu.Lock()
 				defer q.mu.Unlock()
-				return q.reaping && q.handoff != nil
+				return q.reaping && (tc.n == 1 || q.handoff != nil)
 			})
 			want := ErrClosed
 			if stop {
