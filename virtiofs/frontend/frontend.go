@@ -801,18 +801,26 @@ func (q *queue) reapInFlight() {
 	if fd, err := unix.Dup(q.call); err == nil {
 		unix.CloseOnExec(fd)
 		call = os.NewFile(uintptr(fd), fmt.Sprintf("call%d", q.idx))
-		defer call.Close()
 	}
+	// The duplicate is closed before the role is left: Close waits for that, then checks nothing
+	// of ours is open.
+	defer func() {
+		if call != nil {
+			call.Close()
+		}
+		q.mu.Lock()
+		q.leave()
+		q.mu.Unlock()
+	}()
 	var b [8]byte
 	for {
 		q.reap(nil)
 		q.mu.Lock()
-		if len(q.pending) == 0 || q.closed {
-			q.leave()
-			q.mu.Unlock()
+		over := len(q.pending) == 0 || q.closed
+		q.mu.Unlock()
+		if over {
 			return
 		}
-		q.mu.Unlock()
 		var err error
 		if call != nil {
 			_, err = call.Read(b[:])
@@ -822,9 +830,6 @@ func (q *queue) reapInFlight() {
 		if err != nil {
 			// Not expected of an eventfd; the role goes back to the waiters, whose next
 			// one starts over.
-			q.mu.Lock()
-			q.leave()
-			q.mu.Unlock()
 			return
 		}
 	}
