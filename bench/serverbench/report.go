@@ -15,6 +15,7 @@ type figures struct {
 	p50, p99 float64 // µs
 	cpu      float64 // µs per operation
 	sw       float64 // context switches per operation
+	feCPU    float64 // the front-end's (kvfsbench's own) CPU, µs per operation
 }
 
 func summarize(ss []Sample) figures {
@@ -34,6 +35,7 @@ func summarize(ss []Sample) figures {
 		p99:    med(func(s Sample) float64 { return us(s.P99) }),
 		cpu:    med(Sample.cpuPerOp),
 		sw:     med(Sample.switchesPerOp),
+		feCPU:  med(Sample.frontendCPUPerOp),
 	}
 }
 
@@ -171,6 +173,7 @@ func Report(res *Results, chart string) string {
 
 	p("How to read the ratios (kvfsd ÷ C virtiofsd): for ops/s above 1 means kvfsd is faster; for latency and CPU per operation below 1 means kvfsd is better. ")
 	p("**CPU µs/op** is the server process's user + system time (all threads, from `/proc/PID/stat`, 10 ms resolution) over the measurement divided by the operations: the front-end's own CPU is not in it. ")
+	p("**front-end CPU µs/op** (in the tables of all figures) is kvfsbench's own user + system time (getrusage) over the measurement per operation: for a server, the front-end's and the FUSE client's, which also pay the notifications; for the floor, the pinging side's; for the limit, the same as its CPU. ")
 	p("**switches/op** are the context switches (voluntary and not) of the server's threads over the measurement per operation: each is a thread going to sleep or being preempted, so they count the wake-ups a request costs. ")
 	p("**of limit** is a server's ops/s as a fraction of the limit row's, which makes the same system calls directly from Go on the host: how close each server comes to the host's own cost. ")
 	p("**of floor** (queue depth 1 rows) is a server's ops/s as a fraction of the floor row's, measured in the same slices: a two-process eventfd ping-pong (each side poll(2), read(2), write(2), nothing else), the two cross-process wake-ups every request at queue depth 1 costs, so no server can reach 100%%. ")
@@ -204,8 +207,8 @@ func Report(res *Results, chart string) string {
 	p("### All figures (medians over the rounds)\n\n")
 	for _, w := range res.Workloads {
 		p("#### %s\n\nOne operation: %s.\n\n", w.Name, w.Op)
-		p("| server | pool | cache | ops/s | MiB/s | p50 µs | p99 µs | CPU µs/op | switches/op | rounds |\n")
-		p("|---|---|---|---|---|---|---|---|---|---|\n")
+		p("| server | pool | cache | ops/s | MiB/s | p50 µs | p99 µs | CPU µs/op | switches/op | front-end CPU µs/op | rounds |\n")
+		p("|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, su := range res.Setups {
 			if !su.runs(w) {
 				continue
@@ -215,7 +218,7 @@ func Report(res *Results, chart string) string {
 				name, pool, cache = su.String(), "–", "–"
 			}
 			if why, na := res.NA[su]; na && len(res.Samples[su][w.Name]) == 0 {
-				p("| %s | %s | %s | n/a (%s) | | | | | | |\n", name, pool, cache, why)
+				p("| %s | %s | %s | n/a (%s) | | | | | | | |\n", name, pool, cache, why)
 				continue
 			}
 			f := summarize(res.Samples[su][w.Name])
@@ -223,7 +226,7 @@ func Report(res *Results, chart string) string {
 			if w.Bytes > 0 {
 				mib = num(f.mib)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", name, pool, cache, num(f.ops), mib, num(f.p50), num(f.p99), num(f.cpu), num(f.sw), f.rounds)
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", name, pool, cache, num(f.ops), mib, num(f.p50), num(f.p99), num(f.cpu), num(f.sw), num(f.feCPU), f.rounds)
 		}
 		p("\n")
 	}
