@@ -23,7 +23,8 @@ import (
 // runs "strace -f -c -o /tmp/s.txt bin/kvfsd --socket-path=S -o source=DIR" on a fresh shared
 // directory (as kvfsbench makes it), connects the in-repo front-end, runs -warmup operations,
 // then -n measured ones, and disconnects, which ends the server (and writes strace's summary).
-// The CPU and switches it prints are of the process tree it started, the wrapper included.
+// The server CPU and switches it prints are of the process tree it started, the wrapper included;
+// the front-end's are kvfscount's own (getrusage).
 func CountMain(argv []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvfscount", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -102,6 +103,7 @@ func CountMain(argv []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(fmt.Errorf("%w; its output:\n%s", err, d.logTail()))
 	}
+	var fe0, fe1 usage // this process's: the front-end's
 	run := func(ops int) (*meter, error) {
 		m := newMeter(24*time.Hour, s.usage, nil)
 		m.maxOps = ops
@@ -118,15 +120,18 @@ func CountMain(argv []string, stdout, stderr io.Writer) int {
 			return fail(fmt.Errorf("warm-up: %w", err))
 		}
 	}
+	fe0 = selfUsage()
 	m, err := run(*n)
+	fe1 = selfUsage()
 	s.fe.Close()
 	if err != nil {
 		return fail(err)
 	}
 	d.stop()
 	ops := float64(m.ops)
-	fmt.Fprintf(stdout, "%s: %d operations in %v; server CPU %.2f µs/op, %.2f switches/op (its process tree, wrapper included)\n",
+	fmt.Fprintf(stdout, "%s: %d operations in %v; server CPU %.2f µs/op, %.2f switches/op (its process tree, wrapper included); front-end CPU %.2f µs/op, %.2f switches/op (this process)\n",
 		w.Name, m.ops, m.end.Sub(m.begin).Round(time.Millisecond),
-		float64(m.u1.CPU-m.u0.CPU)/float64(time.Microsecond)/ops, float64(m.u1.Switches-m.u0.Switches)/ops)
+		float64(m.u1.CPU-m.u0.CPU)/float64(time.Microsecond)/ops, float64(m.u1.Switches-m.u0.Switches)/ops,
+		float64(fe1.CPU-fe0.CPU)/float64(time.Microsecond)/ops, float64(fe1.Switches-fe0.Switches)/ops)
 	return 0
 }

@@ -125,11 +125,14 @@ func (f *floorDriver) pingPong(m *meter) error {
 }
 
 func (f *floorDriver) lookupGetattr(_ context.Context, m *meter) error { return f.pingPong(m) }
-func (f *floorDriver) lookupForget(_ context.Context, m *meter, _ uint64) error {
+func (f *floorDriver) lookupForget(_ context.Context, m *meter, _ uint64, _ int) error {
 	return f.pingPong(m)
 }
-func (f *floorDriver) createReleaseUnlink(_ context.Context, m *meter) error { return f.pingPong(m) }
+func (f *floorDriver) createReleaseUnlink(_ context.Context, m *meter, _ int) error {
+	return f.pingPong(m)
+}
 func (f *floorDriver) readdirplus(_ context.Context, m *meter) error         { return f.pingPong(m) }
+func (f *floorDriver) readdirPages(_ context.Context, m *meter, _ int) error { return f.pingPong(m) }
 func (f *floorDriver) io(_ context.Context, m *meter, _ ioParams, _ uint64) error {
 	return f.pingPong(m)
 }

@@ -3,10 +3,11 @@ package serverbench
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,7 +23,7 @@ type hostDriver struct {
 	dataFD   int // the data file, read-write
 	dataSize int64
 	cursor   int
-	seq      int
+	seq      atomic.Int64
 	dirents  []byte
 }
 
@@ -85,8 +86,17 @@ func (h *hostDriver) lookupGetattr(_ context.Context, m *meter) error {
 }
 
 // lookupForget: lookupGetattr's calls on a random file.
-func (h *hostDriver) lookupForget(_ context.Context, m *meter, seed uint64) error {
+func (h *hostDriver) lookupForget(_ context.Context, m *meter, seed uint64, depth int) error {
 	defer m.stop()
+	if depth > 1 {
+		rngs := make([]*rand.Rand, depth)
+		for w := range rngs {
+			rngs[w] = nameRNG(seed + uint64(w)<<32)
+		}
+		return parallel(m, depth, 0, func(w int) error {
+			return h.lookupOne(h.names[rngs[w].IntN(len(h.names))], true)
+		})
+	}
 	rng := nameRNG(seed)
 	for {
 		start := time.Now()
@@ -121,6 +131,7 @@ func (h *hostDriver) lookupOne(name string, getattr bool) error {
 // ioForgets: io, and lookupOne of random files in a goroutine alongside.
 func (h *hostDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed uint64) error {
 	var side []time.Duration
+	var over atomic.Bool // the I/O is done (it may end before the deadline: meter.maxOps)
 	done := make(chan error, 1)
 	go func() {
 		rng := nameRNG(^seed)
@@ -132,13 +143,14 @@ func (h *hostDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed u
 			}
 			now := time.Now()
 			side = append(side, now.Sub(start))
-			if !now.Before(m.deadline) {
+			if !now.Before(m.deadline) || over.Load() {
 				done <- nil
 				return
 			}
 		}
 	}()
 	err := h.ioLoop(m, p, seed)
+	over.Store(true)
 	if serr := <-done; err == nil {
 		err = serr
 	}
@@ -148,30 +160,39 @@ func (h *hostDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed u
 }
 
 // createReleaseUnlink: openat(O_CREAT|O_EXCL) and fstat for the CREATE, close for the RELEASE,
-// unlinkat for the UNLINK.
-func (h *hostDriver) createReleaseUnlink(_ context.Context, m *meter) error {
+// unlinkat for the UNLINK; depth goroutines at once.
+func (h *hostDriver) createReleaseUnlink(_ context.Context, m *meter, depth int) error {
 	defer m.stop()
-	var st unix.Stat_t
+	if depth > 1 {
+		return parallel(m, depth, 0, func(int) error { return h.createOne() })
+	}
 	for {
-		name := "c" + strconv.Itoa(h.seq)
-		h.seq++
 		start := time.Now()
-		fd, err := unix.Openat(h.createFD, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
-		if err != nil {
-			return fmt.Errorf("openat %s: %w", name, err)
-		}
-		err = unix.Fstat(fd, &st)
-		unix.Close(fd)
-		if err != nil {
+		if err := h.createOne(); err != nil {
 			return err
-		}
-		if err := unix.Unlinkat(h.createFD, name, 0); err != nil {
-			return fmt.Errorf("unlinkat %s: %w", name, err)
 		}
 		if !m.done(start, 0) {
 			return nil
 		}
 	}
+}
+
+func (h *hostDriver) createOne() error {
+	var st unix.Stat_t
+	name := "c" + strconv.FormatInt(h.seq.Add(1), 10)
+	fd, err := unix.Openat(h.createFD, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("openat %s: %w", name, err)
+	}
+	err = unix.Fstat(fd, &st)
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(h.createFD, name, 0); err != nil {
+		return fmt.Errorf("unlinkat %s: %w", name, err)
+	}
+	return nil
 }
 
 // readdirplus: open the directory, getdents64 until the end, fstatat of every entry.
@@ -212,6 +233,68 @@ func (h *hostDriver) readdirplus(_ context.Context, m *meter) error {
 			return nil
 		}
 	}
+}
+
+// readdirPages: depth goroutines each listing files/ over and over, one getdents64 per
+// operation with a buffer that holds about as many entries as a 4 KiB READDIRPLUS reply
+// (fuse_direntplus is 152 bytes and the name, linux_dirent64 19 and the name), and fstatat of
+// each entry.
+func (h *hostDriver) readdirPages(_ context.Context, m *meter, depth int) error {
+	defer m.stop()
+	nameLen := len(h.names[0])
+	perPage := readdirBuf / ((152 + nameLen + 7) &^ 7)
+	bufSize := perPage * ((19 + nameLen + 1 + 7) &^ 7)
+	type stream struct {
+		fd, n int
+		buf   []byte
+		names []string
+	}
+	streams := make([]stream, depth)
+	for i := range streams {
+		streams[i] = stream{fd: -1, buf: make([]byte, bufSize)}
+	}
+	defer func() {
+		for _, st := range streams {
+			if st.fd >= 0 {
+				unix.Close(st.fd)
+			}
+		}
+	}()
+	return parallel(m, depth, 0, func(w int) error {
+		st := &streams[w]
+		var stat unix.Stat_t
+		for {
+			if st.fd < 0 {
+				fd, err := unix.Openat(h.filesFD, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return err
+				}
+				st.fd, st.n = fd, 0
+			}
+			k, err := unix.Getdents(st.fd, st.buf)
+			if err != nil {
+				return fmt.Errorf("getdents: %w", err)
+			}
+			if k > 0 {
+				_, _, st.names = unix.ParseDirent(st.buf[:k], -1, st.names[:0]) // skips . and ..
+				for _, name := range st.names {
+					if err := unix.Fstatat(st.fd, name, &stat, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+						return fmt.Errorf("fstatat %s: %w", name, err)
+					}
+				}
+				st.n += len(st.names)
+				if len(st.names) > 0 {
+					return nil
+				}
+				continue
+			}
+			unix.Close(st.fd)
+			st.fd = -1
+			if st.n != len(h.names) {
+				return fmt.Errorf("listed %d entries, want %d", st.n, len(h.names))
+			}
+		}
+	})
 }
 
 // io: pread or pwrite of the same sizes at the same offsets; a queue depth of d is d goroutines
@@ -256,35 +339,10 @@ func (h *hostDriver) ioLoop(m *meter, p ioParams, seed uint64) error {
 			}
 		}
 	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		werr error
-	)
-	for w := range p.Depth {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			b, offs := buf(), newOffsets(p, h.dataSize, seed+uint64(w))
-			var lat []time.Duration
-			for {
-				off := offs.get()
-				start := time.Now()
-				err := call(b, off)
-				now := time.Now()
-				lat = append(lat, now.Sub(start))
-				if err != nil || !now.Before(m.deadline) {
-					mu.Lock()
-					m.merge(lat, int64(len(lat))*int64(p.Size))
-					if werr == nil {
-						werr = err
-					}
-					mu.Unlock()
-					return
-				}
-			}
-		}()
+	bufs := make([][]byte, p.Depth)
+	offs := make([]*offsets, p.Depth)
+	for w := range bufs {
+		bufs[w], offs[w] = buf(), newOffsets(p, h.dataSize, seed+uint64(w))
 	}
-	wg.Wait()
-	return werr
+	return parallel(m, p.Depth, int64(p.Size), func(w int) error { return call(bufs[w], offs[w].get()) })
 }

@@ -15,6 +15,7 @@ type figures struct {
 	p50, p99 float64 // µs
 	cpu      float64 // µs per operation
 	sw       float64 // context switches per operation
+	feCPU    float64 // the front-end's (kvfsbench's own) CPU, µs per operation
 }
 
 func summarize(ss []Sample) figures {
@@ -34,6 +35,7 @@ func summarize(ss []Sample) figures {
 		p99:    med(func(s Sample) float64 { return us(s.P99) }),
 		cpu:    med(Sample.cpuPerOp),
 		sw:     med(Sample.switchesPerOp),
+		feCPU:  med(Sample.frontendCPUPerOp),
 	}
 }
 
@@ -159,13 +161,19 @@ func Report(res *Results, chart string) string {
 	p("- **Shared directory:** %s; %d empty files in one directory; one %d MiB data file\n", m.FSType, cfg.Files, cfg.DataSize>>20)
 	p("- **Method:** every server configuration is started once and stays connected. %d rounds; in each round every workload runs on every configuration for %v after a %v warm-up, ",
 		cfg.Rounds, cfg.Duration, cfg.Warmup)
-	p("all configurations together: the %v of each is cut into %d slices that go round the configurations forwards then backwards (ABC CBA ABC …), the kvfsd and the C virtiofsd of a configuration next to each other, so that they see the same moments of the machine. ",
-		cfg.Duration, cfg.Slices)
+	if cfg.Slices == 1 {
+		p("one configuration after the other (-slices 1): each runs alone for its whole %v, the others connected and idle, the kvfsd and the C virtiofsd of a configuration next to each other. ",
+			cfg.Duration)
+	} else {
+		p("all configurations together: the %v of each is cut into %d slices that go round the configurations forwards then backwards (ABC CBA ABC …), the kvfsd and the C virtiofsd of a configuration next to each other, so that they see the same moments of the machine. ",
+			cfg.Duration, cfg.Slices)
+	}
 	p("The configurations rotate from round to round. Each figure is the median over the rounds; each ratio is the median of the per-round ratios, with the range over the rounds in brackets. ")
 	p("The machine is shared and noisy: read the ratios, not the absolute figures.\n\n")
 
 	p("How to read the ratios (kvfsd ÷ C virtiofsd): for ops/s above 1 means kvfsd is faster; for latency and CPU per operation below 1 means kvfsd is better. ")
 	p("**CPU µs/op** is the server process's user + system time (all threads, from `/proc/PID/stat`, 10 ms resolution) over the measurement divided by the operations: the front-end's own CPU is not in it. ")
+	p("**front-end CPU µs/op** (in the tables of all figures) is kvfsbench's own user + system time (getrusage) over the measurement per operation: for a server, the front-end's and the FUSE client's, which also pay the notifications; for the floor, the pinging side's; for the limit, the same as its CPU. ")
 	p("**switches/op** are the context switches (voluntary and not) of the server's threads over the measurement per operation: each is a thread going to sleep or being preempted, so they count the wake-ups a request costs. ")
 	p("**of limit** is a server's ops/s as a fraction of the limit row's, which makes the same system calls directly from Go on the host: how close each server comes to the host's own cost. ")
 	p("**of floor** (queue depth 1 rows) is a server's ops/s as a fraction of the floor row's, measured in the same slices: a two-process eventfd ping-pong (each side poll(2), read(2), write(2), nothing else), the two cross-process wake-ups every request at queue depth 1 costs, so no server can reach 100%%. ")
@@ -199,8 +207,8 @@ func Report(res *Results, chart string) string {
 	p("### All figures (medians over the rounds)\n\n")
 	for _, w := range res.Workloads {
 		p("#### %s\n\nOne operation: %s.\n\n", w.Name, w.Op)
-		p("| server | pool | cache | ops/s | MiB/s | p50 µs | p99 µs | CPU µs/op | switches/op | rounds |\n")
-		p("|---|---|---|---|---|---|---|---|---|---|\n")
+		p("| server | pool | cache | ops/s | MiB/s | p50 µs | p99 µs | CPU µs/op | switches/op | front-end CPU µs/op | rounds |\n")
+		p("|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, su := range res.Setups {
 			if !su.runs(w) {
 				continue
@@ -210,7 +218,7 @@ func Report(res *Results, chart string) string {
 				name, pool, cache = su.String(), "–", "–"
 			}
 			if why, na := res.NA[su]; na && len(res.Samples[su][w.Name]) == 0 {
-				p("| %s | %s | %s | n/a (%s) | | | | | | |\n", name, pool, cache, why)
+				p("| %s | %s | %s | n/a (%s) | | | | | | | |\n", name, pool, cache, why)
 				continue
 			}
 			f := summarize(res.Samples[su][w.Name])
@@ -218,7 +226,7 @@ func Report(res *Results, chart string) string {
 			if w.Bytes > 0 {
 				mib = num(f.mib)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", name, pool, cache, num(f.ops), mib, num(f.p50), num(f.p99), num(f.cpu), num(f.sw), f.rounds)
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |\n", name, pool, cache, num(f.ops), mib, num(f.p50), num(f.p99), num(f.cpu), num(f.sw), num(f.feCPU), f.rounds)
 		}
 		p("\n")
 	}

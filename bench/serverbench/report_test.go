@@ -36,7 +36,8 @@ func fakeResults(names ...string) *Results {
 			}
 			for range res.Config.Rounds {
 				res.Samples[su][w.Name] = append(res.Samples[su][w.Name], Sample{Ops: ops, Elapsed: time.Second,
-					CPU: time.Duration(ops) * 10 * time.Microsecond, Switches: uint64(ops), P50: time.Microsecond, P99: 2 * time.Microsecond})
+					CPU: time.Duration(ops) * 10 * time.Microsecond, Switches: uint64(ops), P50: time.Microsecond, P99: 2 * time.Microsecond,
+					FrontendCPU: time.Duration(ops) * 7 * time.Microsecond})
 			}
 		}
 	}
@@ -64,6 +65,7 @@ func TestReport(t *testing.T) {
 		"| LOOKUP+GETATTR | 4 † | auto |",                  // compared with virtiofsd pool 0
 		"| 200% | 100% | 50% | 25% |\n",                    // of limit, of floor (4× the C virtiofsd's ops/s)
 		"| floor (eventfd ping-pong) | – | – | 4000 |",
+		"| 10.0 | 1.00 | 7.00 | 2 |\n", // CPU, switches and the front-end's CPU per operation, rounds
 		"| virtiofsd | 4 | auto | n/a (killed by its seccomp filter) |",
 		"![", "chart.png",
 	} {
@@ -172,6 +174,21 @@ func TestReadingTargets(t *testing.T) {
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
+// TestReportMethodSlices checks that the method says how the servers shared the measured time:
+// interleaved slices, or with -slices 1 each alone for its whole cell.
+func TestReportMethodSlices(t *testing.T) {
+	for slices, want := range map[int]string{
+		6: "cut into 6 slices that go round the configurations",
+		1: "one configuration after the other (-slices 1): each runs alone for its whole 1s",
+	} {
+		res := fakeResults()
+		res.Config.Slices = slices
+		if md := Report(res, ""); !strings.Contains(md, want) {
+			t.Errorf("-slices %d: the report lacks %q", slices, want)
 		}
 	}
 }

@@ -114,12 +114,15 @@ type target struct {
 
 // Sample is one measurement: one workload on one target in one round.
 type Sample struct {
-	Ops      int
-	Bytes    int64
-	Elapsed  time.Duration
-	CPU      time.Duration // of the target's process (tree)
-	Switches uint64        // context switches of the target's live threads
-	P50, P99 time.Duration
+	Ops     int
+	Bytes   int64
+	Elapsed time.Duration
+	CPU     time.Duration // of the target's process (tree)
+	// FrontendCPU is this process's CPU time over the measurement: for a server, the
+	// front-end's (see selfCPU); for the floor, the pinging side's; for the limit, the same as CPU.
+	FrontendCPU time.Duration
+	Switches    uint64 // context switches of the target's live threads
+	P50, P99    time.Duration
 }
 
 // Results are everything Run measured, and where.
@@ -237,8 +240,8 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 					res.Samples[t.Setup] = map[string][]Sample{}
 				}
 				res.Samples[t.Setup][w.Name] = append(res.Samples[t.Setup][w.Name], s)
-				logf("round %d/%d  %-24s %-30v %10.0f ops/s  p50 %8v  p99 %8v  cpu %6.2f µs/op",
-					round+1, cfg.Rounds, w.Name, t.Setup, s.opsPerSec(), s.P50, s.P99, s.cpuPerOp())
+				logf("round %d/%d  %-24s %-30v %10.0f ops/s  p50 %8v  p99 %8v  cpu %6.2f µs/op  front-end cpu %6.2f µs/op",
+					round+1, cfg.Rounds, w.Name, t.Setup, s.opsPerSec(), s.P50, s.P99, s.cpuPerOp(), s.frontendCPUPerOp())
 			}
 		}
 	}
@@ -293,6 +296,9 @@ func (s Sample) mibPerSec() float64     { return float64(s.Bytes) / (1 << 20) / 
 func (s Sample) switchesPerOp() float64 { return float64(s.Switches) / float64(max(s.Ops, 1)) }
 func (s Sample) cpuPerOp() float64 {
 	return float64(s.CPU) / float64(time.Microsecond) / float64(max(s.Ops, 1))
+}
+func (s Sample) frontendCPUPerOp() float64 {
+	return float64(s.FrontendCPU) / float64(time.Microsecond) / float64(max(s.Ops, 1))
 }
 
 // roundOrder is the order in which the targets take their turns in round r: the kvfsd and the
@@ -405,7 +411,7 @@ func start(ctx context.Context, cfg *Config, su Setup, sh *share, runDir string)
 	// at once, as a guest reading while it evicts inodes keeps them.
 	probes := []func(m *meter) error{
 		func(m *meter) error { return s.lookupGetattr(ctx, m) },
-		func(m *meter) error { return s.createReleaseUnlink(ctx, m) },
+		func(m *meter) error { return s.createReleaseUnlink(ctx, m, 1) },
 		func(m *meter) error { return s.io(ctx, m, ioParams{Size: 4096, Depth: 16, Random: true}, 1) },
 		func(m *meter) error {
 			return s.io(ctx, m, ioParams{Write: true, Size: 4096, Depth: 16, Random: true}, 2)
@@ -450,6 +456,7 @@ func measureGroup(g []*target, w workload, cfg *Config, seed uint64) ([]Sample, 
 		m       meter // accumulates the slices: ops, bytes, latencies
 		elapsed time.Duration
 		used    usage
+		fe      time.Duration
 	}
 	accs := make([]acc, len(g))
 	errs := make([]error, len(g))
@@ -472,6 +479,7 @@ func measureGroup(g []*target, w workload, cfg *Config, seed uint64) ([]Sample, 
 			a.m.lat, a.m.ops, a.m.bytes = m.lat, a.m.ops+m.ops, a.m.bytes+m.bytes
 			a.elapsed += m.end.Sub(m.begin)
 			a.used = a.used.add(usage{m.u1.CPU - m.u0.CPU, m.u1.Switches - m.u0.Switches})
+			a.fe += m.fe1 - m.fe0
 		} else {
 			accs[i].m.lat = m.lat[:0]
 		}
@@ -501,7 +509,7 @@ func measureGroup(g []*target, w workload, cfg *Config, seed uint64) ([]Sample, 
 		lat := a.m.lat
 		slices.Sort(lat)
 		out[i] = Sample{Ops: a.m.ops, Bytes: a.m.bytes, Elapsed: a.elapsed, CPU: a.used.CPU,
-			Switches: a.used.Switches, P50: Percentile(lat, 50), P99: Percentile(lat, 99)}
+			Switches: a.used.Switches, P50: Percentile(lat, 50), P99: Percentile(lat, 99), FrontendCPU: a.fe}
 	}
 	return out, errs
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -29,8 +30,8 @@ type serverDriver struct {
 	dataFh   uint64 // its handle, open read-write
 	dataSize int64
 
-	cursor int // next name of names to look up
-	seq    int // next name to create
+	cursor int          // next name of names to look up
+	seq    atomic.Int64 // next name to create
 
 	killprivV2 bool // INIT negotiated HANDLE_KILLPRIV_V2
 	noGetxattr bool // the server answered GETXATTR with ENOSYS: a guest stops asking
@@ -124,8 +125,17 @@ func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
 	return s.forget(ctx, items)
 }
 
-func (s *serverDriver) lookupForget(ctx context.Context, m *meter, seed uint64) error {
+func (s *serverDriver) lookupForget(ctx context.Context, m *meter, seed uint64, depth int) error {
 	defer m.stop()
+	if depth > 1 {
+		rngs := make([]*rand.Rand, depth)
+		for w := range rngs {
+			rngs[w] = nameRNG(seed + uint64(w)<<32)
+		}
+		return parallel(m, depth, 0, func(w int) error {
+			return s.lookupOne(ctx, s.names[rngs[w].IntN(len(s.names))], true)
+		})
+	}
 	rng := nameRNG(seed)
 	for {
 		start := time.Now()
@@ -183,29 +193,39 @@ func (s *serverDriver) ioForgets(ctx context.Context, m *meter, p ioParams, seed
 	return err
 }
 
-func (s *serverDriver) createReleaseUnlink(ctx context.Context, m *meter) error {
+func (s *serverDriver) createReleaseUnlink(ctx context.Context, m *meter, depth int) error {
 	defer m.stop()
+	if depth > 1 {
+		return parallel(m, depth, 0, func(int) error { return s.createOne(ctx) })
+	}
 	for {
-		name := "c" + strconv.Itoa(s.seq)
-		s.seq++
 		start := time.Now()
-		out, err := s.c.Create(ctx, s.create, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, unix.S_IFREG|0o644)
-		if err != nil {
-			return fmt.Errorf("CREATE %s: %w", name, err)
-		}
-		if err := s.c.Release(ctx, out.Entry.NodeID, out.Open.Fh); err != nil {
-			return fmt.Errorf("RELEASE %s: %w", name, err)
-		}
-		if err := s.c.Unlink(ctx, s.create, name); err != nil {
-			return fmt.Errorf("UNLINK %s: %w", name, err)
-		}
-		if err := s.c.Forget(ctx, out.Entry.NodeID, 1); err != nil {
-			return fmt.Errorf("FORGET %s: %w", name, err)
+		if err := s.createOne(ctx); err != nil {
+			return err
 		}
 		if !m.done(start, 0) {
 			return nil
 		}
 	}
+}
+
+// createOne creates a new file in the create directory, releases it, unlinks it and forgets it.
+func (s *serverDriver) createOne(ctx context.Context) error {
+	name := "c" + strconv.FormatInt(s.seq.Add(1), 10)
+	out, err := s.c.Create(ctx, s.create, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, unix.S_IFREG|0o644)
+	if err != nil {
+		return fmt.Errorf("CREATE %s: %w", name, err)
+	}
+	if err := s.c.Release(ctx, out.Entry.NodeID, out.Open.Fh); err != nil {
+		return fmt.Errorf("RELEASE %s: %w", name, err)
+	}
+	if err := s.c.Unlink(ctx, s.create, name); err != nil {
+		return fmt.Errorf("UNLINK %s: %w", name, err)
+	}
+	if err := s.c.Forget(ctx, out.Entry.NodeID, 1); err != nil {
+		return fmt.Errorf("FORGET %s: %w", name, err)
+	}
+	return nil
 }
 
 // readdirBuf is the reply size of READDIRPLUS: one page, as Linux 6.1's FUSE asks.
@@ -250,6 +270,70 @@ func (s *serverDriver) readdirplus(ctx context.Context, m *meter) error {
 			return nil
 		}
 	}
+}
+
+// dirStream is one stream of readdirPages: a listing of files/ in progress.
+type dirStream struct {
+	open  bool
+	fh    uint64
+	off   uint64
+	items []fuse.ForgetOne // the entries returned so far, each looked up once
+}
+
+// page reads the listing's next non-empty page; at the end of a listing it closes it, forgets
+// its entries, checks their number and starts the next listing.
+func (s *serverDriver) page(ctx context.Context, st *dirStream) error {
+	for {
+		if !st.open {
+			open, err := s.c.Opendir(ctx, s.files)
+			if err != nil {
+				return fmt.Errorf("OPENDIR: %w", err)
+			}
+			st.open, st.fh, st.off, st.items = true, open.Fh, 0, st.items[:0]
+		}
+		ents, err := s.c.Readdir(ctx, s.files, st.fh, st.off, readdirBuf, true)
+		if err != nil {
+			return fmt.Errorf("READDIRPLUS at %d: %w", st.off, err)
+		}
+		if len(ents) > 0 {
+			for _, e := range ents {
+				if e.Entry.NodeID != 0 {
+					st.items = append(st.items, fuse.ForgetOne{NodeID: e.Entry.NodeID, Nlookup: 1})
+				}
+				st.off = e.Off
+			}
+			return nil
+		}
+		if err := s.endListing(ctx, st); err != nil {
+			return err
+		}
+		if n := len(st.items); n != len(s.names) {
+			return fmt.Errorf("READDIRPLUS returned %d entries with a node, want %d", n, len(s.names))
+		}
+	}
+}
+
+// endListing releases the stream's directory handle and forgets the entries it returned.
+func (s *serverDriver) endListing(ctx context.Context, st *dirStream) error {
+	st.open = false
+	if err := s.c.Releasedir(ctx, s.files, st.fh); err != nil {
+		return fmt.Errorf("RELEASEDIR: %w", err)
+	}
+	return s.forget(ctx, st.items)
+}
+
+func (s *serverDriver) readdirPages(ctx context.Context, m *meter, depth int) error {
+	streams := make([]dirStream, depth)
+	err := parallel(m, depth, 0, func(w int) error { return s.page(ctx, &streams[w]) })
+	m.stop()
+	for i := range streams {
+		if st := &streams[i]; st.open {
+			if eerr := s.endListing(ctx, st); err == nil {
+				err = eerr
+			}
+		}
+	}
+	return err
 }
 
 // ioSlot is one request buffer in guest memory, laid out as Linux's virtio-fs driver lays out a

@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ioParams describe a READ or WRITE workload on the data file.
@@ -50,10 +54,14 @@ func nameRNG(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x6c6f6
 type driver interface {
 	lookupGetattr(ctx context.Context, m *meter) error
 	// lookupForget is LOOKUP of a random file (seeded by seed), GETATTR, and its FORGET on the
-	// high-priority queue, so that the server's inode table grows and shrinks by one each time.
-	lookupForget(ctx context.Context, m *meter, seed uint64) error
-	createReleaseUnlink(ctx context.Context, m *meter) error
+	// high-priority queue, so that the server's inode table grows and shrinks by one each time;
+	// depth streams of it at once (see parallel).
+	lookupForget(ctx context.Context, m *meter, seed uint64, depth int) error
+	createReleaseUnlink(ctx context.Context, m *meter, depth int) error
+	// readdirplus is one listing of files/ per operation; readdirPages is one READDIRPLUS page
+	// per operation, from depth streams each listing files/ over and over.
 	readdirplus(ctx context.Context, m *meter) error
+	readdirPages(ctx context.Context, m *meter, depth int) error
 	io(ctx context.Context, m *meter, p ioParams, seed uint64) error
 	// ioForgets is io with a second stream alongside, until the same deadline: LOOKUP of a
 	// random file and its FORGET, one after the other, so that FORGETs arrive on the
@@ -98,11 +106,23 @@ func workloads(nFiles int) []workload {
 		{Name: "LOOKUP+GETATTR", Op: fmt.Sprintf("LOOKUP of one of %d files in one directory, then GETATTR of it (the FORGETs go after each measured slice, unmeasured)", nFiles),
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.lookupGetattr(ctx, m) }},
 		{Name: "LOOKUP+GETATTR+FORGET random", Op: fmt.Sprintf("LOOKUP of a random one of %d files in one directory, GETATTR of it, and its FORGET on the high-priority queue: the server's inode table grows and shrinks with every operation", nFiles),
-			run: func(ctx context.Context, d driver, m *meter, seed uint64) error { return d.lookupForget(ctx, m, seed) }},
+			run: func(ctx context.Context, d driver, m *meter, seed uint64) error {
+				return d.lookupForget(ctx, m, seed, 1)
+			}},
+		{Name: "LOOKUP+GETATTR+FORGET random QD16", Depth: 16, Op: "the LOOKUP+GETATTR+FORGET random operation from 16 streams at once, each on its own random files: 16 operations in flight, FORGETs on the high-priority queue while the request queue is busy",
+			run: func(ctx context.Context, d driver, m *meter, seed uint64) error {
+				return d.lookupForget(ctx, m, seed, 16)
+			}},
 		{Name: "CREATE+RELEASE+UNLINK", Op: "CREATE of a new file, RELEASE, UNLINK, and the FORGET a guest sends when it drops the inode",
-			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.createReleaseUnlink(ctx, m) }},
+			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.createReleaseUnlink(ctx, m, 1) }},
+		{Name: "CREATE+RELEASE+UNLINK QD16", Depth: 16, Op: "the CREATE+RELEASE+UNLINK operation (and its FORGET) from 16 streams at once in the same directory: 16 operations in flight",
+			run: func(ctx context.Context, d driver, m *meter, _ uint64) error {
+				return d.createReleaseUnlink(ctx, m, 16)
+			}},
 		{Name: "READDIRPLUS", Op: fmt.Sprintf("one listing of the %d-entry directory: OPENDIR, READDIRPLUS with 4 KiB replies (as Linux 6.1 asks) until the end, RELEASEDIR, BATCH_FORGET of every entry returned (entries/s = ops/s × %d)", nFiles, nFiles),
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.readdirplus(ctx, m) }},
+		{Name: "READDIRPLUS QD16", Depth: 16, Op: fmt.Sprintf("one READDIRPLUS request with a 4 KiB reply (a page of entries), 16 in flight: 16 streams each list the %d-entry directory as the READDIRPLUS row does, over and over; a stream's OPENDIR, and its RELEASEDIR and BATCH_FORGETs at the end of a listing, fall in the time of the page next to them", nFiles),
+			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.readdirPages(ctx, m, 16) }},
 		ioWorkload("READ 4 KiB random QD1", "one 4 KiB READ at a random aligned offset, one request in flight", ioParams{Size: k4, Depth: 1, Random: true}),
 		ioWorkload("READ 4 KiB random QD16", "one 4 KiB READ at a random aligned offset, 16 requests in flight", ioParams{Size: k4, Depth: 16, Random: true}),
 		{Name: "READ 4 KiB random QD16 + FORGETs", Depth: 16, Bytes: k4,
@@ -133,6 +153,8 @@ type meter struct {
 	begin   time.Time
 	end     time.Time
 	u0, u1  usage
+	fe0     time.Duration // this process's CPU (selfCPU) at the start
+	fe1     time.Duration // and at the stop
 	stopped bool
 	err     error // from reading the usage
 }
@@ -141,6 +163,7 @@ type meter struct {
 func newMeter(d time.Duration, u func() (usage, error), lat []time.Duration) *meter {
 	m := &meter{usage: u, lat: lat}
 	m.u0, m.err = u()
+	m.fe0 = selfCPU()
 	m.begin = time.Now()
 	m.deadline = m.begin.Add(d)
 	return m
@@ -163,6 +186,63 @@ func (m *meter) merge(lat []time.Duration, n int64) {
 	m.bytes += n
 }
 
+// selfCPU is this process's user + system time, all threads (getrusage): while a server is
+// measured, the front-end's and the FUSE client's, with whatever else this process does then
+// (its garbage collector; the other targets are idle).
+func selfCPU() time.Duration { return selfUsage().CPU }
+
+// selfUsage is this process's usage (getrusage: CPU and context switches of all its threads,
+// exited ones included).
+func selfUsage() usage {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return usage{}
+	}
+	return usage{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Switches: uint64(ru.Nvcsw + ru.Nivcsw)}
+}
+
+// parallel runs depth streams of an operation, each in its own goroutine, until m's deadline, or
+// until m.maxOps operations have started in all: stream w (0 ≤ w < depth) performs one
+// operation per call of op(w), timed on its own, and n is an operation's payload bytes. The
+// first error stops every stream and is returned. It does not stop m.
+func parallel(m *meter, depth int, n int64, op func(w int) error) error {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		first   error
+		started atomic.Int64
+		failed  atomic.Bool
+	)
+	for w := range depth {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var lat []time.Duration
+			var err error
+			for !failed.Load() && (m.maxOps == 0 || started.Add(1) <= int64(m.maxOps)) {
+				start := time.Now()
+				if err = op(w); err != nil {
+					failed.Store(true)
+					break
+				}
+				now := time.Now()
+				lat = append(lat, now.Sub(start))
+				if !now.Before(m.deadline) {
+					break
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			m.merge(lat, int64(len(lat))*n)
+			if first == nil {
+				first = err
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
 // stop ends the measured part; later calls do nothing.
 func (m *meter) stop() {
 	if m.stopped {
@@ -170,6 +250,7 @@ func (m *meter) stop() {
 	}
 	m.stopped = true
 	m.end = time.Now()
+	m.fe1 = selfCPU()
 	var err error
 	m.u1, err = m.usage()
 	if m.err == nil {

@@ -13,8 +13,30 @@
 // into it (dax.go).
 //
 // Concurrency: Submit, SubmitAsync, Wait, Alloc, Free and Kick may be used from any goroutine.
-// Start, Stop and Close are serialised with each other. One goroutine per queue reads that queue's
-// call eventfd and hands completions to their waiters.
+// Start, Stop and Close are serialised with each other.
+//
+// Completions: a request alone in flight on its queue is reaped by its own Wait, as a guest's
+// driver takes its interrupt on the CPU that waits, with no goroutine in between: at queue depth
+// 1 the front-end costs no Go scheduler hand-off, only the call eventfd's wake-up of the thread
+// that waits, in poll(2) on the raw eventfd. With several requests in flight, the Wait that
+// finds the queue without a reaper starts a reaper goroutine, which reads the call eventfd
+// through Go's netpoller and completes requests until none is in flight; the waiters wait on
+// their requests' done channels meanwhile, so that completions come in batches as before.
+//
+// Each queue has at most one reaper at a time, either kind (the role is queue.reaping, taken and
+// left under queue.mu). A reaper pops every used entry of its queue, completing other waiters'
+// requests too. No wake-up is lost: a reaper reads the call eventfd before popping the used
+// ring, and re-arms the interrupt (used_event, or clearing NO_INTERRUPT) with a re-check after a
+// barrier, so a completion published after the re-check signals the eventfd and one published
+// before it is popped; a signal left over from an earlier reaper makes the next one's first wait
+// return at once, which costs a loop and loses nothing. Waiters without the role also wait on
+// the queue's handoff channel, which a reaper closes when it leaves; they then race for the
+// role. A Wait that reaps leaves when its request is done or its ctx ends, the reaper goroutine
+// when no request is in flight; to get a reaper out of its wait, its ctx (context.AfterFunc),
+// Stop and Close write the queue's wake eventfd and its call eventfd (the reaper goroutine reads
+// only the latter). Requests nobody waits for are completed by the next reaper of their queue.
+//
+// Lock order: Frontend.ctlMu before queue.mu.
 package frontend
 
 import (
@@ -120,13 +142,19 @@ type queue struct {
 	kick   int    // eventfd we write to notify the back-end
 	masked int    // QEMU's "masked" call notifier, sent at realize
 	errFD  int
-	call   *os.File // the call eventfd (QEMU's guest notifier), read by the completion goroutine
+	call   int // the call eventfd (QEMU's guest notifier), polled by the queue's reaper
+	wake   int // eventfd written to make the reaper leave its poll (ctx ended, Stop, Close)
 
 	mu       sync.Mutex
 	drv      *virtq.Driver       // guarded by mu; replaced at each start
 	indirect bool                // guarded by mu: use indirect tables (negotiated at start)
 	pending  map[uint16]*Pending // guarded by mu
 	stopped  bool                // guarded by mu
+	closed   bool                // guarded by mu: set by Close once it failed the pending requests
+	reaping  bool                // guarded by mu: a Wait is the queue's reaper
+	// handoff, guarded by mu, is closed (and reset to nil) when the reaper leaves; made by the
+	// first waiter that finds the role taken, so that a lone waiter allocates nothing.
+	handoff chan struct{}
 }
 
 // Dial connects to a vhost-user-fs back-end listening at socketPath and performs QEMU 7.2's
@@ -158,10 +186,6 @@ func Dial(ctx context.Context, socketPath string, opts Options) (_ *Frontend, er
 	}
 	if err := f.setupQueues(); err != nil {
 		return nil, err
-	}
-	for _, q := range f.queues {
-		f.wg.Add(1)
-		go f.reapLoop(q)
 	}
 	if err := f.withDeadline(ctx, f.realize); err != nil {
 		return nil, fmt.Errorf("frontend: realize: %w", err)
@@ -262,23 +286,14 @@ func (f *Frontend) setupQueues() error {
 		return fd, nil
 	}
 	for i := 0; i < n; i++ {
-		q := &queue{idx: i, base: uint64(i) * ringBytes, kick: -1, masked: -1, errFD: -1, stopped: true}
+		q := &queue{idx: i, base: uint64(i) * ringBytes, kick: -1, masked: -1, errFD: -1, call: -1, wake: -1, stopped: true}
 		f.queues = append(f.queues, q)
-		var err error
-		if q.kick, err = newEventfd(); err != nil {
-			return err
+		for _, fd := range []*int{&q.kick, &q.masked, &q.errFD, &q.call, &q.wake} {
+			var err error
+			if *fd, err = newEventfd(); err != nil {
+				return err
+			}
 		}
-		if q.masked, err = newEventfd(); err != nil {
-			return err
-		}
-		if q.errFD, err = newEventfd(); err != nil {
-			return err
-		}
-		callFD, err := newEventfd()
-		if err != nil {
-			return err
-		}
-		q.call = os.NewFile(uintptr(callFD), fmt.Sprintf("call%d", i)) // non-blocking: netpoller
 	}
 	return nil
 }
@@ -467,7 +482,7 @@ func (f *Frontend) start() error {
 		}
 	}
 	for _, q := range f.queues { // vhost_virtqueue_mask(false): the guest notifier
-		if err := c.SetVringCall(uint8(q.idx), int(q.call.Fd())); err != nil {
+		if err := c.SetVringCall(uint8(q.idx), q.call); err != nil {
 			return err
 		}
 	}
@@ -548,15 +563,10 @@ func (f *Frontend) Close() error {
 	if f.backendReq != nil {
 		f.backendReq.Close()
 	}
-	for _, q := range f.queues {
-		if q.call != nil {
-			q.call.Close() // ends the completion goroutine's read
-		}
-	}
 	f.wg.Wait()
 	for _, q := range f.queues {
-		q.failPending(ErrClosed)
-		for _, fd := range []int{q.kick, q.masked, q.errFD} {
+		q.close()
+		for _, fd := range []int{q.kick, q.masked, q.errFD, q.call, q.wake} {
 			if fd >= 0 {
 				unix.Close(fd)
 			}
@@ -617,7 +627,7 @@ func (f *Frontend) Free(gpa uint64) {
 }
 
 // Driver returns the driver side of queue q for raw (hostile) use. It is not synchronised with
-// Submit or with the completion goroutine, which pops used entries whenever the call eventfd
+// Submit or with a Wait reaping the queue, which pops used entries whenever the call eventfd
 // fires; the returned Driver is replaced by every Start.
 func (f *Frontend) Driver(q int) *virtq.Driver {
 	qu := f.queues[q]
@@ -642,12 +652,14 @@ func (f *Frontend) Kick(q int) error {
 
 // Pending is a request in flight.
 type Pending struct {
-	f       *Frontend
-	head    uint16
-	table   uint64 // guest-physical address of its indirect table, 0 if none
-	done    chan struct{}
-	written uint32 // valid once done is closed
-	err     error  // valid once done is closed
+	f        *Frontend
+	q        *queue
+	head     uint16
+	table    uint64 // guest-physical address of its indirect table, 0 if none
+	done     chan struct{}
+	finished bool   // guarded by the queue's mu: done is closed
+	written  uint32 // valid once done is closed
+	err      error  // valid once done is closed
 }
 
 // SubmitAsync places a chain of readable then writable buffers on queue q (0 = hiprio,
@@ -661,8 +673,12 @@ func (f *Frontend) SubmitAsync(q int, readable, writable []virtq.Buf) (*Pending,
 		return nil, fmt.Errorf("frontend: no queue %d", q)
 	}
 	qu := f.queues[q]
-	p := &Pending{f: f, done: make(chan struct{})}
+	p := &Pending{f: f, q: qu, done: make(chan struct{})}
 	qu.mu.Lock()
+	if qu.closed {
+		qu.mu.Unlock()
+		return nil, ErrClosed
+	}
 	if qu.stopped {
 		qu.mu.Unlock()
 		return nil, ErrStopped
@@ -698,14 +714,153 @@ func (f *Frontend) SubmitAsync(q int, readable, writable []virtq.Buf) (*Pending,
 }
 
 // Wait waits for the request to be used by the device and returns the bytes it wrote. If ctx ends
-// first the request stays in flight and Wait may be called again.
+// first the request stays in flight and Wait may be called again. A request alone in flight on
+// its queue is reaped by its own Wait, in a blocking poll(2) on the goroutine's thread; with
+// others in flight a reaper goroutine completes it (see the package doc).
 func (p *Pending) Wait(ctx context.Context) (uint32, error) {
-	select {
-	case <-p.done:
-		return p.written, p.err
-	case <-ctx.Done():
-		return 0, ctx.Err()
+	q := p.q
+	for {
+		select {
+		case <-p.done:
+			return p.written, p.err
+		default:
+		}
+		q.mu.Lock()
+		if !q.reaping && !q.closed && !p.finished { // Close fails every request before it sets closed
+			q.reaping = true
+			if len(q.pending) == 1 { // p alone
+				q.mu.Unlock()
+				return p.reap(ctx)
+			}
+			go q.reapInFlight()
+		}
+		if q.handoff == nil {
+			q.handoff = make(chan struct{})
+		}
+		handoff := q.handoff
+		q.mu.Unlock()
+		select {
+		case <-p.done:
+			return p.written, p.err
+		case <-handoff:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
 	}
+}
+
+// leave gives up the reaper role and wakes the waiters that wait for it. Called with mu held.
+func (q *queue) leave() {
+	q.reaping = false
+	if q.handoff != nil {
+		close(q.handoff)
+		q.handoff = nil
+	}
+}
+
+// reap is Wait as the queue's reaper: it pops used entries until p is done or ctx ends, then
+// leaves the role.
+func (p *Pending) reap(ctx context.Context) (uint32, error) {
+	q := p.q
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+		q.mu.Lock()
+		q.leave()
+		q.mu.Unlock()
+	}()
+	for {
+		if q.reap(p) {
+			return p.written, p.err
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if stop == nil && ctx.Done() != nil {
+			// If ctx ends from here on, the poll below returns.
+			stop = context.AfterFunc(ctx, q.interrupt)
+		}
+		if err := q.sleep(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// reapInFlight is the reaper goroutine a Wait starts, having taken the role for it, when its
+// request is not alone in flight: it pops used entries until no request is in flight (or Close),
+// then leaves the role. The waiters wait on their requests' done channels meanwhile.
+//
+// It reads the call eventfd through Go's netpoller (a duplicate of it, registered for this
+// goroutine's lifetime only, so that a lone request's wake-up wakes no netpoller thread): the
+// completions of requests in flight together then come in the batches a scheduler hand-off
+// gathers, and the reaper's wake-up and its waiters' share a thread.
+func (q *queue) reapInFlight() {
+	var call *os.File
+	if fd, err := unix.Dup(q.call); err == nil {
+		unix.CloseOnExec(fd)
+		call = os.NewFile(uintptr(fd), fmt.Sprintf("call%d", q.idx))
+	}
+	// The duplicate is closed before the role is left: Close waits for that, then checks nothing
+	// of ours is open.
+	defer func() {
+		if call != nil {
+			call.Close()
+		}
+		q.mu.Lock()
+		q.leave()
+		q.mu.Unlock()
+	}()
+	var b [8]byte
+	for {
+		q.reap(nil)
+		q.mu.Lock()
+		over := len(q.pending) == 0 || q.closed
+		q.mu.Unlock()
+		if over {
+			return
+		}
+		var err error
+		if call != nil {
+			_, err = call.Read(b[:])
+		} else {
+			err = q.sleep()
+		}
+		if err != nil {
+			// Not expected of an eventfd; the role goes back to the waiters, whose next
+			// one starts over.
+			return
+		}
+	}
+}
+
+// sleep is the reaper's wait: poll(2) on the call eventfd and the wake eventfd, then read the
+// ones that fired. A completion signalled after this read signals again.
+func (q *queue) sleep() error {
+	fds := [2]unix.PollFd{{Fd: int32(q.call), Events: unix.POLLIN}, {Fd: int32(q.wake), Events: unix.POLLIN}}
+	if _, err := unix.Poll(fds[:], -1); err != nil {
+		if err == unix.EINTR {
+			return nil
+		}
+		return fmt.Errorf("frontend: queue %d: poll: %w", q.idx, err)
+	}
+	var b [8]byte
+	if fds[0].Revents != 0 {
+		unix.Read(q.call, b[:])
+	}
+	if fds[1].Revents != 0 {
+		unix.Read(q.wake, b[:])
+	}
+	return nil
+}
+
+// interrupt makes the queue's reaper, if any, return from its poll and look again.
+func (q *queue) interrupt() {
+	var b [8]byte
+	b[0] = 1
+	unix.Write(q.wake, b[:]) // EAGAIN: the counter is saturated, the reaper wakes anyway
+	unix.Write(q.call, b[:]) // the reaper goroutine reads only this one; a reaper looks again
 }
 
 // Head returns the descriptor head of the request.
@@ -725,50 +880,70 @@ func (p *Pending) finish(written uint32, err error) {
 	if p.table != 0 {
 		p.f.Free(p.table)
 	}
-	p.written, p.err = written, err
+	p.written, p.err, p.finished = written, err, true
 	close(p.done)
 }
 
-// reapLoop waits on the queue's call eventfd and completes used chains.
-func (f *Frontend) reapLoop(q *queue) {
-	defer f.wg.Done()
-	var b [8]byte
-	for {
-		if _, err := q.call.Read(b[:]); err != nil {
-			return // closed
-		}
-		q.reap()
-	}
-}
-
-func (q *queue) reap() {
+// reap completes the used chains of the queue and asks the device for an interrupt at the next
+// completion, popping again if one came in between. Called by the queue's reaper; it reports
+// whether mine (nil for none) is done.
+func (q *queue) reap(mine *Pending) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.drv == nil {
-		return
-	}
 	for {
-		for {
-			head, written, ok := q.drv.PopUsed()
-			if !ok {
-				break
-			}
-			if p := q.pending[head]; p != nil { // unknown heads come from raw use or a bad device
-				delete(q.pending, head)
-				p.finish(written, nil)
+		if q.drv != nil {
+			for {
+				head, written, ok := q.drv.PopUsed()
+				if !ok {
+					break
+				}
+				if p := q.pending[head]; p != nil { // unknown heads come from raw use or a bad device
+					delete(q.pending, head)
+					p.finish(written, nil)
+				}
 			}
 		}
-		if !q.drv.EnableInterrupts() {
-			return
+		if mine != nil && mine.finished {
+			return true
+		}
+		if q.drv == nil || !q.drv.EnableInterrupts() {
+			return false
 		}
 	}
 }
 
+// failPending fails every request in flight with err and wakes the reaper, whose request is
+// one of them.
 func (q *queue) failPending(err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.failPendingLocked(err)
+}
+
+func (q *queue) failPendingLocked(err error) {
 	for head, p := range q.pending {
 		delete(q.pending, head)
 		p.finish(0, err)
 	}
+	if q.reaping {
+		q.interrupt()
+	}
+}
+
+// close fails the requests in flight with ErrClosed, refuses new ones and waits for the reaper
+// to leave, after which nothing uses the queue's eventfds.
+func (q *queue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.failPendingLocked(ErrClosed)
+	for q.reaping {
+		if q.handoff == nil {
+			q.handoff = make(chan struct{})
+		}
+		h := q.handoff
+		q.mu.Unlock()
+		<-h
+		q.mu.Lock()
+	}
+	q.mu.Unlock()
 }

@@ -514,3 +514,236 @@ func TestDialErrors(t *testing.T) {
 		t.Fatalf("fd leak on failed Dial: %d before, %d after", before, after)
 	}
 }
+
+// TestManyWaitersOneQueue has several goroutines each submitting and waiting for one request at
+// a time on the same queue, so that the reaper role passes between them all the time: every
+// request must complete with its own echo.
+func TestManyWaitersOneQueue(t *testing.T) {
+	s := startServer(t, 2)
+	ctx := testCtx(t)
+	f, err := Dial(ctx, s.path, Options{QueueSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.wait(t)
+	defer f.Close()
+	const workers, each = 8, 300
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			for i := range each {
+				r := newRequestNoT(f, rng, 1+rng.IntN(3000))
+				if r == nil {
+					errs <- errors.New("out of guest memory")
+					return
+				}
+				written, err := f.Submit(ctx, 1, r.readable, r.writable)
+				if err != nil {
+					errs <- fmt.Errorf("worker %d request %d: %w", w, i, err)
+					return
+				}
+				if int(written) != len(r.want) || !bytes.Equal(bytes.Join(r.out, nil), r.want) {
+					errs <- fmt.Errorf("worker %d request %d: bad echo", w, i)
+					return
+				}
+				r.free(f)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := s.dev.chains.Load(); got != workers*each {
+		t.Errorf("device saw %d chains, want %d", got, workers*each)
+	}
+}
+
+// disableRing stops the device serving queue q (its requests stay in the ring).
+func disableRing(t *testing.T, f *Frontend, q int) {
+	t.Helper()
+	if err := f.Client().SetVringEnable(uint32(q), false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Client().GetFeatures(); err != nil { // SET_VRING_ENABLE has no reply
+		t.Fatal(err)
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
+// TestReaperHandoff checks that a Wait reaping its lone request whose ctx is cancelled leaves its
+// blocking poll at once and hands the role over to a waiter already waiting on the same queue,
+// which then (two requests in flight) starts the reaper goroutine: both requests complete once
+// the device serves the ring again, and no wake-up is lost.
+func TestReaperHandoff(t *testing.T) {
+	s := startServer(t, 2)
+	ctx := testCtx(t)
+	f, err := Dial(ctx, s.path, Options{QueueSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.wait(t)
+	defer f.Close()
+	disableRing(t, f, 1)
+	rng := rand.New(rand.NewPCG(7, 8))
+	ra, rb := newRequest(t, f, rng, 500, 1, 2), newRequest(t, f, rng, 700, 2, 1)
+	pa, err := f.SubmitAsync(1, ra.readable, ra.writable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := f.queues[1]
+	locked := func(fn func() bool) func() bool {
+		return func() bool { q.mu.Lock(); defer q.mu.Unlock(); return fn() }
+	}
+	actx, cancelA := context.WithCancel(ctx)
+	aDone := make(chan error, 1)
+	go func() { _, err := pa.Wait(actx); aDone <- err }()
+	waitUntil(t, "A's waiter reaps", locked(func() bool { return q.reaping }))
+	pb, err := f.SubmitAsync(1, rb.readable, rb.writable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   uint32
+		err error
+	}
+	bDone := make(chan result, 1)
+	go func() { n, err := pb.Wait(ctx); bDone <- result{n, err} }()
+	waitUntil(t, "B's waiter waits for the role", locked(func() bool { return q.handoff != nil }))
+
+	start := time.Now()
+	cancelA()
+	select {
+	case err := <-aDone:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("A's Wait after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reaper whose ctx was cancelled stayed in its poll")
+	}
+	t.Logf("the cancelled reaper left after %v", time.Since(start))
+	waitUntil(t, "B's waiter starts a reaper", locked(func() bool { return q.reaping }))
+
+	if err := f.Client().SetVringEnable(1, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Kick(1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-bDone:
+		if r.err != nil {
+			t.Fatalf("B: %v", r.err)
+		}
+		rb.check(t, r.n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("B was not completed after the hand-off")
+	}
+	n, err := pa.Wait(ctx) // A stayed in flight; B's reaper completed it
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra.check(t, n)
+	ra.free(f)
+	rb.free(f)
+}
+
+// TestStopCloseWakeReaper checks that Stop and Close fail the requests of waiters while the
+// queue's reaper is blocked in its poll, whether it is the Wait of a lone request or the reaper
+// goroutine of two, that the reaper leaves, and that Close leaves no descriptor open.
+func TestStopCloseWakeReaper(t *testing.T) {
+	for _, tc := range []struct {
+		stop bool
+		n    int
+	}{{true, 1}, {true, 2}, {false, 1}, {false, 2}} {
+		stop := tc.stop
+		name := fmt.Sprintf("%s/%d in flight", map[bool]string{true: "Stop", false: "Close"}[stop], tc.n)
+		t.Run(name, func(t *testing.T) {
+			before := openFDs(t)
+			s := startServer(t, 2)
+			ctx := testCtx(t)
+			f, err := Dial(ctx, s.path, Options{QueueSize: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			disableRing(t, f, 1)
+			rng := rand.New(rand.NewPCG(9, 10))
+			var pend []*Pending
+			for range tc.n { // all submitted before any Wait: with 2, the reaper goroutine reaps
+				r := newRequest(t, f, rng, 100, 1, 1)
+				defer r.free(f)
+				p, err := f.SubmitAsync(1, r.readable, r.writable)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pend = append(pend, p)
+			}
+			var waits []chan error
+			for _, p := range pend {
+				done := make(chan error, 1)
+				go func() { _, err := p.Wait(ctx); done <- err }()
+				waits = append(waits, done)
+			}
+			q := f.queues[1]
+			waitUntil(t, "a reaper polls and the waiters wait", func() bool {
+				q.mu.Lock()
+				defer q.mu.Unlock()
+				return q.reaping && (tc.n == 1 || q.handoff != nil)
+			})
+			want := ErrClosed
+			if stop {
+				want = ErrStopped
+				if err := f.Stop(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for i, done := range waits {
+				select {
+				case err := <-done:
+					if !errors.Is(err, want) {
+						t.Errorf("waiter %d: %v, want %v", i, err, want)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("waiter %d still blocked after %s", i, name)
+				}
+			}
+			if stop {
+				if err := f.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				r := newRequest(t, f, rng, 300, 1, 1)
+				n, err := f.Submit(ctx, 1, r.readable, r.writable)
+				if err != nil {
+					t.Fatalf("after Stop and Start: %v", err)
+				}
+				r.check(t, n)
+				r.free(f)
+				if err := f.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.wait(t); err != nil {
+				t.Fatalf("Serve after Close = %v, want nil", err)
+			}
+			if after := openFDs(t); after != before {
+				t.Fatalf("fd leak: %d before, %d after", before, after)
+			}
+		})
+	}
+}
