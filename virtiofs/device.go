@@ -240,33 +240,25 @@ func (d *device) HandleQueue(idx int, vr *vhostuser.Vring) (more bool, err error
 	}
 }
 
-// notifyBatch bounds the completions serveInline makes before it signals the guest (if the
-// guest asked to be told, by EVENT_IDX or the NO_INTERRUPT flag): it signals once the ring is
-// empty, and after every notifyBatch completions while it is not. Each completion is published
-// in the used ring at once, so a driver already reaping (Linux's virtio-fs does so with its
-// callbacks disabled) takes it without waiting; only the interrupt of one that sleeps waits, for
-// at most notifyBatch requests. At queue depth 1 the ring is empty after every request, so it is
-// signalled at once as before. At depth 16 this makes one call-eventfd write per 15 requests
-// instead of up to one per request (docs/performance.md, "Notifications at QD16").
-const notifyBatch = 16
-
 // yieldBatch is how many requests serveInline serves between two calls of Vring.Yield, which
 // reads the clock: 16 requests of 1 MiB take about 3 ms here, within Yield's 5 ms; a read on
 // every request was 2 % of READ 4 KiB QD16's CPU.
 const yieldBatch = 16
 
-// serveInline serves up to max requests, one after the other, and returns how many.
+// serveInline serves up to max requests, one after the other, and returns how many. It
+// signals the guest after each completion (if the guest asked to be told, by EVENT_IDX or the
+// NO_INTERRUPT flag): signalling once per 16 completions at queue depth 16 saved call-eventfd
+// writes but cost a fifth to a third of the throughput, as the driver then reaps in bursts
+// (docs/performance.md, "Notifications at QD16").
 func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState, max int) (int, error) {
 	q, c := vr.Queue(), &qs.chain
-	unsignalled := 0
 	for n := 0; n < max; n++ {
 		ok, err := q.Next(c)
 		if err != nil {
-			vr.Notify() // what was completed before the bad chain is still the guest's
 			return n, fmt.Errorf("virtio-fs queue %d: %w", idx, err)
 		}
 		if !ok {
-			return n, vr.Notify()
+			return n, nil
 		}
 		if n%yieldBatch == yieldBatch-1 {
 			vr.Yield() // a batch can run longer than the 10 ms Vring.Yield is about
@@ -278,14 +270,11 @@ func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState, max i
 		}
 		q.Complete(c.Head, uint32(written))
 		qs.inFlight.Add(-1)
-		if unsignalled++; unsignalled == notifyBatch {
-			unsignalled = 0
-			if err := vr.Notify(); err != nil {
-				return n, err
-			}
+		if err := vr.Notify(); err != nil {
+			return n, err
 		}
 	}
-	return max, vr.Notify()
+	return max, nil
 }
 
 // servePooled hands up to max requests to the workers, waits for all of them, and returns how

@@ -99,12 +99,12 @@ const (
 func targets(res *Results, rs []row) []string {
 	var opsMet, opsMissed, cpuMet, cpuMissed, floorMet, floorMissed, small []string
 	for _, r := range rs {
-		if r.pool != 0 || r.substitute || r.cache != "auto" || !r.ops.ok() {
+		if r.pool != 0 || r.substitute || r.k.Cache != "auto" || !r.ops.ok() {
 			continue
 		}
 		name := r.w.Name
-		if r.k.Xattr != "" {
-			name += " (xattr)"
+		if r.k.Xattr != "" { // one row per kvfsd xattr setup: name its options
+			name += " (" + strings.TrimPrefix(r.cache, r.k.Cache+", ") + ")"
 		}
 		if r.ops.med >= targetOps && r.ops.lo >= targetOpsLow {
 			opsMet = append(opsMet, fmt.Sprintf("%s (%.2f×, lowest %.2f×)", name, r.ops.med, r.ops.lo))

@@ -148,6 +148,20 @@ func TestReadingDeepCPUTarget(t *testing.T) {
 	}
 }
 
+// TestReadingXattrTargets: both kvfsd xattr setups are rows of the targets, named by their
+// options.
+func TestReadingXattrTargets(t *testing.T) {
+	md := Report(fakeResults("WRITE 4 KiB random QD1, xattr"), "")
+	for _, want := range []string{
+		"WRITE 4 KiB random QD1, xattr (-o xattr -o killpriv_v2) (2.00×, lowest 2.00×)",
+		"WRITE 4 KiB random QD1, xattr (-o xattr -o no_killpriv_v2) (2.00×, lowest 2.00×)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
 func TestReadingTargets(t *testing.T) {
 	res := fakeResults()
 	// kvfsd's CREATE+RELEASE+UNLINK ops/s: 0.6× the C virtiofsd's, short of 1.0×.
