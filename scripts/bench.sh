@@ -3,7 +3,7 @@
 #
 # 1. Server level (bench/serverbench): kvfsd against the C virtiofsd through the in-repo
 #    front-end, interleaved in rounds, and a "limit" row of the same system calls made directly
-#    on the host. Writes docs/benchmarks.md and docs/benchmarks-server.png; about 8 minutes on 2
+#    on the host. Writes docs/benchmarks.md and docs/benchmarks-server.png; about 16 minutes on 2
 #    cores. Arguments are passed on to kvfsbench, after the defaults below:
 #      scripts/bench.sh -rounds 2 -duration 300ms -run 'READ|WRITE'   # a quick look
 #    Each QD1 row is also read as a share of the "floor" row, a two-process eventfd ping-pong
