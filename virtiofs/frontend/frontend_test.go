@@ -415,17 +415,25 @@ func TestStopStart(t *testing.T) {
 	}
 }
 
-// TestStopFailsPending checks that requests the device never completes fail with ErrStopped at
-// Stop, and that a Wait deadline leaves a request in flight.
-func TestStopFailsPending(t *testing.T) {
+// dialServer connects a Frontend with 64-entry queues to a server of 2 request queues; the
+// Frontend is closed and the server waited for when the test ends.
+func dialServer(t *testing.T) (*server, *Frontend, context.Context) {
+	t.Helper()
 	s := startServer(t, 2)
 	ctx := testCtx(t)
 	f, err := Dial(ctx, s.path, Options{QueueSize: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.wait(t)
-	defer f.Close()
+	t.Cleanup(func() { s.wait(t) })
+	t.Cleanup(func() { f.Close() })
+	return s, f, ctx
+}
+
+// TestStopFailsPending checks that requests the device never completes fail with ErrStopped at
+// Stop, and that a Wait deadline leaves a request in flight.
+func TestStopFailsPending(t *testing.T) {
+	_, f, ctx := dialServer(t)
 	// Disable the ring so the device does not serve it, then submit.
 	if err := f.Client().SetVringEnable(1, false); err != nil {
 		t.Fatal(err)
@@ -519,14 +527,7 @@ func TestDialErrors(t *testing.T) {
 // a time on the same queue, so that the reaper role passes between them all the time: every
 // request must complete with its own echo.
 func TestManyWaitersOneQueue(t *testing.T) {
-	s := startServer(t, 2)
-	ctx := testCtx(t)
-	f, err := Dial(ctx, s.path, Options{QueueSize: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.wait(t)
-	defer f.Close()
+	s, f, ctx := dialServer(t)
 	const workers, each = 8, 300
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -590,14 +591,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // which then (two requests in flight) starts the reaper goroutine: both requests complete once
 // the device serves the ring again, and no wake-up is lost.
 func TestReaperHandoff(t *testing.T) {
-	s := startServer(t, 2)
-	ctx := testCtx(t)
-	f, err := Dial(ctx, s.path, Options{QueueSize: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.wait(t)
-	defer f.Close()
+	_, f, ctx := dialServer(t)
 	disableRing(t, f, 1)
 	rng := rand.New(rand.NewPCG(7, 8))
 	ra, rb := newRequest(t, f, rng, 500, 1, 2), newRequest(t, f, rng, 700, 2, 1)
