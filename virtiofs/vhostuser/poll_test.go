@@ -34,6 +34,24 @@ func (r *rig) kicksSuppressed(tr *testRing) bool {
 	return r.load16(used+4+8*rigRingSz) == tr.drv.AvailIdx()-1 // avail_event behind
 }
 
+// expectNoPoll checks that the ring, idle for settle, does not poll: its kicks are not
+// suppressed, and a request published without a kick asks for one and is served only once it
+// comes.
+func (r *rig) expectNoPoll(t *testing.T, tr *testRing, settle time.Duration) {
+	t.Helper()
+	time.Sleep(settle)
+	if r.kicksSuppressed(tr) {
+		t.Fatal("kicks suppressed on a ring that does not poll")
+	}
+	want := r.publishEcho(tr, 100, false, 1<<20, 2<<20)
+	if !tr.drv.NeedsKick() {
+		t.Fatal("no kick asked for on a ring that does not poll")
+	}
+	waitEvent(t, tr.call, false)
+	kick(t, tr.kick)
+	r.expectEcho(tr, want, 2<<20)
+}
+
 // load16 loads the little-endian u16 at gpa (4-aligned) atomically, as the device stores it.
 func (r *rig) load16(gpa uint64) uint16 {
 	w := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.mapping[gpa])))
@@ -261,17 +279,7 @@ func TestBackendPollingAdapts(t *testing.T) {
 		t.Fatalf("window after a wait longer than the limit: %v, want 0", w)
 	}
 	// No polling now: a request published without a kick waits for one.
-	time.Sleep(10 * time.Millisecond)
-	if r.kicksSuppressed(tr) {
-		t.Fatal("kicks suppressed with a window of 0")
-	}
-	want := r.publishEcho(tr, 100, false, 1<<20, 2<<20)
-	if !tr.drv.NeedsKick() {
-		t.Fatal("no kick asked for with a window of 0")
-	}
-	waitEvent(t, tr.call, false)
-	kick(t, tr.kick)
-	r.expectEcho(tr, want, 2<<20)
+	r.expectNoPoll(t, tr, 10*time.Millisecond)
 }
 
 // A chain published after the last look of a poll and before kicks are enabled again gets no
@@ -359,17 +367,7 @@ func TestBackendPollingOff(t *testing.T) {
 			if w := r.dev.window[1].Load(); w != 0 {
 				t.Fatalf("poll window %v", time.Duration(w))
 			}
-			time.Sleep(5 * time.Millisecond)
-			if r.kicksSuppressed(tr) {
-				t.Fatal("kicks suppressed")
-			}
-			want := r.publishEcho(tr, 100, false, 1<<20, 2<<20)
-			if !tr.drv.NeedsKick() {
-				t.Fatal("no kick asked for")
-			}
-			waitEvent(t, tr.call, false)
-			kick(t, tr.kick)
-			r.expectEcho(tr, want, 2<<20)
+			r.expectNoPoll(t, tr, 5*time.Millisecond)
 		})
 	}
 }
