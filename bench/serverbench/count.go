@@ -23,7 +23,7 @@ import (
 // runs "strace -f -c -o /tmp/s.txt bin/kvfsd --socket-path=S -o source=DIR" on a fresh shared
 // directory (as kvfsbench makes it), connects the in-repo front-end, runs -warmup operations,
 // then -n measured ones, and disconnects, which ends the server (and writes strace's summary).
-// The server CPU and switches it prints are of the process tree it started, the wrapper included;
+// The server CPU (and its system part) and switches it prints are of the process tree it started, the wrapper included;
 // the front-end's are kvfscount's own (getrusage).
 func CountMain(argv []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvfscount", flag.ContinueOnError)
@@ -129,9 +129,10 @@ func CountMain(argv []string, stdout, stderr io.Writer) int {
 	}
 	d.stop()
 	ops := float64(m.ops)
-	fmt.Fprintf(stdout, "%s: %d operations in %v; server CPU %.2f µs/op, %.2f switches/op (its process tree, wrapper included); front-end CPU %.2f µs/op, %.2f switches/op (this process)\n",
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / ops }
+	su, fu := m.u1.sub(m.u0), fe1.sub(fe0)
+	fmt.Fprintf(stdout, "%s: %d operations in %v; server CPU %.2f µs/op (system %.2f), %.2f switches/op (its process tree, wrapper included); front-end CPU %.2f µs/op (system %.2f), %.2f switches/op (this process)\n",
 		w.Name, m.ops, m.end.Sub(m.begin).Round(time.Millisecond),
-		float64(m.u1.CPU-m.u0.CPU)/float64(time.Microsecond)/ops, float64(m.u1.Switches-m.u0.Switches)/ops,
-		float64(fe1.CPU-fe0.CPU)/float64(time.Microsecond)/ops, float64(fe1.Switches-fe0.Switches)/ops)
+		us(su.CPU), us(su.System), float64(su.Switches)/ops, us(fu.CPU), us(fu.System), float64(fu.Switches)/ops)
 	return 0
 }

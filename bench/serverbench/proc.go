@@ -16,51 +16,59 @@ import (
 // userHZ is the unit of the times in /proc/PID/stat (USER_HZ, 100 on every Linux ABI).
 const userHZ = 100
 
-// processCPU returns the user plus system CPU time the process pid has used, all its threads
-// included, from /proc/PID/stat (resolution 10 ms).
-func processCPU(pid int) (time.Duration, error) {
+// processCPU returns the user plus system CPU time the process pid has used, and the system
+// time alone, all its threads included, from /proc/PID/stat (resolution 10 ms).
+func processCPU(pid int) (cpu, system time.Duration, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name (field 2) is in parentheses and may contain anything; fields start after
 	// its closing parenthesis with field 3 (state). utime and stime are fields 14 and 15.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := bytes.Fields(b[i+1:])
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
-	var ticks uint64
-	for _, s := range f[11:13] {
+	var ticks [2]uint64 // utime, stime
+	for j, s := range f[11:13] {
 		n, err := strconv.ParseUint(string(s), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+			return 0, 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 		}
-		ticks += n
+		ticks[j] = n
 	}
-	return time.Duration(ticks) * time.Second / userHZ, nil
+	tick := func(n uint64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+	return tick(ticks[0] + ticks[1]), tick(ticks[1]), nil
 }
 
 // usage is what a process has consumed so far.
 type usage struct {
 	CPU      time.Duration // user + system time, all threads
+	System   time.Duration // the system (kernel) part of CPU
 	Switches uint64        // voluntary + involuntary context switches of its live threads
 }
 
-func (u usage) add(v usage) usage { return usage{u.CPU + v.CPU, u.Switches + v.Switches} }
+func (u usage) add(v usage) usage {
+	return usage{u.CPU + v.CPU, u.System + v.System, u.Switches + v.Switches}
+}
+
+func (u usage) sub(v usage) usage {
+	return usage{u.CPU - v.CPU, u.System - v.System, u.Switches - v.Switches}
+}
 
 // processUsage returns the usage of the process pid. The CPU time includes threads that have
 // exited; the context switches are summed over the threads alive now (the kernel keeps no
 // process total of them).
 func processUsage(pid int) (usage, error) {
-	cpu, err := processCPU(pid)
+	cpu, sys, err := processCPU(pid)
 	if err != nil {
 		return usage{}, err
 	}
-	u := usage{CPU: cpu}
+	u := usage{CPU: cpu, System: sys}
 	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
 	tasks, _ := os.ReadDir(dir)
 	for _, task := range tasks {

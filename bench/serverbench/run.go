@@ -118,6 +118,9 @@ type Sample struct {
 	Bytes   int64
 	Elapsed time.Duration
 	CPU     time.Duration // of the target's process (tree)
+	// SystemCPU is the system (kernel) part of CPU: the system calls, the page faults and the
+	// wake-ups they cost.
+	SystemCPU time.Duration
 	// FrontendCPU is this process's CPU time over the measurement: for a server, the
 	// front-end's (see selfCPU); for the floor, the pinging side's; for the limit, the same as CPU.
 	FrontendCPU time.Duration
@@ -296,6 +299,9 @@ func (s Sample) mibPerSec() float64     { return float64(s.Bytes) / (1 << 20) / 
 func (s Sample) switchesPerOp() float64 { return float64(s.Switches) / float64(max(s.Ops, 1)) }
 func (s Sample) cpuPerOp() float64 {
 	return float64(s.CPU) / float64(time.Microsecond) / float64(max(s.Ops, 1))
+}
+func (s Sample) systemCPUPerOp() float64 {
+	return float64(s.SystemCPU) / float64(time.Microsecond) / float64(max(s.Ops, 1))
 }
 func (s Sample) frontendCPUPerOp() float64 {
 	return float64(s.FrontendCPU) / float64(time.Microsecond) / float64(max(s.Ops, 1))
@@ -478,7 +484,7 @@ func measureGroup(g []*target, w workload, cfg *Config, seed uint64) ([]Sample, 
 			a := &accs[i]
 			a.m.lat, a.m.ops, a.m.bytes = m.lat, a.m.ops+m.ops, a.m.bytes+m.bytes
 			a.elapsed += m.end.Sub(m.begin)
-			a.used = a.used.add(usage{m.u1.CPU - m.u0.CPU, m.u1.Switches - m.u0.Switches})
+			a.used = a.used.add(m.u1.sub(m.u0))
 			a.fe += m.fe1 - m.fe0
 		} else {
 			accs[i].m.lat = m.lat[:0]
@@ -508,7 +514,7 @@ func measureGroup(g []*target, w workload, cfg *Config, seed uint64) ([]Sample, 
 		}
 		lat := a.m.lat
 		slices.Sort(lat)
-		out[i] = Sample{Ops: a.m.ops, Bytes: a.m.bytes, Elapsed: a.elapsed, CPU: a.used.CPU,
+		out[i] = Sample{Ops: a.m.ops, Bytes: a.m.bytes, Elapsed: a.elapsed, CPU: a.used.CPU, SystemCPU: a.used.System,
 			Switches: a.used.Switches, P50: Percentile(lat, 50), P99: Percentile(lat, 99), FrontendCPU: a.fe}
 	}
 	return out, errs

@@ -198,7 +198,8 @@ func selfUsage() usage {
 	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
 		return usage{}
 	}
-	return usage{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), Switches: uint64(ru.Nvcsw + ru.Nivcsw)}
+	return usage{CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), System: time.Duration(ru.Stime.Nano()),
+		Switches: uint64(ru.Nvcsw + ru.Nivcsw)}
 }
 
 // parallel runs depth streams of an operation, each in its own goroutine, until m's deadline, or
