@@ -108,8 +108,9 @@ if [ "$only" = "" ] || [ "$only" = pod ]; then
 	[ -n "${POD_ARGS:-}" ] && phow="POD_ARGS='$POD_ARGS' $phow"
 	[ -n "${AGENT_GUEST:-}" ] && phow="AGENT_GUEST=$AGENT_GUEST $phow"
 	packaging/guest/build.sh --agent "$agent_guest"
+	packaging/guest/build.sh "$probe_guest"
 	# shellcheck disable=SC2086 # POD_ARGS is a list of arguments
-	bin/kvfspodbench -invoked "$phow" -rev "$rev" -shim-dir bin -guest "$agent_guest" \
+	bin/kvfspodbench -invoked "$phow" -rev "$rev" -shim-dir bin -guest "$agent_guest" -probe-guest "$probe_guest" \
 		-runs 10 -mem 512M -vcpus 1 -out docs/benchmarks.md ${POD_ARGS:-}
 fi
 
@@ -119,7 +120,8 @@ if [ "$only" = "" ] || [ "$only" = cri ]; then
 	[ -n "${CRI_ARGS:-}" ] && chow="CRI_ARGS='$CRI_ARGS' $chow"
 	[ -n "${AGENT_GUEST:-}" ] && chow="AGENT_GUEST=$AGENT_GUEST $chow"
 	packaging/guest/build.sh --agent "$agent_guest"
+	packaging/guest/build.sh "$probe_guest"
 	# shellcheck disable=SC2086 # CRI_ARGS is a list of arguments
-	bin/kvfspodbench -cri -invoked "$chow" -rev "$rev" -shim-dir bin -guest "$agent_guest" \
+	bin/kvfspodbench -cri -invoked "$chow" -rev "$rev" -shim-dir bin -guest "$agent_guest" -probe-guest "$probe_guest" \
 		-runs 10 -mem 512M -vcpus 1 -settle 2s -idle 5s -out docs/benchmarks.md ${CRI_ARGS:-}
 fi
