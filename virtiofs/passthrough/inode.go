@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"bytes"
+	"math"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -40,10 +41,37 @@ const (
 	shardBits = 4
 	numShards = 1 << shardBits
 	shardMask = numShards - 1
+
+	// A node id is gen<<32 | slot<<shardBits | shard: the shard, the node's slot in it, and
+	// the slot's generation, which starts at 1 (so no id is 0 or the root's 1) and grows each
+	// time the slot is freed, so an id is never handed out twice.
+	genShift = 32
+	// maxSlots bounds the slots of one shard, so the table holds at most
+	// numShards*maxSlots (2^26, 67 108 864) nodes besides the root; a new node beyond that
+	// answers ENFILE. The bound leaves room in the id (slot < 2^(genShift-shardBits)).
+	maxSlots = 1 << 22
+	// Slots come in chunks that never move: growing the table allocates a chunk, it copies
+	// none, and a full table costs no more than a partial chunk per shard above its slots.
+	chunkBits = 8
+	chunkSize = 1 << chunkBits
+	chunkMask = chunkSize - 1
 )
+
+// slot holds one node of a shard, or none; slots are reused through the shard's free list.
+type slot struct {
+	n    *inode // nil when free
+	gen  uint32 // generation of n's id; when free, that of the next id from this slot
+	next uint32 // when free: 1 + the next free slot, 0 for none
+}
 
 // shard is one part of the inode table. Node ids carry their shard in the low bits, and a key
 // always hashes to the shard of its node, so both lookups stay within one shard.
+//
+// Nodes are found by id through their slot: an index and a generation check. A freed slot
+// goes to the head of the free list with its generation one higher; a slot whose generation
+// has reached its maximum is not freed again but retired, so ids stay unique for the FS's
+// life. Slot memory is kept once allocated (16 bytes a slot, at the most slots the shard ever
+// held), as the C virtiofsd keeps its id map.
 //
 // Nodes are found by key through byHash, keyed by keyHash of the key (8 bytes, not the key's
 // 24: a map entry per cached inode is most of what the table costs). The node found is the
@@ -51,11 +79,68 @@ const (
 // byKey. See find and setKey.
 type shard struct {
 	mu     sync.RWMutex
-	byID   map[uint64]*inode  // guarded by mu
+	chunks []*[chunkSize]slot // guarded by mu
+	top    uint32             // slots ever handed out (free, in use or retired); guarded by mu
+	free   uint32             // 1 + the first free slot, 0 for none; guarded by mu
 	byHash map[uint64]uint64  // node id by keyHash; guarded by mu
 	byKey  map[nodeKey]uint64 // node id by key, for colliding keys; nil until one; guarded by mu
-	seq    uint64             // last id sequence number handed out; guarded by mu
 	_      [8]byte            // keep shards on separate cache lines
+}
+
+// slotOf returns the slot that id names in s (whose shard bits are the caller's to check),
+// or nil when no such slot was ever handed out. Called with mu held.
+func (s *shard) slotOf(id uint64) *slot {
+	i := uint32(id) >> shardBits
+	if c := i >> chunkBits; c < uint32(len(s.chunks)) {
+		return &s.chunks[c][i&chunkMask]
+	}
+	return nil
+}
+
+// lookup returns the node of id, or nil when id is not one in use: never handed out,
+// forgotten, or of a slot reused since. Called with mu held.
+func (s *shard) lookup(id uint64) *inode {
+	if sl := s.slotOf(id); sl != nil && sl.gen == uint32(id>>genShift) {
+		return sl.n // nil if free: its generation is that of an id not handed out yet
+	}
+	return nil
+}
+
+// alloc puts n in a free slot and returns its id, or 0 when the shard is full. Called with mu
+// held for writing.
+func (s *shard) alloc(si uint64, n *inode) uint64 {
+	var i uint32
+	var sl *slot
+	switch {
+	case s.free != 0:
+		i = s.free - 1
+		sl = &s.chunks[i>>chunkBits][i&chunkMask]
+		s.free, sl.next = sl.next, 0
+	case s.top < maxSlots:
+		i = s.top
+		if i&chunkMask == 0 {
+			s.chunks = append(s.chunks, new([chunkSize]slot))
+		}
+		s.top++
+		sl = &s.chunks[i>>chunkBits][i&chunkMask]
+		sl.gen = 1
+	default:
+		return 0
+	}
+	sl.n = n
+	return uint64(sl.gen)<<genShift | uint64(i)<<shardBits | si
+}
+
+// release frees the slot of id, which is in use. Called with mu held for writing.
+func (s *shard) release(id uint64) {
+	sl := s.slotOf(id)
+	sl.n = nil
+	if sl.gen == math.MaxUint32 {
+		return // retired: its every id was handed out
+	}
+	sl.gen++
+	sl.next = s.free
+	s.free = uint32(id)>>shardBits + 1
 }
 
 // keyHash folds a key into 64 bits. For one device and mount it is one-to-one on inode
@@ -64,19 +149,23 @@ func keyHash(k nodeKey) uint64 {
 	return k.ino ^ (k.dev*0x9e3779b97f4a7c15 + k.mnt*0xc2b2ae3d27d4eb4f)
 }
 
-// find returns the id of the node with key k. Called with mu held.
-func (s *shard) find(k nodeKey) (uint64, bool) {
-	if id, ok := s.byHash[keyHash(k)]; ok && s.byID[id].key == k {
-		return id, true
+// find returns the id and node of key k. Called with mu held.
+func (s *shard) find(k nodeKey) (uint64, *inode) {
+	if id, ok := s.byHash[keyHash(k)]; ok {
+		if n := s.lookup(id); n.key == k {
+			return id, n
+		}
 	}
-	id, ok := s.byKey[k]
-	return id, ok
+	if id, ok := s.byKey[k]; ok {
+		return id, s.lookup(id)
+	}
+	return 0, nil
 }
 
 // setKey makes id the node of key k. Called with mu held for writing.
 func (s *shard) setKey(k nodeKey, id uint64) {
 	h := keyHash(k)
-	if other, ok := s.byHash[h]; ok && s.byID[other].key != k {
+	if other, ok := s.byHash[h]; ok && s.lookup(other).key != k {
 		if s.byKey == nil {
 			s.byKey = make(map[nodeKey]uint64)
 		}
@@ -109,7 +198,6 @@ func (t *nodeTable) init(root *inode, fds *atomic.Int64) {
 	t.root = root
 	t.fds = fds
 	for i := range t.shards {
-		t.shards[i].byID = make(map[uint64]*inode)
 		t.shards[i].byHash = make(map[uint64]uint64)
 	}
 }
@@ -129,7 +217,7 @@ func (t *nodeTable) get(id uint64) (*inode, bool) {
 	}
 	s := &t.shards[id&shardMask]
 	s.mu.RLock()
-	n := s.byID[id]
+	n := s.lookup(id)
 	if n != nil {
 		n.pins.Add(1) // at least 1 (the table's) while we hold the lock
 	}
@@ -154,40 +242,40 @@ func (t *nodeTable) put(n *inode) {
 // insert adds one lookup reference to the node with key k, creating it with fd (or file handle
 // fh, then fd is -1) and mode when it does not exist. It reports whether fd was taken; if not,
 // the caller closes it. The node returned is not pinned: only its immutable fields other than
-// fd may be read.
+// fd may be read. A new node that does not fit in the table (see maxSlots) answers ENFILE.
 //
 // A node that keeps a file handle does not keep its inode alive, so the inode number may have
 // been reused by another file since (same key, another generation: another handle). Then the
 // key moves to a new node; the old one stays, answering ESTALE, until the guest forgets it.
-func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uint64, n *inode, took bool) {
+func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uint64, n *inode, took bool, e unix.Errno) {
 	if k == t.root.key {
 		// The root reached again (a bind mount of it inside itself): it is not counted.
-		return rootID, t.root, false
+		return rootID, t.root, false, 0
 	}
 	si := shardOf(k)
 	s := &t.shards[si]
 	s.mu.Lock()
-	if id, ok := s.find(k); ok {
-		n = s.byID[id]
+	if id, n := s.find(k); n != nil {
 		if n.fh == nil || fh == nil || bytes.Equal(handleBytes(n.fh), handleBytes(fh)) {
 			n.refs++
 			s.mu.Unlock()
-			return id, n, false
+			return id, n, false, 0
 		}
 	}
-	s.seq++
-	id = s.seq<<shardBits | si
 	n = &inode{key: k, refs: 1, fh: fh, mode: mode}
 	n.fd.Store(int32(fd))
 	n.pins.Store(1)
-	s.byID[id] = n
+	if id = s.alloc(si, n); id == 0 {
+		s.mu.Unlock()
+		return 0, nil, false, unix.ENFILE
+	}
 	s.setKey(k, id)
 	s.mu.Unlock()
 	t.count.Add(1)
 	if fd >= 0 {
 		t.fds.Add(1)
 	}
-	return id, n, true
+	return id, n, true, 0
 }
 
 // hold gives fd to the node with key k if it keeps a file handle and no descriptor yet, and
@@ -196,12 +284,8 @@ func (t *nodeTable) hold(k nodeKey, fd int) bool {
 	s := &t.shards[shardOf(k)]
 	s.mu.RLock()
 	defer s.mu.RUnlock() // n stays in the table, pinned by it, while the lock is held
-	id, ok := s.find(k)
-	if !ok {
-		return false
-	}
-	n := s.byID[id]
-	if n.fh == nil || !n.fd.CompareAndSwap(-1, int32(fd)) {
+	_, n := s.find(k)
+	if n == nil || n.fh == nil || !n.fd.CompareAndSwap(-1, int32(fd)) {
 		return false
 	}
 	t.fds.Add(1)
@@ -216,7 +300,7 @@ func (t *nodeTable) forget(id, nlookup uint64) {
 	}
 	s := &t.shards[id&shardMask]
 	s.mu.Lock()
-	n := s.byID[id]
+	n := s.lookup(id)
 	if n == nil {
 		s.mu.Unlock()
 		return
@@ -228,19 +312,26 @@ func (t *nodeTable) forget(id, nlookup uint64) {
 	}
 	n.refs = 0
 	s.deleteKey(n.key, id)
-	delete(s.byID, id)
+	s.release(id)
 	s.mu.Unlock()
 	t.count.Add(-1)
 	t.put(n)
 }
 
-// dropAll removes every node but the root.
+// dropAll removes every node but the root. Their slots are freed as by forget, so their ids
+// stay unknown from then on.
 func (t *nodeTable) dropAll() {
+	var old []*inode
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		old := s.byID
-		s.byID = make(map[uint64]*inode)
+		for j := range s.top {
+			sl := &s.chunks[j>>chunkBits][j&chunkMask]
+			if sl.n != nil {
+				old = append(old, sl.n)
+				s.release(uint64(sl.gen)<<genShift | uint64(j)<<shardBits | uint64(i))
+			}
+		}
 		s.byHash = make(map[uint64]uint64)
 		s.byKey = nil
 		s.mu.Unlock()
@@ -248,6 +339,7 @@ func (t *nodeTable) dropAll() {
 			t.count.Add(-1)
 			t.put(n)
 		}
+		old = old[:0]
 	}
 }
 
@@ -259,7 +351,7 @@ func (t *nodeTable) refs(id uint64) uint64 {
 	s := &t.shards[id&shardMask]
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if n := s.byID[id]; n != nil {
+	if n := s.lookup(id); n != nil {
 		return n.refs
 	}
 	return 0
