@@ -3,6 +3,7 @@ package passthrough
 import (
 	"bytes"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -48,13 +49,19 @@ const (
 	genShift = 32
 	// maxSlots bounds the slots of one shard, so the table holds at most
 	// numShards*maxSlots (2^26, 67 108 864) nodes besides the root; a new node beyond that
-	// answers ENFILE. The bound leaves room in the id (slot < 2^(genShift-shardBits)).
+	// answers ENFILE. The bound leaves room in the id (slot < 2^(genShift-shardBits)) and in
+	// an index entry (1 + slot < 2^entrySlotBits).
 	maxSlots = 1 << 22
 	// Slots come in chunks that never move: growing the table allocates a chunk, it copies
 	// none, and a full table costs no more than a partial chunk per shard above its slots.
 	chunkBits = 8
 	chunkSize = 1 << chunkBits
 	chunkMask = chunkSize - 1
+
+	// An index entry is tag | 1 + slot; see shard.
+	entrySlotBits = 23
+	entrySlotMask = 1<<entrySlotBits - 1
+	minIndex      = 64 // entries of the first index
 )
 
 // slot holds one node of a shard, or none; slots are reused through the shard's free list.
@@ -73,48 +80,50 @@ type slot struct {
 // life. Slot memory is kept once allocated (16 bytes a slot, at the most slots the shard ever
 // held), as the C virtiofsd keeps its id map.
 //
-// Nodes are found by key through byHash, keyed by keyHash of the key (8 bytes, not the key's
-// 24: a map entry per cached inode is most of what the table costs). The node found is the
-// one only if its key is the key; a key whose hash another node's key has already goes to
-// byKey. See find and setKey.
+// Nodes are found by key through index, an open-addressing hash table (linear probing, at
+// most half full, deletion by moving entries back) of 4-byte entries: 1 + the node's slot,
+// and above it 9 bits of the key's hash as a tag, so that a probe reads a node's key only
+// when the tag matches. Every entry names a slot in use. A node whose key moved on to a new
+// node (see insert) has no entry.
 type shard struct {
-	mu     sync.RWMutex
-	chunks []*[chunkSize]slot // guarded by mu
-	top    uint32             // slots ever handed out (free, in use or retired); guarded by mu
-	free   uint32             // 1 + the first free slot, 0 for none; guarded by mu
-	byHash map[uint64]uint64  // node id by keyHash; guarded by mu
-	byKey  map[nodeKey]uint64 // node id by key, for colliding keys; nil until one; guarded by mu
-	_      [8]byte            // keep shards on separate cache lines
+	mu      sync.RWMutex
+	num     uint64             // this shard's number: the low bits of its ids; immutable
+	chunks  []*[chunkSize]slot // guarded by mu
+	top     uint32             // slots ever handed out (free, in use or retired); guarded by mu
+	free    uint32             // 1 + the first free slot, 0 for none; guarded by mu
+	index   []uint32           // 0 for no entry; a power of two long, or nil; guarded by mu
+	indexed int                // entries in index; guarded by mu
+	_       [8]byte            // keep shards on separate cache lines
 }
 
-// slotOf returns the slot that id names in s (whose shard bits are the caller's to check),
-// or nil when no such slot was ever handed out. Called with mu held.
-func (s *shard) slotOf(id uint64) *slot {
-	i := uint32(id) >> shardBits
-	if c := i >> chunkBits; c < uint32(len(s.chunks)) {
-		return &s.chunks[c][i&chunkMask]
-	}
-	return nil
+// slotAt returns slot i, which exists. Called with mu held.
+func (s *shard) slotAt(i uint32) *slot { return &s.chunks[i>>chunkBits][i&chunkMask] }
+
+func (s *shard) id(i uint32, gen uint32) uint64 {
+	return uint64(gen)<<genShift | uint64(i)<<shardBits | s.num
 }
 
 // lookup returns the node of id, or nil when id is not one in use: never handed out,
-// forgotten, or of a slot reused since. Called with mu held.
+// forgotten, or of a slot reused since. The caller has checked id's shard bits. Called with
+// mu held.
 func (s *shard) lookup(id uint64) *inode {
-	if sl := s.slotOf(id); sl != nil && sl.gen == uint32(id>>genShift) {
-		return sl.n // nil if free: its generation is that of an id not handed out yet
+	i := uint32(id) >> shardBits
+	if i < s.top {
+		if sl := s.slotAt(i); sl.gen == uint32(id>>genShift) {
+			return sl.n // nil if free: its generation is that of an id not handed out yet
+		}
 	}
 	return nil
 }
 
-// alloc puts n in a free slot and returns its id, or 0 when the shard is full. Called with mu
-// held for writing.
-func (s *shard) alloc(si uint64, n *inode) uint64 {
+// alloc puts n in a free slot and returns the slot, or false when the shard is full. Called
+// with mu held for writing.
+func (s *shard) alloc(n *inode) (uint32, bool) {
 	var i uint32
-	var sl *slot
 	switch {
 	case s.free != 0:
 		i = s.free - 1
-		sl = &s.chunks[i>>chunkBits][i&chunkMask]
+		sl := s.slotAt(i)
 		s.free, sl.next = sl.next, 0
 	case s.top < maxSlots:
 		i = s.top
@@ -122,67 +131,117 @@ func (s *shard) alloc(si uint64, n *inode) uint64 {
 			s.chunks = append(s.chunks, new([chunkSize]slot))
 		}
 		s.top++
-		sl = &s.chunks[i>>chunkBits][i&chunkMask]
-		sl.gen = 1
+		s.slotAt(i).gen = 1
 	default:
-		return 0
+		return 0, false
 	}
-	sl.n = n
-	return uint64(sl.gen)<<genShift | uint64(i)<<shardBits | si
+	s.slotAt(i).n = n
+	return i, true
 }
 
-// release frees the slot of id, which is in use. Called with mu held for writing.
-func (s *shard) release(id uint64) {
-	sl := s.slotOf(id)
+// release frees slot i, which is in use. Called with mu held for writing.
+func (s *shard) release(i uint32) {
+	sl := s.slotAt(i)
 	sl.n = nil
 	if sl.gen == math.MaxUint32 {
 		return // retired: its every id was handed out
 	}
 	sl.gen++
 	sl.next = s.free
-	s.free = uint32(id)>>shardBits + 1
+	s.free = i + 1
 }
 
-// keyHash folds a key into 64 bits. For one device and mount it is one-to-one on inode
-// numbers, so keys of one file system never collide; keys of different ones rarely do.
+// keyHash folds a key into 64 bits; the index places a key by its high bits and tags its
+// entry with bits 23-31. For one device and mount it is one-to-one on inode numbers.
 func keyHash(k nodeKey) uint64 {
-	return k.ino ^ (k.dev*0x9e3779b97f4a7c15 + k.mnt*0xc2b2ae3d27d4eb4f)
+	return (k.ino ^ (k.dev*0x9e3779b97f4a7c15 + k.mnt*0xc2b2ae3d27d4eb4f)) * 0x9e3779b97f4a7c15
 }
 
-// find returns the id and node of key k. Called with mu held.
-func (s *shard) find(k nodeKey) (uint64, *inode) {
-	if id, ok := s.byHash[keyHash(k)]; ok {
-		if n := s.lookup(id); n.key == k {
-			return id, n
-		}
-	}
-	if id, ok := s.byKey[k]; ok {
-		return id, s.lookup(id)
-	}
-	return 0, nil
-}
+func entryTag(h uint64) uint32 { return uint32(h) &^ entrySlotMask }
 
-// setKey makes id the node of key k. Called with mu held for writing.
-func (s *shard) setKey(k nodeKey, id uint64) {
+// home is where the entry of a key with hash h belongs in an index of n entries.
+func home(h uint64, n int) int { return int(h >> (64 - bits.TrailingZeros(uint(n)))) }
+
+// find returns the slot of the node with key k, and where its entry is in index; for a key
+// not there, nil and where its entry would go (-1 with no index). Called with mu held.
+func (s *shard) find(k nodeKey) (i uint32, sl *slot, at int) {
+	if s.index == nil {
+		return 0, nil, -1
+	}
 	h := keyHash(k)
-	if other, ok := s.byHash[h]; ok && s.lookup(other).key != k {
-		if s.byKey == nil {
-			s.byKey = make(map[nodeKey]uint64)
+	tag, mask := entryTag(h), len(s.index)-1
+	for at = home(h, len(s.index)); ; at = (at + 1) & mask {
+		e := s.index[at]
+		if e == 0 {
+			return 0, nil, at
 		}
-		s.byKey[k] = id
+		if e&^entrySlotMask == tag {
+			i = e&entrySlotMask - 1
+			if sl = s.slotAt(i); sl.n.key == k {
+				return i, sl, at
+			}
+		}
+	}
+}
+
+// addKey gives key k, which has no entry, the entry tag | 1 + slot i, at at if the index has
+// room. Called with mu held for writing.
+func (s *shard) addKey(k nodeKey, i uint32, at int) {
+	h := keyHash(k)
+	if 2*(s.indexed+1) > len(s.index) {
+		s.grow()
+		at = s.vacancy(h)
+	}
+	s.index[at] = entryTag(h) | (i + 1)
+	s.indexed++
+}
+
+// vacancy returns the first empty entry from the home of hash h. Called with mu held.
+func (s *shard) vacancy(h uint64) int {
+	mask := len(s.index) - 1
+	at := home(h, len(s.index))
+	for s.index[at] != 0 {
+		at = (at + 1) & mask
+	}
+	return at
+}
+
+// grow doubles the index. Called with mu held for writing.
+func (s *shard) grow() {
+	old := s.index
+	s.index = make([]uint32, max(2*len(old), minIndex))
+	for _, e := range old {
+		if e != 0 {
+			s.index[s.vacancy(keyHash(s.slotAt(e&entrySlotMask-1).n.key))] = e
+		}
+	}
+}
+
+// deleteKey removes the entry of slot i, whose node has key k, if it has one (not when k has
+// moved on to another node): the entries after it in its run move back where their probes
+// would find them. Called with mu held for writing.
+func (s *shard) deleteKey(k nodeKey, i uint32) {
+	if s.index == nil {
 		return
 	}
-	s.byHash[h] = id
-}
-
-// deleteKey forgets that id is the node of key k, unless the key has moved on to another node
-// (see insert). Called with mu held for writing. (Ids are never 0, a missing entry's value.)
-func (s *shard) deleteKey(k nodeKey, id uint64) {
-	if h := keyHash(k); s.byHash[h] == id {
-		delete(s.byHash, h)
-	} else if s.byKey[k] == id {
-		delete(s.byKey, k)
+	mask := len(s.index) - 1
+	at := home(keyHash(k), len(s.index))
+	for s.index[at]&entrySlotMask != i+1 {
+		if s.index[at] == 0 {
+			return
+		}
+		at = (at + 1) & mask
 	}
+	for next := (at + 1) & mask; s.index[next] != 0; next = (next + 1) & mask {
+		e := s.index[next]
+		// e may move to the hole at at if its home is not in (at, next].
+		if h := home(keyHash(s.slotAt(e&entrySlotMask-1).n.key), len(s.index)); (next-h)&mask >= (next-at)&mask {
+			s.index[at] = e
+			at = next
+		}
+	}
+	s.index[at] = 0
+	s.indexed--
 }
 
 // nodeTable maps node ids to inodes. The root (id 1) lives outside the shards and is never
@@ -198,7 +257,7 @@ func (t *nodeTable) init(root *inode, fds *atomic.Int64) {
 	t.root = root
 	t.fds = fds
 	for i := range t.shards {
-		t.shards[i].byHash = make(map[uint64]uint64)
+		t.shards[i].num = uint64(i)
 	}
 }
 
@@ -252,24 +311,29 @@ func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uin
 		// The root reached again (a bind mount of it inside itself): it is not counted.
 		return rootID, t.root, false, 0
 	}
-	si := shardOf(k)
-	s := &t.shards[si]
+	s := &t.shards[shardOf(k)]
 	s.mu.Lock()
-	if id, n := s.find(k); n != nil {
-		if n.fh == nil || fh == nil || bytes.Equal(handleBytes(n.fh), handleBytes(fh)) {
-			n.refs++
-			s.mu.Unlock()
-			return id, n, false, 0
-		}
+	i, sl, at := s.find(k)
+	if sl != nil && (sl.n.fh == nil || fh == nil || bytes.Equal(handleBytes(sl.n.fh), handleBytes(fh))) {
+		sl.n.refs++
+		id, n = s.id(i, sl.gen), sl.n
+		s.mu.Unlock()
+		return id, n, false, 0
 	}
 	n = &inode{key: k, refs: 1, fh: fh, mode: mode}
 	n.fd.Store(int32(fd))
 	n.pins.Store(1)
-	if id = s.alloc(si, n); id == 0 {
+	j, ok := s.alloc(n)
+	if !ok {
 		s.mu.Unlock()
 		return 0, nil, false, unix.ENFILE
 	}
-	s.setKey(k, id)
+	if sl != nil {
+		s.index[at] = entryTag(keyHash(k)) | (j + 1) // the key moves on
+	} else {
+		s.addKey(k, j, at)
+	}
+	id = s.id(j, s.slotAt(j).gen)
 	s.mu.Unlock()
 	t.count.Add(1)
 	if fd >= 0 {
@@ -283,9 +347,9 @@ func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uin
 func (t *nodeTable) hold(k nodeKey, fd int) bool {
 	s := &t.shards[shardOf(k)]
 	s.mu.RLock()
-	defer s.mu.RUnlock() // n stays in the table, pinned by it, while the lock is held
-	_, n := s.find(k)
-	if n == nil || n.fh == nil || !n.fd.CompareAndSwap(-1, int32(fd)) {
+	defer s.mu.RUnlock() // the node stays in the table, pinned by it, while the lock is held
+	_, sl, _ := s.find(k)
+	if sl == nil || sl.n.fh == nil || !sl.n.fd.CompareAndSwap(-1, int32(fd)) {
 		return false
 	}
 	t.fds.Add(1)
@@ -311,8 +375,9 @@ func (t *nodeTable) forget(id, nlookup uint64) {
 		return
 	}
 	n.refs = 0
-	s.deleteKey(n.key, id)
-	s.release(id)
+	i := uint32(id) >> shardBits
+	s.deleteKey(n.key, i)
+	s.release(i)
 	s.mu.Unlock()
 	t.count.Add(-1)
 	t.put(n)
@@ -326,14 +391,12 @@ func (t *nodeTable) dropAll() {
 		s := &t.shards[i]
 		s.mu.Lock()
 		for j := range s.top {
-			sl := &s.chunks[j>>chunkBits][j&chunkMask]
-			if sl.n != nil {
-				old = append(old, sl.n)
-				s.release(uint64(sl.gen)<<genShift | uint64(j)<<shardBits | uint64(i))
+			if n := s.slotAt(j).n; n != nil {
+				old = append(old, n)
+				s.release(j)
 			}
 		}
-		s.byHash = make(map[uint64]uint64)
-		s.byKey = nil
+		s.index, s.indexed = nil, 0
 		s.mu.Unlock()
 		for _, n := range old {
 			t.count.Add(-1)

@@ -3,6 +3,7 @@ package passthrough
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,7 +107,7 @@ func TestNodeTableRetiredSlot(t *testing.T) {
 	ks := keysOfShard(5, 2)
 	a := mustInsert(t, tab, ks[0])
 	s := &tab.shards[5]
-	s.slotOf(a).gen = math.MaxUint32 // as if handed out 2^32-1 times
+	s.slotAt(uint32(a) >> shardBits).gen = math.MaxUint32 // as if handed out 2^32-1 times
 	a = a&(1<<genShift-1) | math.MaxUint32<<genShift
 	if n, ok := tab.get(a); !ok || n.key != ks[0] {
 		t.Fatalf("get %#x: %v", a, ok)
@@ -136,8 +137,8 @@ func TestNodeTableFull(t *testing.T) {
 	if id, n, took, e := tab.insert(ks[1], 5, nil, unix.S_IFREG); e != unix.ENFILE || id != 0 || n != nil || took {
 		t.Fatalf("insert into a full shard: %d, %v, %v, %v; want ENFILE", id, n, took, e)
 	}
-	if tab.count.Load() != 1 || tab.fds.Load() != 0 || len(s.byHash) != 1 {
-		t.Errorf("full insert left count %d, fds %d, %d hashes", tab.count.Load(), tab.fds.Load(), len(s.byHash))
+	if tab.count.Load() != 1 || tab.fds.Load() != 0 || s.indexed != 1 {
+		t.Errorf("full insert left count %d, fds %d, %d keys", tab.count.Load(), tab.fds.Load(), s.indexed)
 	}
 	// A node already there still takes references.
 	if id, _, _, e := tab.insert(ks[0], -1, nil, unix.S_IFREG); e != 0 || id != a {
@@ -271,8 +272,8 @@ func TestNodeTableConcurrent(t *testing.T) {
 		t.Errorf("count %d after every forget", c)
 	}
 	for i := range tab.shards {
-		if s := &tab.shards[i]; len(s.byHash) != 0 || len(s.byKey) != 0 {
-			t.Errorf("shard %d: %d hashes, %d keys left", i, len(s.byHash), len(s.byKey))
+		if s := &tab.shards[i]; s.indexed != 0 || !slices.Equal(s.index, make([]uint32, len(s.index))) {
+			t.Errorf("shard %d: %d keys left: %x", i, s.indexed, s.index)
 		}
 	}
 }
