@@ -84,7 +84,9 @@ type slot struct {
 // most half full, deletion by moving entries back) of 4-byte entries: 1 + the node's slot,
 // and above it 9 bits of the key's hash as a tag, so that a probe reads a node's key only
 // when the tag matches. Every entry names a slot in use. A node whose key moved on to a new
-// node (see insert) has no entry.
+// node (see insert) has no entry. Growing rehashes the whole index under mu, reading each
+// node's key: about 140 ns an entry here (35 ms for 250 000 in one shard, 4 million nodes in
+// the table), once per doubling, where Go's map grew by parts.
 type shard struct {
 	mu      sync.RWMutex
 	num     uint64             // this shard's number: the low bits of its ids; immutable
