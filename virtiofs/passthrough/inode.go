@@ -95,7 +95,7 @@ type shard struct {
 	free    uint32             // 1 + the first free slot, 0 for none; guarded by mu
 	index   []uint32           // 0 for no entry; a power of two long, or nil; guarded by mu
 	indexed int                // entries in index; guarded by mu
-	_       [8]byte            // keep shards on separate cache lines
+	_       [32]byte           // keep shards on separate cache lines (128 bytes each)
 }
 
 // slotAt returns slot i, which exists. Called with mu held.
