@@ -54,7 +54,8 @@
 // Out of scope: host processes changing the shared tree concurrently (a directory moved out of
 // the share by the host while we hold it is followed, as in virtiofsd), and resource exhaustion
 // by a guest that looks up very many files (each node holds one host fd: raise RLIMIT_NOFILE,
-// or use file handles).
+// or use file handles), beyond the inode table's bound of 2^26 nodes (see "Node ids and
+// lifetimes"; some 100-200 bytes of kvfsd memory each).
 //
 // # File handles
 //
@@ -107,11 +108,20 @@
 // # Node ids and lifetimes
 //
 // Node 1 is the root; other ids are allocated by the inode table and never reused while the FS
-// lives, so generation numbers are always 0. A node is keyed by (st_dev, st_ino, mount id), so
-// hard links and repeated lookups share one node; while we hold its fd the inode cannot be freed,
-// so its number cannot be reused by another file (with file handles, see above). Each node counts the guest's lookups
-// (LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK, TMPFILE and each READDIRPLUS entry but "." and
-// ".."); FORGET subtracts (never below zero) and at zero the node leaves the table.
+// lives, so generation numbers are always 0. An id is the index of the node's slot in a shard
+// of the table (a slot map with a free list, as in the C virtiofsd), with the shard in its low
+// bits and the slot's generation in its high 32: a slot freed by FORGET or DESTROY is reused
+// under the next generation, a slot whose generations are all used is retired, and every
+// lookup by id checks the generation, so an old id answers EBADF even when its slot holds
+// another node. No id is 0 or 1 (generations start at 1). The table holds at most 2^26 nodes
+// (2^22 per shard, see maxSlots): a request that would add a node beyond that (LOOKUP, the
+// creating operations, a READDIRPLUS entry) answers ENFILE, until FORGETs make room.
+//
+// A node is keyed by (st_dev, st_ino, mount id), so hard links and repeated lookups share one
+// node; while we hold its fd the inode cannot be freed, so its number cannot be reused by
+// another file (with file handles, see above). Each node counts the guest's lookups (LOOKUP,
+// CREATE, MKNOD, MKDIR, SYMLINK, LINK, TMPFILE and each READDIRPLUS entry but "." and "..");
+// FORGET subtracts (never below zero) and at zero the node leaves the table.
 //
 // A descriptor is closed only when nothing uses it any more: nodes and handles carry a pin count
 // (one pin for being in the table, one per request using the descriptor), and the last unpin
@@ -124,7 +134,8 @@
 //
 //  1. dirStream.mu, per directory handle: serialises READDIR on one handle; held across
 //     getdents and the READDIRPLUS lookups.
-//  2. shard.mu (inode table shards), handleShard.mu (handle table shards) and mountTable.mu:
+//  2. shard.mu (inode table shards: their slots, free list and key index, and the lookup
+//     counts of their nodes), handleShard.mu (handle table shards) and mountTable.mu:
 //     leaves. No shard lock is held while another is taken or while a syscall runs;
 //     mountTable.mu is held while a mount descriptor is opened (readers take no lock: the
 //     table is copied on write).

@@ -333,7 +333,8 @@ func TestParseFileHandleMode(t *testing.T) {
 	}
 }
 
-// TestNodeTableHashCollision: two keys with one keyHash in one shard stay two nodes.
+// TestNodeTableHashCollision: two keys with one keyHash (so one home and tag in the index) in
+// one shard stay two nodes.
 func TestNodeTableHashCollision(t *testing.T) {
 	var fds atomic.Int64
 	var tab nodeTable
@@ -350,29 +351,34 @@ func TestNodeTableHashCollision(t *testing.T) {
 	if k1 == k2 || keyHash(k1) != keyHash(k2) {
 		t.Fatalf("keys %+v and %+v: hashes %x, %x", k1, k2, keyHash(k1), keyHash(k2))
 	}
-	id1, _, _ := tab.insert(k1, -1, nil, unix.S_IFREG)
-	id2, _, _ := tab.insert(k2, -1, nil, unix.S_IFREG)
+	id1, _, _, _ := tab.insert(k1, -1, nil, unix.S_IFREG)
+	id2, _, _, _ := tab.insert(k2, -1, nil, unix.S_IFREG)
 	if id1 == id2 {
 		t.Fatalf("both keys got node %d", id1)
 	}
-	if again, _, took := tab.insert(k2, -1, nil, unix.S_IFREG); again != id2 || took {
+	if again, _, took, _ := tab.insert(k2, -1, nil, unix.S_IFREG); again != id2 || took {
 		t.Errorf("k2 again: node %d (took %v), want %d", again, took, id2)
 	}
-	if again, _, _ := tab.insert(k1, -1, nil, unix.S_IFREG); again != id1 {
+	if again, _, _, _ := tab.insert(k1, -1, nil, unix.S_IFREG); again != id1 {
 		t.Errorf("k1 again: node %d, want %d", again, id1)
 	}
 	tab.forget(id1, 2)
-	if again, _, _ := tab.insert(k2, -1, nil, unix.S_IFREG); again != id2 {
+	if again, _, _, _ := tab.insert(k2, -1, nil, unix.S_IFREG); again != id2 {
 		t.Errorf("k2 after k1 left: node %d, want %d", again, id2)
 	}
-	id3, _, took := tab.insert(k1, -1, nil, unix.S_IFREG)
+	id3, _, took, _ := tab.insert(k1, -1, nil, unix.S_IFREG)
 	if !took || id3 == id1 || id3 == id2 {
 		t.Errorf("k1 back: node %d (new %v), want a new one", id3, took)
 	}
 	tab.forget(id2, 3)
 	tab.forget(id3, 1)
 	s := &tab.shards[shardOf(k1)]
-	if len(s.byID) != 0 || len(s.byHash) != 0 || len(s.byKey) != 0 || tab.count.Load() != 0 {
-		t.Errorf("after forgetting everything: %d ids, %d hashes, %d keys, count %d", len(s.byID), len(s.byHash), len(s.byKey), tab.count.Load())
+	for _, id := range []uint64{id1, id2, id3} {
+		if n := s.lookup(id); n != nil {
+			t.Errorf("node %d still in its slot", id)
+		}
+	}
+	if s.indexed != 0 || tab.count.Load() != 0 {
+		t.Errorf("after forgetting everything: %d keys, count %d", s.indexed, tab.count.Load())
 	}
 }

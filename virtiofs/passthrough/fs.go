@@ -361,9 +361,12 @@ func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse
 	if fh != nil {
 		nodeFd = -1
 	}
-	id, n, took := fs.nodes.insert(k, nodeFd, fh, mode)
+	id, n, took, e := fs.nodes.insert(k, nodeFd, fh, mode)
 	if !took || fh != nil {
 		unix.Close(fd)
+	}
+	if e != fuse.OK {
+		return 0, e
 	}
 	fs.fillEntry(out, id, n.mode, dax, &st)
 	return id, fuse.OK
