@@ -23,8 +23,8 @@ import (
 // runs "strace -f -c -o /tmp/s.txt bin/kvfsd --socket-path=S -o source=DIR" on a fresh shared
 // directory (as kvfsbench makes it), connects the in-repo front-end, runs -warmup operations,
 // then -n measured ones, and disconnects, which ends the server (and writes strace's summary).
-// The server CPU (and its system part) and switches it prints are of the process tree it started, the wrapper included;
-// the front-end's are kvfscount's own (getrusage).
+// The server CPU (and its system part) and switches it prints are of the process tree it
+// started, the wrapper included; the front-end's are kvfscount's own (getrusage).
 func CountMain(argv []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvfscount", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -130,7 +130,11 @@ func targets(res *Results, rs []row) []string {
 		if r.w.Depth <= 1 && r.kFlo.ok() {
 			l := fmt.Sprintf("%s %s", name, pct(r.kFlo))
 			if b := floorBound(res, r); !math.IsNaN(b) {
-				l += fmt.Sprintf(" (any server at most %.0f%%)", 100*b)
+				l += fmt.Sprintf(" (floor and limit in series: %.0f%%", 100*b)
+				if r.kFlo.med > b {
+					l += "; kvfsd above it: in this run the floor row was no floor"
+				}
+				l += ")"
 			}
 			if r.kFlo.med >= targetFloor {
 				floorMet = append(floorMet, l)
@@ -164,7 +168,7 @@ func targets(res *Results, rs []row) []string {
 		out = append(out, "Where the C virtiofsd's system time alone (the system calls, and the wake-ups and copies in them) is more of its CPU than a CPU target allows, kvfsd cannot meet that target by leaner code of its own: with no user time at all and the C daemon's system calls it would still be at that ratio. It takes fewer or cheaper system calls per request than the C daemon makes.")
 	}
 	if len(floorMet)+len(floorMissed) > 0 {
-		out = append(out, metMissed(fmt.Sprintf("kvfsd ≥ %.0f%% of the floor row's ops/s at queue depth 1 (an operation of several requests pays the floor's round trip for each; for a single request, \"any server at most\" is the floor's round trip and the host's own system calls of the request, the limit row, in series: what a server and front-end of no cost of their own would reach)", 100*targetFloor), floorMet, floorMissed))
+		out = append(out, metMissed(fmt.Sprintf("kvfsd ≥ %.0f%% of the floor row's ops/s at queue depth 1 (an operation of several requests pays the floor's round trip for each; for a single request, \"floor and limit in series\" is the floor's round trip followed by the host's own system calls of the request, the limit row: what a server and front-end of no cost of their own would reach, and no server can pass while the floor row is a true floor)", 100*targetFloor), floorMet, floorMissed))
 	}
 	if len(small) > 0 {
 		out = append(out, fmt.Sprintf("Target: ≥ %.0f%% of the limit row on metadata and 4 KiB I/O (pool 0, cache auto). Missed: %s.", 100*targetLimit, strings.Join(small, "; ")))

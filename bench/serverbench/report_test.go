@@ -152,18 +152,30 @@ func TestReadingDeepCPUTarget(t *testing.T) {
 
 // TestReadingFloorBound: a single-request row at queue depth 1 says what share of the floor a
 // server of no cost would reach: the floor's round trip and the limit row's system calls in
-// series. The xattr row (two requests without killpriv_v2) gets no bound.
+// series, and when kvfsd passes it, that the floor row was no floor. The xattr row (two requests
+// without killpriv_v2) gets no bound.
 func TestReadingFloorBound(t *testing.T) {
 	res := fakeResults("READ 4 KiB random QD1", "WRITE 4 KiB random QD1, xattr")
 	for i := range res.Samples[Setup{Server: limit}]["READ 4 KiB random QD1"] {
 		res.Samples[Setup{Server: limit}]["READ 4 KiB random QD1"][i].Ops = 12000 // the floor: 4000
 	}
 	md := Report(res, "")
-	if want := "READ 4 KiB random QD1 50% (any server at most 75%)"; !strings.Contains(md, want) {
+	if want := "READ 4 KiB random QD1 50% (floor and limit in series: 75%)"; !strings.Contains(md, want) {
 		t.Errorf("report lacks %q", want)
 	}
-	if strings.Contains(md, "killpriv_v2) 50% (any server") {
+	if strings.Contains(md, "killpriv_v2) 50% (floor and limit") {
 		t.Error("the xattr row got a single-request bound")
+	}
+	// A kvfsd above the bound says the floor row was no floor.
+	for i := range res.Samples[Setup{Server: limit}]["READ 4 KiB random QD1"] {
+		res.Samples[Setup{Server: limit}]["READ 4 KiB random QD1"][i].Ops = 4000 // bound 50%
+	}
+	for i := range res.Samples[Setup{Server: floor}]["READ 4 KiB random QD1"] {
+		res.Samples[Setup{Server: floor}]["READ 4 KiB random QD1"][i].Ops = 1000 // kvfsd: 200%
+	}
+	md = Report(res, "")
+	if want := "READ 4 KiB random QD1 200% (floor and limit in series: 80%; kvfsd above it: in this run the floor row was no floor)"; !strings.Contains(md, want) {
+		t.Errorf("report lacks %q", want)
 	}
 }
 
@@ -200,7 +212,7 @@ func TestReadingTargets(t *testing.T) {
 		"Met in 1 row: LOOKUP+GETATTR (2.00×, lowest 2.00×). Missed in 1 row: CREATE+RELEASE+UNLINK (0.60×, lowest 0.60×).",
 		// Equal CPU per operation meets ≤ 1.00×; CREATE's is now 40 ms over 1200 operations.
 		"Met in 1 row: LOOKUP+GETATTR (1.00×, needed ≤ 1.00×). Missed in 1 row: CREATE+RELEASE+UNLINK (3.33×, needed ≤ 1.00×).",
-		"what a server and front-end of no cost of their own would reach) (pool 0, cache auto). Met in no row. Missed in 2 rows: LOOKUP+GETATTR 50%; CREATE+RELEASE+UNLINK 15%.",
+		"and no server can pass while the floor row is a true floor) (pool 0, cache auto). Met in no row. Missed in 2 rows: LOOKUP+GETATTR 50%; CREATE+RELEASE+UNLINK 15%.",
 		"of its CPU, 40% is the notification path",
 		"10% the Go scheduler, 5% allocation and GC, and 15% its own Go code",
 		"| `internal/runtime/syscall/linux.Syscall6` | 60.0% | 60.0% |",
