@@ -97,7 +97,7 @@ const (
 // targets says, target by target, on which rows it is met and by how much it is missed on the
 // others, and then why, from kvfsd's CPU profiles.
 func targets(res *Results, rs []row) []string {
-	var opsMet, opsMissed, cpuMet, cpuMissed, floorMet, floorMissed, small []string
+	var opsMet, opsMissed, cpuMet, cpuMissed, floorMet, floorMissed, noFloor, small []string
 	for _, r := range rs {
 		if r.pool != 0 || r.substitute || r.k.Cache != "auto" || !r.ops.ok() {
 			continue
@@ -129,16 +129,16 @@ func targets(res *Results, rs []row) []string {
 		}
 		if r.w.Depth <= 1 && r.kFlo.ok() {
 			l := fmt.Sprintf("%s %s", name, pct(r.kFlo))
-			if b := floorBound(res, r); !math.IsNaN(b) {
-				l += fmt.Sprintf(" (floor and limit in series: %.0f%%", 100*b)
-				if r.kFlo.med > b {
-					l += "; kvfsd above it: in this run the floor row was no floor"
-				}
-				l += ")"
+			b := floorBound(res, r)
+			if !math.IsNaN(b) {
+				l += fmt.Sprintf(" (floor and limit in series: %.0f%%)", 100*b)
 			}
-			if r.kFlo.med >= targetFloor {
+			switch {
+			case r.kFlo.med > 1 || r.kFlo.med > b: // NaN > b is false
+				noFloor = append(noFloor, l)
+			case r.kFlo.med >= targetFloor:
 				floorMet = append(floorMet, l)
-			} else {
+			default:
 				floorMissed = append(floorMissed, l)
 			}
 		}
@@ -167,8 +167,12 @@ func targets(res *Results, rs []row) []string {
 	if len(cpuMissed) > 0 {
 		out = append(out, "Where the C virtiofsd's system time alone (the system calls, and the wake-ups and copies in them) is more of its CPU than a CPU target allows, kvfsd cannot meet that target by leaner code of its own: with no user time at all and the C daemon's system calls it would still be at that ratio. It takes fewer or cheaper system calls per request than the C daemon makes.")
 	}
-	if len(floorMet)+len(floorMissed) > 0 {
-		out = append(out, metMissed(fmt.Sprintf("kvfsd ≥ %.0f%% of the floor row's ops/s at queue depth 1 (an operation of several requests pays the floor's round trip for each; for a single request, \"floor and limit in series\" is the floor's round trip followed by the host's own system calls of the request, the limit row: what a server and front-end of no cost of their own would reach, and no server can pass while the floor row is a true floor)", 100*targetFloor), floorMet, floorMissed))
+	if len(floorMet)+len(floorMissed)+len(noFloor) > 0 {
+		t := metMissed(fmt.Sprintf("kvfsd ≥ %.0f%% of the floor row's ops/s at queue depth 1 (an operation of several requests pays the floor's round trip for each; for a single request, \"floor and limit in series\" is the floor's round trip followed by the host's own system calls of the request, the limit row: what a server and front-end of no cost of their own would reach, and no server can pass while the floor row is a true floor)", 100*targetFloor), floorMet, floorMissed)
+		if len(noFloor) > 0 {
+			t += fmt.Sprintf(" Not readable in %s, where kvfsd passed the floor, or the floor and limit in series: in this run the floor row was no floor: %s.", nRows(len(noFloor)), strings.Join(noFloor, "; "))
+		}
+		out = append(out, t)
 	}
 	if len(small) > 0 {
 		out = append(out, fmt.Sprintf("Target: ≥ %.0f%% of the limit row on metadata and 4 KiB I/O (pool 0, cache auto). Missed: %s.", 100*targetLimit, strings.Join(small, "; ")))
