@@ -227,9 +227,9 @@ func (c *Containerd) launch(mountNS, netNS string) error {
 // same config, root and state, in the same cgroup, mount namespace (where its shims and their
 // mounts are) and network namespace, as a host's containerd is restarted under running
 // containers: its shims keep running, and it reconnects to them. It returns once containerd
-// answers. The descriptor counts of a Snapshot taken before are not compared with those after
-// (they are another process's). Not to be called at the same time as the containerd's other
-// methods.
+// answers (with the CRI on, its CRI too). The descriptor counts of a Snapshot taken before are
+// not compared with those after (they are another process's). Not to be called at the same
+// time as the containerd's other methods.
 func (c *Containerd) Restart(t testing.TB) {
 	t.Helper()
 	select {
@@ -282,12 +282,20 @@ func (c *Containerd) environ() []string {
 	return ctrdconf.Environ(c.dir, append(slices.Clone(c.opts.ShimDirs), c.bins.Dir))
 }
 
-// waitReady polls `ctr version` until containerd answers, it exits, or the timeout passes.
+// waitReady polls until containerd answers, it exits, or the timeout passes: `ctr version`,
+// and with the CRI on `crictl version` too, which fails ("server is not initialized yet")
+// until the CRI plugin has started, after the gRPC server answers: after a restart it first
+// recovers the running pods, which takes seconds with a VM's shim to reconnect to.
 func (c *Containerd) waitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		what := "ctr version"
 		out, err := c.CtrCmd(ctx, "version").CombinedOutput()
+		if err == nil && c.opts.CRI {
+			what = "crictl version"
+			out, err = c.CrictlCmd(ctx, "version").CombinedOutput()
+		}
 		cancel()
 		if err == nil {
 			return nil
@@ -298,7 +306,7 @@ func (c *Containerd) waitReady(timeout time.Duration) error {
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("containerd did not answer within %v: ctr version: %v: %s", timeout, err, bytes.TrimSpace(out))
+			return fmt.Errorf("containerd did not answer within %v: %s: %v: %s", timeout, what, err, bytes.TrimSpace(out))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
