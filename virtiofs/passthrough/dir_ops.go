@@ -148,7 +148,7 @@ func (fs *FS) ReadDir(ctx *fuse.Context, nodeID uint64, in *fuse.ReadIn, plus bo
 			}
 		case plus:
 			var ent fuse.EntryOut
-			id, e := fs.lookupAt(p, fd, name, &ent)
+			id, e := fs.lookupEntry(p, fd, name, ino, &ent)
 			if e == unix.ENOENT {
 				// Removed since getdents: skip it.
 				ds.off += reclen

@@ -119,7 +119,9 @@
 //
 // A node is keyed by (st_dev, st_ino, mount id), so hard links and repeated lookups share one
 // node; while we hold its fd the inode cannot be freed, so its number cannot be reused by
-// another file (with file handles, see above). Each node counts the guest's lookups (LOOKUP,
+// another file (with file handles, see above). That is what lets a lookup of an entry whose
+// inode is a node already answer from a statx of the name alone, opening nothing (lookup.go).
+// Each node counts the guest's lookups (LOOKUP,
 // CREATE, MKNOD, MKDIR, SYMLINK, LINK, TMPFILE and each READDIRPLUS entry but "." and "..");
 // FORGET subtracts (never below zero) and at zero the node leaves the table.
 //

@@ -154,7 +154,7 @@ func (fs *FS) addOpenNode(p *inode, dirfd, fd int, entry *fuse.EntryOut, open *f
 		unix.Close(fd)
 		return errno(err)
 	}
-	id, e := fs.addNode(p, dirfd, opath, entry)
+	id, _, e := fs.addNode(p, dirfd, opath, entry)
 	if e != fuse.OK {
 		unix.Close(fd)
 		return e

@@ -79,6 +79,7 @@ type FS struct {
 	dax       atomic.Pointer[daxPolicy]
 	rootPath  string // the shared directory's host path, as /proc/self/fd shows it (DAX rules)
 	nodes     nodeTable
+	known     knownSteer // LOOKUP's way to known inodes (lookup.go)
 	handles   handleTable
 	mounts    mountTable // with FileHandles
 	// handlesOff: FileHandlesPrefer found that handles cannot be opened; set by New.
@@ -337,13 +338,13 @@ func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, fd int, st *unix.Statx_t)
 }
 
 // addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p through its descriptor
-// dirfd), taking one lookup reference, and answers out. It takes fd: it either keeps or closes
-// it.
-func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse.Errno) {
+// dirfd), taking one lookup reference, and answers out; existed says the node was in the table
+// already. It takes fd: it either keeps or closes it.
+func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (id uint64, existed bool, e fuse.Errno) {
 	var st unix.Statx_t
 	if err := statxFd(fd, &st); err != nil {
 		unix.Close(fd)
-		return 0, errno(err)
+		return 0, false, errno(err)
 	}
 	k := keyOf(&st)
 	mode := uint32(st.Mode) & unix.S_IFMT
@@ -355,7 +356,7 @@ func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse
 	fh, e := fs.handleFor(dirfd, fd, mode&unix.S_IFMT, k)
 	if e != fuse.OK {
 		unix.Close(fd)
-		return 0, e
+		return 0, false, e
 	}
 	nodeFd := fd
 	if fh != nil {
@@ -366,17 +367,19 @@ func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (uint64, fuse
 		unix.Close(fd)
 	}
 	if e != fuse.OK {
-		return 0, e
+		return 0, false, e
 	}
 	fs.fillEntry(out, id, n.mode, dax, &st)
-	return id, fuse.OK
+	return id, !took, fuse.OK
 }
 
-// lookupAt looks name up in directory dirfd, a descriptor of node p, taking a reference.
-func (fs *FS) lookupAt(p *inode, dirfd int, name string, out *fuse.EntryOut) (uint64, fuse.Errno) {
+// lookupAt looks name up in directory dirfd, a descriptor of node p, taking a reference: it
+// opens the entry (O_PATH|O_NOFOLLOW) and makes a node of it, or finds the node it already is
+// (existed). See lookupKnown for the way without an open.
+func (fs *FS) lookupAt(p *inode, dirfd int, name string, out *fuse.EntryOut) (id uint64, existed bool, e fuse.Errno) {
 	fd, err := openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, errno(err)
+		return 0, false, errno(err)
 	}
 	return fs.addNode(p, dirfd, fd, out)
 }

@@ -344,6 +344,40 @@ func (t *nodeTable) insert(k nodeKey, fd int, fh encHandle, mode uint32) (id uin
 	return id, n, true, 0
 }
 
+// held reports whether the node of key k, if there is one, keeps its inode's descriptor: then
+// the key names that inode and no other (see ref). The root counts.
+func (t *nodeTable) held(k nodeKey) bool {
+	if k == t.root.key {
+		return true
+	}
+	s := &t.shards[shardOf(k)]
+	s.mu.RLock()
+	_, sl, _ := s.find(k)
+	ok := sl != nil && sl.n.fh == nil
+	s.mu.RUnlock()
+	return ok
+}
+
+// ref adds one lookup reference to the node with key k and returns it, as insert does for a
+// node that exists, but only a node that keeps its descriptor: that descriptor keeps the inode
+// alive, so its number cannot have passed to another file, and a key found by stat names the
+// node's own inode. A node that keeps a file handle does not (see insert), and is not found
+// here. The node returned is not pinned, as with insert.
+func (t *nodeTable) ref(k nodeKey) (id uint64, n *inode, ok bool) {
+	if k == t.root.key {
+		return rootID, t.root, true
+	}
+	s := &t.shards[shardOf(k)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, sl, _ := s.find(k)
+	if sl == nil || sl.n.fh != nil {
+		return 0, nil, false
+	}
+	sl.n.refs++ // at least 1: a node whose count reached 0 has left the index
+	return s.id(i, sl.gen), sl.n, true
+}
+
 // hold gives fd to the node with key k if it keeps a file handle and no descriptor yet, and
 // reports whether it took fd.
 func (t *nodeTable) hold(k nodeKey, fd int) bool {

@@ -102,3 +102,20 @@ func renameat2(olddirfd int, oldname string, newdirfd int, newname string, flags
 	}
 	return nil
 }
+
+// statxAt is statx(2) of one entry, without its name's heap copy: the entry itself, a symlink
+// not followed (AT_SYMLINK_NOFOLLOW), and no automount triggered (AT_NO_AUTOMOUNT), as the
+// O_PATH|O_NOFOLLOW open of lookupAt reaches it.
+func statxAt(dirfd int, name string, st *unix.Statx_t) error {
+	var b entryName
+	p, err := b.of(name)
+	if err != nil {
+		return err
+	}
+	if _, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dirfd), uintptr(unsafe.Pointer(p)),
+		unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT|unix.AT_STATX_SYNC_AS_STAT, statxMask,
+		uintptr(unsafe.Pointer(st)), 0); e != 0 {
+		return e
+	}
+	return nil
+}

@@ -23,8 +23,7 @@ func (fs *FS) Lookup(ctx *fuse.Context, parent uint64, name string, out *fuse.En
 		return e
 	}
 	defer fs.putFd(p, pfd)
-	_, e = fs.lookupAt(p, pfd, name, out)
-	return e
+	return fs.lookupName(p, pfd, name, out)
 }
 
 // Forget drops nlookup references to node id; unknown ids and the root are ignored.
@@ -281,7 +280,7 @@ func (fs *FS) create(ctx *fuse.Context, parent uint64, name string, out *fuse.En
 	if e := fs.labelNew(ctx, pfd, name); e != fuse.OK {
 		return e
 	}
-	_, e = fs.lookupAt(p, pfd, name, out)
+	_, _, e = fs.lookupAt(p, pfd, name, out)
 	return e
 }
 
@@ -393,7 +392,7 @@ func (fs *FS) Link(ctx *fuse.Context, nodeID, newParent uint64, newName string, 
 	if err != nil {
 		return errno(err)
 	}
-	_, e = fs.lookupAt(p, pfd, newName, out)
+	_, _, e = fs.lookupAt(p, pfd, newName, out)
 	return e
 }
 

@@ -248,3 +248,75 @@ func TestReadDirPlus(t *testing.T) {
 		t.Errorf("%d inodes cached, want %d", st.CachedInodes, 1+len(got))
 	}
 }
+
+// READDIRPLUS of entries that are nodes already takes a reference on those nodes and opens
+// nothing (lookupEntry); an entry replaced since getdents read it ahead is looked up by what
+// it is now.
+func TestReadDirPlusKnownEntries(t *testing.T) {
+	e := newEnv(t, Options{})
+	want := makeEntries(t, e.share, 30)
+	must(t, os.WriteFile(e.path("sub", "replacement"), []byte("new"), 0o644))
+	ids := map[string]uint64{}
+	for _, name := range want {
+		ids[name] = e.lookup(t, 1, name).NodeID
+	}
+	s := newServer(t, e.fs)
+	fh := e.openDir(t, 1)
+	fds := e.fs.Stats().Fds
+
+	size := uint32(3*184 + 100) // three entries: the rest stays read ahead
+	head, errno := s.readdir(t, 1, fh, 0, size, true)
+	if errno != 0 || len(head) != 3 {
+		t.Fatalf("first READDIRPLUS: %d entries, %v", len(head), errno)
+	}
+	_, first := names(head)
+	victim := ""
+	for _, name := range want {
+		if name != "sub" && !slices.Contains(first, name) {
+			victim = name
+			break
+		}
+	}
+	old := lstat(t, e.path(victim)).Ino
+	must(t, os.Rename(e.path("sub", "replacement"), e.path(victim)))
+	all := head
+	for cookie := head[len(head)-1].off; ; {
+		ents, errno := s.readdir(t, 1, fh, cookie, size, true)
+		if errno != 0 {
+			t.Fatal(errno)
+		}
+		if len(ents) == 0 {
+			break
+		}
+		all = append(all, ents...)
+		cookie = ents[len(ents)-1].off
+	}
+	if _, got := names(all); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("listed %v\nwant %v", got, want)
+	}
+	for _, d := range all {
+		if d.name == "." || d.name == ".." {
+			continue
+		}
+		ino := lstat(t, e.path(d.name)).Ino
+		if d.entry.Attr.Ino != ino || d.ino != ino {
+			t.Errorf("%s: ino %d in the entry, %d in the dirent, %d on the host", d.name, d.entry.Attr.Ino, d.ino, ino)
+		}
+		switch {
+		case d.name == victim:
+			if d.entry.NodeID == ids[victim] || ino == old || e.fs.nodes.refs(d.entry.NodeID) != 1 {
+				t.Errorf("replaced %s: node %d (was %d), ino %d (was %d), %d references", d.name,
+					d.entry.NodeID, ids[victim], ino, old, e.fs.nodes.refs(d.entry.NodeID))
+			}
+		case d.entry.NodeID != ids[d.name] || e.fs.nodes.refs(d.entry.NodeID) != 2:
+			t.Errorf("%s: node %d with %d references, looked up as node %d", d.name, d.entry.NodeID,
+				e.fs.nodes.refs(d.entry.NodeID), ids[d.name])
+		}
+	}
+	if refs := e.fs.nodes.refs(ids[victim]); refs != 1 {
+		t.Errorf("the replaced entry's old node has %d references", refs)
+	}
+	if got := e.fs.Stats().Fds; got != fds+1 {
+		t.Errorf("the listing left %d descriptors, %d before: only the replacement is a new node", got, fds)
+	}
+}
