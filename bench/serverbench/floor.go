@@ -125,6 +125,7 @@ func (f *floorDriver) pingPong(m *meter) error {
 }
 
 func (f *floorDriver) lookupGetattr(_ context.Context, m *meter) error { return f.pingPong(m) }
+func (f *floorDriver) relookup(_ context.Context, m *meter) error      { return f.pingPong(m) }
 func (f *floorDriver) lookupForget(_ context.Context, m *meter, _ uint64, _ int) error {
 	return f.pingPong(m)
 }

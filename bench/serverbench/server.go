@@ -31,6 +31,7 @@ type serverDriver struct {
 	dataSize int64
 
 	cursor int          // next name of names to look up
+	held   []uint64     // node IDs of the first heldFiles names, looked up once (relookup)
 	seq    atomic.Int64 // next name to create
 
 	killprivV2 bool // INIT negotiated HANDLE_KILLPRIV_V2
@@ -71,6 +72,13 @@ func dialServer(ctx context.Context, d *daemon, sock string, sh *share, createDi
 		}
 		*l.node = e.NodeID
 	}
+	for _, name := range s.names[:min(heldFiles, len(s.names))] {
+		e, err := s.c.Lookup(ctx, s.files, name)
+		if err != nil {
+			return nil, fmt.Errorf("LOOKUP %s: %w", name, err)
+		}
+		s.held = append(s.held, e.NodeID)
+	}
 	open, err := s.c.Open(ctx, s.data, unix.O_RDWR)
 	if err != nil {
 		return nil, fmt.Errorf("OPEN %s: %w", dataFile, err)
@@ -108,6 +116,34 @@ func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
 		e, err := s.c.Lookup(ctx, s.files, name)
 		if err != nil {
 			return fmt.Errorf("LOOKUP %s: %w", name, err)
+		}
+		if _, err := s.c.Getattr(ctx, e.NodeID, 0); err != nil {
+			return fmt.Errorf("GETATTR %s: %w", name, err)
+		}
+		counts[e.NodeID]++
+		if !m.done(start, 0) {
+			break
+		}
+	}
+	m.stop()
+	items := make([]fuse.ForgetOne, 0, len(counts))
+	for node, n := range counts {
+		items = append(items, fuse.ForgetOne{NodeID: node, Nlookup: n})
+	}
+	return s.forget(ctx, items)
+}
+
+func (s *serverDriver) relookup(ctx context.Context, m *meter) error {
+	counts := map[uint64]uint64{}
+	for i := 0; ; i++ {
+		name := s.names[i%len(s.held)]
+		start := time.Now()
+		e, err := s.c.Lookup(ctx, s.files, name)
+		if err != nil {
+			return fmt.Errorf("LOOKUP %s: %w", name, err)
+		}
+		if e.NodeID != s.held[i%len(s.held)] {
+			return fmt.Errorf("LOOKUP %s: node %d, looked up as %d before", name, e.NodeID, s.held[i%len(s.held)])
 		}
 		if _, err := s.c.Getattr(ctx, e.NodeID, 0); err != nil {
 			return fmt.Errorf("GETATTR %s: %w", name, err)
