@@ -177,7 +177,7 @@ func Report(res *Results, chart string) string {
 	p("**switches/op** are the context switches (voluntary and not) of the server's threads over the measurement per operation: each is a thread going to sleep or being preempted, so they count the wake-ups a request costs. ")
 	p("**of limit** is a server's ops/s as a fraction of the limit row's, which makes the same system calls directly from Go on the host: how close each server comes to the host's own cost. ")
 	p("**of floor** (queue depth 1 rows) is a server's ops/s as a fraction of the floor row's, measured in the same slices: a two-process eventfd ping-pong (each side poll(2), read(2), write(2), nothing else), the two cross-process wake-ups every request at queue depth 1 costs, so no server can reach 100%%. ")
-	p("At queue depth 16 the driver kicks rarely and the rows are CPU-bound: there CPU per operation is what limits throughput.\n\n")
+	p("At queue depth 16 the driver kicks rarely and the rows are CPU-bound: bound by the server's CPU per operation, or by the front-end's where the front-end is the busier process (the reading says which, row by row).\n\n")
 	if chart != "" {
 		p("![kvfsd ÷ C virtiofsd per row: ops/s and CPU per operation](%s)\n\n", chart)
 		p("The chart shows, per row and on a log scale, kvfsd's ops/s ÷ the C virtiofsd's (upper bar) and the C virtiofsd's CPU per operation ÷ kvfsd's (lower bar): right of 1 is better for kvfsd in both.\n\n")

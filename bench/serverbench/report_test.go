@@ -244,3 +244,34 @@ func TestReportMethodSlices(t *testing.T) {
 		}
 	}
 }
+
+// TestReadingBusySide: a queue-depth-16 row where the front-end used more of a CPU than both
+// servers is read as bound by the front-end, one where both servers used more as bound by the
+// server; a row where the two servers disagree is neither.
+func TestReadingBusySide(t *testing.T) {
+	res := fakeResults("READ 4 KiB random QD16", "WRITE 4 KiB random QD16", "READ 1 MiB sequential QD16")
+	set := func(su Setup, w string, fe, srv time.Duration) {
+		for i := range res.Samples[su][w] {
+			res.Samples[su][w][i].FrontendCPU, res.Samples[su][w][i].CPU = fe, srv
+		}
+	}
+	k, v := Setup{Server: kvfsd, Cache: "auto"}, Setup{Server: virtiofsd, Cache: "auto"}
+	set(k, "READ 4 KiB random QD16", 900*time.Millisecond, 700*time.Millisecond)
+	set(v, "READ 4 KiB random QD16", 850*time.Millisecond, 600*time.Millisecond)
+	set(k, "READ 1 MiB sequential QD16", 300*time.Millisecond, 950*time.Millisecond)
+	set(v, "READ 1 MiB sequential QD16", 250*time.Millisecond, 960*time.Millisecond)
+	set(k, "WRITE 4 KiB random QD16", 900*time.Millisecond, 700*time.Millisecond)
+	set(v, "WRITE 4 KiB random QD16", 500*time.Millisecond, 600*time.Millisecond)
+	md := Report(res, "")
+	for _, want := range []string{
+		"the front-end, with both servers, in 1 row: READ 4 KiB random QD16 (the front-end 0.90 and kvfsd 0.70 of a CPU; the front-end 0.85 and the C virtiofsd 0.60).",
+		"the server, with both, in 1 row: READ 1 MiB sequential QD16 (the front-end 0.30 and kvfsd 0.95 of a CPU; the front-end 0.25 and the C virtiofsd 0.96). There CPU per operation is throughput.",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "WRITE 4 KiB random QD16 (the front-end") {
+		t.Error("a row where the servers disagree is read as bound by one side")
+	}
+}
