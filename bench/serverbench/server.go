@@ -108,42 +108,35 @@ func (s *serverDriver) forget(ctx context.Context, items []fuse.ForgetOne) error
 }
 
 func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
-	counts := map[uint64]uint64{}
-	for {
+	return s.lookupGetattrEach(ctx, m, func() (string, uint64) {
 		name := s.names[s.cursor]
 		s.cursor = (s.cursor + 1) % len(s.names)
-		start := time.Now()
-		e, err := s.c.Lookup(ctx, s.files, name)
-		if err != nil {
-			return fmt.Errorf("LOOKUP %s: %w", name, err)
-		}
-		if _, err := s.c.Getattr(ctx, e.NodeID, 0); err != nil {
-			return fmt.Errorf("GETATTR %s: %w", name, err)
-		}
-		counts[e.NodeID]++
-		if !m.done(start, 0) {
-			break
-		}
-	}
-	m.stop()
-	items := make([]fuse.ForgetOne, 0, len(counts))
-	for node, n := range counts {
-		items = append(items, fuse.ForgetOne{NodeID: node, Nlookup: n})
-	}
-	return s.forget(ctx, items)
+		return name, 0
+	})
 }
 
 func (s *serverDriver) relookup(ctx context.Context, m *meter) error {
+	i := 0
+	return s.lookupGetattrEach(ctx, m, func() (string, uint64) {
+		j := i % len(s.held)
+		i++
+		return s.names[j], s.held[j]
+	})
+}
+
+// lookupGetattrEach is LOOKUP and GETATTR of the files next names until m says to stop, then
+// the FORGETs of the references taken. A node next gives (not 0) is the one the LOOKUP must find.
+func (s *serverDriver) lookupGetattrEach(ctx context.Context, m *meter, next func() (name string, node uint64)) error {
 	counts := map[uint64]uint64{}
-	for i := 0; ; i++ {
-		name := s.names[i%len(s.held)]
+	for {
+		name, want := next()
 		start := time.Now()
 		e, err := s.c.Lookup(ctx, s.files, name)
 		if err != nil {
 			return fmt.Errorf("LOOKUP %s: %w", name, err)
 		}
-		if e.NodeID != s.held[i%len(s.held)] {
-			return fmt.Errorf("LOOKUP %s: node %d, looked up as %d before", name, e.NodeID, s.held[i%len(s.held)])
+		if want != 0 && e.NodeID != want {
+			return fmt.Errorf("LOOKUP %s: node %d, looked up as %d before", name, e.NodeID, want)
 		}
 		if _, err := s.c.Getattr(ctx, e.NodeID, 0); err != nil {
 			return fmt.Errorf("GETATTR %s: %w", name, err)

@@ -29,7 +29,12 @@ func makeEntries(t *testing.T, dir string, n int) []string {
 // listAll reads a whole directory in calls of size bytes, following the cookies.
 func listAll(t *testing.T, s *server, node, fh uint64, size uint32, plus bool) (all []dirent, calls int) {
 	t.Helper()
-	cookie := uint64(0)
+	return listFrom(t, s, node, fh, 0, size, plus)
+}
+
+// listFrom is listAll from cookie on.
+func listFrom(t *testing.T, s *server, node, fh, cookie uint64, size uint32, plus bool) (all []dirent, calls int) {
+	t.Helper()
 	for {
 		ents, errno := s.readdir(t, node, fh, cookie, size, plus)
 		if errno != 0 {
@@ -223,18 +228,8 @@ func TestReadDirPlus(t *testing.T) {
 			removed[name] = true
 		}
 	}
-	rest := head
-	for cookie := head[2].off; ; {
-		ents, errno := s.readdir(t, 1, fh2, cookie, size, true)
-		if errno != 0 {
-			t.Fatal(errno)
-		}
-		if len(ents) == 0 {
-			break
-		}
-		rest = append(rest, ents...)
-		cookie = ents[len(ents)-1].off
-	}
+	tail, _ := listFrom(t, s, 1, fh2, head[2].off, size, true)
+	rest := append(head, tail...)
 	_, got = names(rest)
 	if len(got) != len(want)-len(removed) {
 		t.Errorf("listed %d after removing %d of %d", len(got), len(removed), len(want))
@@ -279,18 +274,8 @@ func TestReadDirPlusKnownEntries(t *testing.T) {
 	}
 	old := lstat(t, e.path(victim)).Ino
 	must(t, os.Rename(e.path("sub", "replacement"), e.path(victim)))
-	all := head
-	for cookie := head[len(head)-1].off; ; {
-		ents, errno := s.readdir(t, 1, fh, cookie, size, true)
-		if errno != 0 {
-			t.Fatal(errno)
-		}
-		if len(ents) == 0 {
-			break
-		}
-		all = append(all, ents...)
-		cookie = ents[len(ents)-1].off
-	}
+	tail, _ := listFrom(t, s, 1, fh, head[len(head)-1].off, size, true)
+	all := append(head, tail...)
 	if _, got := names(all); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("listed %v\nwant %v", got, want)
 	}
