@@ -17,19 +17,21 @@ import (
 // request, made directly by this process on the shared directory, with no FUSE, no virtqueue
 // and no server in between.
 type hostDriver struct {
-	names    []string
-	filesFD  int // files/, O_PATH
-	createFD int // the create directory, O_PATH
-	dataFD   int // the data file, read-write
-	dataSize int64
-	cursor   int
-	held     []int // O_PATH descriptors of the first heldFiles files (relookup)
-	seq      atomic.Int64
-	dirents  []byte
+	names     []string
+	filesFD   int // files/, O_PATH
+	createFD  int // the create directory, O_PATH
+	dataFD    int // the data file, read-write
+	dataSize  int64
+	cursor    int
+	heldFD    int      // held/, O_PATH
+	heldNames []string // the files in held/
+	held      []int    // their O_PATH descriptors (relookup)
+	seq       atomic.Int64
+	dirents   []byte
 }
 
 func openHost(sh *share, createDir string) (_ *hostDriver, err error) {
-	h := &hostDriver{names: sh.names, dataSize: sh.dataSize, filesFD: -1, createFD: -1, dataFD: -1,
+	h := &hostDriver{names: sh.names, heldNames: sh.held, dataSize: sh.dataSize, filesFD: -1, heldFD: -1, createFD: -1, dataFD: -1,
 		dirents: make([]byte, 32<<10)}
 	defer func() {
 		if err != nil {
@@ -37,6 +39,9 @@ func openHost(sh *share, createDir string) (_ *hostDriver, err error) {
 		}
 	}()
 	if h.filesFD, err = unix.Open(filepath.Join(sh.dir, filesDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	if h.heldFD, err = unix.Open(filepath.Join(sh.dir, heldDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, err
 	}
 	if h.createFD, err = unix.Open(filepath.Join(sh.dir, createDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
@@ -51,7 +56,7 @@ func openHost(sh *share, createDir string) (_ *hostDriver, err error) {
 func (h *hostDriver) usage() (usage, error) { return processUsage(os.Getpid()) }
 
 func (h *hostDriver) close() error {
-	for _, fd := range append([]int{h.filesFD, h.createFD, h.dataFD}, h.held...) {
+	for _, fd := range append([]int{h.filesFD, h.heldFD, h.createFD, h.dataFD}, h.held...) {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
@@ -91,8 +96,8 @@ func (h *hostDriver) lookupGetattr(_ context.Context, m *meter) error {
 func (h *hostDriver) relookup(_ context.Context, m *meter) error {
 	defer m.stop()
 	if h.held == nil {
-		for _, name := range h.names[:min(heldFiles, len(h.names))] {
-			fd, err := unix.Openat(h.filesFD, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		for _, name := range h.heldNames {
+			fd, err := unix.Openat(h.heldFD, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return fmt.Errorf("openat %s: %w", name, err)
 			}
@@ -101,9 +106,9 @@ func (h *hostDriver) relookup(_ context.Context, m *meter) error {
 	}
 	var st unix.Stat_t
 	for i := 0; ; i++ {
-		name := h.names[i%len(h.held)]
+		name := h.heldNames[i%len(h.held)]
 		start := time.Now()
-		err := unix.Fstatat(h.filesFD, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		err := unix.Fstatat(h.heldFD, name, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if err == nil {
 			err = unix.Fstatat(h.held[i%len(h.held)], "", &st, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 		}

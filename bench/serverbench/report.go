@@ -158,7 +158,7 @@ func Report(res *Results, chart string) string {
 	p("- **Machine:** %d CPUs (nproc), %s, %s RAM, %s; load average %s before the run and %s after it (a shared machine: other jobs were running)\n",
 		m.CPUs, m.CPUModel, m.MemTotal, m.Kernel, m.LoadBefore, m.LoadAfter)
 	p("- **Versions:** %s; kvfsd: %s; C virtiofsd: %s\n", m.Go, m.Kvfsd, m.Virtiofsd)
-	p("- **Shared directory:** %s; %d empty files in one directory; one %d MiB data file\n", m.FSType, cfg.Files, cfg.DataSize>>20)
+	p("- **Shared directory:** %s; %d empty files in one directory, %d in another (the held files); one %d MiB data file\n", m.FSType, cfg.Files, heldFiles, cfg.DataSize>>20)
 	p("- **Method:** every server configuration is started once and stays connected. %d rounds; in each round every workload runs on every configuration for %v after a %v warm-up, ",
 		cfg.Rounds, cfg.Duration, cfg.Warmup)
 	if cfg.Slices == 1 {

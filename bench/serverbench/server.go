@@ -30,9 +30,11 @@ type serverDriver struct {
 	dataFh   uint64 // its handle, open read-write
 	dataSize int64
 
-	cursor int          // next name of names to look up
-	held   []uint64     // node IDs of the first heldFiles names, looked up once (relookup)
-	seq    atomic.Int64 // next name to create
+	cursor    int          // next name of names to look up
+	heldDir   uint64       // node ID of held/
+	heldNames []string     // the files in held/
+	held      []uint64     // their node IDs, each looked up once (relookup)
+	seq       atomic.Int64 // next name to create
 
 	killprivV2 bool // INIT negotiated HANDLE_KILLPRIV_V2
 	noGetxattr bool // the server answered GETXATTR with ENOSYS: a guest stops asking
@@ -48,7 +50,7 @@ func dialServer(ctx context.Context, d *daemon, sock string, sh *share, createDi
 	if err != nil {
 		return nil, err
 	}
-	s := &serverDriver{d: d, fe: fe, c: fuseclient.New(fe), names: sh.names, dataSize: sh.dataSize}
+	s := &serverDriver{d: d, fe: fe, c: fuseclient.New(fe), names: sh.names, heldNames: sh.held, dataSize: sh.dataSize}
 	defer func() {
 		if err != nil {
 			fe.Close()
@@ -65,15 +67,15 @@ func dialServer(ctx context.Context, d *daemon, sock string, sh *share, createDi
 	for _, l := range []struct {
 		name string
 		node *uint64
-	}{{filesDir, &s.files}, {createDir, &s.create}, {dataFile, &s.data}} {
+	}{{filesDir, &s.files}, {heldDir, &s.heldDir}, {createDir, &s.create}, {dataFile, &s.data}} {
 		e, err := s.c.Lookup(ctx, 1, l.name)
 		if err != nil {
 			return nil, fmt.Errorf("LOOKUP %s: %w", l.name, err)
 		}
 		*l.node = e.NodeID
 	}
-	for _, name := range s.names[:min(heldFiles, len(s.names))] {
-		e, err := s.c.Lookup(ctx, s.files, name)
+	for _, name := range s.heldNames {
+		e, err := s.c.Lookup(ctx, s.heldDir, name)
 		if err != nil {
 			return nil, fmt.Errorf("LOOKUP %s: %w", name, err)
 		}
@@ -108,7 +110,7 @@ func (s *serverDriver) forget(ctx context.Context, items []fuse.ForgetOne) error
 }
 
 func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
-	return s.lookupGetattrEach(ctx, m, func() (string, uint64) {
+	return s.lookupGetattrEach(ctx, m, s.files, func() (string, uint64) {
 		name := s.names[s.cursor]
 		s.cursor = (s.cursor + 1) % len(s.names)
 		return name, 0
@@ -117,21 +119,22 @@ func (s *serverDriver) lookupGetattr(ctx context.Context, m *meter) error {
 
 func (s *serverDriver) relookup(ctx context.Context, m *meter) error {
 	i := 0
-	return s.lookupGetattrEach(ctx, m, func() (string, uint64) {
+	return s.lookupGetattrEach(ctx, m, s.heldDir, func() (string, uint64) {
 		j := i % len(s.held)
 		i++
-		return s.names[j], s.held[j]
+		return s.heldNames[j], s.held[j]
 	})
 }
 
-// lookupGetattrEach is LOOKUP and GETATTR of the files next names until m says to stop, then
-// the FORGETs of the references taken. A node next gives (not 0) is the one the LOOKUP must find.
-func (s *serverDriver) lookupGetattrEach(ctx context.Context, m *meter, next func() (name string, node uint64)) error {
+// lookupGetattrEach is LOOKUP and GETATTR of the files of directory dir that next names until m
+// says to stop, then the FORGETs of the references taken. A node next gives (not 0) is the one
+// the LOOKUP must find.
+func (s *serverDriver) lookupGetattrEach(ctx context.Context, m *meter, dir uint64, next func() (name string, node uint64)) error {
 	counts := map[uint64]uint64{}
 	for {
 		name, want := next()
 		start := time.Now()
-		e, err := s.c.Lookup(ctx, s.files, name)
+		e, err := s.c.Lookup(ctx, dir, name)
 		if err != nil {
 			return fmt.Errorf("LOOKUP %s: %w", name, err)
 		}

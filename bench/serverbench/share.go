@@ -13,6 +13,7 @@ import (
 // Names in the shared directory.
 const (
 	filesDir = "files"
+	heldDir  = "held" // the relookup workload's files, apart so that no other workload meets their nodes
 	dataFile = "data"
 )
 
@@ -21,6 +22,7 @@ type share struct {
 	dir      string
 	fsType   string
 	names    []string // of the files in files/
+	held     []string // of the heldFiles files in held/
 	dataSize int64
 }
 
@@ -36,6 +38,16 @@ func makeShare(dir string, nFiles int, dataSize int64) (*share, error) {
 			return nil, err
 		}
 		sh.names = append(sh.names, name)
+	}
+	if err := os.Mkdir(filepath.Join(dir, heldDir), 0o755); err != nil {
+		return nil, err
+	}
+	for i := range heldFiles {
+		name := fmt.Sprintf("h%03d", i)
+		if err := unix.Mknod(filepath.Join(dir, heldDir, name), unix.S_IFREG|0o644, 0); err != nil {
+			return nil, err
+		}
+		sh.held = append(sh.held, name)
 	}
 	f, err := os.Create(filepath.Join(dir, dataFile))
 	if err != nil {

@@ -45,8 +45,8 @@ func (o *offsets) get() int64 {
 	return off
 }
 
-// heldFiles is how many files the guest of the relookup workload holds: the first heldFiles
-// names, each looked up once when the driver starts.
+// heldFiles is how many files the guest of the relookup workload holds: the files of held/,
+// each looked up once when the driver starts.
 const heldFiles = 100
 
 // nameRNG picks the files of the random LOOKUP workloads.
@@ -57,7 +57,7 @@ func nameRNG(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x6c6f6
 // m, and calls m.stop when the measured work is over (cleanup such as FORGETs may follow).
 type driver interface {
 	lookupGetattr(ctx context.Context, m *meter) error
-	// relookup is LOOKUP and GETATTR of one of the first heldFiles files, which the guest
+	// relookup is LOOKUP and GETATTR of one of the heldFiles files of held/, which the guest
 	// looked up once before and holds: every LOOKUP finds a node the server has, as a guest's
 	// revalidation of a cached name does once its entry timeout ran out.
 	relookup(ctx context.Context, m *meter) error
@@ -113,7 +113,7 @@ func workloads(nFiles int) []workload {
 	return []workload{
 		{Name: "LOOKUP+GETATTR", Op: fmt.Sprintf("LOOKUP of one of %d files in one directory, then GETATTR of it (the FORGETs go after each measured slice, unmeasured)", nFiles),
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.lookupGetattr(ctx, m) }},
-		{Name: "LOOKUP+GETATTR of a held file", Op: fmt.Sprintf("LOOKUP of one of %d files that the guest looked up once before and still holds, then GETATTR of it: the revalidation of a cached name whose entry timeout ran out (1 s with cache=auto, on every component of a path walked again), which finds a node the server has (the FORGETs of the LOOKUPs' references go after each measured slice, unmeasured)", heldFiles),
+		{Name: "LOOKUP+GETATTR of a held file", Op: fmt.Sprintf("LOOKUP of one of %d files (in a directory of their own) that the guest looked up once before and still holds, then GETATTR of it: the revalidation of a cached name whose entry timeout ran out (1 s with cache=auto, on every component of a path walked again), which finds a node the server has (the FORGETs of the LOOKUPs' references go after each measured slice, unmeasured)", heldFiles),
 			run: func(ctx context.Context, d driver, m *meter, _ uint64) error { return d.relookup(ctx, m) }},
 		{Name: "LOOKUP+GETATTR+FORGET random", Op: fmt.Sprintf("LOOKUP of a random one of %d files in one directory, GETATTR of it, and its FORGET on the high-priority queue: the server's inode table grows and shrinks with every operation", nFiles),
 			run: func(ctx context.Context, d driver, m *meter, seed uint64) error {
