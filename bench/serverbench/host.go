@@ -25,7 +25,7 @@ type hostDriver struct {
 	cursor    int
 	heldFD    int      // held/, O_PATH
 	heldNames []string // the files in held/
-	held      []int    // their O_PATH descriptors (relookup)
+	held      []int    // their O_PATH descriptors, opened with the driver (relookup)
 	seq       atomic.Int64
 	dirents   []byte
 }
@@ -43,6 +43,13 @@ func openHost(sh *share, createDir string) (_ *hostDriver, err error) {
 	}
 	if h.heldFD, err = unix.Open(filepath.Join(sh.dir, heldDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, err
+	}
+	for _, name := range h.heldNames {
+		fd, err := unix.Openat(h.heldFD, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		h.held = append(h.held, fd)
 	}
 	if h.createFD, err = unix.Open(filepath.Join(sh.dir, createDir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return nil, err
@@ -95,15 +102,6 @@ func (h *hostDriver) lookupGetattr(_ context.Context, m *meter) error {
 // learn which inode it leads to now, and for the GETATTR an fstatat of the descriptor it holds.
 func (h *hostDriver) relookup(_ context.Context, m *meter) error {
 	defer m.stop()
-	if h.held == nil {
-		for _, name := range h.heldNames {
-			fd, err := unix.Openat(h.heldFD, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return fmt.Errorf("openat %s: %w", name, err)
-			}
-			h.held = append(h.held, fd)
-		}
-	}
 	var st unix.Stat_t
 	for i := 0; ; i++ {
 		name := h.heldNames[i%len(h.held)]

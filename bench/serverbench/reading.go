@@ -230,17 +230,17 @@ func busySide(res *Results, rs []row) string {
 // busy is the median over the rounds of the front-end's and the server's CPU over the
 // measurement's time, in CPUs; NaN without samples.
 func busy(ss []Sample) (frontend, server float64) {
-	var fs, ss2 []float64
+	var fe, srv []float64
 	for _, s := range ss {
 		if s.Elapsed > 0 {
-			fs = append(fs, float64(s.FrontendCPU)/float64(s.Elapsed))
-			ss2 = append(ss2, float64(s.CPU)/float64(s.Elapsed))
+			fe = append(fe, float64(s.FrontendCPU)/float64(s.Elapsed))
+			srv = append(srv, float64(s.CPU)/float64(s.Elapsed))
 		}
 	}
-	if len(fs) == 0 {
+	if len(fe) == 0 {
 		return math.NaN(), math.NaN()
 	}
-	return Median(fs), Median(ss2)
+	return Median(fe), Median(srv)
 }
 
 // systemShare is the median over the rounds of the system part of the server's CPU.
