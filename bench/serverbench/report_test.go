@@ -44,6 +44,16 @@ func fakeResults(names ...string) *Results {
 	return res
 }
 
+// wantInReport fails the test for each of wants that md does not contain.
+func wantInReport(t *testing.T, md string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
 // pick returns the workloads of ws with these names, in that order.
 func pick(ws []workload, names ...string) []workload {
 	var out []workload
@@ -60,7 +70,7 @@ func pick(ws []workload, names ...string) []workload {
 func TestReport(t *testing.T) {
 	res := fakeResults()
 	md := Report(res, "chart.png")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"| LOOKUP+GETATTR | 0 | auto | 2.00 (2.00–2.00) |", // kvfsd has twice the ops/s
 		"| LOOKUP+GETATTR | 4 † | auto |",                  // compared with virtiofsd pool 0
 		"| 200% | 100% | 50% | 25% |\n",                    // of limit, of floor (4× the C virtiofsd's ops/s)
@@ -68,11 +78,7 @@ func TestReport(t *testing.T) {
 		"| 10.0 | 1.00 | 7.00 | 2 |\n", // CPU, switches and the front-end's CPU per operation, rounds
 		"| virtiofsd | 4 | auto | n/a (killed by its seccomp filter) |",
 		"![", "chart.png",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	)
 	b, err := Chart(res)
 	if err != nil {
 		t.Fatal(err)
@@ -90,15 +96,11 @@ func TestReadingFloor(t *testing.T) {
 	// READ 4 KiB QD1 (i = 1 in fakeResults: 2000 ops/s for the C virtiofsd, 4000 for kvfsd,
 	// 8000 for the floor) and READ 4 KiB QD16, which the floor does not run.
 	md := Report(fakeResults("LOOKUP+GETATTR", "READ 4 KiB random QD1", "READ 4 KiB random QD16"), "")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"made 6000 round trips per second", // the median of its two workloads' 4000 and 8000
 		"(pool 0): READ 4 KiB random QD1 (auto) 50% and 25%; READ 4 KiB random QD1 (none) 50% and 25%. ",
 		"| READ 4 KiB random QD16 | 0 | auto | 2.00 (2.00–2.00) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | 1.00 (1.00–1.00) | 200% | 100% | – | – |",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	)
 	if strings.Contains(md, "LOOKUP+GETATTR (auto) 50%") {
 		t.Error("the floor's reading lists a multi-request row")
 	}
@@ -136,15 +138,11 @@ func TestRoundOrder(t *testing.T) {
 // floor share to read.
 func TestReadingDeepCPUTarget(t *testing.T) {
 	md := Report(fakeResults("READ 4 KiB random QD16"), "")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"Missed in 1 row: READ 4 KiB random QD16 (1.00×, needed ≤ 0.77×; the C virtiofsd's system time alone is 0.80× its CPU).",
 		"with no user time at all and the C daemon's system calls it would still be at that ratio.",
 		"Met in 1 row: READ 4 KiB random QD16 (2.00×, lowest 2.00×).",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	)
 	if strings.Contains(md, "of the floor row's ops/s at queue depth 1 (") {
 		t.Error("a queue-depth-16 row is read against the floor")
 	}
@@ -186,14 +184,10 @@ func TestReadingFloorBound(t *testing.T) {
 // options.
 func TestReadingXattrTargets(t *testing.T) {
 	md := Report(fakeResults("WRITE 4 KiB random QD1, xattr"), "")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"WRITE 4 KiB random QD1, xattr (-o xattr -o killpriv_v2) (2.00×, lowest 2.00×)",
 		"WRITE 4 KiB random QD1, xattr (-o xattr -o no_killpriv_v2) (2.00×, lowest 2.00×)",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	)
 }
 
 func TestReadingTargets(t *testing.T) {
@@ -211,7 +205,7 @@ func TestReadingTargets(t *testing.T) {
 		Kinds: []Share{{kindNotify, 0.4}, {kindSyscall, 0.3}, {kindScheduler, 0.1}, {kindGC, 0.05}, {kindGo, 0.15}},
 		Top:   []Func{{"internal/runtime/syscall/linux.Syscall6", 0.6, 0.6}}}}
 	md := Report(res, "")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"Met in 1 row: LOOKUP+GETATTR (2.00×, lowest 2.00×). Missed in 1 row: CREATE+RELEASE+UNLINK (0.60×, lowest 0.60×).",
 		// Equal CPU per operation meets ≤ 1.00×; CREATE's is now 40 ms over 1200 operations.
 		"Met in 1 row: LOOKUP+GETATTR (1.00×, needed ≤ 1.00×). Missed in 1 row: CREATE+RELEASE+UNLINK (3.33×, needed ≤ 1.00×).",
@@ -219,11 +213,7 @@ func TestReadingTargets(t *testing.T) {
 		"of its CPU, 40% is the notification path",
 		"10% the Go scheduler, 5% allocation and GC, and 15% its own Go code",
 		"| `internal/runtime/syscall/linux.Syscall6` | 60.0% | 60.0% |",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	)
 	// CREATE's miss is not bounded by the C virtiofsd's system share (0.80× of its CPU).
 	if strings.Contains(md, "with no user time at all") {
 		t.Error("a miss above the C virtiofsd's system share is read as bounded by it")
@@ -263,14 +253,10 @@ func TestReadingBusySide(t *testing.T) {
 	set(k, "WRITE 4 KiB random QD16", 900*time.Millisecond, 700*time.Millisecond)
 	set(v, "WRITE 4 KiB random QD16", 500*time.Millisecond, 600*time.Millisecond)
 	md := Report(res, "")
-	for _, want := range []string{
+	wantInReport(t, md,
 		"the front-end, with both servers, in 1 row: READ 4 KiB random QD16 (the front-end 0.90 and kvfsd 0.70 of a CPU; the front-end 0.85 and the C virtiofsd 0.60).",
 		"the server, with both, in 1 row: READ 1 MiB sequential QD16 (the front-end 0.30 and kvfsd 0.95 of a CPU; the front-end 0.25 and the C virtiofsd 0.96). There CPU per operation is throughput.",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q", want)
-		}
-	}
+	)
 	if strings.Contains(md, "WRITE 4 KiB random QD16 (the front-end") {
 		t.Error("a row where the servers disagree is read as bound by one side")
 	}

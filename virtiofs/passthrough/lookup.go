@@ -23,10 +23,10 @@ import (
 // checked name, the entry itself (AT_SYMLINK_NOFOLLOW), never a host path.
 //
 // An entry that is no node yet costs lookupAt all the same, after the statx: three calls
-// instead of lookupAt's two (the open and its statx; the descriptor stays with the new node). READDIRPLUS knows beforehand, nearly always: getdents gave the entry's
-// inode number, and the table answers whether it holds that inode without a system call
-// (lookupEntry). LOOKUP has only a name, so it steers by what its recent lookups found
-// (knownSteer).
+// instead of lookupAt's two (the open and its statx; the descriptor stays with the new node).
+// READDIRPLUS knows beforehand, nearly always: getdents gave the entry's inode number, and the
+// table answers whether it holds that inode without a system call (lookupEntry). LOOKUP has
+// only a name, so it steers by what its recent lookups found (knownSteer).
 
 // knownScoreMax bounds knownSteer's score: from either end it turns within 16 lookups that
 // find their node or 33 that make one.
