@@ -446,6 +446,18 @@ func (s *Sandbox) checkNotStopping() error {
 	return nil
 }
 
+// KillVM kills the VM at once (SIGKILL) and waits for it, leaving the rest (the server, the
+// mounts, the directory) to Stop: what the owner does with a guest it no longer trusts.
+func (s *Sandbox) KillVM() error {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if vm == nil {
+		return fmt.Errorf("sandbox %s has no VM", s.id)
+	}
+	return kill(vm)
+}
+
 // Stop tears the sandbox down in order: the VM (SIGTERM, then SIGKILL), the server, the
 // mounts (MNT_DETACH|UMOUNT_NOFOLLOW), the directory. It carries on past errors and returns
 // them all; the directory is not removed while anything under it is still mounted, and then

@@ -28,7 +28,10 @@
 //     the guest agent answers every call about it (the VM's pid, the pause process's exits,
 //     the pod's stats), so its task runs through the same state machine as any.
 //   - Pod is the narrow interface to the VM: the agent (api/agent/v1), the share's Bind and
-//     Unbind, and the pod's death. VMPod is the real one: a sandbox.Sandbox booted with
+//     Unbind, the pod's death, and Kill, the host's last word. Booted, a pod is owned by a
+//     podRun (podrun.go): the pod, the door to its agent (agentdoor.go), the context of the
+//     calls that end with it, the OOM loop and the host's end of a SIGKILL. VMPod is the real
+//     Pod: a sandbox.Sandbox booted with
 //     sandbox.DefaultVM, the agent dialled on agent.sock (virtio-serial) or vsock until it
 //     answers Ping within agent.boot_timeout, and the sandbox's control API served on
 //     control.sock in the sandbox directory.
@@ -85,22 +88,38 @@
 //
 // # Locks
 //
-// Service.mu guards the container map, the pod and the Sandbox API's sandbox (its phase,
-// pid and exit); container.mu a container's execs; process.mu a process's state. Order: Service.mu, then container.mu, then process.mu; none
+// Service.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
+// phase, pid and exit); container.mu a container's execs; process.mu a process's state;
+// agentDoor.mu the door's counts. Order: Service.mu, then container.mu, then process.mu; none
 // is held across a call to the agent, the VM, the sandbox, a mount or the publisher. The
 // first Create (or StartSandbox) boots the pod with no lock held; concurrent Creates wait on
 // a channel.
 //
 // # Threat model
 //
-// The guest is hostile to the host: everything the agent answers is untrusted. The shim only
-// copies the guest's output (bounded per read: an answer larger than asked ends the stream),
-// takes its pids and exit statuses as numbers, and bounds every wait on it (the drain of a
-// process's output after its exit, the execs' exits before an init's, the boot). The guest
-// never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
-// never follows the guest's symlinks when it unbinds and cleans up. containerd, its
-// requests and the configuration file are trusted; a pod's annotations are not (see
-// sandbox.Config.Resolve). The network namespace path comes from containerd and is trusted;
-// the guest can send any frame on its NIC, and those frames only reach the pod's veth (see
-// package sandbox/network).
+// The guest is hostile to the host: root in the VM controls the agent, so everything it
+// answers is untrusted, and the shim treats it as kvfsd treats the guest's driver. Every call
+// to it goes through one door (agentDoor), which gives it a deadline by kind (GuestLimits:
+// queries 5 s, signals 5 s, lifecycle calls 60 s; only the streams, the waits for exits,
+// OOM events and output, have none, and they end with the pod), checks the answer (an exit
+// status a process can have, no more output than asked, metrics that decode as what
+// containerd's CRI decodes, pids listed only for execs the container has), bounds the text of
+// the guest's errors, and counts misbehaviour: three missed deadlines in a row, one missed
+// lifecycle deadline or three broken answers and the guest is cut off, its VM killed, every
+// process reported exited once (137 if the host was asked to kill it, 255 otherwise), and
+// containerd's Deletes then leave nothing. A SIGKILL of a container (its init, or all) is the
+// host's to finish: unless the guest reports the exit within GuestLimits.KillGrace, the VM is
+// killed, which ends every container of the pod (the guest cannot be trusted to have killed
+// one and not the others). What the guest can send at will is capped: at most one TaskOOM
+// per container per second, its answers taken at most one per 10 ms; the log lines it can
+// cause, one per kind per 10 s. The task API's pids are the VM's (as Kata gives its
+// hypervisor's): a pid the guest names is never shown to containerd as a host process, only
+// as a container-level pid in Pids. The shim copies the guest's output (bounded per read),
+// and bounds every wait on it (the drain of a process's output after its exit, the execs'
+// exits before an init's, the boot, the stop). The guest never names a host path: the shim
+// decides every bind (AdaptSpec), and the sandbox package never follows the guest's symlinks
+// when it unbinds and cleans up. containerd, its requests and the configuration file are
+// trusted; a pod's annotations are not (see sandbox.Config.Resolve). The network namespace
+// path comes from containerd and is trusted; the guest can send any frame on its NIC, and
+// those frames only reach the pod's veth (see package sandbox/network).
 package shim

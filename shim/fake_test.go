@@ -364,18 +364,26 @@ func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.Sh
 // fakeVMPid is the VM pid of every fakePod.
 const fakeVMPid = 4242
 
-// fakePod is a Pod around a fakeAgent.
+// fakePod is a Pod around a fakeAgent (or, if remote is set, around that agent).
 type fakePod struct {
 	agent   *fakeAgent
+	remote  agent.AgentService
 	req     PodRequest
 	mu      sync.Mutex
 	binds   map[string]HostBind
 	stopped int
+	killed  []error // the reasons of Kill's calls
 	done    chan struct{}
-	err     error
+	dieOnce sync.Once
+	err     error // set before done is closed
 }
 
-func (p *fakePod) Agent() agent.AgentService { return p.agent }
+func (p *fakePod) Agent() agent.AgentService {
+	if p.remote != nil {
+		return p.remote
+	}
+	return p.agent
+}
 
 func (p *fakePod) Bind(src, name string, ro bool) error {
 	p.mu.Lock()
@@ -400,7 +408,29 @@ func (p *fakePod) Unbind(name string) error {
 
 func (p *fakePod) Done() <-chan struct{} { return p.done }
 func (p *fakePod) Pid() uint32           { return fakeVMPid }
-func (p *fakePod) Err() error            { return p.err }
+func (p *fakePod) Err() error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+		return nil
+	}
+}
+
+// Kill implements Pod: the fake VM dies at once.
+func (p *fakePod) Kill(why error) {
+	p.mu.Lock()
+	p.killed = append(p.killed, why)
+	p.mu.Unlock()
+	p.die(why)
+}
+
+// kills are Kill's reasons so far.
+func (p *fakePod) kills() []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.killed)
+}
 
 func (p *fakePod) Stop(ctx context.Context) error {
 	p.mu.Lock()
@@ -411,8 +441,10 @@ func (p *fakePod) Stop(ctx context.Context) error {
 }
 
 func (p *fakePod) die(err error) {
-	p.err = err
-	close(p.done)
+	p.dieOnce.Do(func() {
+		p.err = err
+		close(p.done)
+	})
 }
 
 func (p *fakePod) bound() map[string]HostBind {

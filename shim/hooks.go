@@ -27,8 +27,8 @@ func (s *Service) runHooks(phase hooks.Phase, c *container, status specs.Contain
 		return nil
 	}
 	var pid uint32
-	if pod, _, err := s.currentPod(); err == nil {
-		pid = pod.Pid()
+	if run, err := s.currentRun(); err == nil {
+		pid = run.pod.Pid()
 	}
 	return hooks.Run(s.ctx, phase, hs, &specs.State{
 		Version: specs.Version, ID: c.id, Status: status, Pid: int(pid), Bundle: c.bundle,

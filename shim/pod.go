@@ -258,6 +258,14 @@ func (p *VMPod) watch() {
 	}
 }
 
+// Kill implements Pod: the VM is killed, the pod dead for why.
+func (p *VMPod) Kill(why error) {
+	p.died(why)
+	if err := p.sb.KillVM(); err != nil {
+		log.L.WithError(err).WithField("sandbox", p.sb.ID()).Error("killing the VM")
+	}
+}
+
 // Agent implements Pod.
 func (p *VMPod) Agent() agent.AgentService { return p.agent }
 

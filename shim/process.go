@@ -98,6 +98,9 @@ type process struct {
 	pending *exit // guarded by mu; an exit that came while the process was starting
 	// finishing is set once the exit sequence has begun (guarded by mu): it runs once.
 	finishing bool
+	// killed says the host was asked to SIGKILL the process (guarded by mu): if its exit comes
+	// with its VM's end, it is exitKilled, not exitVMDied.
+	killed bool
 }
 
 func newProcess(cid, execID string, cfg stdio.Config) *process {
@@ -137,6 +140,22 @@ func (p *process) transition(o op, next state) error {
 	}
 	p.state = next
 	return nil
+}
+
+func (p *process) markKilled() {
+	p.mu.Lock()
+	p.killed = true
+	p.mu.Unlock()
+}
+
+// vmEndStatus is p's exit status when its VM ended under it.
+func (p *process) vmEndStatus() uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.killed {
+		return exitKilled
+	}
+	return exitVMDied
 }
 
 func (p *process) snapshot() (state, uint32, exit) {

@@ -56,8 +56,6 @@ const (
 	// sandboxStopTimeout bounds, when StopSandbox gives no timeout, its wait for the exits of
 	// the processes it killed, and, after the VM stopped, the wait for the exits of those left.
 	sandboxStopTimeout = 30 * time.Second
-	// sandboxPingTimeout bounds PingSandbox's Ping of the guest agent.
-	sandboxPingTimeout = 10 * time.Second
 	// shutdownGrace is how long after answering ShutdownSandbox the shim ends: the answer must
 	// reach containerd first, whose sandbox controller (unlike its task client) takes a
 	// connection closed on it as a failed shutdown.
@@ -212,8 +210,8 @@ func (s *Service) checkNoPodLocked(id string) error {
 	switch {
 	case s.sandbox != nil:
 		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, s.sandbox.id, errdefs.ErrAlreadyExists)
-	case s.pod != nil || s.booting != nil || len(s.containers) > 0:
-		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API (%s): %w", id, s.podID, errdefs.ErrFailedPrecondition)
+	case s.run != nil || s.booting != nil || len(s.containers) > 0:
+		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
@@ -237,7 +235,7 @@ func (s *Service) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRe
 	s.mu.Unlock()
 	defer close(sb.started)
 
-	pod, _, err := s.acquirePod(bootCtx, sb.req, true)
+	run, err := s.acquirePod(bootCtx, sb.req, true)
 	s.mu.Lock()
 	sb.cancelStart = nil
 	if err == nil && bootCtx.Err() != nil {
@@ -253,15 +251,15 @@ func (s *Service) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRe
 		s.mu.Unlock()
 		return nil, err
 	}
-	pid := pod.Pid()
+	pid := run.pod.Pid()
 	sb.phase, sb.pid = sandboxReady, pid
 	s.mu.Unlock()
-	go s.watchSandbox(sb, pod)
+	go s.watchSandbox(sb, run.pod)
 	return &sandboxAPI.StartSandboxResponse{Pid: pid, CreatedAt: timestamppb.New(sb.createdAt)}, nil
 }
 
-// watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied (see
-// watchPod), what is left of the VM, the share and the tap is removed, and WaitSandbox
+// watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied or
+// exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and WaitSandbox
 // answers exitVMDied.
 func (s *Service) watchSandbox(sb *podSandbox, pod Pod) {
 	select {
@@ -335,68 +333,77 @@ func (s *Service) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequ
 	return &sandboxAPI.StopSandboxResponse{}, nil
 }
 
-// stopSandboxPod stops the pod under the sandbox. With kill, every process of each
-// container not yet exited gets SIGKILL first, and their exits are waited for within
-// timeout. Then the pod is stopped, and the exits of the processes left (exitVMDied) are
-// waited for within sandboxStopTimeout: once it returns, the containers' tasks are stopped.
+// stopSandboxPod stops the pod under the sandbox. With kill, every container not yet exited
+// gets SIGKILL (all its processes), all at once, and their exits are waited for: the kills
+// and the waits together within timeout. Then the pod is stopped whatever the guest did, and
+// the exits of the processes left (exitKilled, or exitVMDied) are waited for within
+// sandboxStopTimeout: once it returns, the containers' tasks are stopped.
 func (s *Service) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
 	s.mu.Lock()
-	pod, podCtx, cancel := s.pod, s.podCtx, s.podCancel
-	var inits []*process
+	run := s.run
+	var cs []*container
 	for _, c := range s.containers {
 		c.mu.Lock()
 		if c.ready {
-			inits = append(inits, c.init)
+			cs = append(cs, c)
 		}
 		c.mu.Unlock()
 	}
 	s.mu.Unlock()
-	if pod == nil {
+	if run == nil {
 		return
 	}
 	if kill {
+		kctx, cancel := context.WithTimeout(ctx, timeout)
 		var waits []chan struct{}
-		for _, p := range inits {
+		for _, c := range cs {
+			p := c.init
 			if st, _, _ := p.snapshot(); st == stateStopped || st == stateDeleted {
 				continue
 			}
-			actx, cancelCall := agentCtx(ctx, podCtx)
-			_, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, Signal: uint32(syscall.SIGKILL), All: true})
-			cancelCall()
-			if err != nil {
-				log.G(s.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
+			p.markKilled()
+			c.mu.Lock()
+			for _, e := range c.execs {
+				e.markKilled()
 			}
+			c.mu.Unlock()
+			go func() {
+				actx, cancelCall := run.call(kctx)
+				defer cancelCall()
+				if _, err := run.agent.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, Signal: uint32(syscall.SIGKILL), All: true}); err != nil {
+					log.G(s.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
+				}
+			}()
 			waits = append(waits, p.exited)
 		}
-		waitAll(waits, timeout)
+		waitAll(kctx, waits)
+		cancel()
 	}
 	s.mu.Lock()
-	if s.pod == pod {
-		s.pod, s.podCtx, s.podCancel = nil, nil, nil
+	if s.run == run {
+		s.takeRunLocked()
 	}
 	s.mu.Unlock()
-	// The agent's Shutdown answers the pending GetOOMEvent, which ends the OOM loop; the
-	// context goes after, and with it the waits of the processes left.
-	if err := pod.Stop(s.ctx); err != nil {
+	if err := s.stopRun(s.ctx, run); err != nil {
 		log.G(s.ctx).WithError(err).Error("stopping the sandbox's pod")
 	}
-	cancel()
 	var waits []chan struct{}
-	for _, p := range inits {
-		waits = append(waits, p.exited)
+	for _, c := range cs {
+		waits = append(waits, c.init.exited)
 	}
-	if !waitAll(waits, sandboxStopTimeout) {
+	wctx, cancel := context.WithTimeout(s.ctx, sandboxStopTimeout)
+	defer cancel()
+	if !waitAll(wctx, waits) {
 		log.G(s.ctx).Warnf("processes of the stopped sandbox had not exited %v after its VM stopped", sandboxStopTimeout)
 	}
 }
 
-// waitAll waits for every channel to close, for at most timeout; it says whether they did.
-func waitAll(chans []chan struct{}, timeout time.Duration) bool {
-	deadline := time.After(timeout)
+// waitAll waits for every channel to close, until ctx ends; it says whether they did.
+func waitAll(ctx context.Context, chans []chan struct{}) bool {
 	for _, c := range chans {
 		select {
 		case <-c:
-		case <-deadline:
+		case <-ctx.Done():
 			return false
 		}
 	}
@@ -449,39 +456,35 @@ func (s *Service) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*
 	if err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	actx, cancelPing := context.WithTimeout(actx, sandboxPingTimeout)
-	defer cancelPing()
-	if _, err := ag.Ping(actx, &agent.PingRequest{}); err != nil {
+	if _, err := run.agent.Ping(actx, &agent.PingRequest{}); err != nil {
 		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", r.SandboxID, err)
 	}
 	return &sandboxAPI.PingResponse{}, nil
 }
 
 // SandboxMetrics answers the pod's cgroup2 metrics from the guest: the agent's Stats of
-// every container (no container id), checked as the task API's Stats checks them.
+// every container (no container id), checked by the door as the task API's Stats are.
 func (s *Service) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
 	if err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	resp, err := ag.Stats(actx, &agent.StatsRequest{})
+	resp, err := run.agent.Stats(actx, &agent.StatsRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of sandbox %s: %w", r.SandboxID, err)
 	}
-	a, err := cgroupMetrics("sandbox "+r.SandboxID, resp)
-	if err != nil {
-		return nil, err
-	}
-	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: a}}, nil
+	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: resp.Stats}}, nil
 }
 
 // Platform is the guest's: Linux on the host's architecture (QEMU runs the host's).

@@ -506,9 +506,9 @@ func TestSandboxAPIStopWhileStarting(t *testing.T) {
 				}
 			}
 			h.svc.mu.Lock()
-			pod := h.svc.pod
+			run := h.svc.run
 			h.svc.mu.Unlock()
-			if pod != nil {
+			if run != nil {
 				t.Error("the shim still has a pod")
 			}
 		})

@@ -21,23 +21,16 @@ import (
 // container itself, so the task service runs it through the same state machine and exit
 // sequence as any container.
 
-// withSandboxTask is pod, its agent fronted by a sandboxAgent for the sandbox container id.
-func withSandboxTask(pod Pod, id string) Pod {
-	return &sandboxPod{Pod: pod, agent: &sandboxAgent{AgentService: pod.Agent(), id: id, pid: pod.Pid(), exited: make(chan struct{})}}
+// newSandboxAgent is ag fronted for the sandbox container id, whose pid is the VM's.
+func newSandboxAgent(ag agent.AgentService, id string, pid uint32) *sandboxAgent {
+	return &sandboxAgent{AgentService: ag, id: id, pid: pid, exited: make(chan struct{})}
 }
-
-type sandboxPod struct {
-	Pod
-	agent *sandboxAgent
-}
-
-func (p *sandboxPod) Agent() agent.AgentService { return p.agent }
 
 // sandboxAgent answers for the sandbox container id and passes every other call to the
-// guest's agent. The task's pid is the VM's (Pod.Pid); it exits when signalled as the pause
-// process would (SIGTERM and SIGINT: status 0; SIGKILL and the other signals whose default
-// action ends a process: 128+signal), and with the pod's death (the waiter's context ends:
-// the task service gives exitVMDied).
+// guest's agent, through its door. The task's pid is the VM's (Pod.Pid); it exits when
+// signalled as the pause process would (SIGTERM and SIGINT: status 0; SIGKILL and the other
+// signals whose default action ends a process: 128+signal), and with the pod's death (the
+// waiter's context ends: the task service gives exitVMDied, or exitKilled).
 type sandboxAgent struct {
 	agent.AgentService
 	id  string

@@ -8,12 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	eventstypes "github.com/containerd/containerd/api/events"
 	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -31,7 +29,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -54,8 +51,11 @@ type Pod interface {
 	Done() <-chan struct{}
 	// Err says why Done was closed.
 	Err() error
-	// Pid is the VM's process id (0 if it has none on this host): the pod sandbox task's.
+	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
 	Pid() uint32
+	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
+	// stopped). What is left (the server, the share, the network) goes with Stop.
+	Kill(why error)
 	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
 	Stop(ctx context.Context) error
 }
@@ -99,6 +99,9 @@ const (
 	readMax = 32 << 10
 	// exitVMDied is the exit status of every process of a pod whose VM or server died.
 	exitVMDied = 255
+	// exitKilled is the exit status of a process the host was asked to SIGKILL and whose exit
+	// came with its VM's end.
+	exitKilled = 128 + uint32(syscall.SIGKILL)
 )
 
 // Options configure a Service.
@@ -112,6 +115,8 @@ type Options struct {
 	// DefaultConfigPath is the sandbox configuration used when Create's options name none
 	// (DefaultConfigPath, if it exists; else sandbox.DefaultConfig()).
 	DefaultConfigPath string
+	// Limits bound the waits on the guest (agentdoor.go); zero fields are the defaults.
+	Limits GuestLimits
 }
 
 // DefaultConfigPath is where the node's sandbox configuration is, if it has one.
@@ -125,11 +130,9 @@ type Service struct {
 
 	mu         sync.Mutex
 	containers map[string]*container // guarded by mu; a container is listed from Create's start
-	pod        Pod                   // guarded by mu
-	podID      string                // guarded by mu
-	podCancel  context.CancelFunc    // guarded by mu; ends podCtx's calls when the pod dies
-	podCtx     context.Context       // guarded by mu
+	run        *podRun               // guarded by mu; the pod, from its boot to its stop
 	booting    chan struct{}         // guarded by mu; non-nil while a Create boots the pod
+	guestLog   guestLogger           // the log lines the guest can cause, rate-limited
 	// sandbox is the Sandbox API's pod (sandboxservice.go), from CreateSandbox to
 	// ShutdownSandbox; nil when the task API makes the pod (its first Create).
 	sandbox *podSandbox // guarded by mu
@@ -157,6 +160,7 @@ func NewService(ctx context.Context, opts Options) *Service {
 	if opts.DefaultConfigPath == "" {
 		opts.DefaultConfigPath = DefaultConfigPath
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	return &Service{ctx: ctx, opts: opts, containers: make(map[string]*container)}
 }
 
@@ -205,34 +209,6 @@ func (s *Service) getProcess(id, execID string) (*container, *process, error) {
 		return nil, nil, fmt.Errorf("exec %s of container %s: %w", execID, id, errdefs.ErrNotFound)
 	}
 	return c, p, nil
-}
-
-// currentPod returns the pod and the context of calls to its agent.
-func (s *Service) currentPod() (Pod, context.Context, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pod == nil {
-		return nil, nil, fmt.Errorf("the pod is not running: %w", errdefs.ErrFailedPrecondition)
-	}
-	return s.pod, s.podCtx, nil
-}
-
-// agentCtx is ctx that also ends when the pod dies.
-func agentCtx(ctx, podCtx context.Context) (context.Context, context.CancelFunc) {
-	c, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(podCtx, cancel)
-	return c, func() { stop(); cancel() }
-}
-
-// podAgent is the running pod's agent and a context for one call to it: ctx, ended also by
-// the pod's death. The caller calls cancel when the call is done.
-func (s *Service) podAgent(ctx context.Context) (_ agent.AgentService, actx context.Context, cancel context.CancelFunc, _ error) {
-	pod, podCtx, err := s.currentPod()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	actx, cancel = agentCtx(ctx, podCtx)
-	return pod.Agent(), actx, cancel, nil
 }
 
 // Create makes the container: the pod first if it is the first one.
@@ -324,12 +300,12 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(r.Bundle, bundleRecordName)) })
-	pod, podCtx, err := s.acquirePod(ctx, podReq, false)
+	run, err := s.acquirePod(ctx, podReq, false)
 	if err != nil {
 		return nil, err
 	}
 	if !isSandbox {
-		if err := s.bindContainer(pod, c, r, spec, hostBinds, &undo); err != nil {
+		if err := s.bindContainer(run.pod, c, r, spec, hostBinds, &undo); err != nil {
 			return nil, err
 		}
 	}
@@ -346,8 +322,8 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, err
 	}
 	in, out, errw := sc.Wants()
-	actx, cancel := agentCtx(ctx, podCtx)
-	resp, err := pod.Agent().CreateContainer(actx, &agent.CreateContainerRequest{
+	actx, cancel := run.call(ctx)
+	_, err = run.agent.CreateContainer(actx, &agent.CreateContainerRequest{
 		ContainerId: r.ID, Spec: specJSON,
 		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
@@ -355,9 +331,10 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("the agent creating container %s: %w", r.ID, err)
 	}
-	c.init.pid = resp.Pid
+	pid := run.pod.Pid()
+	c.init.pid = pid
 	undo = append(undo, func() {
-		if err := s.agentDelete(s.ctx, pod, podCtx, c.init); err != nil {
+		if err := s.agentDelete(s.ctx, run, c.init); err != nil {
 			log.G(s.ctx).WithError(err).Warnf("deleting container %s in the guest after its failed create", r.ID)
 		}
 	})
@@ -372,11 +349,11 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	c.ready = true
 	c.mu.Unlock()
 	s.publish(&eventstypes.TaskCreate{
-		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Pid: resp.Pid,
+		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Pid: pid,
 		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
 	})
-	s.watch(pod, podCtx, c, c.init)
-	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+	s.watch(run, c, c.init)
+	return &taskAPI.CreateTaskResponse{Pid: pid}, nil
 }
 
 // bindContainer puts container c's files in the pod's share: its root filesystem (Create's
@@ -452,117 +429,10 @@ func readSpec(bundle string) (*specs.Spec, error) {
 	return &spec, nil
 }
 
-// acquirePod returns the pod, booting it if this is the first container (or, bySandbox, for
-// StartSandbox). A pod of the Sandbox API is booted only by StartSandbox: a container
-// joins it while it is ready. No lock is held while it boots; concurrent Creates wait for
-// the boot.
-func (s *Service) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (Pod, context.Context, error) {
-	for {
-		s.mu.Lock()
-		if sb := s.sandbox; sb != nil && !bySandbox && sb.phase != sandboxReady {
-			s.mu.Unlock()
-			return nil, nil, fmt.Errorf("sandbox %s is %s, not ready: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
-		}
-		if s.pod != nil {
-			pod, pctx, id := s.pod, s.podCtx, s.podID
-			s.mu.Unlock()
-			if id != req.ID {
-				return nil, nil, fmt.Errorf("this shim serves sandbox %s, not %s: %w", id, req.ID, errdefs.ErrInvalidArgument)
-			}
-			select {
-			case <-pod.Done():
-				return nil, nil, fmt.Errorf("the pod's VM is gone (%v): %w", pod.Err(), errdefs.ErrFailedPrecondition)
-			default:
-			}
-			return pod, pctx, nil
-		}
-		if ch := s.booting; ch != nil {
-			s.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return nil, nil, ctx.Err()
-			}
-		}
-		ch := make(chan struct{})
-		s.booting = ch
-		s.mu.Unlock()
-
-		pod, err := s.opts.StartPod(ctx, req)
-		if err == nil && req.SandboxTask {
-			pod = withSandboxTask(pod, req.ID)
-		}
-		s.mu.Lock()
-		s.booting = nil
-		var pctx context.Context
-		if err == nil {
-			pctx, s.podCancel = context.WithCancel(context.WithoutCancel(s.ctx))
-			s.pod, s.podID, s.podCtx = pod, req.ID, pctx
-		}
-		s.mu.Unlock()
-		close(ch)
-		if err != nil {
-			return nil, nil, fmt.Errorf("start sandbox %s: %w", req.ID, err)
-		}
-		go s.watchPod(pod)
-		go s.oomLoop(pod, pctx)
-		return pod, pctx, nil
-	}
-}
-
-// watchPod ends every process with status 255 when the pod dies: their agent calls are
-// cancelled, and each exit watcher then runs the exit sequence with that status.
-func (s *Service) watchPod(pod Pod) {
-	<-pod.Done()
-	s.mu.Lock()
-	if s.pod != pod {
-		s.mu.Unlock()
-		return // stopped by us
-	}
-	s.podCancel()
-	s.mu.Unlock()
-	log.G(s.ctx).WithError(pod.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends with exit status %d", exitVMDied)
-}
-
-// oomLoop publishes TaskOOM for each OOM kill the agent reports, until the pod ends.
-func (s *Service) oomLoop(pod Pod, podCtx context.Context) {
-	for {
-		resp, err := pod.Agent().GetOOMEvent(podCtx, &agent.GetOOMEventRequest{})
-		if err != nil {
-			if podCtx.Err() != nil {
-				return
-			}
-			if agentErrIs(err, codes.Unimplemented, errdefs.ErrNotImplemented) {
-				log.G(s.ctx).WithError(err).Warn("the agent reports no OOM events")
-				return
-			}
-			if agentErrIs(err, codes.Unavailable, errdefs.ErrUnavailable) {
-				return // the agent is shutting down
-			}
-			log.G(s.ctx).WithError(err).Warn("waiting for OOM events")
-			select {
-			case <-podCtx.Done():
-				return
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		s.mu.Lock()
-		_, known := s.containers[resp.ContainerId]
-		s.mu.Unlock()
-		if !known {
-			log.G(s.ctx).WithField("container", resp.ContainerId).Warn("the agent reported an OOM kill in an unknown container")
-			continue
-		}
-		s.publish(&eventstypes.TaskOOM{ContainerID: resp.ContainerId})
-	}
-}
-
 // watch starts p's output copies and its exit watcher. The exit watcher runs from creation,
 // so a process killed before it starts still exits.
-func (s *Service) watch(pod Pod, podCtx context.Context, c *container, p *process) {
-	drainCtx, cancelDrain := context.WithCancel(podCtx)
+func (s *Service) watch(run *podRun, c *container, p *process) {
+	drainCtx, cancelDrain := context.WithCancel(run.ctx)
 	var wg sync.WaitGroup
 	copyOut := func(w interface{ Write([]byte) (int, error) }, read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), stream string) {
 		defer wg.Done()
@@ -573,10 +443,6 @@ func (s *Service) watch(pod Pod, podCtx context.Context, c *container, p *proces
 				if drainCtx.Err() == nil {
 					log.G(s.ctx).WithError(err).WithField("process", p.name()).Warnf("reading %s", stream)
 				}
-				return
-			}
-			if len(resp.Data) > readMax {
-				log.G(s.ctx).WithField("process", p.name()).Errorf("the agent answered %d bytes of %s, more than the %d asked: dropping the stream", len(resp.Data), stream, readMax)
 				return
 			}
 			if len(resp.Data) > 0 && werr == nil {
@@ -593,29 +459,29 @@ func (s *Service) watch(pod Pod, podCtx context.Context, c *container, p *proces
 	}
 	if p.io.Stdout != nil {
 		wg.Add(1)
-		go copyOut(p.io.Stdout, pod.Agent().ReadStdout, "stdout")
+		go copyOut(p.io.Stdout, run.agent.ReadStdout, "stdout")
 	}
 	if p.io.Stderr != nil {
 		wg.Add(1)
-		go copyOut(p.io.Stderr, pod.Agent().ReadStderr, "stderr")
+		go copyOut(p.io.Stderr, run.agent.ReadStderr, "stderr")
 	}
 	go func() { wg.Wait(); close(p.outputDone) }()
 
 	go func() {
 		defer cancelDrain()
 		var e exit
-		resp, err := pod.Agent().WaitProcess(podCtx, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+		resp, err := run.agent.WaitProcess(run.ctx, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
 		switch {
-		case err != nil && podCtx.Err() != nil:
-			e = exit{status: exitVMDied, at: time.Now()}
+		case err != nil && run.ctx.Err() != nil:
+			e = exit{status: p.vmEndStatus(), at: time.Now()}
 		case err != nil:
 			// A lost connection is usually the pod's death, reported (and logged) just after.
 			select {
-			case <-pod.Done():
+			case <-run.pod.Done():
 			case <-time.After(2 * time.Second):
 				log.G(s.ctx).WithError(err).WithField("process", p.name()).Errorf("the agent's wait failed: exit status %d", exitVMDied)
 			}
-			e = exit{status: exitVMDied, at: time.Now()}
+			e = exit{status: p.vmEndStatus(), at: time.Now()}
 		default:
 			e = exit{status: resp.ExitStatus, at: time.Now()}
 			if t := resp.ExitedAt; t != nil && t.IsValid() {
@@ -624,7 +490,7 @@ func (s *Service) watch(pod Pod, podCtx context.Context, c *container, p *proces
 		}
 		select {
 		case <-p.outputDone:
-		case <-podCtx.Done():
+		case <-run.ctx.Done():
 		case <-time.After(drainTimeout):
 			log.G(s.ctx).WithField("process", p.name()).Warnf("its output was not drained %v after its exit: cut", drainTimeout)
 		}
@@ -702,7 +568,7 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	pod, podCtx, err := s.currentPod()
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
@@ -714,8 +580,8 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if err := p.transition(opStart, stateStarting); err != nil {
 		return nil, err
 	}
-	actx, cancel := agentCtx(ctx, podCtx)
-	resp, err := pod.Agent().StartProcess(actx, &agent.StartProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+	actx, cancel := run.call(ctx)
+	_, err = run.agent.StartProcess(actx, &agent.StartProcessRequest{ContainerId: p.cid, ExecId: p.execID})
 	cancel()
 	if err != nil {
 		p.mu.Lock()
@@ -728,13 +594,14 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		}
 		return nil, fmt.Errorf("the agent starting %s: %w", p.name(), err)
 	}
+	pid := run.pod.Pid()
 	p.mu.Lock()
-	p.pid = resp.Pid
+	p.pid = pid
 	p.mu.Unlock()
 	if p.execID == "" {
-		s.publish(&eventstypes.TaskStart{ContainerID: p.cid, Pid: resp.Pid})
+		s.publish(&eventstypes.TaskStart{ContainerID: p.cid, Pid: pid})
 	} else {
-		s.publish(&eventstypes.TaskExecStarted{ContainerID: p.cid, ExecID: p.execID, Pid: resp.Pid})
+		s.publish(&eventstypes.TaskExecStarted{ContainerID: p.cid, ExecID: p.execID, Pid: pid})
 	}
 	p.mu.Lock()
 	p.state = stateRunning
@@ -744,18 +611,18 @@ func (s *Service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	if pending != nil {
 		go s.exited(c, p, *pending)
 	}
-	s.copyStdin(pod, podCtx, p)
+	s.copyStdin(run, p)
 	if p.execID == "" {
 		s.postHooks(hooks.Poststart, c, specs.StateRunning)
 	}
-	return &taskAPI.StartResponse{Pid: resp.Pid}, nil
+	return &taskAPI.StartResponse{Pid: pid}, nil
 }
 
 // copyStdin copies the stdin fifo to the agent until it ends: the client closed its end, or
 // CloseIO closed ours. Neither closes the process's stdin; only CloseIO does, after this copy
 // has forwarded what it read. That is containerd's runc shim's behaviour: a client closing the
 // fifo (ctr at the end of its input) has not asked for EOF.
-func (s *Service) copyStdin(pod Pod, podCtx context.Context, p *process) {
+func (s *Service) copyStdin(run *podRun, p *process) {
 	if p.io == nil || p.io.Stdin == nil {
 		close(p.stdinDone)
 		return
@@ -766,8 +633,8 @@ func (s *Service) copyStdin(pod Pod, podCtx context.Context, p *process) {
 		for {
 			n, rerr := p.io.Stdin.Read(buf)
 			if n > 0 {
-				if _, err := pod.Agent().WriteStdin(podCtx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
-					if podCtx.Err() == nil {
+				if _, err := run.agent.WriteStdin(run.ctx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
+					if run.ctx.Err() == nil {
 						log.G(s.ctx).WithError(err).WithField("process", p.name()).Warn("writing stdin")
 					}
 					return
@@ -796,7 +663,7 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (_ *e
 	if err != nil {
 		return nil, fmt.Errorf("exec %s: %v: %w", r.ExecID, err, errdefs.ErrInvalidArgument)
 	}
-	pod, podCtx, err := s.currentPod()
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
@@ -824,8 +691,8 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (_ *e
 		return nil, fmt.Errorf("exec %s: %w", r.ExecID, err)
 	}
 	in, out, errw := sc.Wants()
-	actx, cancel := agentCtx(ctx, podCtx)
-	_, err = pod.Agent().ExecProcess(actx, &agent.ExecProcessRequest{
+	actx, cancel := run.call(ctx)
+	_, err = run.agent.ExecProcess(actx, &agent.ExecProcessRequest{
 		ContainerId: r.ID, ExecId: r.ExecID, Process: procJSON,
 		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
@@ -834,7 +701,7 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (_ *e
 		return nil, fmt.Errorf("the agent adding exec %s to %s: %w", r.ExecID, r.ID, err)
 	}
 	s.publish(&eventstypes.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
-	s.watch(pod, podCtx, c, p)
+	s.watch(run, c, p)
 	return &emptypb.Empty{}, nil
 }
 
@@ -854,9 +721,10 @@ func execProcess(a interface {
 	return json.Marshal(adaptProcess(&proc))
 }
 
-// Kill signals a process; with All, every process of the container.
+// Kill signals a process; with All, every process of the container. A SIGKILL of a container
+// is finished by the host if the guest does not (Service.kill).
 func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
-	_, p, err := s.getProcess(r.ID, r.ExecID)
+	c, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
@@ -868,13 +736,12 @@ func (s *Service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 		}
 		return nil, err
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	if _, err := ag.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: r.Signal, All: r.All}); err != nil {
-		return nil, fmt.Errorf("the agent signalling %s: %w", p.name(), err)
+	if err := s.kill(ctx, run, c, p, r.Signal, r.All); err != nil {
+		return nil, err
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -904,35 +771,33 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if err := p.check(opDelete); err != nil {
 		return nil, err
 	}
-	pod, podCtx, err := s.currentPod()
+	run, err := s.currentRun()
 	if err != nil {
 		// The pod was stopped with the container in it (StopSandbox): its processes have
 		// exited, and its binds went with the sandbox. What is left is on the host.
 		if st, _, _ := p.snapshot(); st != stateStopped {
 			return nil, err
 		}
-		pod = nil
+		run = nil
 	}
 	// live says the pod's agent can still be asked.
-	live := func() bool { return pod != nil && podCtx.Err() == nil }
+	live := func() bool { return run != nil && run.live() }
 	forgotten := false // the agent has forgotten p already
 	if st, _, _ := p.snapshot(); st == stateCreated && p.execID != "" {
 		// A never-started exec has no process in the guest to kill: the agent forgets it,
 		// and its waiters are released as if it had been killed.
 		if live() {
-			if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
+			if err := s.agentDelete(ctx, run, p); err != nil {
 				return nil, err
 			}
 		}
 		forgotten = true
-		s.exited(c, p, exit{status: 128 + uint32(syscall.SIGKILL), at: time.Now()})
+		s.exited(c, p, exit{status: exitKilled, at: time.Now()})
 	} else if st == stateCreated {
-		// A created init is runc's created container: killing it ends it.
-		actx, cancel := agentCtx(ctx, podCtx)
-		_, err := pod.Agent().SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: uint32(syscall.SIGKILL)})
-		cancel()
-		if err != nil && podCtx.Err() == nil {
-			return nil, fmt.Errorf("the agent killing created %s: %w", p.name(), err)
+		// A created init is runc's created container: killing it ends it, the host
+		// finishing the kill if the guest does not.
+		if err := s.kill(ctx, run, c, p, uint32(syscall.SIGKILL), false); err != nil {
+			return nil, err
 		}
 		select {
 		case <-p.exited:
@@ -954,7 +819,7 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		}
 	}
 	if live() && !forgotten {
-		if err := s.agentDelete(ctx, pod, podCtx, p); err != nil {
+		if err := s.agentDelete(ctx, run, p); err != nil {
 			return nil, err
 		}
 	}
@@ -969,8 +834,8 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		c.mu.Unlock()
 		return resp, nil
 	}
-	if pod != nil {
-		s.unbindAll(pod, c)
+	if run != nil {
+		s.unbindAll(run.pod, c)
 	}
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
@@ -985,11 +850,11 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 }
 
 // agentDelete asks the agent to forget p; a process it does not know is already forgotten.
-func (s *Service) agentDelete(ctx context.Context, pod Pod, podCtx context.Context, p *process) error {
-	actx, cancel := agentCtx(ctx, podCtx)
+func (s *Service) agentDelete(ctx context.Context, run *podRun, p *process) error {
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	_, err := pod.Agent().DeleteProcess(actx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
-	if err != nil && podCtx.Err() == nil && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
+	_, err := run.agent.DeleteProcess(actx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+	if err != nil && run.live() && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
 		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
 	}
 	return nil
@@ -1008,25 +873,6 @@ func unmountRootfs(ctx context.Context, rootfs string) {
 	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
 		log.G(ctx).WithError(err).Warnf("unmounting %s", rootfs)
 	}
-}
-
-// stopPodIfEmpty stops the pod once no container is left (and none is being created), unless
-// it is the Sandbox API's, which StopSandbox stops.
-func (s *Service) stopPodIfEmpty() {
-	s.mu.Lock()
-	if len(s.containers) > 0 || s.pod == nil || s.booting != nil || s.sandbox != nil {
-		s.mu.Unlock()
-		return
-	}
-	pod, cancel := s.pod, s.podCancel
-	s.pod, s.podCtx, s.podCancel = nil, nil, nil
-	s.mu.Unlock()
-	// The agent's Shutdown answers the pending GetOOMEvent (Unavailable), which ends the
-	// OOM loop; the context goes after.
-	if err := pod.Stop(s.ctx); err != nil {
-		log.G(s.ctx).WithError(err).Error("stopping the pod")
-	}
-	cancel()
 }
 
 // State reports a process's state.
@@ -1064,15 +910,16 @@ func (s *Service) pauseResume(ctx context.Context, id string, o op, next state) 
 	if err := c.init.check(o); err != nil {
 		return nil, err
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
 	if o == opPause {
-		_, err = ag.PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
+		_, err = run.agent.PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
 	} else {
-		_, err = ag.ResumeContainer(actx, &agent.ResumeContainerRequest{ContainerId: id})
+		_, err = run.agent.ResumeContainer(actx, &agent.ResumeContainerRequest{ContainerId: id})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the agent: %s container %s: %w", o, id, err)
@@ -1089,14 +936,18 @@ func (s *Service) pauseResume(ctx context.Context, id string, o op, next state) 
 	return &emptypb.Empty{}, nil
 }
 
-// Pids lists the container's processes in the guest.
+// Pids lists the container's processes with their pids in the guest: the task's own pid is
+// the VM's (a host process of the pod), but containerd's Pids, as ctr task ps shows them, are
+// container-level pids, which only the guest's numbers can be. The agent's answer names an
+// exec only if the container has it.
 func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
-	c, ag, actx, cancel, err := s.query(ctx, r.ID)
+	c, run, err := s.query(r.ID)
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	resp, err := ag.ListPids(actx, &agent.ListPidsRequest{ContainerId: c.id})
+	resp, err := run.agent.ListPids(actx, &agent.ListPidsRequest{ContainerId: c.id})
 	if err != nil {
 		return nil, fmt.Errorf("the agent listing the processes of %s: %w", c.id, err)
 	}
@@ -1104,6 +955,12 @@ func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	for _, pi := range resp.Processes {
 		info := &task.ProcessInfo{Pid: pi.Pid}
 		if pi.IsKnown && pi.ExecId != "" {
+			c.mu.Lock()
+			_, ok := c.execs[pi.ExecId]
+			c.mu.Unlock()
+			if !ok {
+				return nil, run.door.violation("ListPids %s: exec %q, which the container does not have", c.id, guestText(pi.ExecId))
+			}
 			a, err := typeurl.MarshalAnyToProto(&runcopts.ProcessDetails{ExecID: pi.ExecId})
 			if err != nil {
 				return nil, err
@@ -1115,54 +972,38 @@ func (s *Service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	return out, nil
 }
 
-// query is the common start of the container-wide queries.
-func (s *Service) query(ctx context.Context, id string) (*container, agent.AgentService, context.Context, context.CancelFunc, error) {
+// query is the common start of the container-wide queries: the container, which must not
+// have exited, and the pod's run.
+func (s *Service) query(id string) (*container, *podRun, error) {
 	c, err := s.getContainer(id)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
 	if err := c.init.check(opQuery); err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
-	return c, ag, actx, cancel, nil
+	return c, run, nil
 }
 
-// Stats answers the agent's cgroup metrics of the container (the pod's, for the pod sandbox).
-// They go to containerd only as what they must be, a cgroup2 Metrics that decodes: the guest's
-// answer is untrusted, and containerd's CRI decodes what it gets by its type.
+// Stats answers the agent's cgroup metrics of the container (the pod's, for the pod sandbox),
+// as the door checked them: a cgroup2 Metrics that decodes, which containerd's CRI decodes by
+// its type.
 func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	c, ag, actx, cancel, err := s.query(ctx, r.ID)
+	c, run, err := s.query(r.ID)
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	resp, err := ag.Stats(actx, &agent.StatsRequest{ContainerId: c.id})
+	resp, err := run.agent.Stats(actx, &agent.StatsRequest{ContainerId: c.id})
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
 	}
-	a, err := cgroupMetrics(c.id, resp)
-	if err != nil {
-		return nil, err
-	}
-	return &taskAPI.StatsResponse{Stats: a}, nil
-}
-
-// cgroupMetrics is the agent's Stats answer of what as containerd gets it: a cgroup2 Metrics
-// that decodes, re-encoded.
-func cgroupMetrics(what string, resp *agent.StatsResponse) (*anypb.Any, error) {
-	var m cgroupstats.Metrics
-	url := resp.GetStats().GetTypeUrl()
-	if name := url[strings.LastIndex(url, "/")+1:]; name != string(m.ProtoReflect().Descriptor().FullName()) {
-		return nil, fmt.Errorf("the agent's stats of %s are of type %q, not %s: %w", what, url, m.ProtoReflect().Descriptor().FullName(), errdefs.ErrUnknown)
-	}
-	if err := proto.Unmarshal(resp.Stats.GetValue(), &m); err != nil {
-		return nil, fmt.Errorf("the agent's stats of %s: %v: %w", what, err, errdefs.ErrUnknown)
-	}
-	return typeurl.MarshalAnyToProto(&m)
+	return &taskAPI.StatsResponse{Stats: resp.Stats}, nil
 }
 
 // Update sends new resource limits (linux.resources JSON) to the agent.
@@ -1178,12 +1019,13 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*em
 	if err != nil {
 		return nil, err
 	}
-	c, ag, actx, cancel, err := s.query(ctx, r.ID)
+	c, run, err := s.query(r.ID)
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	if _, err := ag.UpdateContainer(actx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
+	if _, err := run.agent.UpdateContainer(actx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
 		return nil, fmt.Errorf("the agent updating %s: %w", c.id, err)
 	}
 	return &emptypb.Empty{}, nil
@@ -1201,12 +1043,13 @@ func (s *Service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	if !p.stdio.Terminal {
 		return nil, fmt.Errorf("%s has no terminal: %w", p.name(), errdefs.ErrFailedPrecondition)
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	if _, err := ag.ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
+	if _, err := run.agent.ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
 		return nil, fmt.Errorf("the agent resizing the pty of %s: %w", p.name(), err)
 	}
 	return &emptypb.Empty{}, nil
@@ -1231,19 +1074,24 @@ func (s *Service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 			return nil, err
 		}
 		if st, _, _ := p.snapshot(); st != stateCreated {
+			t := time.NewTimer(s.opts.Limits.Lifecycle)
+			defer t.Stop()
 			select {
 			case <-p.stdinDone:
 			case <-ctx.Done():
 				return nil, ctx.Err()
+			case <-t.C: // the guest takes no more of the process's stdin
+				return nil, fmt.Errorf("the stdin of %s: the guest took no more of it within %v: %w", p.name(), s.opts.Limits.Lifecycle, context.DeadlineExceeded)
 			}
 		}
 	}
-	ag, actx, cancel, err := s.podAgent(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
+	actx, cancel := run.call(ctx)
 	defer cancel()
-	if _, err := ag.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
+	if _, err := run.agent.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
 		return nil, fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
 	}
 	return &emptypb.Empty{}, nil
@@ -1293,13 +1141,12 @@ func agentErrIs(err error, code codes.Code, kind error) bool {
 // and the publisher closed.
 func (s *Service) Close(ctx context.Context) error {
 	s.mu.Lock()
-	pod, cancel := s.pod, s.podCancel
-	s.pod, s.podCtx, s.podCancel = nil, nil, nil
+	run := s.takeRunLocked()
 	s.mu.Unlock()
 	var errs []error
-	if pod != nil {
-		cancel()
-		errs = append(errs, pod.Stop(ctx))
+	if run != nil {
+		run.cancel()
+		errs = append(errs, run.pod.Stop(ctx))
 	}
 	if c, ok := s.opts.Publisher.(interface{ Close() error }); ok {
 		errs = append(errs, c.Close())

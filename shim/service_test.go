@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -42,16 +43,23 @@ type harness struct {
 	sd    *fakeShutdown
 	dir   string
 
+	// remote, if set, is the agent the pods answer with (Pod.Agent), in place of agent.
+	remote agent.AgentService
+
 	mu       sync.Mutex
 	pods     []*fakePod
 	startErr error
 }
 
-func newHarness(t *testing.T) *harness {
-	h := &harness{t: t, agent: newFakeAgent(), rec: newRecorder(), sd: &fakeShutdown{done: make(chan struct{})}, dir: t.TempDir()}
+func newHarness(t *testing.T) *harness { return newHarnessWith(t, GuestLimits{}, nil) }
+
+// newHarnessWith is a harness whose service has limits, and whose pods' agent is remote if it
+// is not nil.
+func newHarnessWith(t *testing.T, limits GuestLimits, remote agent.AgentService) *harness {
+	h := &harness{t: t, agent: newFakeAgent(), rec: newRecorder(), sd: &fakeShutdown{done: make(chan struct{})}, dir: t.TempDir(), remote: remote}
 	h.ctx = namespaces.WithNamespace(context.Background(), "kvfs-test")
 	h.svc = NewService(h.ctx, Options{Publisher: h.rec, Shutdown: h.sd, StartPod: h.startPod,
-		DefaultConfigPath: filepath.Join(h.dir, "no-such-config.toml")})
+		DefaultConfigPath: filepath.Join(h.dir, "no-such-config.toml"), Limits: limits})
 	t.Cleanup(func() {
 		if err := h.svc.Close(context.Background()); err != nil {
 			t.Errorf("Close: %v", err)
@@ -66,7 +74,7 @@ func (h *harness) startPod(_ context.Context, req PodRequest) (Pod, error) {
 	if h.startErr != nil {
 		return nil, h.startErr
 	}
-	p := &fakePod{agent: h.agent, req: req, binds: map[string]HostBind{}, done: make(chan struct{})}
+	p := &fakePod{agent: h.agent, remote: h.remote, req: req, binds: map[string]HostBind{}, done: make(chan struct{})}
 	h.pods = append(h.pods, p)
 	return p, nil
 }

@@ -1,0 +1,392 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+// The door to the guest agent. Root in the guest controls the agent, so the shim treats it as
+// kvfsd treats the guest's driver: every call the shim makes to it goes through one agentDoor,
+// which gives the call a deadline by its kind, checks the answer before anything of it goes
+// further, and counts the agent's misbehaviour. An agent that misses deadlines past missLimit
+// (or one lifecycle deadline), or breaks the protocol violationLimit times, has failed: the
+// door calls its fail function once, which stops the pod's VM (the pod owner's failure
+// policy), and every later call fails at once.
+//
+// The deadlines, by kind (GuestLimits, whose defaults are below):
+//   - queries (Ping, Stats, ListPids, ResizePty, CloseStdin): Query. containerd's CRI
+//     asks every task's Stats one after another with no deadline of its own, so one silent
+//     guest would otherwise hold the metrics of every pod on the node.
+//   - signals (SignalProcess): Signal. A SIGKILL the agent does not confirm is finished
+//     by the host (see Service.Kill).
+//   - lifecycle calls (CreateContainer, ExecProcess, StartProcess, DeleteProcess, Pause,
+//     Resume, Update, ConfigureNetwork, Shutdown): Lifecycle, as Kata's shim bounds its
+//     agent requests. A healthy agent never takes that long: one miss fails the pod.
+//   - streams (WaitProcess, GetOOMEvent, ReadStdout, ReadStderr, WriteStdin): no deadline of
+//     the door's; they wait on the guest's processes, and their callers end them with the
+//     pod (or, for output, a drain deadline after the exit).
+const (
+	// missLimit is how many query or signal deadlines in a row the agent may miss.
+	missLimit = 3
+	// violationLimit is how many answers that break the protocol the agent may give.
+	violationLimit = 3
+	// guestTextMax bounds the guest's text (an error's message) the shim passes on.
+	guestTextMax = 1024
+	// maxListedPids bounds ListPids' answer.
+	maxListedPids = 1 << 16
+)
+
+// callKind is a call's class of deadline.
+type callKind int
+
+const (
+	kindQuery callKind = iota
+	kindSignal
+	kindLifecycle
+	kindStream
+)
+
+// GuestLimits bound what the shim waits for from the guest and takes from it. A field left
+// zero is its default (DefaultGuestLimits).
+type GuestLimits struct {
+	// Query, Signal and Lifecycle are the door's deadlines by kind of call.
+	Query, Signal, Lifecycle time.Duration
+	// KillGrace is how long the guest may take to confirm a SIGKILL of a container (its
+	// init's exit) before the host ends it by killing the pod's VM.
+	KillGrace time.Duration
+	// OOMInterval is the least time between two TaskOOM events of one container: the guest
+	// can report OOM kills as fast as it likes, and containerd handles events on the queue
+	// every pod's exits share. The OOM kills in between are the same news.
+	OOMInterval time.Duration
+}
+
+// DefaultGuestLimits are the limits of the shipped shim. With them, under TCG: a query answers
+// or fails within 10 s, a SIGKILLed container is stopped within 30 s, a Create whose agent
+// goes silent fails within 90 s, and at most one OOM event per container per second reaches
+// containerd (docs/reliability.md).
+var DefaultGuestLimits = GuestLimits{
+	Query:       5 * time.Second,
+	Signal:      5 * time.Second,
+	Lifecycle:   60 * time.Second,
+	KillGrace:   10 * time.Second,
+	OOMInterval: time.Second,
+}
+
+// withDefaults is l with each zero field its default.
+func (l GuestLimits) withDefaults() GuestLimits {
+	d := DefaultGuestLimits
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&l.Query, &d.Query}, {&l.Signal, &d.Signal}, {&l.Lifecycle, &d.Lifecycle},
+		{&l.KillGrace, &d.KillGrace}, {&l.OOMInterval, &d.OOMInterval},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return l
+}
+
+// timeout is the deadline of a call of kind k; 0 for none.
+func (l GuestLimits) timeout(k callKind) time.Duration {
+	switch k {
+	case kindQuery:
+		return l.Query
+	case kindSignal:
+		return l.Signal
+	case kindLifecycle:
+		return l.Lifecycle
+	}
+	return 0
+}
+
+// errAgentFailed is the error of every call after the door has failed the pod.
+var errAgentFailed = errors.New("the guest agent was cut off for misbehaving")
+
+// agentDoor is the shim's one door to the guest agent (see above). It implements the agent's
+// API, so that what fronts it (the pod sandbox's task, sandboxtask.go) keeps its shape.
+type agentDoor struct {
+	ctx    context.Context    // the shim's: its logger
+	ag     agent.AgentService // the guest's; its answers are untrusted
+	limits GuestLimits
+	fail   func(error) // stops the pod; called at most once, with no lock held
+
+	mu         sync.Mutex
+	misses     int   // guarded by mu: query and signal deadlines missed in a row
+	violations int   // guarded by mu
+	failure    error // guarded by mu: why the door failed the pod; nil while it has not
+}
+
+var _ agent.AgentService = (*agentDoor)(nil)
+
+func newAgentDoor(ctx context.Context, ag agent.AgentService, limits GuestLimits, fail func(error)) *agentDoor {
+	return &agentDoor{ctx: ctx, ag: ag, limits: limits, fail: fail}
+}
+
+// failed is why the door cut the agent off, or nil.
+func (d *agentDoor) failed() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.failure
+}
+
+// failLocked records why the pod fails and returns the function that fails it, to be called
+// once d.mu is released; nil if the pod had failed already.
+func (d *agentDoor) failLocked(why error) func() {
+	if d.failure != nil {
+		return nil
+	}
+	d.failure = why
+	return func() { d.fail(why) }
+}
+
+// cutOff fails the pod for why, unless it has failed already; every later call fails at once.
+func (d *agentDoor) cutOff(why error) {
+	d.mu.Lock()
+	fail := d.failLocked(why)
+	d.mu.Unlock()
+	if fail != nil {
+		fail()
+	}
+}
+
+// missed counts a deadline the agent missed.
+func (d *agentDoor) missed(k callKind, what string) {
+	d.mu.Lock()
+	d.misses++
+	var fail func()
+	switch {
+	case k == kindLifecycle:
+		fail = d.failLocked(fmt.Errorf("the guest agent did not answer %s within %v", what, d.limits.timeout(k)))
+	case d.misses >= missLimit:
+		fail = d.failLocked(fmt.Errorf("the guest agent missed %d deadlines in a row (the last: %s within %v)", d.misses, what, d.limits.timeout(k)))
+	}
+	d.mu.Unlock()
+	if fail != nil {
+		fail()
+	}
+}
+
+// violation counts an answer that breaks the protocol, and returns the error its caller gets.
+func (d *agentDoor) violation(what string, args ...any) error {
+	err := fmt.Errorf("the guest agent broke the protocol: "+what+": %w", append(args, errdefs.ErrUnknown)...)
+	d.mu.Lock()
+	d.violations++
+	var fail func()
+	if d.violations >= violationLimit {
+		fail = d.failLocked(fmt.Errorf("%d answers that break the protocol (the last: %v)", d.violations, err))
+	}
+	d.mu.Unlock()
+	log.G(d.ctx).WithError(err).Warn("the guest agent misbehaves")
+	if fail != nil {
+		fail()
+	}
+	return err
+}
+
+func (d *agentDoor) answered() {
+	d.mu.Lock()
+	d.misses = 0
+	d.mu.Unlock()
+}
+
+// call makes one call through the door: refused once the agent is cut off; under the
+// deadline of its kind; a missed deadline counted; the guest's error text bounded.
+func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what string, f func(context.Context, Req) (Resp, error), r Req) (Resp, error) {
+	var zero Resp
+	if err := d.failed(); err != nil {
+		return zero, fmt.Errorf("%s: %w (%v): %w", what, errAgentFailed, err, errdefs.ErrUnavailable)
+	}
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if t := d.limits.timeout(k); t > 0 {
+		cctx, cancel = context.WithTimeout(ctx, t)
+	}
+	defer cancel()
+	resp, err := f(cctx, r)
+	if err == nil {
+		if k != kindStream {
+			d.answered()
+		}
+		return resp, nil
+	}
+	if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		d.missed(k, what)
+		return zero, fmt.Errorf("the guest agent did not answer %s within %v: %w", what, d.limits.timeout(k), context.DeadlineExceeded)
+	}
+	return zero, boundGuestError(err)
+}
+
+// boundGuestError cuts the message of an error the agent answered (a gRPC status over ttrpc,
+// whose text is the guest's) to guestTextMax, keeping its code.
+func boundGuestError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || len(st.Message()) <= guestTextMax {
+		return err
+	}
+	return status.Error(st.Code(), guestText(st.Message()))
+}
+
+// guestText is s, text from the guest, cut to guestTextMax bytes on a rune boundary.
+func guestText(s string) string {
+	if len(s) <= guestTextMax {
+		return s
+	}
+	return strings.ToValidUTF8(s[:guestTextMax], "") + "…"
+}
+
+func (d *agentDoor) Ping(ctx context.Context, r *agent.PingRequest) (*agent.PingResponse, error) {
+	return call(d, ctx, kindQuery, "Ping", d.ag.Ping, r)
+}
+
+func (d *agentDoor) CreateContainer(ctx context.Context, r *agent.CreateContainerRequest) (*agent.CreateContainerResponse, error) {
+	return call(d, ctx, kindLifecycle, "CreateContainer "+r.ContainerId, d.ag.CreateContainer, r)
+}
+
+func (d *agentDoor) ExecProcess(ctx context.Context, r *agent.ExecProcessRequest) (*agent.ExecProcessResponse, error) {
+	return call(d, ctx, kindLifecycle, "ExecProcess "+r.ExecId, d.ag.ExecProcess, r)
+}
+
+func (d *agentDoor) StartProcess(ctx context.Context, r *agent.StartProcessRequest) (*agent.StartProcessResponse, error) {
+	return call(d, ctx, kindLifecycle, "StartProcess "+procName(r.ContainerId, r.ExecId), d.ag.StartProcess, r)
+}
+
+func (d *agentDoor) SignalProcess(ctx context.Context, r *agent.SignalProcessRequest) (*agent.SignalProcessResponse, error) {
+	return call(d, ctx, kindSignal, "SignalProcess "+procName(r.ContainerId, r.ExecId), d.ag.SignalProcess, r)
+}
+
+// WaitProcess checks the exit: a status a process can have (0-255) and a time that has come.
+func (d *agentDoor) WaitProcess(ctx context.Context, r *agent.WaitProcessRequest) (*agent.WaitProcessResponse, error) {
+	what := "WaitProcess " + procName(r.ContainerId, r.ExecId)
+	resp, err := call(d, ctx, kindStream, what, d.ag.WaitProcess, r)
+	if err != nil {
+		return nil, err
+	}
+	if resp.ExitStatus > 255 {
+		return nil, d.violation("%s: exit status %d", what, resp.ExitStatus)
+	}
+	if t := resp.ExitedAt; t != nil && (!t.IsValid() || t.AsTime().After(time.Now().Add(time.Minute))) {
+		resp.ExitedAt = nil // the host's clock then says when
+	}
+	return resp, nil
+}
+
+func (d *agentDoor) DeleteProcess(ctx context.Context, r *agent.DeleteProcessRequest) (*agent.DeleteProcessResponse, error) {
+	return call(d, ctx, kindLifecycle, "DeleteProcess "+procName(r.ContainerId, r.ExecId), d.ag.DeleteProcess, r)
+}
+
+func (d *agentDoor) ReadStdout(ctx context.Context, r *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error) {
+	return d.read(ctx, "stdout", d.ag.ReadStdout, r)
+}
+
+func (d *agentDoor) ReadStderr(ctx context.Context, r *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error) {
+	return d.read(ctx, "stderr", d.ag.ReadStderr, r)
+}
+
+// read checks a stream's answer: no more bytes than asked.
+func (d *agentDoor) read(ctx context.Context, stream string, f func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), r *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error) {
+	what := "Read " + stream + " of " + procName(r.ContainerId, r.ExecId)
+	resp, err := call(d, ctx, kindStream, what, f, r)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Data) > int(r.Max) {
+		return nil, d.violation("%s: %d bytes, more than the %d asked", what, len(resp.Data), r.Max)
+	}
+	return resp, nil
+}
+
+func (d *agentDoor) WriteStdin(ctx context.Context, r *agent.WriteStdinRequest) (*agent.WriteStdinResponse, error) {
+	return call(d, ctx, kindStream, "WriteStdin "+procName(r.ContainerId, r.ExecId), d.ag.WriteStdin, r)
+}
+
+func (d *agentDoor) CloseStdin(ctx context.Context, r *agent.CloseStdinRequest) (*agent.CloseStdinResponse, error) {
+	return call(d, ctx, kindQuery, "CloseStdin "+procName(r.ContainerId, r.ExecId), d.ag.CloseStdin, r)
+}
+
+func (d *agentDoor) ResizePty(ctx context.Context, r *agent.ResizePtyRequest) (*agent.ResizePtyResponse, error) {
+	return call(d, ctx, kindQuery, "ResizePty "+procName(r.ContainerId, r.ExecId), d.ag.ResizePty, r)
+}
+
+// ListPids checks the answer's size.
+func (d *agentDoor) ListPids(ctx context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
+	what := "ListPids " + r.ContainerId
+	resp, err := call(d, ctx, kindQuery, what, d.ag.ListPids, r)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Processes) > maxListedPids {
+		return nil, d.violation("%s: %d processes", what, len(resp.Processes))
+	}
+	return resp, nil
+}
+
+// Stats checks the answer is what containerd's CRI decodes it as, a cgroup2 Metrics, and
+// passes it on re-encoded from what was decoded: nothing the guest added beyond the message
+// reaches containerd.
+func (d *agentDoor) Stats(ctx context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {
+	what := "Stats"
+	if r.ContainerId != "" {
+		what += " " + r.ContainerId
+	}
+	resp, err := call(d, ctx, kindQuery, what, d.ag.Stats, r)
+	if err != nil {
+		return nil, err
+	}
+	var m cgroupstats.Metrics
+	want := string(m.ProtoReflect().Descriptor().FullName())
+	url := resp.GetStats().GetTypeUrl()
+	if name := url[strings.LastIndex(url, "/")+1:]; name != want {
+		return nil, d.violation("%s: of type %q, not %s", what, guestText(url), want)
+	}
+	if err := proto.Unmarshal(resp.Stats.GetValue(), &m); err != nil {
+		return nil, d.violation("%s: %v", what, err)
+	}
+	a, err := typeurl.MarshalAnyToProto(&m)
+	if err != nil {
+		return nil, err
+	}
+	return &agent.StatsResponse{Stats: a}, nil
+}
+
+func (d *agentDoor) UpdateContainer(ctx context.Context, r *agent.UpdateContainerRequest) (*agent.UpdateContainerResponse, error) {
+	return call(d, ctx, kindLifecycle, "UpdateContainer "+r.ContainerId, d.ag.UpdateContainer, r)
+}
+
+func (d *agentDoor) PauseContainer(ctx context.Context, r *agent.PauseContainerRequest) (*agent.PauseContainerResponse, error) {
+	return call(d, ctx, kindLifecycle, "PauseContainer "+r.ContainerId, d.ag.PauseContainer, r)
+}
+
+func (d *agentDoor) ResumeContainer(ctx context.Context, r *agent.ResumeContainerRequest) (*agent.ResumeContainerResponse, error) {
+	return call(d, ctx, kindLifecycle, "ResumeContainer "+r.ContainerId, d.ag.ResumeContainer, r)
+}
+
+func (d *agentDoor) GetOOMEvent(ctx context.Context, r *agent.GetOOMEventRequest) (*agent.GetOOMEventResponse, error) {
+	return call(d, ctx, kindStream, "GetOOMEvent", d.ag.GetOOMEvent, r)
+}
+
+func (d *agentDoor) ConfigureNetwork(ctx context.Context, r *agent.ConfigureNetworkRequest) (*agent.ConfigureNetworkResponse, error) {
+	return call(d, ctx, kindLifecycle, "ConfigureNetwork", d.ag.ConfigureNetwork, r)
+}
+
+func (d *agentDoor) Shutdown(ctx context.Context, r *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {
+	return call(d, ctx, kindLifecycle, "Shutdown", d.ag.Shutdown, r)
+}
+
+func procName(cid, execID string) string {
+	if execID == "" {
+		return cid
+	}
+	return cid + "/" + execID
+}

@@ -1,0 +1,420 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+)
+
+// The hostile-agent suite: the real task service against an agent that misbehaves as root in
+// the guest can make it, over a real ttrpc connection. Each test asserts the bound the shim
+// promises (agentdoor.go, podrun.go) and that nothing is left.
+
+// hostileAgent is the fake agent with faults.
+type hostileAgent struct {
+	*fakeAgent
+	// silent names the calls that never answer (until the test ends).
+	silent map[string]bool
+	// killIgnored makes SignalProcess answer without signalling.
+	killIgnored bool
+	// oomFlood, if set, is the container every GetOOMEvent names, at once.
+	oomFlood  string
+	oomAnswer atomic.Int64
+	// exitStatus, if set, is every WaitProcess's exit status.
+	exitStatus uint32
+	// longError, if set, is the error Stats answers, a long one.
+	longError string
+	// unknownExec makes ListPids name an exec the container does not have.
+	unknownExec bool
+
+	end chan struct{} // closed at the test's end: silent calls return
+}
+
+func newHostileAgent(t *testing.T, a *fakeAgent) *hostileAgent {
+	h := &hostileAgent{fakeAgent: a, silent: map[string]bool{}, end: make(chan struct{})}
+	t.Cleanup(func() { close(h.end) })
+	return h
+}
+
+// hold answers nothing until the test ends, if call is silent; it says whether it held.
+func (h *hostileAgent) hold(call string) bool {
+	if !h.silent[call] {
+		return false
+	}
+	<-h.end
+	return true
+}
+
+var errSilent = errors.New("the silent agent's test ended")
+
+func (h *hostileAgent) CreateContainer(ctx context.Context, r *agent.CreateContainerRequest) (*agent.CreateContainerResponse, error) {
+	if h.hold("CreateContainer") {
+		return nil, errSilent
+	}
+	return h.fakeAgent.CreateContainer(ctx, r)
+}
+
+func (h *hostileAgent) DeleteProcess(ctx context.Context, r *agent.DeleteProcessRequest) (*agent.DeleteProcessResponse, error) {
+	if h.hold("DeleteProcess") {
+		return nil, errSilent
+	}
+	return h.fakeAgent.DeleteProcess(ctx, r)
+}
+
+func (h *hostileAgent) Stats(ctx context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {
+	if h.hold("Stats") {
+		return nil, errSilent
+	}
+	if h.longError != "" {
+		return nil, status.Error(codes.Internal, h.longError)
+	}
+	return h.fakeAgent.Stats(ctx, r)
+}
+
+func (h *hostileAgent) SignalProcess(ctx context.Context, r *agent.SignalProcessRequest) (*agent.SignalProcessResponse, error) {
+	if h.hold("SignalProcess") {
+		return nil, errSilent
+	}
+	if h.killIgnored {
+		return &agent.SignalProcessResponse{}, nil
+	}
+	return h.fakeAgent.SignalProcess(ctx, r)
+}
+
+func (h *hostileAgent) WaitProcess(ctx context.Context, r *agent.WaitProcessRequest) (*agent.WaitProcessResponse, error) {
+	resp, err := h.fakeAgent.WaitProcess(ctx, r)
+	if err == nil && h.exitStatus != 0 {
+		resp.ExitStatus = h.exitStatus
+	}
+	return resp, err
+}
+
+func (h *hostileAgent) ListPids(ctx context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
+	resp, err := h.fakeAgent.ListPids(ctx, r)
+	if err == nil && h.unknownExec {
+		resp.Processes = append(resp.Processes, &agent.ProcessInfo{Pid: 7, IsKnown: true, ExecId: "not-an-exec"})
+	}
+	return resp, err
+}
+
+func (h *hostileAgent) GetOOMEvent(ctx context.Context, r *agent.GetOOMEventRequest) (*agent.GetOOMEventResponse, error) {
+	if h.oomFlood == "" {
+		return h.fakeAgent.GetOOMEvent(ctx, r)
+	}
+	h.oomAnswer.Add(1)
+	return &agent.GetOOMEventResponse{ContainerId: h.oomFlood}, nil
+}
+
+// overTTRPC serves a on a unix socket with ttrpc and returns a client of it: the shim meets
+// the hostile agent over the same protocol as a real guest's.
+func overTTRPC(t *testing.T, a agent.AgentService) agent.AgentService {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.RegisterAgentService(srv, a)
+	go srv.Serve(context.Background(), l)
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := ttrpc.NewClient(conn)
+	t.Cleanup(func() {
+		client.Close()
+		srv.Close()
+	})
+	return agent.NewAgentClient(client)
+}
+
+// hostileHarness is a harness whose pods' agent is a hostileAgent over ttrpc.
+func hostileHarness(t *testing.T, limits GuestLimits) (*harness, *hostileAgent) {
+	h := newHarnessWith(t, limits, nil)
+	ha := newHostileAgent(t, h.agent)
+	h.remote = overTTRPC(t, ha)
+	return h, ha
+}
+
+// within fails the test unless f returns within d; it returns how long f took.
+func within(t *testing.T, what string, d time.Duration, f func()) time.Duration {
+	t.Helper()
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s: no answer within %v", what, d)
+	}
+	took := time.Since(start)
+	t.Logf("%s: %v", what, took.Round(time.Millisecond))
+	return took
+}
+
+// checkPodGone checks that the pod's VM was killed (once) and stopped, and no container is
+// left.
+func checkPodGone(t *testing.T, h *harness, why string) {
+	t.Helper()
+	pod := h.pod()
+	kills := pod.kills()
+	if len(kills) != 1 || !strings.Contains(kills[0].Error(), why) {
+		t.Errorf("the VM's kills: %v, want one for %q", kills, why)
+	}
+	if pod.stopped != 1 {
+		t.Errorf("the pod was stopped %d times, want once", pod.stopped)
+	}
+	if len(pod.bound()) != 0 {
+		t.Errorf("binds left: %v", pod.bound())
+	}
+	h.svc.mu.Lock()
+	n, run := len(h.svc.containers), h.svc.run
+	h.svc.mu.Unlock()
+	if n != 0 || run != nil {
+		t.Errorf("%d containers and a pod (%v) left", n, run != nil)
+	}
+}
+
+// TestHostileSilentStats: a guest that never answers Stats. containerd's CRI asks with no
+// deadline of its own (context.Background): with the shipped limits each Stats fails within
+// the 10 s bound; three misses in a row cut the guest off, its VM is killed, the container
+// exits 255 and is deleted with nothing left.
+func TestHostileSilentStats(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{})
+	ha.silent["Stats"] = true
+	h.createSimple("c1")
+	h.start("c1", "")
+	for i := range missLimit {
+		var err error
+		took := within(t, "Stats of a silent guest", 10*time.Second, func() {
+			_, err = h.svc.Stats(context.Background(), &taskAPI.StatsRequest{ID: "c1"})
+		})
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stats %d: %v, want a deadline exceeded", i, err)
+		}
+		if took < DefaultGuestLimits.Query {
+			t.Errorf("Stats failed after %v, before its deadline %v", took, DefaultGuestLimits.Query)
+		}
+	}
+	if w := h.wait("c1", ""); w.ExitStatus != exitVMDied {
+		t.Errorf("exit %d after the guest was cut off, want %d", w.ExitStatus, exitVMDied)
+	}
+	_, err := h.svc.Stats(context.Background(), &taskAPI.StatsRequest{ID: "c1"})
+	wantKind(t, "Stats after the guest was cut off", err, errdefs.ErrFailedPrecondition)
+	h.delete("c1", "")
+	checkPodGone(t, h, "missed 3 deadlines in a row")
+}
+
+// TestHostileKillIgnored: a guest that acknowledges SIGKILL and never reports the exit. The
+// host ends the container within KillGrace (the shipped one: the bound is 30 s to stopped and
+// deleted) by killing the VM; the killed init exits 137, the other container of the pod 255.
+func TestHostileKillIgnored(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{})
+	ha.killIgnored = true
+	h.createSimple("c1")
+	h.start("c1", "")
+	h.createSimple("c2")
+	h.start("c2", "")
+	start := time.Now()
+	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL), All: true}); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
+	defer cancel()
+	w, err := h.svc.Wait(ctx, &taskAPI.WaitRequest{ID: "c1"})
+	if err != nil {
+		t.Fatalf("Wait for the killed container: %v", err)
+	}
+	if w.ExitStatus != exitKilled {
+		t.Errorf("the killed container's exit %d, want %d", w.ExitStatus, exitKilled)
+	}
+	h.delete("c1", "")
+	took := time.Since(start)
+	t.Logf("SIGKILL ignored by the guest, to stopped and deleted: %v", took.Round(time.Millisecond))
+	if took > 30*time.Second || took < DefaultGuestLimits.KillGrace {
+		t.Errorf("stopped and deleted after %v, want between the grace %v and 30 s", took, DefaultGuestLimits.KillGrace)
+	}
+	if w := h.wait("c2", ""); w.ExitStatus != exitVMDied {
+		t.Errorf("the pod's other container's exit %d, want %d", w.ExitStatus, exitVMDied)
+	}
+	h.delete("c2", "")
+	checkPodGone(t, h, "did not end container c1 within 10s of SIGKILL")
+}
+
+// TestHostileSilentKill: a guest that does not even answer SignalProcess. Kill answers within
+// the signal deadline and the host finishes the kill.
+func TestHostileSilentKill(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{Signal: 300 * time.Millisecond, KillGrace: 500 * time.Millisecond})
+	ha.silent["SignalProcess"] = true
+	h.createSimple("c1")
+	h.start("c1", "")
+	within(t, "Kill of a silent guest", 2*time.Second, func() {
+		if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL)}); err != nil {
+			t.Errorf("Kill: %v", err)
+		}
+	})
+	if w := h.wait("c1", ""); w.ExitStatus != exitKilled {
+		t.Errorf("exit %d, want %d", w.ExitStatus, exitKilled)
+	}
+	// A signal other than SIGKILL is the guest's to deliver: its silence is an error.
+	h.delete("c1", "")
+	checkPodGone(t, h, "of SIGKILL")
+}
+
+// TestHostileSilentCreate: a guest that answers Ping, then never answers CreateContainer
+// (nor the undo's DeleteProcess). Create fails within the lifecycle deadline, the VM is
+// killed and stopped, nothing is left, and the shim then shuts down.
+func TestHostileSilentCreate(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{Lifecycle: time.Second})
+	ha.silent["CreateContainer"] = true
+	ha.silent["DeleteProcess"] = true
+	b := h.bundle("c1", nil)
+	var err error
+	within(t, "Create with a silent guest", 5*time.Second, func() {
+		_, err = h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: b})
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "CreateContainer c1") {
+		t.Errorf("Create: %v, want the CreateContainer deadline", err)
+	}
+	checkNothingLeft(t, h, b)
+	checkPodGone(t, h, "did not answer CreateContainer c1 within 1s")
+	if _, err := h.svc.Shutdown(h.ctx, &taskAPI.ShutdownRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.sd.Done():
+	case <-time.After(5 * time.Second):
+		t.Error("the shim did not shut down")
+	}
+}
+
+// TestHostileOOMFlood: a guest that reports an OOM kill in answer to every GetOOMEvent, at
+// once. At most one TaskOOM per container per second reaches containerd, and the shim takes
+// no more than one answer per oomPace.
+func TestHostileOOMFlood(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{})
+	ha.oomFlood = "c1"
+	h.createSimple("c1")
+	h.start("c1", "")
+	const d = 2500 * time.Millisecond
+	time.Sleep(d)
+	ooms := 0
+	for _, e := range h.rec.all() {
+		if o, ok := e.(*eventstypes.TaskOOM); ok && o.ContainerID == "c1" {
+			ooms++
+		}
+	}
+	answers := ha.oomAnswer.Load()
+	t.Logf("in %v: %d TaskOOM events from %d OOM answers of the guest", d, ooms, answers)
+	if ooms < 1 || ooms > 3 {
+		t.Errorf("%d TaskOOM events in %v, want 1 to 3", ooms, d)
+	}
+	if max := int64(d/oomPace) + 10; answers > max {
+		t.Errorf("the shim took %d OOM answers in %v, more than %d", answers, d, max)
+	}
+	h.kill("c1", syscall.SIGKILL)
+	h.wait("c1", "")
+	h.delete("c1", "")
+}
+
+// TestHostileLies: answers that break the protocol are refused before containerd sees them,
+// each an error naming it; the third cuts the guest off.
+func TestHostileLies(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{})
+	h.createSimple("c1")
+	h.start("c1", "")
+
+	ha.fakeAgent.badStats = &anypb.Any{TypeUrl: "types.example/not.Metrics", Value: []byte{1, 2, 3}}
+	_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+	if err == nil || !strings.Contains(err.Error(), "not.Metrics") {
+		t.Errorf("Stats of the wrong type: %v", err)
+	}
+	ha.unknownExec = true
+	_, err = h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
+	if err == nil || !strings.Contains(err.Error(), "not-an-exec") {
+		t.Errorf("Pids naming an unknown exec: %v", err)
+	}
+	if k := h.pod().kills(); len(k) != 0 {
+		t.Fatalf("cut off after two violations: %v", k)
+	}
+	ha.exitStatus = 1000
+	h.agent.exit("c1", "", 0)
+	if w := h.wait("c1", ""); w.ExitStatus != exitVMDied {
+		t.Errorf("exit %d after a lying exit status, want %d", w.ExitStatus, exitVMDied)
+	}
+	h.delete("c1", "")
+	checkPodGone(t, h, "3 answers that break the protocol")
+}
+
+// TestHostileLongError: the guest's error text reaches containerd cut to guestTextMax.
+func TestHostileLongError(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{})
+	ha.longError = strings.Repeat("x", 1<<20)
+	h.createSimple("c1")
+	h.start("c1", "")
+	_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+	if err == nil || len(err.Error()) > guestTextMax+200 {
+		t.Errorf("Stats' error: %d bytes, want at most %d", len(err.Error()), guestTextMax+200)
+	}
+	h.kill("c1", syscall.SIGKILL)
+	h.wait("c1", "")
+	h.delete("c1", "")
+}
+
+// TestTaskPidsAreTheVMs: the pids the task API reports are the VM's (a host process of the
+// pod), whatever the agent answered; Pids lists the guest's.
+func TestTaskPidsAreTheVMs(t *testing.T) {
+	h, _ := hostileHarness(t, GuestLimits{})
+	b := h.bundle("c1", nil)
+	resp := h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: b})
+	start, err := h.svc.Start(h.ctx, &taskAPI.StartRequest{ID: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Pid != fakeVMPid || start.Pid != fakeVMPid || st.Pid != fakeVMPid {
+		t.Errorf("pids: create %d, start %d, state %d; want the VM's %d", resp.Pid, start.Pid, st.Pid, fakeVMPid)
+	}
+	for _, e := range h.rec.all() {
+		switch e := e.(type) {
+		case *eventstypes.TaskCreate:
+			if e.Pid != fakeVMPid {
+				t.Errorf("TaskCreate pid %d", e.Pid)
+			}
+		case *eventstypes.TaskStart:
+			if e.Pid != fakeVMPid {
+				t.Errorf("TaskStart pid %d", e.Pid)
+			}
+		}
+	}
+	pids, err := h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
+	if err != nil || len(pids.Processes) == 0 || pids.Processes[0].Pid == fakeVMPid {
+		t.Errorf("Pids: %v %v, want the guest's", pids, err)
+	}
+	h.kill("c1", syscall.SIGKILL)
+	h.wait("c1", "")
+	h.delete("c1", "")
+}
