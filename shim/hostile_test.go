@@ -268,6 +268,11 @@ func TestHostileSilentKill(t *testing.T) {
 	ha.silent["SignalProcess"] = true
 	h.createSimple("c1")
 	h.start("c1", "")
+	// A signal other than SIGKILL is the guest's to deliver: its silence is an error.
+	_, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGTERM)})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("SIGTERM to a silent guest: %v, want a deadline exceeded", err)
+	}
 	within(t, "Kill of a silent guest", 2*time.Second, func() {
 		if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL)}); err != nil {
 			t.Errorf("Kill: %v", err)
@@ -276,7 +281,6 @@ func TestHostileSilentKill(t *testing.T) {
 	if w := h.wait("c1", ""); w.ExitStatus != exitKilled {
 		t.Errorf("exit %d, want %d", w.ExitStatus, exitKilled)
 	}
-	// A signal other than SIGKILL is the guest's to deliver: its silence is an error.
 	h.delete("c1", "")
 	checkPodGone(t, h, "of SIGKILL")
 }
