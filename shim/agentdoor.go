@@ -31,7 +31,7 @@ import (
 //     asks every task's Stats one after another with no deadline of its own, so one silent
 //     guest would otherwise hold the metrics of every pod on the node.
 //   - signals (SignalProcess): Signal. A SIGKILL the agent does not confirm is finished
-//     by the host (see Service.Kill).
+//     by the host (see PodOwner.kill).
 //   - lifecycle calls (CreateContainer, ExecProcess, StartProcess, DeleteProcess, Pause,
 //     Resume, Update, ConfigureNetwork, Shutdown): Lifecycle, as Kata's shim bounds its
 //     agent requests. A healthy agent never takes that long: one miss fails the pod.

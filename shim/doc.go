@@ -10,11 +10,16 @@
 //     or the container's own id for ctr and nerdctl) into one long-lived shim process per pod,
 //     on a socket named after the pod; the delete action (Cleanup) undoes what a dead shim
 //     left: the rootfs mount and the sandbox (VM killed, mounts detached, directory removed).
-//   - Service is the task API. The first Create makes and boots the pod (a PodStarter:
-//     StartVMPod in production), the last Delete stops it, Shutdown with no container left
-//     ends the shim. That is the pod's life with CRI's default sandboxer "podsandbox".
-//   - The Sandbox API (sandboxservice.go, containerd.runtime.sandbox.v1, served by Service
-//     beside the task API) is the pod's life with CRI's sandboxer "shim": CreateSandbox takes
+//   - PodOwner (owner.go) owns the pod: its containers, its run (podRun: the VM, the door to
+//     its agent, agentdoor.go, and the failure policy) and the Sandbox API's sandbox. The two
+//     services below share it; each is a plugin of its own (package shim/plugin), and
+//     ErrorEdge (interceptor.go), a ttrpc server interceptor, is the one place their errors
+//     become gRPC codes. A container's create and exit sequence is in container.go.
+//   - TaskService (taskservice.go) is the task API. The first Create makes and boots the pod
+//     (a PodStarter: StartVMPod in production), the last Delete stops it, Shutdown with no
+//     container left ends the shim. That is the pod's life with CRI's default sandboxer
+//     "podsandbox".
+//   - SandboxService (sandboxservice.go, containerd.runtime.sandbox.v1) is the pod's life with CRI's sandboxer "shim": CreateSandbox takes
 //     the pod's CRI config and network namespace (the configuration from the runtime options
 //     the start action kept in the bundle), StartSandbox boots the pod, with no pause
 //     container; the containers, created through the task API, join it. StopSandbox kills
@@ -88,9 +93,9 @@
 //
 // # Locks
 //
-// Service.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
+// PodOwner.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
 // phase, pid and exit); container.mu a container's execs; process.mu a process's state;
-// agentDoor.mu the door's counts. Order: Service.mu, then container.mu, then process.mu; none
+// agentDoor.mu the door's counts. Order: PodOwner.mu, then container.mu, then process.mu; none
 // is held across a call to the agent, the VM, the sandbox, a mount or the publisher. The
 // first Create (or StartSandbox) boots the pod with no lock held; concurrent Creates wait on
 // a channel.

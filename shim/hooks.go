@@ -21,16 +21,16 @@ type containerHooks struct {
 // host hook that looks a pid up in /proc must find a process of the pod, which the guest's
 // pid of the container's init is not. No lock may be held: a hook may run as long as its
 // timeout.
-func (s *Service) runHooks(phase hooks.Phase, c *container, status specs.ContainerState) error {
+func (o *PodOwner) runHooks(phase hooks.Phase, c *container, status specs.ContainerState) error {
 	hs := phase.Of(c.hooks.hooks)
 	if len(hs) == 0 {
 		return nil
 	}
 	var pid uint32
-	if run, err := s.currentRun(); err == nil {
+	if run, err := o.currentRun(); err == nil {
 		pid = run.pod.Pid()
 	}
-	return hooks.Run(s.ctx, phase, hs, &specs.State{
+	return hooks.Run(o.ctx, phase, hs, &specs.State{
 		Version: specs.Version, ID: c.id, Status: status, Pid: int(pid), Bundle: c.bundle,
 		Annotations: c.hooks.annotations,
 	})
@@ -38,9 +38,9 @@ func (s *Service) runHooks(phase hooks.Phase, c *container, status specs.Contain
 
 // createHooks runs c's prestart then createRuntime hooks, once the agent has created it (the
 // state is "creating", as runc has it: the create is not done). A failure fails the Create.
-func (s *Service) createHooks(c *container) error {
+func (o *PodOwner) createHooks(c *container) error {
 	for _, phase := range []hooks.Phase{hooks.Prestart, hooks.CreateRuntime} {
-		if err := s.runHooks(phase, c, specs.StateCreating); err != nil {
+		if err := o.runHooks(phase, c, specs.StateCreating); err != nil {
 			return fmt.Errorf("container %s: %w", c.id, err)
 		}
 	}
@@ -49,8 +49,8 @@ func (s *Service) createHooks(c *container) error {
 
 // postHooks runs c's poststart or poststop hooks; as the runtime spec says, their failures are
 // logged and do not fail the call.
-func (s *Service) postHooks(phase hooks.Phase, c *container, status specs.ContainerState) {
-	if err := s.runHooks(phase, c, status); err != nil {
-		log.G(s.ctx).WithError(err).WithField("container", c.id).Warnf("%s hooks failed (logged only, as the runtime spec says)", phase)
+func (o *PodOwner) postHooks(phase hooks.Phase, c *container, status specs.ContainerState) {
+	if err := o.runHooks(phase, c, status); err != nil {
+		log.G(o.ctx).WithError(err).WithField("container", c.id).Warnf("%s hooks failed (logged only, as the runtime spec says)", phase)
 	}
 }

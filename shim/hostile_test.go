@@ -121,20 +121,22 @@ func (h *hostileAgent) GetOOMEvent(ctx context.Context, r *agent.GetOOMEventRequ
 	return &agent.GetOOMEventResponse{ContainerId: h.oomFlood}, nil
 }
 
-// overTTRPC serves a on a unix socket with ttrpc and returns a client of it: the shim meets
-// the hostile agent over the same protocol as a real guest's.
-func overTTRPC(t *testing.T, a agent.AgentService) agent.AgentService {
+// ttrpcClient serves what register registers on a unix socket with ttrpc (with opts) and
+// returns a client of it.
+func ttrpcClient(t *testing.T, register func(*ttrpc.Server) error, opts ...ttrpc.ServerOpt) *ttrpc.Client {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "agent.sock")
+	sock := filepath.Join(t.TempDir(), "ttrpc.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := ttrpc.NewServer()
+	srv, err := ttrpc.NewServer(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent.RegisterAgentService(srv, a)
+	if err := register(srv); err != nil {
+		t.Fatal(err)
+	}
 	go srv.Serve(context.Background(), l)
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
@@ -145,7 +147,23 @@ func overTTRPC(t *testing.T, a agent.AgentService) agent.AgentService {
 		client.Close()
 		srv.Close()
 	})
-	return agent.NewAgentClient(client)
+	return client
+}
+
+// overTTRPC is a client of a served with ttrpc: the shim meets the hostile agent over the
+// same protocol as a real guest's.
+func overTTRPC(t *testing.T, a agent.AgentService) agent.AgentService {
+	return agent.NewAgentClient(ttrpcClient(t, func(srv *ttrpc.Server) error {
+		agent.RegisterAgentService(srv, a)
+		return nil
+	}))
+}
+
+// taskOverTTRPC is a client of svc served with ttrpc behind the shim's ErrorEdge, as
+// containerd's pkg/shim chains it.
+func taskOverTTRPC(t *testing.T, svc *TaskService) taskAPI.TTRPCTaskService {
+	return taskAPI.NewTTRPCTaskClient(ttrpcClient(t, svc.RegisterTTRPC,
+		ttrpc.WithUnaryServerInterceptor(ErrorEdge{}.UnaryServerInterceptor())))
 }
 
 // hostileHarness is a harness whose pods' agent is a hostileAgent over ttrpc.

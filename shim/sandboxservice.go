@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -73,18 +74,30 @@ type podSandbox struct {
 	// cancelStart cancels StartSandbox's boot, and started is closed when StartSandbox has
 	// ended (booted or not): a stop or shutdown that comes during the boot ends it, rather
 	// than leave a shim whose containerd gave up on it.
-	cancelStart context.CancelFunc // guarded by Service.mu; set while starting
+	cancelStart context.CancelFunc // guarded by PodOwner.mu; set while starting
 	started     chan struct{}
 
-	phase sandboxPhase // guarded by Service.mu
-	pid   uint32       // guarded by Service.mu; the VM's, while it runs
-	exit  exit         // guarded by Service.mu; set when phase becomes sandboxStopped
+	phase sandboxPhase // guarded by PodOwner.mu
+	pid   uint32       // guarded by PodOwner.mu; the VM's, while it runs
+	exit  exit         // guarded by PodOwner.mu; set when phase becomes sandboxStopped
 }
 
-var _ sandboxAPI.TTRPCSandboxService = (*Service)(nil)
+// SandboxService is containerd's Sandbox API for the pod (CRI's sandboxer "shim").
+type SandboxService struct{ *PodOwner }
+
+var _ sandboxAPI.TTRPCSandboxService = (*SandboxService)(nil)
+
+// NewSandboxService returns the Sandbox API of o's pod.
+func NewSandboxService(o *PodOwner) *SandboxService { return &SandboxService{o} }
+
+// RegisterTTRPC registers the Sandbox API (its errors translated by ErrorEdge).
+func (s *SandboxService) RegisterTTRPC(server *ttrpc.Server) error {
+	sandboxAPI.RegisterTTRPCSandboxService(server, s)
+	return nil
+}
 
 // sandboxLocked is sandbox id, if it is this shim's. s.mu is held.
-func (s *Service) sandboxLocked(id string) (*podSandbox, error) {
+func (s *SandboxService) sandboxLocked(id string) (*podSandbox, error) {
 	if s.sandbox == nil || s.sandbox.id != id {
 		return nil, fmt.Errorf("sandbox %s is not this shim's: %w", id, errdefs.ErrNotFound)
 	}
@@ -92,7 +105,7 @@ func (s *Service) sandboxLocked(id string) (*podSandbox, error) {
 }
 
 // readySandbox checks that sandbox id is this shim's and ready.
-func (s *Service) readySandbox(id string) error {
+func (s *SandboxService) readySandbox(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sb, err := s.sandboxLocked(id)
@@ -106,7 +119,7 @@ func (s *Service) readySandbox(id string) error {
 }
 
 // endSandboxLocked records sb's end: stopped, with exit e; WaitSandbox returns. s.mu is held.
-func (s *Service) endSandboxLocked(sb *podSandbox, e exit) {
+func (s *SandboxService) endSandboxLocked(sb *podSandbox, e exit) {
 	if sb.phase == sandboxStopped {
 		return
 	}
@@ -136,7 +149,7 @@ func criPodConfig(a *anypb.Any) (*criapi.PodSandboxConfig, error) {
 // (containerd's pod_annotations filter does not apply here; sandbox.Config.Resolve takes only
 // those annotations.enabled lists), and the pod files its containers get (writePodFiles). The
 // sandbox's rootfs, if any, is not used: the VM is the sandbox.
-func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
+func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
 	if r.SandboxID == "" {
 		return nil, fmt.Errorf("a sandbox without an id: %w", errdefs.ErrInvalidArgument)
 	}
@@ -205,20 +218,9 @@ func (s *Service) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandbox
 	return &sandboxAPI.CreateSandboxResponse{}, nil
 }
 
-// checkNoPodLocked refuses sandbox id in a shim that has a pod already. s.mu is held.
-func (s *Service) checkNoPodLocked(id string) error {
-	switch {
-	case s.sandbox != nil:
-		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, s.sandbox.id, errdefs.ErrAlreadyExists)
-	case s.run != nil || s.booting != nil || len(s.containers) > 0:
-		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	return nil
-}
-
 // StartSandbox boots the pod's VM; it returns once the guest agent answers. A failed start
 // ends the sandbox (containerd then shuts it down).
-func (s *Service) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRequest) (*sandboxAPI.StartSandboxResponse, error) {
+func (s *SandboxService) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRequest) (*sandboxAPI.StartSandboxResponse, error) {
 	s.mu.Lock()
 	sb, err := s.sandboxLocked(r.SandboxID)
 	if err == nil && sb.phase != sandboxCreated {
@@ -261,7 +263,7 @@ func (s *Service) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRe
 // watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied or
 // exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and WaitSandbox
 // answers exitVMDied.
-func (s *Service) watchSandbox(sb *podSandbox, pod Pod) {
+func (s *SandboxService) watchSandbox(sb *podSandbox, pod Pod) {
 	select {
 	case <-pod.Done():
 	case <-sb.exited:
@@ -287,7 +289,7 @@ func (s *Service) watchSandbox(sb *podSandbox, pod Pod) {
 // until their Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
 // A sandbox still starting has its boot cancelled and waited for: StartSandbox fails (and
 // stops the pod if the boot had got one), and the stop is then done.
-func (s *Service) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
+func (s *SandboxService) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
 	timeout := sandboxStopTimeout
 	if r.TimeoutSecs > 0 {
 		timeout = time.Duration(r.TimeoutSecs) * time.Second
@@ -338,7 +340,7 @@ func (s *Service) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequ
 // and the waits together within timeout. Then the pod is stopped whatever the guest did, and
 // the exits of the processes left (exitKilled, or exitVMDied) are waited for within
 // sandboxStopTimeout: once it returns, the containers' tasks are stopped.
-func (s *Service) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
+func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
 	s.mu.Lock()
 	run := s.run
 	var cs []*container
@@ -413,7 +415,7 @@ func waitAll(ctx context.Context, chans []chan struct{}) bool {
 // WaitSandbox returns once the sandbox has stopped, with its exit: 0 when stopped by
 // StopSandbox (or never started), exitVMDied when its VM or virtio-fs server died or it
 // failed to start.
-func (s *Service) WaitSandbox(ctx context.Context, r *sandboxAPI.WaitSandboxRequest) (*sandboxAPI.WaitSandboxResponse, error) {
+func (s *SandboxService) WaitSandbox(ctx context.Context, r *sandboxAPI.WaitSandboxRequest) (*sandboxAPI.WaitSandboxResponse, error) {
 	s.mu.Lock()
 	sb, err := s.sandboxLocked(r.SandboxID)
 	s.mu.Unlock()
@@ -433,7 +435,7 @@ func (s *Service) WaitSandbox(ctx context.Context, r *sandboxAPI.WaitSandboxRequ
 
 // SandboxStatus answers the sandbox's state as CRI names it (SANDBOX_READY while its VM
 // runs, else SANDBOX_NOTREADY), the VM's pid while it runs, and its times.
-func (s *Service) SandboxStatus(ctx context.Context, r *sandboxAPI.SandboxStatusRequest) (*sandboxAPI.SandboxStatusResponse, error) {
+func (s *SandboxService) SandboxStatus(ctx context.Context, r *sandboxAPI.SandboxStatusRequest) (*sandboxAPI.SandboxStatusResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sb, err := s.sandboxLocked(r.SandboxID)
@@ -452,7 +454,7 @@ func (s *Service) SandboxStatus(ctx context.Context, r *sandboxAPI.SandboxStatus
 }
 
 // PingSandbox answers once the ready sandbox's guest agent answers Ping.
-func (s *Service) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*sandboxAPI.PingResponse, error) {
+func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*sandboxAPI.PingResponse, error) {
 	if err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
@@ -470,7 +472,7 @@ func (s *Service) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*
 
 // SandboxMetrics answers the pod's cgroup2 metrics from the guest: the agent's Stats of
 // every container (no container id), checked by the door as the task API's Stats are.
-func (s *Service) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
+func (s *SandboxService) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
 	if err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
@@ -488,7 +490,7 @@ func (s *Service) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetri
 }
 
 // Platform is the guest's: Linux on the host's architecture (QEMU runs the host's).
-func (s *Service) Platform(ctx context.Context, r *sandboxAPI.PlatformRequest) (*sandboxAPI.PlatformResponse, error) {
+func (s *SandboxService) Platform(ctx context.Context, r *sandboxAPI.PlatformRequest) (*sandboxAPI.PlatformResponse, error) {
 	s.mu.Lock()
 	_, err := s.sandboxLocked(r.SandboxID)
 	s.mu.Unlock()
@@ -500,14 +502,14 @@ func (s *Service) Platform(ctx context.Context, r *sandboxAPI.PlatformRequest) (
 
 // UpdateSandbox is not supported: a VM's size is set when it boots. (containerd's
 // controller takes NotImplemented as the shim's answer that it does not update.)
-func (s *Service) UpdateSandbox(ctx context.Context, r *sandboxAPI.UpdateSandboxRequest) (*sandboxAPI.UpdateSandboxResponse, error) {
+func (s *SandboxService) UpdateSandbox(ctx context.Context, r *sandboxAPI.UpdateSandboxRequest) (*sandboxAPI.UpdateSandboxResponse, error) {
 	return nil, fmt.Errorf("update of sandbox %s: a VM's size is set when it boots: %w", r.SandboxID, errdefs.ErrNotImplemented)
 }
 
 // ShutdownSandbox stops the sandbox if it still runs, forgets it and ends the shim, once it
 // has answered (shutdownGrace). A shim whose CreateSandbox failed has no sandbox: it ends
 // too.
-func (s *Service) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
+func (s *SandboxService) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
 	s.mu.Lock()
 	sb := s.sandbox
 	s.mu.Unlock()
@@ -590,16 +592,6 @@ func withPodFiles(spec *specs.Spec, dir string) {
 			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f[0], Type: "bind", Source: filepath.Join(dir, f[1]), Options: opts})
 		}
 	}
-}
-
-// podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
-func (s *Service) podFilesOf(id string) (string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.sandbox == nil || s.sandbox.id != id {
-		return "", false
-	}
-	return s.sandbox.files, true
 }
 
 // withPodShm makes the guest spec's /dev/shm the pod's: a bind of the guest's own /dev/shm, a

@@ -251,16 +251,23 @@ func TestSandboxHostname(t *testing.T) {
 
 // TestCreateNeverUnimplemented: an agent older than the shim (Unimplemented from the guest)
 // fails Create as FailedPrecondition, naming the call: containerd would take Unimplemented
-// from Create as a shim without task API v3. A restore is still Unimplemented.
+// from Create as a shim without task API v3. A restore is still Unimplemented. Through ttrpc
+// and the shim's error edge, as containerd meets it.
 func TestCreateNeverUnimplemented(t *testing.T) {
 	h := newHarness(t)
+	task := taskOverTTRPC(t, h.svc.TaskService)
 	h.startErr = status.Error(codes.Unimplemented, "method ConfigureNetwork")
-	_, err := (errorEdge{h.svc}).Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", inPod("pod"))})
+	_, err := task.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", inPod("pod"))})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ConfigureNetwork") {
 		t.Errorf("Create with an old agent: %v, want FailedPrecondition naming the call", err)
 	}
-	_, err = (errorEdge{h.svc}).Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", inPod("pod")), Checkpoint: "/x"})
+	_, err = task.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c2", Bundle: h.bundle("c2", inPod("pod")), Checkpoint: "/x"})
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("a restore: %v, want Unimplemented", err)
+	}
+	// Any other call's errdefs kind becomes its gRPC code.
+	_, err = task.State(h.ctx, &taskAPI.StateRequest{ID: "none"})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("State of no container: %v, want NotFound", err)
 	}
 }

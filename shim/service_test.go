@@ -37,7 +37,7 @@ import (
 type harness struct {
 	t     *testing.T
 	ctx   context.Context
-	svc   *Service
+	svc   services
 	agent *fakeAgent
 	rec   *recorder
 	sd    *fakeShutdown
@@ -51,6 +51,17 @@ type harness struct {
 	startErr error
 }
 
+// services are a pod's owner and both its services, as the shim's plugins make them.
+type services struct {
+	*PodOwner
+	*TaskService
+	*SandboxService
+}
+
+func newServices(o *PodOwner) services {
+	return services{o, NewTaskService(o), NewSandboxService(o)}
+}
+
 func newHarness(t *testing.T) *harness { return newHarnessWith(t, GuestLimits{}, nil) }
 
 // newHarnessWith is a harness whose service has limits, and whose pods' agent is remote if it
@@ -58,8 +69,8 @@ func newHarness(t *testing.T) *harness { return newHarnessWith(t, GuestLimits{},
 func newHarnessWith(t *testing.T, limits GuestLimits, remote agent.AgentService) *harness {
 	h := &harness{t: t, agent: newFakeAgent(), rec: newRecorder(), sd: &fakeShutdown{done: make(chan struct{})}, dir: t.TempDir(), remote: remote}
 	h.ctx = namespaces.WithNamespace(context.Background(), "kvfs-test")
-	h.svc = NewService(h.ctx, Options{Publisher: h.rec, Shutdown: h.sd, StartPod: h.startPod,
-		DefaultConfigPath: filepath.Join(h.dir, "no-such-config.toml"), Limits: limits})
+	h.svc = newServices(NewPodOwner(h.ctx, Options{Publisher: h.rec, Shutdown: h.sd, StartPod: h.startPod,
+		DefaultConfigPath: filepath.Join(h.dir, "no-such-config.toml"), Limits: limits}))
 	t.Cleanup(func() {
 		if err := h.svc.Close(context.Background()); err != nil {
 			t.Errorf("Close: %v", err)
@@ -517,10 +528,11 @@ func TestPauseResumeOOMStatsUpdate(t *testing.T) {
 	if _, err := h.svc.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1"}); !errors.Is(err, errdefs.ErrNotImplemented) {
 		t.Errorf("Checkpoint: %v", err)
 	}
-	if _, err := (errorEdge{h.svc}).Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1"}); status.Code(err) != codes.Unimplemented {
+	task := taskOverTTRPC(t, h.svc.TaskService)
+	if _, err := task.Checkpoint(h.ctx, &taskAPI.CheckpointTaskRequest{ID: "c1"}); status.Code(err) != codes.Unimplemented {
 		t.Errorf("Checkpoint at the ttrpc edge: %v (%v)", err, status.Code(err))
 	}
-	if _, err := (errorEdge{h.svc}).Start(h.ctx, &taskAPI.StartRequest{ID: "c1"}); status.Code(err) != codes.FailedPrecondition {
+	if _, err := task.Start(h.ctx, &taskAPI.StartRequest{ID: "c1"}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("Start twice at the ttrpc edge: %v", err)
 	}
 	c, err := h.svc.Connect(h.ctx, &taskAPI.ConnectRequest{ID: "c1"})

@@ -102,7 +102,7 @@ initrd = "`+initrd+`"
 `), 0o644)
 	rec := newRecorder()
 	ctx := namespaces.WithNamespace(context.Background(), "kvfs-test")
-	svc := NewService(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod})
+	svc := newServices(NewPodOwner(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod}))
 	t.Cleanup(func() { svc.Close(context.Background()) })
 
 	bundle := busyboxBundle(t, dir, podNS.Path, "sh", "-c",

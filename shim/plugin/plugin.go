@@ -1,6 +1,12 @@
-// Package plugin registers the kvfs task service, which serves the Sandbox API beside the
-// task API, with containerd's shim framework (pkg/shim.RunShim loads TTRPC plugins):
-// importing it is what a shim binary does.
+// Package plugin registers the kvfs shim's parts with containerd's shim framework
+// (pkg/shim.RunShim loads them in the order of what they require): importing it is what a
+// shim binary does. The parts:
+//
+//   - "pod" (of the shim's own type, PodPlugin): the PodOwner, the pod's state and life,
+//     which the two services share; stopped by the shim's shutdown.
+//   - "task" and "sandbox" (ttrpc): containerd's task API and Sandbox API on that pod.
+//   - "kvfs.errors" (internal): ErrorEdge, the ttrpc server interceptor that translates the
+//     services' errors for containerd.
 package plugin
 
 import (
@@ -13,10 +19,24 @@ import (
 	"github.com/kvfs/kvfs/shim"
 )
 
+// PodPlugin is the type of the PodOwner's plugin. It is a type of its own because a plugin may
+// not require its own type, and the owner requires the internal shutdown plugin.
+const PodPlugin plugin.Type = "io.kvfs.pod.v1"
+
+// podPluginID is the PodOwner's plugin.
+const podPluginID = "pod"
+
 func init() {
 	registry.Register(&plugin.Registration{
-		Type:     plugins.TTRPCPlugin,
-		ID:       "task",
+		Type: plugins.InternalPlugin,
+		ID:   "kvfs.errors",
+		InitFn: func(*plugin.InitContext) (any, error) {
+			return shim.ErrorEdge{}, nil
+		},
+	})
+	registry.Register(&plugin.Registration{
+		Type:     PodPlugin,
+		ID:       podPluginID,
 		Requires: []plugin.Type{plugins.EventPlugin, plugins.InternalPlugin},
 		InitFn: func(ic *plugin.InitContext) (any, error) {
 			pp, err := ic.GetByID(plugins.EventPlugin, "publisher")
@@ -27,14 +47,30 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			publisher := pp.(cshim.Publisher)
-			svc := shim.NewService(ic.Context, shim.Options{
-				Publisher: publisher,
+			o := shim.NewPodOwner(ic.Context, shim.Options{
+				Publisher: pp.(cshim.Publisher),
 				Shutdown:  sd.(shutdown.Service),
 				StartPod:  shim.StartVMPod,
 			})
-			sd.(shutdown.Service).RegisterCallback(svc.Close)
-			return svc, nil
+			sd.(shutdown.Service).RegisterCallback(o.Close)
+			return o, nil
 		},
 	})
+	for id, service := range map[string]func(*shim.PodOwner) any{
+		"task":    func(o *shim.PodOwner) any { return shim.NewTaskService(o) },
+		"sandbox": func(o *shim.PodOwner) any { return shim.NewSandboxService(o) },
+	} {
+		registry.Register(&plugin.Registration{
+			Type:     plugins.TTRPCPlugin,
+			ID:       id,
+			Requires: []plugin.Type{PodPlugin},
+			InitFn: func(ic *plugin.InitContext) (any, error) {
+				o, err := ic.GetByID(PodPlugin, podPluginID)
+				if err != nil {
+					return nil, err
+				}
+				return service(o.(*shim.PodOwner)), nil
+			},
+		})
+	}
 }

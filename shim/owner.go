@@ -1,0 +1,545 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
+)
+
+// The pod's owner: the state the task service and the Sandbox API service share, and the
+// pod's life as they see it: booted by the first Create (or StartSandbox), owned by a podRun
+// until it is stopped, failed by the host when its guest misbehaves.
+
+// Pod is one pod's running sandbox as the task service uses it: the agent in its VM, the
+// share its containers' files reach the guest through, and its end.
+type Pod interface {
+	// Agent is the guest agent's API. Its answers are untrusted.
+	Agent() agent.AgentService
+	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
+	Bind(src, name string, readOnly bool) error
+	Unbind(name string) error
+	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
+	Done() <-chan struct{}
+	// Err says why Done was closed.
+	Err() error
+	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
+	Pid() uint32
+	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
+	// stopped). What is left (the server, the share, the network) goes with Stop.
+	Kill(why error)
+	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
+	Stop(ctx context.Context) error
+}
+
+// PodRequest is what a pod is made from: the first container's Create.
+type PodRequest struct {
+	// ID is the sandbox id: the CRI sandbox id, or the container's id without one.
+	ID string
+	// Config is the sandbox configuration (validated).
+	Config *sandbox.Config
+	// Annotations are the first container's (untrusted; see sandbox.Config.Resolve).
+	Annotations map[string]string
+	// SandboxTask says the first container is CRI's pod sandbox container: its task is the
+	// VM's, answered by the shim (sandboxtask.go).
+	SandboxTask bool
+	// Hostname is the pod's (the sandbox container's spec), given to the guest, whose UTS
+	// namespace the pod's containers share. Empty: none.
+	Hostname string
+	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
+	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
+	NetNS string
+	// Cgroup is the host cgroup of CRI's pod sandbox container (its spec's
+	// linux.cgroupsPath), where the pod's shim, kvfsd and QEMU run (cgroup.go). Empty: none is
+	// joined.
+	Cgroup string
+}
+
+// PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
+// real one.
+type PodStarter func(ctx context.Context, req PodRequest) (Pod, error)
+
+// Timeouts of the exit sequence. A hostile or broken guest must not hold an exit forever.
+const (
+	// drainTimeout bounds, after the agent reported an exit, the copy of what is left of the
+	// process's output.
+	drainTimeout = 30 * time.Second
+	// execsTimeout bounds how long an init's exit waits for its running execs' exits, which
+	// containerd wants published first.
+	execsTimeout = 10 * time.Second
+	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
+	readMax = 32 << 10
+	// exitVMDied is the exit status of every process of a pod whose VM or server died.
+	exitVMDied = 255
+	// exitKilled is the exit status of a process the host was asked to SIGKILL and whose exit
+	// came with its VM's end.
+	exitKilled = 128 + uint32(syscall.SIGKILL)
+)
+
+// Options configure a PodOwner.
+type Options struct {
+	// Publisher receives the task events, in order.
+	Publisher events.Publisher
+	// Shutdown is the shim's: Shutdown with no container left ends the process.
+	Shutdown shutdown.Service
+	// StartPod makes the pod at the first Create.
+	StartPod PodStarter
+	// DefaultConfigPath is the sandbox configuration used when Create's options name none
+	// (DefaultConfigPath, if it exists; else sandbox.DefaultConfig()).
+	DefaultConfigPath string
+	// Limits bound the waits on the guest (agentdoor.go); zero fields are the defaults.
+	Limits GuestLimits
+}
+
+// DefaultConfigPath is where the node's sandbox configuration is, if it has one.
+const DefaultConfigPath = "/etc/kvfs/configuration.toml"
+
+// PodOwner owns the pod of one shim: its containers, its run (the VM, the door to its agent,
+// the failure policy), and the Sandbox API's sandbox. TaskService and SandboxService serve
+// containerd's calls on it. See the package documentation for the lock order and the threat
+// model.
+type PodOwner struct {
+	ctx  context.Context // the shim's; outlives requests
+	opts Options
+
+	mu         sync.Mutex
+	containers map[string]*container // guarded by mu; a container is listed from Create's start
+	run        *podRun               // guarded by mu; the pod, from its boot to its stop
+	booting    chan struct{}         // guarded by mu; non-nil while a Create boots the pod
+	guestLog   guestLogger           // the log lines the guest can cause, rate-limited
+	// sandbox is the Sandbox API's pod (sandboxservice.go), from CreateSandbox to
+	// ShutdownSandbox; nil when the task API makes the pod (its first Create).
+	sandbox *podSandbox // guarded by mu
+}
+
+// NewPodOwner returns the owner of a shim's pod, with no pod yet. ctx is the shim's: it
+// carries the logger and the namespace.
+func NewPodOwner(ctx context.Context, opts Options) *PodOwner {
+	if opts.DefaultConfigPath == "" {
+		opts.DefaultConfigPath = DefaultConfigPath
+	}
+	opts.Limits = opts.Limits.withDefaults()
+	return &PodOwner{ctx: ctx, opts: opts, containers: make(map[string]*container)}
+}
+
+func (o *PodOwner) publish(evt any) {
+	if err := o.opts.Publisher.Publish(o.ctx, runtime.GetTopic(evt), evt); err != nil {
+		log.G(o.ctx).WithError(err).Error("publish event")
+	}
+}
+
+// getContainer returns a container whose Create has finished.
+func (o *PodOwner) getContainer(id string) (*container, error) {
+	o.mu.Lock()
+	c := o.containers[id]
+	o.mu.Unlock()
+	if c == nil {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ready {
+		return nil, fmt.Errorf("container %s is being created: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return c, nil
+}
+
+func (o *PodOwner) getProcess(id, execID string) (*container, *process, error) {
+	c, err := o.getContainer(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if execID == "" {
+		return c, c.init, nil
+	}
+	c.mu.Lock()
+	p := c.execs[execID]
+	c.mu.Unlock()
+	if p == nil {
+		return nil, nil, fmt.Errorf("exec %s of container %s: %w", execID, id, errdefs.ErrNotFound)
+	}
+	return c, p, nil
+}
+
+// loadConfig decodes runtime options (Create's, or those the shim was started with) into the
+// sandbox configuration: runtimeoptions' ConfigPath or ConfigBody, else DefaultConfigPath if
+// it exists, else the defaults.
+func (o *PodOwner) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
+	path, body, err := ConfigSource(opts)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	var cfg *sandbox.Config
+	switch {
+	case len(body) > 0:
+		cfg, err = sandbox.ParseConfig(body)
+	case path != "":
+		cfg, err = sandbox.LoadConfig(path)
+	default:
+		if _, serr := os.Stat(o.opts.DefaultConfigPath); serr == nil {
+			cfg, err = sandbox.LoadConfig(o.opts.DefaultConfigPath)
+		} else {
+			cfg = sandbox.DefaultConfig()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return cfg, nil
+}
+
+// agentErrIs says whether an agent's error is of a kind: a gRPC code over ttrpc, or an errdefs
+// kind from an in-process agent.
+func agentErrIs(err error, code codes.Code, kind error) bool {
+	if errors.Is(err, kind) {
+		return true
+	}
+	st, ok := status.FromError(err)
+	return ok && st.Code() == code
+}
+
+// Close is the shim's last act (a shutdown callback): the pod, if one still runs, is stopped
+// and the publisher closed.
+func (o *PodOwner) Close(ctx context.Context) error {
+	o.mu.Lock()
+	run := o.takeRunLocked()
+	o.mu.Unlock()
+	var errs []error
+	if run != nil {
+		run.cancel()
+		errs = append(errs, run.pod.Stop(ctx))
+	}
+	if c, ok := o.opts.Publisher.(interface{ Close() error }); ok {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+const (
+	// oomPace is the least time between two of the guest's OOM answers the shim takes.
+	oomPace = 10 * time.Millisecond
+	// guestLogInterval is the least time between two log lines of one kind that the guest can
+	// cause at will.
+	guestLogInterval = 10 * time.Second
+	// oomKept is how many containers' last TaskOOM times the OOM loop keeps before it drops
+	// those older than GuestLimits.OOMInterval.
+	oomKept = 64
+)
+
+// podRun is the pod from its boot to its stop: its VM (a Pod), the door to its agent, the
+// agent the services call (the door, fronted by the pod sandbox's task when CRI's podsandbox
+// runs the pod), and the context of the calls that must end with the pod.
+type podRun struct {
+	id     string
+	pod    Pod
+	door   *agentDoor
+	agent  agent.AgentService
+	ctx    context.Context // ends when the pod dies or is stopped
+	cancel context.CancelFunc
+}
+
+// newPodRun is the run of pod, booted for req. The door's failure policy kills the VM: the
+// pod's death then ends every process (watch).
+func (o *PodOwner) newPodRun(pod Pod, req PodRequest) *podRun {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(o.ctx))
+	r := &podRun{id: req.ID, pod: pod, ctx: ctx, cancel: cancel}
+	r.door = newAgentDoor(o.ctx, pod.Agent(), o.opts.Limits, func(why error) {
+		log.G(o.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
+		pod.Kill(why)
+	})
+	r.agent = r.door
+	if req.SandboxTask {
+		r.agent = newSandboxAgent(r.door, req.ID, pod.Pid())
+	}
+	return r
+}
+
+// call is ctx for one call to the agent, ended also by the pod's end. The caller calls cancel
+// when the call is done.
+func (r *podRun) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(r.ctx, cancel)
+	return c, func() { stop(); cancel() }
+}
+
+// live says the pod's agent can still be asked.
+func (r *podRun) live() bool { return r.ctx.Err() == nil }
+
+// currentRun returns the pod's run.
+func (o *PodOwner) currentRun() (*podRun, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.run == nil {
+		return nil, fmt.Errorf("the pod is not running: %w", errdefs.ErrFailedPrecondition)
+	}
+	return o.run, nil
+}
+
+// acquirePod returns the pod, booting it if this is the first container (or, bySandbox, for
+// StartSandbox). A pod of the Sandbox API is booted only by StartSandbox: a container
+// joins it while it is ready. No lock is held while it boots; concurrent Creates wait for
+// the boot.
+func (o *PodOwner) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*podRun, error) {
+	for {
+		o.mu.Lock()
+		if sb := o.sandbox; sb != nil && !bySandbox && sb.phase != sandboxReady {
+			o.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s is %s, not ready: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
+		}
+		if run := o.run; run != nil {
+			o.mu.Unlock()
+			if run.id != req.ID {
+				return nil, fmt.Errorf("this shim serves sandbox %s, not %s: %w", run.id, req.ID, errdefs.ErrInvalidArgument)
+			}
+			select {
+			case <-run.pod.Done():
+				return nil, fmt.Errorf("the pod's VM is gone (%v): %w", run.pod.Err(), errdefs.ErrFailedPrecondition)
+			default:
+			}
+			return run, nil
+		}
+		if ch := o.booting; ch != nil {
+			o.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		o.booting = ch
+		o.mu.Unlock()
+
+		pod, err := o.opts.StartPod(ctx, req)
+		var run *podRun
+		if err == nil {
+			run = o.newPodRun(pod, req)
+		}
+		o.mu.Lock()
+		o.booting = nil
+		o.run = run
+		o.mu.Unlock()
+		close(ch)
+		if err != nil {
+			return nil, fmt.Errorf("start sandbox %s: %w", req.ID, err)
+		}
+		go o.watchPod(run)
+		go o.oomLoop(run)
+		return run, nil
+	}
+}
+
+// watchPod ends every process when the pod dies: their agent calls are cancelled, and each
+// exit watcher then runs the exit sequence (status exitVMDied, or exitKilled for one the host
+// was asked to kill).
+func (o *PodOwner) watchPod(run *podRun) {
+	<-run.pod.Done()
+	o.mu.Lock()
+	if o.run != run {
+		o.mu.Unlock()
+		return // stopped by us
+	}
+	run.cancel()
+	o.mu.Unlock()
+	log.G(o.ctx).WithError(run.pod.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends (exit status %d, %d if it was killed)", exitVMDied, exitKilled)
+}
+
+// takeRunLocked takes the pod's run from the service, so that nothing new uses it: the caller
+// stops it (stopRun). o.mu is held.
+func (o *PodOwner) takeRunLocked() *podRun {
+	run := o.run
+	o.run = nil
+	return run
+}
+
+// stopRun stops the pod's VM: the agent's Shutdown answers the pending GetOOMEvent
+// (Unavailable), which ends the OOM loop; the run's context goes after, and with it the
+// calls left.
+func (o *PodOwner) stopRun(ctx context.Context, run *podRun) error {
+	err := run.pod.Stop(ctx)
+	run.cancel()
+	return err
+}
+
+// stopPodIfEmpty stops the pod once no container is left (and none is being created), unless
+// it is the Sandbox API's, which StopSandbox stops.
+func (o *PodOwner) stopPodIfEmpty() {
+	o.mu.Lock()
+	if len(o.containers) > 0 || o.run == nil || o.booting != nil || o.sandbox != nil {
+		o.mu.Unlock()
+		return
+	}
+	run := o.takeRunLocked()
+	o.mu.Unlock()
+	if err := o.stopRun(o.ctx, run); err != nil {
+		log.G(o.ctx).WithError(err).Error("stopping the pod")
+	}
+}
+
+// oomLoop publishes TaskOOM for the OOM kills the agent reports, until the pod ends: at most
+// one per container per GuestLimits.OOMInterval, and no more than one of the agent's answers taken per
+// oomPace, so that a guest that answers at once, for ever, costs the host little.
+func (o *PodOwner) oomLoop(run *podRun) {
+	last := map[string]time.Time{} // when each container's last TaskOOM went
+	for {
+		resp, err := run.agent.GetOOMEvent(run.ctx, &agent.GetOOMEventRequest{})
+		if err != nil {
+			if run.ctx.Err() != nil {
+				return
+			}
+			if agentErrIs(err, codes.Unimplemented, errdefs.ErrNotImplemented) {
+				log.G(o.ctx).WithError(err).Warn("the agent reports no OOM events")
+				return
+			}
+			if agentErrIs(err, codes.Unavailable, errdefs.ErrUnavailable) {
+				return // the agent is shutting down, or was cut off
+			}
+			o.guestLog.warn("oom-wait", log.G(o.ctx).WithError(err), "waiting for OOM events")
+			if !sleepCtx(run.ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		id := resp.ContainerId
+		o.mu.Lock()
+		_, known := o.containers[id]
+		o.mu.Unlock()
+		switch {
+		case !known:
+			o.guestLog.warn("oom-unknown", log.G(o.ctx).WithField("container", guestText(id)), "the agent reported an OOM kill in an unknown container")
+		case time.Since(last[id]) >= o.opts.Limits.OOMInterval:
+			last[id] = time.Now()
+			o.publish(&eventstypes.TaskOOM{ContainerID: id})
+		}
+		if len(last) > oomKept {
+			for id, t := range last {
+				if time.Since(t) >= o.opts.Limits.OOMInterval { // as good as absent
+					delete(last, id)
+				}
+			}
+		}
+		if !sleepCtx(run.ctx, oomPace) {
+			return
+		}
+	}
+}
+
+// sleepCtx sleeps for d, or until ctx ends; it says whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// kill sends sig to p (with all, to every process of p's container). A SIGKILL of a
+// container (its init, or all) is the host's to finish: p and, with all, its container's execs
+// are marked killed (exitKilled if the VM has to go), and unless the guest confirms the exit
+// within GuestLimits.KillGrace, the VM is killed. So a SIGKILL succeeds whatever the agent answers.
+func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *process, sig uint32, all bool) error {
+	enforce := sig == uint32(syscall.SIGKILL) && p.execID == ""
+	if enforce {
+		p.markKilled()
+		if all {
+			c.mu.Lock()
+			for _, e := range c.execs {
+				e.markKilled()
+			}
+			c.mu.Unlock()
+		}
+		go o.enforceKill(run, p)
+	}
+	actx, cancel := run.call(ctx)
+	defer cancel()
+	_, err := run.agent.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
+	switch {
+	case err == nil:
+		return nil
+	case enforce:
+		log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("the agent's answer to SIGKILL (the host ends the process within %v)", o.opts.Limits.KillGrace)
+		return nil
+	}
+	return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
+}
+
+// enforceKill kills the pod's VM unless p has exited within GuestLimits.KillGrace.
+func (o *PodOwner) enforceKill(run *podRun, p *process) {
+	grace := o.opts.Limits.KillGrace
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+	case <-run.ctx.Done(): // the pod ended: p's exit comes with it
+	case <-t.C:
+		run.door.cutOff(fmt.Errorf("the guest did not end %s within %v of SIGKILL", p.name(), grace))
+	}
+}
+
+// guestLogger lets through at most one log line of each kind per guestLogInterval, saying how
+// many it held back: what the guest can cause to be logged must not flood containerd's log.
+type guestLogger struct {
+	mu   sync.Mutex
+	last map[string]time.Time // guarded by mu; kinds are the shim's constants, a few
+	held map[string]int       // guarded by mu
+}
+
+func (g *guestLogger) warn(kind string, e *log.Entry, msg string) {
+	g.mu.Lock()
+	if g.last == nil {
+		g.last, g.held = map[string]time.Time{}, map[string]int{}
+	}
+	if time.Since(g.last[kind]) < guestLogInterval {
+		g.held[kind]++
+		g.mu.Unlock()
+		return
+	}
+	held := g.held[kind]
+	g.last[kind], g.held[kind] = time.Now(), 0
+	g.mu.Unlock()
+	if held > 0 {
+		e = e.WithField("held_back", held)
+	}
+	e.Warn(msg)
+}
+
+// podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
+func (o *PodOwner) podFilesOf(id string) (string, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sandbox == nil || o.sandbox.id != id {
+		return "", false
+	}
+	return o.sandbox.files, true
+}
+
+// checkNoPodLocked refuses sandbox id in a shim that has a pod already. o.mu is held.
+func (o *PodOwner) checkNoPodLocked(id string) error {
+	switch {
+	case o.sandbox != nil:
+		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, o.sandbox.id, errdefs.ErrAlreadyExists)
+	case o.run != nil || o.booting != nil || len(o.containers) > 0:
+		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
