@@ -67,6 +67,15 @@
 // at once is told apart only by its stream ids. vsock (ListenVsock) has real connections and
 // none of this.
 //
+// A vsock port, unlike the serial port, is open to more than the shim: to any host process
+// that knows the guest's CID (it is on QEMU's command line) and, through a loopback
+// transport, to the guest's own processes. The agent serves only the host (CID 2,
+// VMADDR_CID_HOST) connecting from a port up to 1023: the host's kernel lets a process bind
+// such a vsock port only with CAP_NET_BIND_SERVICE in the initial user namespace, and gives
+// any other a port above 1023, also when connect binds one. The shim binds one before it
+// connects. Every other connection is closed before a byte of it is read, and logged at most
+// once a second (a peer can connect in a loop), the next line counting those not logged.
+//
 // # Threat model
 //
 // The guest is hostile to the host, not the other way round: the host (the shim) is trusted,
@@ -81,11 +90,23 @@
 // A host that vanishes (a shim restart) costs its connection, never the agent: the next
 // connection on the port is served.
 //
+// Over vsock the host is told from others by the host kernel's rule on privileged ports only
+// (see Transport). That keeps out unprivileged host users, other VMs and the guest's
+// containers, not a host process with CAP_NET_BIND_SERVICE in the initial user namespace,
+// which is root's equal here: among them a container without a user namespace that keeps
+// that capability (containerd's and Docker's default set has it) and can open an AF_VSOCK
+// socket. Their default seccomp profiles refuse socket(2) for AF_VSOCK but allow socketcall(2)
+// outright, which opens one all the same for a 32-bit process on x86-64; a container run
+// without seccomp (Kubernetes' default, Unconfined) needs no detour. No secret is added: it
+// would have to travel on the kernel command line, which the host shows to every user
+// (QEMU's -append in /proc/<pid>/cmdline).
+//
 // # Lock order
 //
 // container.op, then Service.mu. container.op serialises the runtime calls that change one
 // container (create, start, exec start, pause, resume, update, delete) and is held across
 // them; Service.mu guards the maps and every process's state and is never held across a
-// runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu and serialConn.mu are leaves.
+// runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu, serialConn.mu and
+// hostOnlyListener.mu are leaves.
 // ProcessExited takes Service.mu only.
 package agent

@@ -167,7 +167,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 // the vsock port.
 func listen(params BootParams, log *logrus.Entry) (net.Listener, error) {
 	if params.Transport == TransportVsock {
-		return ListenVsock(params.VsockPort)
+		return ListenVsock(params.VsockPort, log)
 	}
 	deadline := time.Now().Add(portWait)
 	for {

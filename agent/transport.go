@@ -79,9 +79,98 @@ func hostConnected(f *os.File) (bool, error) {
 	return revents&unix.POLLHUP == 0, nil
 }
 
-// ListenVsock listens on a vsock port of the guest.
-func ListenVsock(port uint32) (net.Listener, error) {
-	return vsock.Listen(port, nil)
+// The vsock peer the agent serves: the host, from a port only a privileged process binds.
+const (
+	// vsockMaxPrivilegedPort is the last of the vsock ports whose bind needs
+	// CAP_NET_BIND_SERVICE in the initial user namespace (LAST_RESERVED_PORT in the kernel's
+	// af_vsock.c); an unprivileged process gets a port above it, also when connect binds it.
+	vsockMaxPrivilegedPort = 1023
+	// refusalLogInterval is the least time between two log lines about refused vsock peers:
+	// a peer can connect in a loop.
+	refusalLogInterval = time.Second
+)
+
+// ListenVsock listens on a vsock port of the guest and hands out only the connections of a
+// privileged process of the host: a peer that is not the host (VMADDR_CID_HOST), or that
+// connects from a port above 1023, is closed at once and logged to log (see checkVsockPeer).
+func ListenVsock(port uint32, log *logrus.Entry) (net.Listener, error) {
+	l, err := vsock.Listen(port, nil)
+	if err != nil {
+		return nil, err
+	}
+	return newHostOnlyListener(l, unix.VMADDR_CID_HOST, log), nil
+}
+
+// checkVsockPeer answers why the peer address a is refused, or nil if it is the host (vsock
+// CID host) on a privileged port: the host's shim binds one (vsockMaxPrivilegedPort).
+func checkVsockPeer(a net.Addr, host uint32) error {
+	va, ok := a.(*vsock.Addr)
+	if !ok {
+		return fmt.Errorf("peer %v (%T): not a vsock address", a, a)
+	}
+	if va.ContextID != host {
+		return fmt.Errorf("peer %s: not the host (CID %d)", va, host)
+	}
+	if va.Port > vsockMaxPrivilegedPort {
+		return fmt.Errorf("peer %s: port above %d, which a host process binds without privilege", va, vsockMaxPrivilegedPort)
+	}
+	return nil
+}
+
+// hostOnlyListener hands out the connections of a vsock listener whose peer passes
+// checkVsockPeer and closes the others unread; a refused peer costs its connection only, and
+// Accept waits for the next.
+//
+// Lock order: mu is a leaf.
+type hostOnlyListener struct {
+	net.Listener
+	host     uint32 // the CID taken for the host: VMADDR_CID_HOST but in tests
+	log      *logrus.Entry
+	logEvery time.Duration
+
+	mu       sync.Mutex
+	lastLog  time.Time // guarded by mu: when a refusal was last logged
+	unlogged int       // guarded by mu: refusals since, not logged
+}
+
+func newHostOnlyListener(l net.Listener, host uint32, log *logrus.Entry) *hostOnlyListener {
+	return &hostOnlyListener{Listener: l, host: host, log: log, logEvery: refusalLogInterval}
+}
+
+// Accept answers the next connection from the host; its errors are the listener's.
+func (l *hostOnlyListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		err = checkVsockPeer(c.RemoteAddr(), l.host)
+		if err == nil {
+			return c, nil
+		}
+		c.Close()
+		l.refused(err)
+	}
+}
+
+// refused logs a refusal, at most one a logEvery; a line counts the refusals before it that
+// were not logged.
+func (l *hostOnlyListener) refused(why error) {
+	l.mu.Lock()
+	now := time.Now()
+	if !l.lastLog.IsZero() && now.Sub(l.lastLog) < l.logEvery {
+		l.unlogged++
+		l.mu.Unlock()
+		return
+	}
+	n := l.unlogged
+	l.lastLog, l.unlogged = now, 0
+	l.mu.Unlock()
+	e := l.log.WithError(why)
+	if n > 0 {
+		e = e.WithField("unlogged", n)
+	}
+	e.Warn("refused a vsock connection")
 }
 
 // serialListener turns one long-lived byte stream (a virtio-serial port) into a sequence of

@@ -127,4 +127,15 @@
 // trusted; a pod's annotations are not (see sandbox.Config.Resolve). The network namespace
 // path comes from containerd and is trusted; the guest can send any frame on its NIC, and
 // those frames only reach the pod's veth (see package sandbox/network).
+//
+// With agent.transport = "vsock" the guest agent serves only the host connecting from a
+// privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one
+// before it connects, so the shim needs CAP_NET_BIND_SERVICE (it has it as root), and each
+// vsock pod's connection holds one of the host's 1023 while it lasts. That keeps an
+// unprivileged host user, who can read the guest's CID on QEMU's command line, off the
+// pod's agent; not a process with that capability in the initial user namespace, root's
+// equal here, among them a root container without a user namespace (containerd's default
+// capabilities include it) that can open an AF_VSOCK socket: with no seccomp profile
+// (Kubernetes' default), or from a 32-bit process under containerd's and Docker's default
+// profiles, which filter socket(2) for AF_VSOCK but allow socketcall(2).
 package shim

@@ -12,7 +12,6 @@ import (
 
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"github.com/mdlayher/vsock"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/sandbox"
@@ -42,10 +41,12 @@ type VMPod struct {
 type Dialer func(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error)
 
 // DialAgent connects to sb's agent over its configured transport: agent.sock for serial
-// (QEMU listens there once it runs), vsock port agent.DefaultVsockPort at the guest's CID.
+// (QEMU listens there once it runs), vsock port agent.DefaultVsockPort at the guest's CID from
+// a privileged port of the host (the agent serves no other; the shim needs
+// CAP_NET_BIND_SERVICE).
 func DialAgent(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error) {
 	if sb.Config().Agent.Transport == sandbox.AgentVsock {
-		return vsock.Dial(sandbox.GuestCID(sb.ID()), agent.DefaultVsockPort, nil)
+		return dialVsock(ctx, sandbox.GuestCID(sb.ID()), agent.DefaultVsockPort)
 	}
 	var d net.Dialer
 	return d.DialContext(ctx, "unix", sb.AgentSocketPath())
