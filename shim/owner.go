@@ -278,8 +278,27 @@ func (r *podRun) call(ctx context.Context) (context.Context, context.CancelFunc)
 	return c, func() { stop(); cancel() }
 }
 
-// live says the pod's agent can still be asked.
-func (r *podRun) live() bool { return r.ctx.Err() == nil }
+// agentCall is the pod's run and a context for one call to its agent (podRun.call). The
+// caller calls cancel when the call is done.
+func (o *PodOwner) agentCall(ctx context.Context) (*podRun, context.Context, context.CancelFunc, error) {
+	run, err := o.currentRun()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	actx, cancel := run.call(ctx)
+	return run, actx, cancel, nil
+}
+
+// live says the pod's agent can still be asked: the pod has not died (its context ends just
+// after) nor been stopped.
+func (r *podRun) live() bool {
+	select {
+	case <-r.pod.Done():
+		return false
+	default:
+		return r.ctx.Err() == nil
+	}
+}
 
 // currentRun returns the pod's run.
 func (o *PodOwner) currentRun() (*podRun, error) {

@@ -458,11 +458,10 @@ func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequ
 	if err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
-	run, err := s.currentRun()
+	run, actx, cancel, err := s.agentCall(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
 	defer cancel()
 	if _, err := run.agent.Ping(actx, &agent.PingRequest{}); err != nil {
 		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", r.SandboxID, err)
@@ -476,11 +475,10 @@ func (s *SandboxService) SandboxMetrics(ctx context.Context, r *sandboxAPI.Sandb
 	if err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
-	run, err := s.currentRun()
+	run, actx, cancel, err := s.agentCall(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
 	defer cancel()
 	resp, err := run.agent.Stats(actx, &agent.StatsRequest{})
 	if err != nil {

@@ -482,11 +482,10 @@ func (s *TaskService) pauseResume(ctx context.Context, id string, o op, next sta
 	if err := c.init.check(o); err != nil {
 		return nil, err
 	}
-	run, err := s.currentRun()
+	run, actx, cancel, err := s.agentCall(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
 	defer cancel()
 	if o == opPause {
 		_, err = run.agent.PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
@@ -615,11 +614,10 @@ func (s *TaskService) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest
 	if !p.stdio.Terminal {
 		return nil, fmt.Errorf("%s has no terminal: %w", p.name(), errdefs.ErrFailedPrecondition)
 	}
-	run, err := s.currentRun()
+	run, actx, cancel, err := s.agentCall(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
 	defer cancel()
 	if _, err := run.agent.ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
 		return nil, fmt.Errorf("the agent resizing the pty of %s: %w", p.name(), err)
@@ -657,11 +655,10 @@ func (s *TaskService) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*
 			}
 		}
 	}
-	run, err := s.currentRun()
+	run, actx, cancel, err := s.agentCall(ctx)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
 	defer cancel()
 	if _, err := run.agent.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
 		return nil, fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
