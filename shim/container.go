@@ -124,6 +124,7 @@ func (o *PodOwner) watch(run *podRun, c *container, p *process) {
 		defer cancelDrain()
 		var e exit
 		resp, err := run.agent.WaitProcess(run.ctx, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+		close(p.reported)
 		switch {
 		case err != nil && run.ctx.Err() != nil:
 			e = exit{status: p.vmEndStatus(), at: time.Now()}

@@ -502,13 +502,15 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 	return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
 }
 
-// enforceKill kills the pod's VM unless p has exited within GuestLimits.KillGrace.
+// enforceKill kills the pod's VM unless the agent reports p's exit within
+// GuestLimits.KillGrace. (What follows the report, the drain of its output and its execs'
+// exits, has bounds of its own and is no longer the guest's to confirm.)
 func (o *PodOwner) enforceKill(run *podRun, p *process) {
 	grace := o.opts.Limits.KillGrace
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.exited:
+	case <-p.reported:
 	case <-run.ctx.Done(): // the pod ended: p's exit comes with it
 	case <-t.C:
 		run.door.cutOff(fmt.Errorf("the guest did not end %s within %v of SIGKILL", p.name(), grace))

@@ -86,6 +86,9 @@ type process struct {
 
 	// exited is closed once the exit is recorded and TaskExit published: Wait returns then.
 	exited chan struct{}
+	// reported is closed when the agent has answered the wait for the exit (or the wait
+	// ended with the pod): what the guest owes a kill. The exit sequence follows.
+	reported chan struct{}
 	// outputDone is closed when the stdout and stderr copies have ended.
 	outputDone chan struct{}
 	// stdinDone is closed when the stdin copy has ended (closed at once without stdin).
@@ -106,7 +109,7 @@ type process struct {
 func newProcess(cid, execID string, cfg stdio.Config) *process {
 	return &process{
 		cid: cid, execID: execID, stdio: cfg,
-		exited: make(chan struct{}), outputDone: make(chan struct{}), stdinDone: make(chan struct{}),
+		exited: make(chan struct{}), reported: make(chan struct{}), outputDone: make(chan struct{}), stdinDone: make(chan struct{}),
 	}
 }
 

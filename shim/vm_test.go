@@ -3,11 +3,13 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,4 +192,79 @@ initrd = "`+initrd+`"
 		}
 	}
 	t.Logf("the whole run: %v", time.Since(start).Round(time.Millisecond))
+}
+
+// TestVMPodCutOff: the host's answer to a guest it no longer trusts, on a real pod. Two
+// containers run; the door cuts the guest off (as three missed deadlines, or a SIGKILL the
+// guest does not confirm, would): the VM is killed at once, the container the host was asked
+// to kill exits 137 and the other 255, and their Deletes leave nothing: no QEMU, no sandbox
+// directory, no mount.
+func TestVMPodCutOff(t *testing.T) {
+	g, accel := agentGuest(t)
+	dir := shortTempDir(t)
+	cfg := filepath.Join(dir, "kvfs.toml")
+	os.WriteFile(cfg, []byte(`base_dir = "`+dir+`/sb"
+[vm]
+accel = "`+accel+`"
+memory = "512M"
+kernel = "`+g.Kernel+`"
+initrd = "`+g.Initrd+`"
+`), 0o644)
+	rec := newRecorder()
+	ctx := namespaces.WithNamespace(context.Background(), "kvfs-test")
+	svc := newServices(NewPodOwner(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod}))
+	t.Cleanup(func() { svc.Close(context.Background()) })
+	opts, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: cfg})
+	for _, id := range []string{"t1", "t2"} {
+		b := busyboxBundle(t, filepath.Join(dir, id), "", "sh", "-c", "while :; do sleep 1; done")
+		spec, _ := os.ReadFile(filepath.Join(b, "config.json"))
+		var s specs.Spec
+		json.Unmarshal(spec, &s)
+		s.Annotations = map[string]string{AnnotationSandboxID: "pod"}
+		spec, _ = json.Marshal(&s)
+		os.WriteFile(filepath.Join(b, "config.json"), spec, 0o644)
+		if _, err := svc.Create(ctx, &taskAPI.CreateTaskRequest{ID: id, Bundle: b, Options: opts}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := svc.Start(ctx, &taskAPI.StartRequest{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run, err := svc.currentRun()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qemu := run.pod.Pid()
+	c, p, err := svc.getProcess("t1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c
+	p.markKilled()
+	run.door.cutOff(errors.New("the test cuts the guest off"))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for id, want := range map[string]uint32{"t1": exitKilled, "t2": exitVMDied} {
+		w, err := svc.Wait(wctx, &taskAPI.WaitRequest{ID: id})
+		if err != nil {
+			t.Fatalf("Wait %s: %v", id, err)
+		}
+		if w.ExitStatus != want {
+			t.Errorf("%s exited %d, want %d", id, w.ExitStatus, want)
+		}
+	}
+	if err := syscall.Kill(int(qemu), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("QEMU (pid %d) after the cut-off: %v, want gone", qemu, err)
+	}
+	for _, id := range []string{"t1", "t2"} {
+		if _, err := svc.Delete(ctx, &taskAPI.DeleteRequest{ID: id}); err != nil {
+			t.Fatalf("Delete %s: %v", id, err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "sb", "pod")); !os.IsNotExist(err) {
+		t.Errorf("the sandbox directory is left: %v", err)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), dir) {
+		t.Errorf("mounts left under %s", dir)
+	}
 }
