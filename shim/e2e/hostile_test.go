@@ -53,8 +53,8 @@ const (
 // bounds. A part that fails kills what its pod left, so that the next one starts clean.
 func TestHostileAgent(t *testing.T) {
 	e := newEnv(t, "")
-	faults := vmtest.FaultsAgentImage(t)
-	h := &hostile{Env: e, faults: faults}
+	h := &hostile{Env: e, faults: vmtest.FaultsAgentImage(t), shipped: vmtest.AgentImage(t)}
+	t.Run("ShippedRefuses", h.shippedRefuses)
 	t.Run("StatsSilent", h.statsSilent)
 	t.Run("KillNoExit", h.killNoExit)
 	t.Run("OOMFlood", h.oomFlood)
@@ -63,19 +63,26 @@ func TestHostileAgent(t *testing.T) {
 
 type hostile struct {
 	*Env
-	faults vmtest.Guest
+	faults  vmtest.Guest // the agent built with the kvfsfaults tag
+	shipped vmtest.Guest // the agent as images ship it, without
 }
 
 // config writes a kvfs configuration whose pods boot the faults image with kvfs.fault=mode,
-// their sandboxes in the environment's base directory, and returns its path. Without
-// kvfs.debug=1: the agent would log every request on the console, thousands a second with
-// oom-flood.
+// their sandboxes in the environment's base directory, and returns its path.
 func (h *hostile) config(t *testing.T, mode string) string {
 	t.Helper()
-	accel, _ := vmtest.Accel(context.Background(), h.faults)
+	return h.configFor(t, h.faults, mode, mode+".toml")
+}
+
+// configFor writes the configuration name booting g with kvfs.fault=mode. Without
+// kvfs.debug=1: the agent would log every request on the console, thousands a second with
+// oom-flood.
+func (h *hostile) configFor(t *testing.T, g vmtest.Guest, mode, name string) string {
+	t.Helper()
+	accel, _ := vmtest.Accel(context.Background(), g)
 	cfg := fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = %q\n",
-		h.BaseDir, h.faults.Kernel, h.faults.Initrd, accel, apiv1.CmdlineFault+"="+mode)
-	path := filepath.Join(filepath.Dir(h.Config), mode+".toml")
+		h.BaseDir, g.Kernel, g.Initrd, accel, apiv1.CmdlineFault+"="+mode)
+	path := filepath.Join(filepath.Dir(h.Config), name)
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +146,18 @@ func (h *hostile) ctr(limit time.Duration, args ...string) (ctrdtest.Result, tim
 		return r, took, fmt.Errorf("ctr %s: %w", strings.Join(args, " "), err)
 	}
 	return r, took, nil
+}
+
+// ctrResult is what h.ctr answered, for a ctr run in the background.
+type ctrResult struct {
+	r    ctrdtest.Result
+	took time.Duration
+	err  error
+}
+
+func (h *hostile) ctrResult(limit time.Duration, args ...string) ctrResult {
+	r, took, err := h.ctr(limit, args...)
+	return ctrResult{r, took, err}
 }
 
 // mustCtr is ctr that must exit 0 within limit.
@@ -272,6 +291,30 @@ func (h *hostile) waitGone(t *testing.T, before ctrdtest.Snapshot, deadline time
 	}
 }
 
+// ShippedRefuses: the agent images ship, built without the kvfsfaults tag, refuses to boot
+// with a kvfs.fault=: the pod fails, its console says why, and nothing is left. (A test
+// configuration that met a shipped image would otherwise measure a well-behaved agent.)
+func (h *hostile) shippedRefuses(t *testing.T) {
+	before := h.start(t, "plain")
+	config := h.configFor(t, h.shipped, "stats-silent", "shipped.toml")
+	ran := make(chan ctrResult, 1)
+	go func() {
+		ran <- h.ctrResult(bootLimit, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", config, h.Image, "plain", "true")
+	}()
+	console := h.console(t, "plain", bootLimit)
+	got := <-ran
+	if got.err != nil || got.r.ExitCode == 0 {
+		t.Fatalf("ctr run of the shipped image with kvfs.fault=stats-silent: %v, exit %d; want a failure", got.err, got.r.ExitCode)
+	}
+	t.Logf("ctr run failed after %v: %s", got.took.Round(time.Millisecond), strings.TrimSpace(withoutCtrLog(got.r.Stderr)))
+	const refusal = "kvfs.fault=stats-silent: this agent is built without fault injection"
+	if !consoleSays(console, refusal, 5*time.Second) {
+		t.Errorf("the guest console does not say %q", refusal)
+	}
+	h.mustCtr(t, queryBound, "container", "rm", "plain")
+	h.C.CheckNoLeaks(t, before)
+}
+
 // StatsSilent: the agent never answers Stats. ctr task metrics of its pod answers or fails
 // within queryBound; meanwhile another pod's metrics and containerd's task list answer each
 // within it too; both pods are then removed as usual.
@@ -282,19 +325,11 @@ func (h *hostile) statsSilent(t *testing.T) {
 	h.runDetached(t, config, "mute")
 	console := h.console(t, "mute", queryBound)
 
-	type result struct {
-		r    ctrdtest.Result
-		took time.Duration
-		err  error
-	}
-	hung := make(chan result, 1)
-	go func() {
-		r, took, err := h.ctr(queryBound+overrun, "task", "metrics", "mute")
-		hung <- result{r, took, err}
-	}()
+	hung := make(chan ctrResult, 1)
+	go func() { hung <- h.ctrResult(queryBound+overrun, "task", "metrics", "mute") }()
 	var calls int
 	var slowest time.Duration
-	var got result
+	var got ctrResult
 	for done := false; !done; {
 		for _, args := range [][]string{{"task", "metrics", "calm"}, {"task", "ls"}} {
 			_, took := h.mustCtr(t, queryBound, args...)
@@ -315,7 +350,7 @@ func (h *hostile) statsSilent(t *testing.T) {
 	case got.took > queryBound:
 		t.Errorf("ctr task metrics of the pod whose agent never answers Stats took %v, exit %d (bound %v)", got.took, got.r.ExitCode, queryBound)
 	default:
-		t.Logf("ctr task metrics of the silent pod: exit %d in %v: %s", got.r.ExitCode, got.took.Round(time.Millisecond), strings.TrimSpace(got.r.Stderr))
+		t.Logf("ctr task metrics of the silent pod: exit %d in %v: %s", got.r.ExitCode, got.took.Round(time.Millisecond), strings.TrimSpace(withoutCtrLog(got.r.Stderr)))
 	}
 	wantFault(t, console, "stats-silent", "not answering fault=stats-silent method=Stats")
 	h.remove(t, "mute")
@@ -408,15 +443,9 @@ func (h *hostile) countOOM(t *testing.T, id string, window time.Duration) (int, 
 func (h *hostile) createSilent(t *testing.T) {
 	before := h.start(t, "hush")
 	config := h.config(t, "create-silent")
-	type result struct {
-		r    ctrdtest.Result
-		took time.Duration
-		err  error
-	}
-	ran := make(chan result, 1)
+	ran := make(chan ctrResult, 1)
 	go func() {
-		r, took, err := h.ctr(createBound+overrun, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", config, h.Image, "hush", "true")
-		ran <- result{r, took, err}
+		ran <- h.ctrResult(createBound+overrun, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", config, h.Image, "hush", "true")
 	}()
 	console := h.console(t, "hush", createBound)
 	got := <-ran
@@ -426,9 +455,9 @@ func (h *hostile) createSilent(t *testing.T) {
 	case got.r.ExitCode == 0:
 		t.Errorf("ctr run of a pod whose agent never answers CreateContainer succeeded after %v", got.took)
 	case got.took > createBound:
-		t.Errorf("ctr run of a pod whose agent never answers CreateContainer failed after %v (bound %v): %s", got.took, createBound, got.r.Stderr)
+		t.Errorf("ctr run of a pod whose agent never answers CreateContainer failed after %v (bound %v): %s", got.took, createBound, withoutCtrLog(got.r.Stderr))
 	default:
-		t.Logf("ctr run failed after %v: %s", got.took.Round(time.Millisecond), strings.TrimSpace(got.r.Stderr))
+		t.Logf("ctr run failed after %v: %s", got.took.Round(time.Millisecond), strings.TrimSpace(withoutCtrLog(got.r.Stderr)))
 	}
 	wantFault(t, console, "create-silent", "not answering fault=create-silent method=CreateContainer")
 	if got.err == nil {
