@@ -210,15 +210,17 @@ func (c *Containerd) reclaim(t testing.TB, now Snapshot) {
 }
 
 // KillSince kills the containerd's processes that before did not have (its shims, their VMs,
-// a ctr still waiting) and waits for them to go: what a failed part of a test left running,
-// so that the next part does not meet it. containerd itself goes on; it runs a dead shim's
-// cleanup as usual.
-func (c *Containerd) KillSince(t testing.TB, before Snapshot) {
+// a ctr still waiting), those match accepts (all with a nil match), and waits for them to go:
+// what a failed part of a test left running, so that the next part does not meet it.
+// containerd itself goes on; it runs a dead shim's cleanup as usual.
+func (c *Containerd) KillSince(t testing.TB, before Snapshot, match func(Process) bool) {
 	t.Helper()
-	now := c.Snapshot(t)
-	left := newProcesses(before, now)
-	for _, p := range left {
-		t.Logf("ctrdtest: killing %s", p)
+	var left []Process
+	for _, p := range newProcesses(before, c.Snapshot(t)) {
+		if match == nil || match(p) {
+			t.Logf("ctrdtest: killing %s", p)
+			left = append(left, p)
+		}
 	}
 	killAll(t, left)
 }
