@@ -25,21 +25,21 @@ import (
 // ignores the host's deadline (ttrpc passes it in the request's context) and ends only when
 // the agent shuts down.
 const (
-	// FaultStatsSilent: Stats never answers.
-	FaultStatsSilent = "stats-silent"
-	// FaultCreateSilent: CreateContainer never answers (and creates nothing); Ping answers.
-	FaultCreateSilent = "create-silent"
-	// FaultKillNoExit: SignalProcess is acknowledged but the signal is not delivered, and
+	// faultStatsSilent: Stats never answers.
+	faultStatsSilent = "stats-silent"
+	// faultCreateSilent: CreateContainer never answers (and creates nothing); Ping answers.
+	faultCreateSilent = "create-silent"
+	// faultKillNoExit: SignalProcess is acknowledged but the signal is not delivered, and
 	// WaitProcess of a process signalled (or of any process of a container signalled with
 	// all) never answers, even once the process has exited.
-	FaultKillNoExit = "kill-noexit"
-	// FaultOOMFlood: GetOOMEvent answers at once, every time, with the id of a container
+	faultKillNoExit = "kill-noexit"
+	// faultOOMFlood: GetOOMEvent answers at once, every time, with the id of a container
 	// that exists (waiting only until one does).
-	FaultOOMFlood = "oom-flood"
+	faultOOMFlood = "oom-flood"
 )
 
-// FaultModes are the modes kvfs.fault= takes.
-var FaultModes = []string{FaultStatsSilent, FaultCreateSilent, FaultKillNoExit, FaultOOMFlood}
+// faultModes are the modes kvfs.fault= takes.
+var faultModes = []string{faultStatsSilent, faultCreateSilent, faultKillNoExit, faultOOMFlood}
 
 // faultPoll is how often oom-flood looks for a container while there is none.
 const faultPoll = 10 * time.Millisecond
@@ -70,8 +70,8 @@ func faultInterceptor(mode string, svc *Service, log *logrus.Entry) (ttrpc.Unary
 	if mode == "" {
 		return nil, nil
 	}
-	if !slices.Contains(FaultModes, mode) {
-		return nil, fmt.Errorf("%s=%s: want one of %s", apiv1.CmdlineFault, mode, strings.Join(FaultModes, ", "))
+	if !slices.Contains(faultModes, mode) {
+		return nil, fmt.Errorf("%s=%s: want one of %s", apiv1.CmdlineFault, mode, strings.Join(faultModes, ", "))
 	}
 	f := &faults{mode: mode, svc: svc, log: log.WithField("fault", mode), signalled: map[procKey]bool{}}
 	f.log.Warn("fault injection armed: this agent misbehaves on purpose")
@@ -81,10 +81,10 @@ func faultInterceptor(mode string, svc *Service, log *logrus.Entry) (ttrpc.Unary
 func (f *faults) intercept(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, m ttrpc.Method) (any, error) {
 	method := strings.TrimPrefix(info.FullMethod, methodPrefix)
 	switch {
-	case f.mode == FaultStatsSilent && method == "Stats",
-		f.mode == FaultCreateSilent && method == "CreateContainer":
+	case f.mode == faultStatsSilent && method == "Stats",
+		f.mode == faultCreateSilent && method == "CreateContainer":
 		return nil, f.silence(method)
-	case f.mode == FaultKillNoExit && method == "SignalProcess":
+	case f.mode == faultKillNoExit && method == "SignalProcess":
 		var req apiv1.SignalProcessRequest
 		if err := unmarshal(&req); err != nil {
 			return nil, err
@@ -99,9 +99,9 @@ func (f *faults) intercept(ctx context.Context, unmarshal ttrpc.Unmarshaler, inf
 		f.log.WithFields(logrus.Fields{"container": req.ContainerId, "exec": req.ExecId, "signal": req.Signal,
 			"all": req.All}).Warn("signal acknowledged, not delivered")
 		return &apiv1.SignalProcessResponse{}, nil
-	case f.mode == FaultKillNoExit && method == "WaitProcess":
+	case f.mode == faultKillNoExit && method == "WaitProcess":
 		return f.waitUnlessSignalled(ctx, unmarshal, m)
-	case f.mode == FaultOOMFlood && method == "GetOOMEvent":
+	case f.mode == faultOOMFlood && method == "GetOOMEvent":
 		return f.floodOOM(ctx)
 	}
 	return m(ctx, unmarshal)

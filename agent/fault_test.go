@@ -86,7 +86,7 @@ func TestFaultModeUnknown(t *testing.T) {
 // hangs; Shutdown ends it.
 func TestFaultStatsSilent(t *testing.T) {
 	fx := newFixture(t)
-	c := serveFault(t, fx, FaultStatsSilent)
+	c := serveFault(t, fx, faultStatsSilent)
 	fx.create(t, "c1", nil, "sleep")
 	fx.start(t, "c1", "")
 
@@ -124,7 +124,7 @@ func TestFaultStatsSilent(t *testing.T) {
 // create-silent: Ping answers, CreateContainer never does and creates nothing.
 func TestFaultCreateSilent(t *testing.T) {
 	fx := newFixture(t)
-	c := serveFault(t, fx, FaultCreateSilent)
+	c := serveFault(t, fx, faultCreateSilent)
 	if _, err := c.Ping(within(t, 5*time.Second), &apiv1.PingRequest{}); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
@@ -143,7 +143,7 @@ func TestFaultCreateSilent(t *testing.T) {
 // signalled is waited for as usual.
 func TestFaultKillNoExit(t *testing.T) {
 	fx := newFixture(t)
-	c := serveFault(t, fx, FaultKillNoExit)
+	c := serveFault(t, fx, faultKillNoExit)
 	for _, id := range []string{"victim", "other", "group"} {
 		fx.create(t, id, nil, "sleep")
 		fx.start(t, id, "")
@@ -195,7 +195,7 @@ func TestFaultKillNoExit(t *testing.T) {
 // once, every time.
 func TestFaultOOMFlood(t *testing.T) {
 	fx := newFixture(t)
-	c := serveFault(t, fx, FaultOOMFlood)
+	c := serveFault(t, fx, faultOOMFlood)
 	// The wait follows the host's deadline, as the agent's own GetOOMEvent does.
 	r, err := c.GetOOMEvent(within(t, silent), &apiv1.GetOOMEventRequest{})
 	if status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
