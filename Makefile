@@ -64,9 +64,11 @@ fmt-check:
 FUZZTIME ?= 2m
 
 # The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
-# real guests under QEMU; then every fuzz target for 20 s.
+# real guests under QEMU, and the agent's test fault modes (built only with -tags kvfsfaults);
+# then every fuzz target for 20 s.
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 40m ./...
+	$(GO) test -race -count=1 -tags kvfsfaults -run TestFault ./agent/
 	FUZZTIME=20s GO=$(GO) scripts/fuzz.sh
 
 # Every fuzz target for FUZZTIME (scripts/fuzz.sh lists them; a crash leaves its input in the
@@ -86,6 +88,7 @@ soak: deps
 # Fast feedback while developing: no guests.
 test-unit:
 	$(GO) test -short ./...
+	$(GO) test -short -tags kvfsfaults -run TestFault ./agent/
 
 demo: deps build
 	scripts/demo.sh

@@ -26,6 +26,10 @@ type BootParams struct {
 	Debug bool
 	// Hostname is the guest's hostname (kvfs.hostname=), if given.
 	Hostname string
+	// Fault is the test fault mode (kvfs.fault=), if given: only an agent built with the
+	// kvfsfaults tag knows the modes (fault.go); any other refuses to boot with one
+	// (fault_off.go).
+	Fault string
 }
 
 // ParseCmdline reads the agent's parameters from a kernel command line (/proc/cmdline);
@@ -65,6 +69,11 @@ func ParseCmdline(cmdline string) (BootParams, error) {
 				return p, fmt.Errorf("%s: %w", apiv1.CmdlineHostname, err)
 			}
 			p.Hostname = val
+		case apiv1.CmdlineFault:
+			if val == "" {
+				return p, fmt.Errorf("%s: empty mode", apiv1.CmdlineFault)
+			}
+			p.Fault = val
 		case apiv1.CmdlineDebug:
 			switch val {
 			case "1", "true", "on":

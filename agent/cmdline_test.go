@@ -20,6 +20,7 @@ func TestParseCmdline(t *testing.T) {
 		{"kvfs.agent=vsock:7 kvfs.agent=serial kvfs.tag=a kvfs.tag=b kvfs.debug=1 kvfs.debug=0 ro",
 			BootParams{Tag: "b", Transport: TransportSerial}},
 		{"kvfs.tag=t kvfs.hostname=web-0.ns", BootParams{Tag: "t", Transport: TransportSerial, Hostname: "web-0.ns"}},
+		{"kvfs.tag=t kvfs.fault=stats-silent", BootParams{Tag: "t", Transport: TransportSerial, Fault: "stats-silent"}},
 	}
 	for _, g := range good {
 		got, err := ParseCmdline(g.line)
@@ -39,6 +40,7 @@ func TestParseCmdline(t *testing.T) {
 		{"kvfs.tag=t kvfs.hostname=-x", "kvfs.hostname: hostname \"-x\""},
 		{"kvfs.tag=t kvfs.hostname=a_b", "kvfs.hostname: hostname \"a_b\""},
 		{"kvfs.tag=t kvfs.hostname=" + strings.Repeat("a", 65), "want 1 to 64 bytes"},
+		{"kvfs.tag=t kvfs.fault=", "kvfs.fault: empty mode"},
 	}
 	for _, b := range bad {
 		_, err := ParseCmdline(b.line)

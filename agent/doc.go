@@ -37,6 +37,10 @@
 //
 // [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
 // ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.
+// An agent built with the kvfsfaults tag, for the tests of the host against a hostile guest
+// only (packaging/guest/build.sh --agent-faults), chains a second one that misbehaves as
+// kvfs.fault=MODE on the kernel command line says (fault.go); the agent built without it, the
+// one images ship, links none of that code and refuses to boot with a kvfs.fault=.
 //
 // The [Reaper] reaps every child with wait4(-1) on SIGCHLD and is go-runc's process monitor,
 // so runc's own commands get their exits and every other exit reaches

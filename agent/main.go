@@ -139,7 +139,15 @@ func run(log *logrus.Entry, pid1 bool) error {
 	if err != nil {
 		return err
 	}
-	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(Interceptor(log)))
+	interceptors := []ttrpc.UnaryServerInterceptor{Interceptor(log)}
+	fault, err := faultInterceptor(params.Fault, svc, log)
+	if err != nil {
+		return err
+	}
+	if fault != nil {
+		interceptors = append(interceptors, fault)
+	}
+	srv, err := ttrpc.NewServer(ttrpc.WithChainUnaryServerInterceptor(interceptors...))
 	if err != nil {
 		return err
 	}

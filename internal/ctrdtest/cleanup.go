@@ -181,26 +181,7 @@ func (c *Containerd) stop(t testing.TB) {
 // unmounts its mounts, and removes the namespace's cgroups and runc state directory.
 func (c *Containerd) reclaim(t testing.TB, now Snapshot) {
 	t.Helper()
-	left := newProcesses(c.start, now)
-	for _, p := range left {
-		if err := kill(p); err != nil {
-			t.Errorf("ctrdtest: killing %s: %v", p, err)
-		}
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(left) > 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		var still []Process
-		for _, p := range left {
-			if q, err := readProcess(p.PID); err == nil && q.Start == p.Start && q.State != 'Z' {
-				still = append(still, p)
-			}
-		}
-		left = still
-	}
-	for _, p := range left {
-		t.Errorf("ctrdtest: %s survived SIGKILL", p)
-	}
+	killAll(t, newProcesses(c.start, now))
 	for _, m := range now.Mounts {
 		if !slices.Contains(c.start.Mounts, m) {
 			if err := unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
@@ -225,6 +206,46 @@ func (c *Containerd) reclaim(t testing.TB, now Snapshot) {
 		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("ctrdtest: removing %s: %v", d, err)
 		}
+	}
+}
+
+// KillSince kills the containerd's processes that before did not have (its shims, their VMs,
+// a ctr still waiting), those match accepts (all with a nil match), and waits for them to go:
+// what a failed part of a test left running, so that the next part does not meet it.
+// containerd itself goes on; it runs a dead shim's cleanup as usual.
+func (c *Containerd) KillSince(t testing.TB, before Snapshot, match func(Process) bool) {
+	t.Helper()
+	var left []Process
+	for _, p := range newProcesses(before, c.Snapshot(t)) {
+		if match == nil || match(p) {
+			t.Logf("ctrdtest: killing %s", p)
+			left = append(left, p)
+		}
+	}
+	killAll(t, left)
+}
+
+// killAll sends SIGKILL to each process and waits up to 5 seconds for them to have gone.
+func killAll(t testing.TB, left []Process) {
+	t.Helper()
+	for _, p := range left {
+		if err := kill(p); err != nil {
+			t.Errorf("ctrdtest: killing %s: %v", p, err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(left) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		var still []Process
+		for _, p := range left {
+			if q, err := readProcess(p.PID); err == nil && q.Start == p.Start && q.State != 'Z' {
+				still = append(still, p)
+			}
+		}
+		left = still
+	}
+	for _, p := range left {
+		t.Errorf("ctrdtest: %s survived SIGKILL", p)
 	}
 }
 

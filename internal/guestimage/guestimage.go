@@ -45,6 +45,9 @@ type Description struct {
 	Agent struct {
 		SHA256 string `json:"sha256"`
 		Go     string `json:"go"`
+		// Tags are the build tags of a test image's agent (build.sh --agent-faults:
+		// "kvfsfaults"); a shipped image has none.
+		Tags string `json:"tags,omitempty"`
 	} `json:"agent"`
 	Runc struct {
 		PackageVersion string `json:"package_version"`

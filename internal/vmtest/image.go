@@ -27,6 +27,10 @@ const DefaultCacheDir = "/var/cache/kvfs/guest"
 // $KVFS_CACHE says otherwise.
 const DefaultAgentCacheDir = "/var/cache/kvfs/agent-guest"
 
+// DefaultFaultsCacheDir is where FaultsAgentImage keeps its guest unless
+// $KVFS_CACHE says otherwise.
+const DefaultFaultsCacheDir = "/var/cache/kvfs/agent-guest-faults"
+
 // imageMu serialises builds within one test binary; build.sh itself takes a
 // lock for builds from several test binaries at once.
 var imageMu sync.Mutex
@@ -49,21 +53,46 @@ func AgentImage(t testing.TB) Guest {
 	return build(t, agentCacheDir(), "--agent")
 }
 
-// BuildAgentImage builds the pod VM's guest afresh into dir, an empty directory, with env
-// added to build.sh's environment (SOURCE_DATE_EPOCH, KVFS_VERSION). The kernel packages
-// AgentImage downloaded are linked into dir/debs first, so that only a machine without them
-// downloads.
-func BuildAgentImage(t testing.TB, dir string, env ...string) Guest {
+// FaultsAgentImage returns the pod VM's guest with an agent built with the
+// kvfsfaults tag, whose fault modes kvfs.fault= on the kernel command line
+// chooses (agent/fault.go): built with "packaging/guest/build.sh --agent-faults"
+// into $KVFS_CACHE/agent-guest-faults (default
+// /var/cache/kvfs/agent-guest-faults), reusing the kernel packages AgentImage
+// downloaded. Only tests build it; nothing ships it. Like Image, it fails the
+// test when the guest cannot be built.
+func FaultsAgentImage(t testing.TB) Guest {
+	t.Helper()
+	dir := faultsCacheDir()
+	linkKernelDebs(t, dir)
+	return build(t, dir, "--agent-faults")
+}
+
+// linkKernelDebs links the kernel packages AgentImage downloaded into dir/debs, but
+// for those dir has, so that a build there downloads only on a machine without them.
+func linkKernelDebs(t testing.TB, dir string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Join(dir, "debs"), 0o755); err != nil {
 		t.Fatalf("vmtest: %v", err)
 	}
 	debs, _ := filepath.Glob(filepath.Join(agentCacheDir(), "debs", "*.deb"))
 	for _, d := range debs {
-		if err := os.Link(d, filepath.Join(dir, "debs", filepath.Base(d))); err != nil {
+		dest := filepath.Join(dir, "debs", filepath.Base(d))
+		if _, err := os.Lstat(dest); err == nil {
+			continue
+		}
+		if err := os.Link(d, dest); err != nil {
 			t.Logf("vmtest: not reusing %s: %v", d, err)
 		}
 	}
+}
+
+// BuildAgentImage builds the pod VM's guest afresh into dir, an empty directory, with env
+// added to build.sh's environment (SOURCE_DATE_EPOCH, KVFS_VERSION). The kernel packages
+// AgentImage downloaded are linked into dir/debs first, so that only a machine without them
+// downloads.
+func BuildAgentImage(t testing.TB, dir string, env ...string) Guest {
+	t.Helper()
+	linkKernelDebs(t, dir)
 	return buildEnv(t, dir, env, "--agent")
 }
 
@@ -111,6 +140,14 @@ func agentCacheDir() string {
 		return filepath.Join(d, "agent-guest")
 	}
 	return DefaultAgentCacheDir
+}
+
+// faultsCacheDir is $KVFS_CACHE/agent-guest-faults, else DefaultFaultsCacheDir.
+func faultsCacheDir() string {
+	if d := os.Getenv("KVFS_CACHE"); d != "" {
+		return filepath.Join(d, "agent-guest-faults")
+	}
+	return DefaultFaultsCacheDir
 }
 
 // cacheDir is $KVFS_CACHE/guest (as for the Makefile, demo.sh and deps.sh,

@@ -2,7 +2,7 @@
 # Build the kvfs test guest: Debian 12's kernel and a small initramfs made of
 # static busybox, the virtio-fs modules, a static helper and packaging/guest/init.
 #
-#   packaging/guest/build.sh [--bench|--agent] OUTDIR
+#   packaging/guest/build.sh [--bench|--agent|--agent-faults] OUTDIR
 #
 # Writes OUTDIR/vmlinuz and OUTDIR/initramfs.gz. Does nothing when both are
 # newer than this script, init and tools/*.c (and bench/*.c for --bench), or
@@ -31,6 +31,12 @@
 # default "devel"), also written beside it as OUTDIR/image.json, and
 # OUTDIR/SHA256SUMS holds the checksums of vmlinuz, initramfs.gz and image.json
 # (sha256sum -c SHA256SUMS; kvfsctl image info).
+#
+# --agent-faults is --agent with kvfs-agent built with the kvfsfaults tag: its test
+# fault modes (agent/fault.go) are chosen by kvfs.fault= on the kernel command line.
+# For the tests of the host against a hostile guest only (internal/vmtest
+# FaultsAgentImage), into an OUTDIR of its own; no make target ships it. Its
+# image.json says "tags": "kvfsfaults" in "agent".
 set -euo pipefail
 
 prog=build.sh
@@ -45,6 +51,7 @@ say() {
 
 bench=
 agent=
+agent_tags=
 case ${1:-} in
 --bench)
 	bench=1
@@ -54,8 +61,13 @@ case ${1:-} in
 	agent=1
 	shift
 	;;
+--agent-faults)
+	agent=1
+	agent_tags=kvfsfaults
+	shift
+	;;
 esac
-[ $# -eq 1 ] || die "usage: $0 [--bench|--agent] OUTDIR"
+[ $# -eq 1 ] || die "usage: $0 [--bench|--agent|--agent-faults] OUTDIR"
 
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$1" || die "cannot create output directory $1"
@@ -179,8 +191,8 @@ if [ -n "$agent" ]; then
 	[ -n "$runc_bin" ] || runc_bin=/usr/sbin/runc
 	[ -x "$runc_bin" ] || die "the runc package is installed but no runc binary was found"
 	agent_bin=$out/kvfs-agent
-	say "building kvfs-agent"
-	(cd "$repo" && CGO_ENABLED=0 "$gobin" build -trimpath -buildvcs=false -o "$agent_bin.tmp" ./cmd/kvfs-agent) >&2 ||
+	say "building kvfs-agent${agent_tags:+ with the tags $agent_tags}"
+	(cd "$repo" && CGO_ENABLED=0 "$gobin" build -trimpath -buildvcs=false -tags "$agent_tags" -o "$agent_bin.tmp" ./cmd/kvfs-agent) >&2 ||
 		die "go build ./cmd/kvfs-agent failed"
 	mv -f "$agent_bin.tmp" "$agent_bin"
 fi
@@ -377,14 +389,15 @@ fi
 
 # image_json prints the agent image's description: what it was built from.
 image_json() {
-	local kpkg
+	local kpkg tags_json=
 	kpkg=$(basename "$kdeb" .deb)
+	[ -z "$agent_tags" ] || tags_json=", \"tags\": \"$agent_tags\""
 	cat <<-EOF
 		{
 		  "kvfs_version": "$kvfs_version",
 		  "source_date_epoch": $epoch,
 		  "kernel": {"version": "$kver", "package": "${kpkg%%_*}", "package_version": "$(echo "$kpkg" | cut -d_ -f2)", "sha256": "$(sha256sum <"$vmlinuz" | cut -d' ' -f1)"},
-		  "agent": {"sha256": "$(sha256sum <"$agent_bin" | cut -d' ' -f1)", "go": "$("$gobin" env GOVERSION)"},
+		  "agent": {"sha256": "$(sha256sum <"$agent_bin" | cut -d' ' -f1)", "go": "$("$gobin" env GOVERSION)"$tags_json},
 		  "runc": {"package_version": "$(dpkg-query -W -f='${Version}' runc)"},
 		  "busybox": {"package_version": "$(dpkg-query -W -f='${Version}' busybox-static)"},
 		  "modules": [$(sed 's/.*\///; s/\.ko$//; s/.*/"&"/' "$root/etc/kvfs/modules" | paste -sd, | sed 's/,/, /g')]

@@ -35,6 +35,10 @@ const (
 	// CmdlineHostname (kvfs.hostname=NAME) is the guest's hostname: the pod's, which its
 	// containers share with the guest's UTS namespace. A valid one (CheckHostname).
 	CmdlineHostname = "kvfs.hostname"
+	// CmdlineFault (kvfs.fault=MODE) makes an agent built for tests (the kvfsfaults build
+	// tag) misbehave as MODE says, to test the host against a hostile guest; the agent of a
+	// shipped image, built without the tag, refuses to boot with it.
+	CmdlineFault = "kvfs.fault"
 )
 
 // MaxInterfaceName is the longest network interface name the kernel takes (IFNAMSIZ less the

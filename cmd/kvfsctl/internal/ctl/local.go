@@ -135,6 +135,9 @@ func printImage(w io.Writer, info *guestimage.Info) error {
 		fmt.Fprintf(tw, "kvfs version\t%s\n", d.KVFSVersion)
 		fmt.Fprintf(tw, "built from\t%s %s, runc %s, busybox %s\n", d.Kernel.Package, d.Kernel.PackageVersion, d.Runc.PackageVersion, d.Busybox.PackageVersion)
 		fmt.Fprintf(tw, "agent\tsha256 %s (%s)\n", d.Agent.SHA256, d.Agent.Go)
+		if d.Agent.Tags != "" {
+			fmt.Fprintf(tw, "  build tags\t%s (a test image: not for production)\n", d.Agent.Tags)
+		}
 		fmt.Fprintf(tw, "modules\t%s\n", strings.Join(d.Modules, " "))
 		fmt.Fprintf(tw, "source date\t%d\n", d.SourceDateEpoch)
 	} else {
