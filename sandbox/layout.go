@@ -302,12 +302,12 @@ func checkName(name string) error {
 }
 
 // bindMount binds src at the new mount point name inside the directory mountsDir, as flags
-// say (see BindFlags). The bind is made on a detached copy of src's mount (open_tree), which
-// is made private (mounts later made under src stay out of the sandbox) and read-only before
-// it is attached in mountsDir (move_mount): the copy propagated to shared/ is a copy of the
-// finished mount, flags included, and at no time is a writable or shared bind of a read-only
-// source reachable. Once attached, the bind is made private again, and so is its copy in
-// shared/.
+// say (see BindFlags). The bind is made on a detached copy of src's mount (open_tree), made
+// private (mounts later made under src stay out of the sandbox) and read-only as asked before
+// it is attached in mountsDir (move_mount): nothing is reachable before it is finished, and
+// the copy propagated to shared/ is a copy of the finished mount, flags included. Attached
+// under the shared mounts/, the bind is in a peer group of its own with that copy; it is then
+// made private, everything under it too.
 //
 // src is opened once, without following a symlink at its end, and bound from that descriptor:
 // what is checked is what is bound, whatever the path names meanwhile, and a symlink as the

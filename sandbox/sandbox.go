@@ -404,7 +404,7 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 }
 
 // BindFlags say how Bind binds its source. The zero value is a read-write bind of the
-// source's own mount: the mount points of the mounts under it are empty in the bind.
+// source's own mount: the mounts under the source are not in the bind.
 type BindFlags uint
 
 const (
