@@ -116,8 +116,14 @@ func (w *rootWalker) create(p string, file bool) (string, error) {
 				at = "/"
 			}
 			rest = append(strings.Split(target, "/"), rest...)
-		case len(rest) > 0 && !w.isDir(next):
-			return "", fmt.Errorf("%s: not a directory: %w", next, unix.ENOTDIR)
+		case len(rest) > 0:
+			// A directory to go on in: ENOTDIR if it is not one.
+			fd, err := w.open(next)
+			if err != nil {
+				return "", err
+			}
+			unix.Close(fd)
+			fallthrough
 		default:
 			at = next
 		}
@@ -177,16 +183,6 @@ func (w *rootWalker) open(p string) (int, error) {
 		return -1, fmt.Errorf("%s: %w", p, err)
 	}
 	return fd, nil
-}
-
-// isDir says whether p, a symlink-free path in the root, is a directory.
-func (w *rootWalker) isDir(p string) bool {
-	fd, err := w.open(p)
-	if err != nil {
-		return false
-	}
-	unix.Close(fd)
-	return true
 }
 
 // readlinkat reads the symlink name in the directory fd.
