@@ -89,7 +89,7 @@ func TestNetworkInGuest(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "serve.sh"), []byte(serve), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Bind(root, "srv", false); err != nil {
+	if err := s.Bind(root, "srv", 0); err != nil {
 		t.Fatal(err)
 	}
 

@@ -94,7 +94,7 @@ func TestAgentStress(t *testing.T) {
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("s%d", i)
-		if err := s.Bind(root, id, false); err != nil {
+		if err := s.Bind(root, id, 0); err != nil {
 			t.Fatal(err)
 		}
 		call(i, "create", func(c context.Context) error {

@@ -66,7 +66,7 @@ func TestAgentInGuest(t *testing.T) {
 	roots := map[string]string{}
 	for _, id := range []string{"c1", "c2"} {
 		roots[id] = busyboxRoot(t)
-		if err := s.Bind(roots[id], id, false); err != nil {
+		if err := s.Bind(roots[id], id, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -142,7 +142,7 @@ func TestAgentInGuest(t *testing.T) {
 	sp.Linux.Resources = &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit, Swap: &swap}}
 	oomSpec, err = json.Marshal(&sp)
 	call("spec", err)
-	if err := s.Bind(roots["c1"], "c3", false); err != nil {
+	if err := s.Bind(roots["c1"], "c3", 0); err != nil {
 		t.Fatal(err)
 	}
 	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{ContainerId: "c3", Spec: oomSpec})

@@ -90,7 +90,7 @@ func TestConfinedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, s)
-	if err := s.Bind(src, "vol", false); err != nil {
+	if err := s.Bind(src, "vol", 0); err != nil {
 		t.Fatal(err)
 	}
 	st := s.Stats()

@@ -80,7 +80,7 @@ func TestVMServerCrash(t *testing.T) {
 	}
 	stopOnCleanup(t, s)
 	ctl := guestSetup(t, crashGuest)
-	if err := s.Bind(ctl, "ctl", false); err != nil {
+	if err := s.Bind(ctl, "ctl", 0); err != nil {
 		t.Fatal(err)
 	}
 	vm := s.DefaultVM()

@@ -8,7 +8,6 @@
 //
 //	mounts/         where root filesystems and volumes are bound (Bind); a shared mount
 //	shared/         read-only slave bind of mounts/: what the server exports
-//	private/        staging for read-only binds
 //	vhost-fs.sock   the vhost-user socket, created here (mode 0600) and passed to the server
 //	state.json      the persisted state (below)
 //	owner.lock      flocked by the owning process
@@ -25,10 +24,14 @@
 // MS_RDONLY, make it MS_SLAVE — after first binding mounts/ onto itself and making it
 // MS_SHARED: without that, propagation from mounts/ to shared/ depends on the host's mount
 // propagation, and on hosts whose / is private (containers, these test machines) a bind made
-// later under mounts/ would never reach shared/ and so the guest. Bind makes each bind
-// private (mounts later made under its source stay out) and, for a read-only bind, makes the
-// read-only mount in private/ first and binds that into mounts/: a remount to read-only does
-// not reach a copy already propagated to shared/, a new bind of a read-only mount does.
+// later under mounts/ would never reach shared/ and so the guest. Bind makes each bind on a
+// detached copy of its source (open_tree), private (mounts later made under the source stay
+// out) and read-only as asked before it attaches it in mounts/ (move_mount): a remount to
+// read-only would not reach the copy already propagated to shared/, a copy of a read-only
+// mount is read-only. A read-only bind is the host's guarantee, not the guest's: the host's
+// kernel refuses the server's writes there (EROFS), whatever root in the guest asks for.
+// BindReadOnly makes the bind's own mount read-only, BindRecursiveReadOnly every mount
+// under it, as runc does with a mount's "ro" and "rro".
 //
 // # Lifecycle
 //

@@ -15,9 +15,8 @@ import (
 
 // Names inside a sandbox directory.
 const (
-	mountsName    = "mounts"  // where the owner binds root filesystems and volumes (Bind)
-	sharedName    = "shared"  // read-only slave bind of mounts/: what the server exports
-	privateName   = "private" // staging for read-only binds
+	mountsName    = "mounts" // where the owner binds root filesystems and volumes (Bind)
+	sharedName    = "shared" // read-only slave bind of mounts/: what the server exports
 	socketName    = "vhost-fs.sock"
 	stateName     = "state.json"
 	lockName      = "owner.lock"
@@ -37,7 +36,6 @@ const (
 	sandboxDirMode = 0o750
 	mountsDirMode  = 0o750
 	sharedDirMode  = 0o700
-	privateDirMode = 0o700
 	baseDirMode    = 0o700
 )
 
@@ -75,7 +73,7 @@ func setupMounts(dir string) error {
 	return nil
 }
 
-// teardown undoes a sandbox directory: it unmounts shared/, private/* and mounts/ (each with
+// teardown undoes a sandbox directory: it unmounts shared/ and mounts/ (each with
 // everything below it), checks that nothing under dir is mounted any more, and removes dir
 // without following symlinks or crossing into another file system. It refuses to work on a
 // symlink anywhere it looks. A directory that does not exist is not an error.
@@ -102,23 +100,11 @@ func teardown(dir string) error {
 }
 
 // unmountAll unmounts what a sandbox mounts inside dir: shared/ first (the server's view),
-// then anything left in private/, then mounts/. MNT_DETACH takes the submounts along.
+// then mounts/. MNT_DETACH takes the submounts along.
 func unmountAll(dir string) error {
 	var errs []error
 	if err := unmountPath(filepath.Join(dir, sharedName)); err != nil {
 		errs = append(errs, err)
-	}
-	private := filepath.Join(dir, privateName)
-	if fi, err := os.Lstat(private); err == nil && fi.IsDir() {
-		entries, err := os.ReadDir(private)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, e := range entries {
-			if err := unmountPath(filepath.Join(private, e.Name())); err != nil {
-				errs = append(errs, err)
-			}
-		}
 	}
 	if err := unmountPath(filepath.Join(dir, mountsName)); err != nil {
 		errs = append(errs, err)
@@ -315,20 +301,25 @@ func checkName(name string) error {
 	return nil
 }
 
-// bindMount binds src at the new mount point name inside the directory mountsDir, private so
-// that mounts later made under src stay out of the sandbox. readOnly binds go through
-// stagingDir: a remount to read-only does not reach copies already propagated to shared/, so
-// the read-only mount is made first in private/ and then bound into mounts/, whose propagated
-// copy inherits the flag.
+// bindMount binds src at the new mount point name inside the directory mountsDir, as flags
+// say (see BindFlags). The bind is made on a detached copy of src's mount (open_tree), made
+// private (mounts later made under src stay out of the sandbox) and read-only as asked before
+// it is attached in mountsDir (move_mount): nothing is reachable before it is finished, and
+// the copy propagated to shared/ is a copy of the finished mount, flags included. Attached
+// under the shared mounts/, the bind is in a peer group of its own with that copy; it is then
+// made private, everything under it too.
 //
 // src is opened once, without following a symlink at its end, and bound from that descriptor:
 // what is checked is what is bound, whatever the path names meanwhile, and a symlink as the
 // source (a pod's volume pointing elsewhere on the host) is refused rather than followed.
 // Symlinks inside a bound directory are the guest's to read as links: the server never
 // follows them on the host.
-func bindMount(src, mountsDir, stagingDir, name string, readOnly bool) (err error) {
+func bindMount(src, mountsDir, name string, flags BindFlags) error {
 	if err := checkName(name); err != nil {
 		return err
+	}
+	if bad := flags &^ bindFlagsAll; bad != 0 {
+		return fmt.Errorf("bind %s: unknown flags %#x", src, uint(bad))
 	}
 	fd, err := unix.Open(src, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -346,41 +337,83 @@ func bindMount(src, mountsDir, stagingDir, name string, readOnly bool) (err erro
 	case !fi.IsDir() && !fi.IsRegular():
 		return fmt.Errorf("bind source %s is a %s: want a directory or a regular file", src, fileKind(fi))
 	}
-	source := fmt.Sprintf("/proc/self/fd/%d", fd)
-	if readOnly {
-		staged, err := makeMountPoint(stagingDir, name, fi.IsDir())
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if uerr := unmountPath(staged); uerr != nil && err == nil {
-				err = uerr
-			}
-			removeMountPoint(stagingDir, name)
-		}()
-		if err := unix.Mount(source, staged, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind %s to %s: %w", src, staged, err)
-		}
-		if err := unix.Mount("", staged, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			return fmt.Errorf("make %s read-only: %w", staged, err)
-		}
-		if err := unix.Mount("", staged, "", unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("make %s private: %w", staged, err)
-		}
-		source = staged
+	tree, err := cloneMount(fd, flags)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
 	}
+	defer unix.Close(tree)
 	target, err := makeMountPoint(mountsDir, name, fi.IsDir())
 	if err != nil {
 		return err
 	}
-	if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		removeMountPoint(mountsDir, name)
 		return fmt.Errorf("bind %s to %s: %w", src, target, err)
 	}
-	if err := unix.Mount("", target, "", unix.MS_PRIVATE, ""); err != nil {
+	if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
 		_ = unmountPath(target)
 		removeMountPoint(mountsDir, name)
 		return fmt.Errorf("make %s private: %w", target, err)
+	}
+	return nil
+}
+
+// unbindMount undoes bindMount of name in the sandbox directory dir.
+func unbindMount(dir, name string) error {
+	mounts := filepath.Join(dir, mountsName)
+	if err := unmountPath(filepath.Join(mounts, name)); err != nil {
+		return err
+	}
+	// The unmount propagates to shared/; make sure.
+	if err := unmountPath(filepath.Join(dir, sharedName, name)); err != nil {
+		return err
+	}
+	removeMountPoint(mounts, name)
+	return nil
+}
+
+// cloneMount returns a detached copy of the mount fd is in, rooted at fd, with the mounts
+// under it if flags has BindRecursive: every mount private, the top one read-only if flags has
+// BindReadOnly, every one if BindRecursiveReadOnly. mount_setattr changes only the flags it
+// names: a source's nosuid, nodev or noexec stays.
+func cloneMount(fd int, flags BindFlags) (tree int, err error) {
+	how := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH
+	if flags&BindRecursive != 0 {
+		how |= unix.AT_RECURSIVE
+	}
+	tree, err = unix.OpenTree(fd, "", uint(how))
+	if err != nil {
+		return -1, fmt.Errorf("open_tree: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			unix.Close(tree)
+		}
+	}()
+	all := unix.MountAttr{Propagation: unix.MS_PRIVATE}
+	if flags&BindRecursiveReadOnly != 0 {
+		all.Attr_set = unix.MOUNT_ATTR_RDONLY
+	}
+	if err := setMountAttr(tree, unix.AT_RECURSIVE, &all); err != nil {
+		return -1, err
+	}
+	if flags&(BindReadOnly|BindRecursiveReadOnly) == BindReadOnly {
+		if err := setMountAttr(tree, 0, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+			return -1, err
+		}
+	}
+	return tree, nil
+}
+
+// setMountAttr applies attr to the mount tree (and, with AT_RECURSIVE in flags, to every
+// mount below it).
+func setMountAttr(tree int, flags uint, attr *unix.MountAttr) error {
+	err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|flags, attr)
+	if errors.Is(err, unix.ENOSYS) {
+		return fmt.Errorf("mount_setattr: %w (binds need Linux 5.12 or later)", err)
+	}
+	if err != nil {
+		return fmt.Errorf("mount_setattr: %w", err)
 	}
 	return nil
 }

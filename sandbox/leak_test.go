@@ -182,9 +182,9 @@ func leakCycle(ctx context.Context, base, id, rw, ro string, runner *frontendRun
 	if err != nil {
 		return err
 	}
-	err = s.Bind(rw, "rw", false)
+	err = s.Bind(rw, "rw", 0)
 	if err == nil {
-		err = s.Bind(ro, "ro", true)
+		err = s.Bind(ro, "ro", BindReadOnly)
 	}
 	if err == nil {
 		err = s.Start(ctx, s.DefaultVM())

@@ -259,7 +259,7 @@ type helperVM struct {
 
 type helperBind struct {
 	Src, Name string
-	ReadOnly  bool
+	Flags     BindFlags
 }
 
 // helperResult is what the helper reports on stdout.
@@ -288,7 +288,7 @@ func runHelper(specJSON string) int {
 		return 1
 	}
 	for _, b := range spec.Binds {
-		if err := s.Bind(b.Src, b.Name, b.ReadOnly); err != nil {
+		if err := s.Bind(b.Src, b.Name, b.Flags); err != nil {
 			res.Error = err.Error()
 			return 1
 		}

@@ -27,7 +27,7 @@ func TestRecover(t *testing.T) {
 	inproc := testConfig(base)
 	inproc.Server.Daemon = InProcessUnconfined
 	runHelperProcess(t, helperSpec{Config: inproc, ID: "inproc",
-		Binds: []helperBind{{Src: src, Name: "vol", ReadOnly: true}}})
+		Binds: []helperBind{{Src: src, Name: "vol", Flags: BindReadOnly}}})
 	// A confined server (the default) outlives it: adopted, its channel too.
 	conf := runHelperProcess(t, helperSpec{Config: testConfig(base), ID: "confined",
 		Binds: []helperBind{{Src: src, Name: "vol"}}})
@@ -208,7 +208,7 @@ func TestCleanup(t *testing.T) {
 	src := t.TempDir()
 
 	left := runHelperProcess(t, helperSpec{Config: externalConfig(t, base), ID: "left",
-		Binds: []helperBind{{Src: src, Name: "rootfs"}, {Src: src, Name: "vol", ReadOnly: true}}})
+		Binds: []helperBind{{Src: src, Name: "rootfs"}, {Src: src, Name: "vol", Flags: BindReadOnly}}})
 	st, err := readState(filepath.Join(base, "left"))
 	if err != nil || st.Server == nil || st.Server.Process == nil {
 		t.Fatalf("state %+v, %v", st, err)

@@ -149,7 +149,7 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 	for _, d := range []struct {
 		name string
 		mode os.FileMode
-	}{{mountsName, mountsDirMode}, {sharedName, sharedDirMode}, {privateName, privateDirMode}} {
+	}{{mountsName, mountsDirMode}, {sharedName, sharedDirMode}} {
 		p := filepath.Join(dir, d.name)
 		if err := os.Mkdir(p, d.mode); err != nil {
 			return nil, err
@@ -403,17 +403,34 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 	return nil
 }
 
+// BindFlags say how Bind binds its source. The zero value is a read-write bind of the
+// source's own mount: the mounts under the source are not in the bind.
+type BindFlags uint
+
+const (
+	// BindRecursive brings the mounts under the source along (an rbind).
+	BindRecursive BindFlags = 1 << iota
+	// BindReadOnly makes the bind's own mount read-only, as runc makes a mount with the OCI
+	// option "ro": the mounts under it (BindRecursive) keep their flags.
+	BindReadOnly
+	// BindRecursiveReadOnly makes every mount of the bind read-only (the OCI option "rro").
+	BindRecursiveReadOnly
+
+	bindFlagsAll = BindRecursive | BindReadOnly | BindRecursiveReadOnly
+)
+
 // Bind bind-mounts src (a directory or a regular file) at MountsDir()/name, name being a
-// single path component; it appears in the guest as /name in the share. A read-only bind is
-// read-only in the guest too. Submounts of src are not included, and mounts made under src
-// later do not appear.
-func (s *Sandbox) Bind(src, name string, readOnly bool) error {
+// single path component, as flags say; it appears in the guest as /name in the share. What
+// is read-only on the host is read-only to the guest whatever the guest does: the server's
+// writes there fail with EROFS. Mounts made under src later do not appear. Bind needs Linux
+// 5.12 (open_tree, move_mount, mount_setattr).
+func (s *Sandbox) Bind(src, name string, flags BindFlags) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	if err := s.checkNotStopping(); err != nil {
 		return err
 	}
-	return bindMount(src, s.MountsDir(), filepath.Join(s.dir, privateName), name, readOnly)
+	return bindMount(src, s.MountsDir(), name, flags)
 }
 
 // Unbind undoes Bind.
@@ -426,15 +443,7 @@ func (s *Sandbox) Unbind(name string) error {
 	if err := s.checkNotStopping(); err != nil {
 		return err
 	}
-	if err := unmountPath(filepath.Join(s.MountsDir(), name)); err != nil {
-		return err
-	}
-	// The unmount propagates to shared/; make sure.
-	if err := unmountPath(filepath.Join(s.SharedDir(), name)); err != nil {
-		return err
-	}
-	removeMountPoint(s.MountsDir(), name)
-	return nil
+	return unbindMount(s.dir, name)
 }
 
 func (s *Sandbox) checkNotStopping() error {

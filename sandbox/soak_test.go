@@ -227,7 +227,7 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 		stopOnCleanup(t, s)
-		if err := s.Bind(t.TempDir(), "vol", false); err != nil {
+		if err := s.Bind(t.TempDir(), "vol", 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Start(ctx, s.DefaultVM()); err != nil {

@@ -107,7 +107,7 @@ exit 0
 	if err := os.WriteFile(filepath.Join(late, "hello.txt"), []byte("bound after boot\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Bind(ctl, "ctl", false); err != nil {
+	if err := s.Bind(ctl, "ctl", 0); err != nil {
 		t.Fatal(err)
 	}
 
@@ -120,7 +120,7 @@ exit 0
 	diag := diagnose(s.Dir())
 	waitFile(t, filepath.Join(ctl, "ready"), guestTimeout, s.VMExited(), diag)
 	ready := time.Since(start)
-	if err := s.Bind(late, "late", true); err != nil {
+	if err := s.Bind(late, "late", BindReadOnly); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -207,7 +207,7 @@ while :; do sleep 1; done
 	start := time.Now()
 	res := runHelperProcess(t, helperSpec{
 		Config: cfg, ID: "adopt",
-		Binds:    []helperBind{{Src: ctl, Name: "ctl"}, {Src: data, Name: "data", ReadOnly: true}},
+		Binds:    []helperBind{{Src: ctl, Name: "ctl"}, {Src: data, Name: "data", Flags: BindReadOnly}},
 		VM:       &helperVM{Accel: accel, Kernel: g.Kernel, Initrd: g.Initrd, Cmdline: guestCmdline(cfg.Device.Tag)},
 		WaitFile: filepath.Join(ctl, "ready"), WaitLimit: guestTimeout,
 	})
@@ -338,7 +338,7 @@ while [ $n -lt 3000 ]; do
 done
 exit 7
 `)
-	if err := s.Bind(ctl, "ctl", false); err != nil {
+	if err := s.Bind(ctl, "ctl", 0); err != nil {
 		t.Fatal(err)
 	}
 	vm := s.DefaultVM()

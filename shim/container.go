@@ -56,13 +56,13 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 			rootfs = filepath.Join(r.Bundle, rootfs)
 		}
 	}
-	if err := pod.Bind(rootfs, r.ID, false); err != nil {
+	if err := bindRootfs(pod, rootfs, r.ID, spec); err != nil {
 		return fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
 	}
 	c.binds = append(c.binds, r.ID)
 	*undo = append(*undo, func() { o.unbindAll(pod, c) })
 	for _, b := range hostBinds {
-		if err := pod.Bind(b.Source, b.Name, b.ReadOnly); err != nil {
+		if err := pod.Bind(b.Source, b.Name, b.Flags); err != nil {
 			return fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
 		}
 		c.binds = append(c.binds, b.Name)

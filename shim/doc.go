@@ -123,8 +123,12 @@
 // and bounds every wait on it (the drain of a process's output after its exit, the execs'
 // exits before an init's, the boot, the stop). The guest never names a host path: the shim
 // decides every bind (AdaptSpec), and the sandbox package never follows the guest's symlinks
-// when it unbinds and cleans up. containerd, its requests and the configuration file are
-// trusted; a pod's annotations are not (see sandbox.Config.Resolve). The network namespace
+// when it unbinds and cleans up. What a container's spec makes read-only (a mount's ro or
+// rro, root.readonly) is bound read-only on the host, so root in the guest cannot write there
+// through the server either; the mount points runc would make in a read-only root the shim
+// makes first, inside the root whatever its symlinks say (makeMountPoints). containerd, its
+// requests and the configuration file are trusted; a pod's annotations are not (see
+// sandbox.Config.Resolve). The network namespace
 // path comes from containerd and is trusted; the guest can send any frame on its NIC, and
 // those frames only reach the pod's veth (see package sandbox/network).
 //

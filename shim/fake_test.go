@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 // fakeAgent is an in-memory agent.AgentService: processes that run until the test (or a
@@ -385,13 +386,13 @@ func (p *fakePod) Agent() agent.AgentService {
 	return p.agent
 }
 
-func (p *fakePod) Bind(src, name string, ro bool) error {
+func (p *fakePod) Bind(src, name string, flags sandbox.BindFlags) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.binds[name]; ok {
 		return fmt.Errorf("bind %s twice", name)
 	}
-	p.binds[name] = HostBind{Source: src, Name: name, ReadOnly: ro}
+	p.binds[name] = HostBind{Source: src, Name: name, Flags: flags}
 	return nil
 }
 

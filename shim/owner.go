@@ -33,7 +33,7 @@ type Pod interface {
 	// Agent is the guest agent's API. Its answers are untrusted.
 	Agent() agent.AgentService
 	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
-	Bind(src, name string, readOnly bool) error
+	Bind(src, name string, flags sandbox.BindFlags) error
 	Unbind(name string) error
 	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
 	Done() <-chan struct{}

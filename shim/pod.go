@@ -271,7 +271,9 @@ func (p *VMPod) Kill(why error) {
 func (p *VMPod) Agent() agent.AgentService { return p.agent }
 
 // Bind implements Pod.
-func (p *VMPod) Bind(src, name string, readOnly bool) error { return p.sb.Bind(src, name, readOnly) }
+func (p *VMPod) Bind(src, name string, flags sandbox.BindFlags) error {
+	return p.sb.Bind(src, name, flags)
+}
 
 // Unbind implements Pod.
 func (p *VMPod) Unbind(name string) error { return p.sb.Unbind(name) }

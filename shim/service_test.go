@@ -272,7 +272,7 @@ func TestLifecycle(t *testing.T) {
 	if pod.req.ID != "c1" || pod.req.Config == nil || pod.req.Config.BaseDir != sandbox.DefaultConfig().BaseDir {
 		t.Errorf("pod request %+v", pod.req)
 	}
-	if got := pod.bound()["c1"]; got.Source != filepath.Join(b, "rootfs") || got.ReadOnly {
+	if got := pod.bound()["c1"]; got.Source != filepath.Join(b, "rootfs") || got.Flags != sandbox.BindRecursive {
 		t.Errorf("rootfs bind %+v", got)
 	}
 	var gs specs.Spec
@@ -911,7 +911,7 @@ func TestRootfsMount(t *testing.T) {
 	}
 	binds := h.pod().bound()
 	name := "c1-0-" + filepath.Base(vol)
-	if binds["c1"].Source != filepath.Join(b, "rootfs") || binds[name] != (HostBind{Source: vol, Name: name, ReadOnly: true}) {
+	if binds["c1"].Source != filepath.Join(b, "rootfs") || binds[name] != (HostBind{Source: vol, Name: name, Flags: sandbox.BindRecursive | sandbox.BindReadOnly}) {
 		t.Errorf("binds %+v", binds)
 	}
 	h.start("c1", "")

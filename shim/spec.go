@@ -10,15 +10,15 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 // HostBind is a host directory or file a container's spec mounts, to be bound into the pod's
-// share (sandbox.Bind(Source, Name, ReadOnly)) so the guest finds it at
-// agent.SharedDir/Name.
+// share (sandbox.Bind(Source, Name, Flags)) so the guest finds it at agent.SharedDir/Name.
 type HostBind struct {
-	Source   string
-	Name     string
-	ReadOnly bool
+	Source string
+	Name   string
+	Flags  sandbox.BindFlags
 }
 
 // GuestRoot is where the guest sees container id's root filesystem.
@@ -40,7 +40,9 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //     CRI's pod parent) means nothing in the guest, and the pod's metrics are those of the
 //     parent of every container's group;
 //   - each bind mount's source, a host path, is bound into the share as <id>-<n>-<base> and
-//     the mount's source becomes its guest path; it is read-only when the mount says ro.
+//     the mount's source becomes its guest path; it is bound on the host as the mount's
+//     options say (bindFlags): read-only on the host what is read-only in the container, so
+//     that root in the guest cannot write there either.
 func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 	if s == nil {
 		return nil, nil, fmt.Errorf("container %s: no spec", id)
@@ -78,12 +80,53 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 				return nil, nil, fmt.Errorf("container %s: bind mount of %q at %s: the source is not an absolute host path", id, m.Source, m.Destination)
 			}
 			name := fmt.Sprintf("%s-%d-%s", id, len(binds), baseName(m.Source))
-			binds = append(binds, HostBind{Source: m.Source, Name: name, ReadOnly: slices.Contains(m.Options, "ro")})
+			binds = append(binds, HostBind{Source: m.Source, Name: name, Flags: bindFlags(m.Options)})
 			m.Source = path.Join(agent.SharedDir, name)
 		}
 		g.Mounts = append(g.Mounts, m)
 	}
 	return &g, binds, nil
+}
+
+// bindFlags are the sandbox.BindFlags of a bind mount's OCI options, read as runc reads them:
+// rbind brings the submounts along; the last of ro and rw says whether the bind's own mount
+// is read-only, unless rro or rrw, the last of which wins, is there: runc applies it to every
+// mount of the bind, the top one included, after ro or rw.
+func bindFlags(opts []string) sandbox.BindFlags {
+	var f sandbox.BindFlags
+	ro, recursive := false, ""
+	for _, o := range opts {
+		switch o {
+		case "rbind":
+			f |= sandbox.BindRecursive
+		case "ro", "rw":
+			ro = o == "ro"
+		case "rro", "rrw":
+			recursive = o
+		}
+	}
+	switch {
+	case recursive == "rro":
+		f |= sandbox.BindRecursiveReadOnly
+	case recursive == "" && ro:
+		f |= sandbox.BindReadOnly
+	}
+	return f
+}
+
+// bindRootfs binds container id's root filesystem, mounted at rootfs on the host, into the
+// pod's share, with its submounts as runc binds a root. A read-only root (root.readonly,
+// ctr run --read-only) is bound read-only, its own mount as runc makes it in a container,
+// once the mount points runc would create in it exist (makeMountPoints).
+func bindRootfs(pod Pod, rootfs, id string, s *specs.Spec) error {
+	flags := sandbox.BindRecursive
+	if s.Root != nil && s.Root.Readonly {
+		if err := makeMountPoints(rootfs, s); err != nil {
+			return fmt.Errorf("read-only root: %w", err)
+		}
+		flags |= sandbox.BindReadOnly
+	}
+	return pod.Bind(rootfs, id, flags)
 }
 
 // guestHooks are the hooks of h that run in the guest, or nil if there are none.

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 func TestAdaptSpec(t *testing.T) {
@@ -75,8 +77,8 @@ func TestAdaptSpec(t *testing.T) {
 					t.Errorf("kept parts changed: %q %v %v", g.Linux.CgroupsPath, g.Annotations, g.Process.Args)
 				}
 				wantBinds := []HostBind{
-					{Source: "/var/lib/containerd/sandboxes/p/resolv.conf", Name: "c1-0-resolv.conf", ReadOnly: true},
-					{Source: "/srv/data", Name: "c1-1-data"},
+					{Source: "/var/lib/containerd/sandboxes/p/resolv.conf", Name: "c1-0-resolv.conf", Flags: sandbox.BindRecursive | sandbox.BindReadOnly},
+					{Source: "/srv/data", Name: "c1-1-data", Flags: sandbox.BindRecursive},
 					{Source: "/", Name: "c1-2-root"},
 					{Source: "/srv/we ird,name", Name: "c1-3-we_ird_name"},
 				}
@@ -128,6 +130,36 @@ func TestAdaptSpec(t *testing.T) {
 			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
 				if g.Hooks != nil {
 					t.Errorf("hooks %+v", g.Hooks)
+				}
+			},
+		},
+		{
+			name: "read-only binds stay read-only on the host, recursively as the options say",
+			modify: func(s *specs.Spec) {
+				s.Mounts = []specs.Mount{
+					{Destination: "/a", Type: "bind", Source: "/h/a", Options: []string{"bind", "ro"}},
+					{Destination: "/b", Type: "bind", Source: "/h/b", Options: []string{"rbind", "ro"}},
+					{Destination: "/c", Type: "bind", Source: "/h/c", Options: []string{"rbind", "rro"}},
+					{Destination: "/d", Type: "bind", Source: "/h/d", Options: []string{"rbind", "ro", "rro"}},
+					{Destination: "/e", Type: "bind", Source: "/h/e", Options: []string{"bind", "rro"}},
+					{Destination: "/f", Source: "/h/f", Options: []string{"rbind", "ro", "rw"}},
+					{Destination: "/g", Source: "/h/g", Options: []string{"rw", "rbind", "ro"}},
+					{Destination: "/h", Source: "/h/h", Options: []string{"rbind", "ro", "rrw"}},
+					{Destination: "/i", Source: "/h/i", Options: []string{"rbind", "rro", "rrw", "ro"}},
+					{Destination: "/j", Source: "/h/j", Options: []string{"rbind", "rrw", "rro", "rw"}},
+					{Destination: "/k", Type: "bind", Source: "/h/k"},
+				}
+			},
+			check: func(t *testing.T, g *specs.Spec, binds []HostBind) {
+				const rec, ro, rro = sandbox.BindRecursive, sandbox.BindReadOnly, sandbox.BindRecursiveReadOnly
+				want := []sandbox.BindFlags{ro, rec | ro, rec | rro, rec | rro, rro, rec, rec | ro, rec, rec, rec | rro, 0}
+				if len(binds) != len(want) {
+					t.Fatalf("binds %+v", binds)
+				}
+				for i, b := range binds {
+					if b.Flags != want[i] {
+						t.Errorf("%s (%v): flags %#x, want %#x", g.Mounts[i].Destination, g.Mounts[i].Options, b.Flags, want[i])
+					}
 				}
 			},
 		},

@@ -140,7 +140,7 @@ func driveFUSE(t *testing.T, e *env, id string) {
 	e.afterStop = append(e.afterStop, func() { fe.Close() })
 	// The share is read-only; a volume bound read-write into it is not.
 	vol := t.TempDir()
-	if err := s.Bind(vol, "vol", false); err != nil {
+	if err := s.Bind(vol, "vol", 0); err != nil {
 		t.Fatal(err)
 	}
 	c := fuseclient.New(fe)

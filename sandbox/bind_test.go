@@ -1,0 +1,172 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestBindFlags checks each kind of bind through mounts/ and through shared/ (what the server
+// exports) on a source with a tmpfs mounted inside it: which of the two is there and which is
+// writable, that the source stays writable, that a source mount's own flags stay, and that a
+// mount made under the source afterwards stays out.
+func TestBindFlags(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	for _, d := range []string{mountsName, sharedName} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := setupMounts(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := teardown(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	// The source is a shared mount, as on a systemd host, where a bind would join its peer
+	// group unless made private.
+	src := t.TempDir()
+	if err := unix.Mount(src, src, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
+	if err := unix.Mount("", src, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, filepath.Join(src, "f"))
+	sub := filepath.Join(src, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("kvfs-test", sub, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	mustWrite(t, filepath.Join(sub, "g"))
+
+	// writable says whether a new file can be made in dir: nil or EROFS, anything else fails.
+	writable := func(t *testing.T, dir string) bool {
+		t.Helper()
+		err := os.WriteFile(filepath.Join(dir, "probe"), nil, 0o644)
+		if err != nil && !errors.Is(err, syscall.EROFS) {
+			t.Fatalf("writing in %s: %v, want success or EROFS", dir, err)
+		}
+		return err == nil
+	}
+	tests := []struct {
+		name  string
+		flags BindFlags
+		// whether the tmpfs is in the bind, the top writable, the tmpfs writable
+		withSub, top, subRW bool
+	}{
+		{"rw", 0, false, true, false},
+		{"rbind", BindRecursive, true, true, true},
+		{"ro", BindReadOnly, false, false, false},
+		{"rbind-ro", BindRecursive | BindReadOnly, true, false, true},
+		{"rbind-rro", BindRecursive | BindRecursiveReadOnly, true, false, false},
+		{"rbind-ro-rro", BindRecursive | BindReadOnly | BindRecursiveReadOnly, true, false, false},
+		{"rro", BindRecursiveReadOnly, false, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := bindMount(src, filepath.Join(dir, mountsName), tt.name, tt.flags); err != nil {
+				t.Fatal(err)
+			}
+			for _, view := range []string{mountsName, sharedName} {
+				b := filepath.Join(dir, view, tt.name)
+				l := mountLine(t, b)
+				if l == "" {
+					t.Fatalf("%s is not a mount point", b)
+				}
+				if opt := optionalFields(l); opt != "" {
+					t.Errorf("%s is not private: %q", b, opt)
+				}
+				if _, err := os.Stat(filepath.Join(b, "f")); err != nil {
+					t.Errorf("the source's file in %s: %v", b, err)
+				}
+				_, err := os.Stat(filepath.Join(b, "sub", "g"))
+				if tt.withSub != (err == nil) {
+					t.Errorf("the tmpfs's file in %s: %v, want it there: %v", b, err, tt.withSub)
+				}
+				if got := writable(t, b); got != tt.top {
+					t.Errorf("%s writable: %v, want %v", b, got, tt.top)
+				}
+				if !tt.withSub {
+					continue
+				}
+				if got := writable(t, filepath.Join(b, "sub")); got != tt.subRW {
+					t.Errorf("%s/sub writable: %v, want %v", b, got, tt.subRW)
+				}
+				l = mountLine(t, filepath.Join(b, "sub"))
+				if opts := strings.Split(strings.Fields(l)[5], ","); !slices.Contains(opts, "nosuid") || !slices.Contains(opts, "nodev") {
+					t.Errorf("%s/sub lost the tmpfs's nosuid,nodev: %q", b, l)
+				}
+			}
+			if err := unbindMount(dir, tt.name); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	// The source itself stays writable, its tmpfs too: the flags are the bind's, not the
+	// file systems'.
+	if !writable(t, src) || !writable(t, sub) {
+		t.Error("a read-only bind made its source read-only")
+	}
+
+	// A mount made under the source after the bind does not appear in it.
+	if err := bindMount(src, filepath.Join(dir, mountsName), "before", BindRecursive); err != nil {
+		t.Fatal(err)
+	}
+	later := filepath.Join(src, "later")
+	if err := os.Mkdir(later, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("kvfs-test", later, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(later, unix.MNT_DETACH) })
+	for _, view := range []string{mountsName, sharedName} {
+		if l := mountLine(t, filepath.Join(dir, view, "before", "later")); l != "" {
+			t.Errorf("a mount made under the source later reached %s: %q", view, l)
+		}
+	}
+	if err := unbindMount(dir, "before"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := bindMount(src, filepath.Join(dir, mountsName), "bad", 1<<7); err == nil || !strings.Contains(err.Error(), "unknown flags 0x80") {
+		t.Errorf("unknown flags: %v, want a refusal", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, mountsName, "bad")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused bind left its mount point: %v", err)
+	}
+}
+
+// optionalFields are the propagation fields of a mountinfo line (shared:N, master:N, ...).
+func optionalFields(line string) string {
+	f := strings.Fields(line)
+	var opt []string
+	for _, x := range f[6:] {
+		if x == "-" {
+			break
+		}
+		opt = append(opt, x)
+	}
+	return strings.Join(opt, " ")
+}
+
+func mustWrite(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
