@@ -27,10 +27,25 @@ import (
 // dpkg and the maintainer scripts write goes to the overlay's upper directory, not the host.
 var overlaid = []string{"usr", "etc", "var"}
 
+// hidden are where kvfs's installs put files under the overlaid directories, as globs: make
+// install's (PREFIX /usr/local), the package's (PREFIX /usr) and dpkg's record of it, and
+// what every install writes (the node installer's too): the configuration, install.sh's
+// manifest, and containerd's drop-in. containerd's whole configuration directory is hidden,
+// not only the drop-in: postinst writes a config.toml there when there is none, as the test
+// expects. The namespace's overlays do not show these, nor the package's entry in dpkg's
+// status file, so that the test starts from a host without kvfs whatever the host has
+// installed (a conffile already in /etc/kvfs, say, would make dpkg -i prompt).
+var hidden = []string{
+	"etc/kvfs", "etc/containerd", "var/lib/kvfs", "var/lib/dpkg/info/kvfs.*",
+	"usr/local/bin/containerd-shim-kvfs-v2", "usr/local/bin/kvfsd", "usr/local/bin/kvfsctl", "usr/local/share/kvfs",
+	"usr/bin/containerd-shim-kvfs-v2", "usr/bin/kvfsd", "usr/bin/kvfsctl", "usr/share/kvfs",
+}
+
 // TestDebianPackage builds the .deb (deb/build.sh) and installs it with the host's own dpkg,
-// in a private mount namespace where /usr, /etc and /var are overlays on the host's: dpkg
-// sees the real package database (qemu-system-x86 is a real dependency) and writes only to
-// the overlays' upper directories, which go away with the test. There:
+// in a private mount namespace where /usr, /etc and /var are overlays on the host's with
+// kvfs's files hidden (a kvfs the host has installed is not seen): dpkg sees the real package
+// database (qemu-system-x86 is a real dependency) and writes only to the overlays' upper
+// directories, which go away with the test. There:
 //
 //   - dpkg -i installs the package; postinst's install.sh adds containerd's drop-in and a
 //     config.toml importing it, and leaves the conffile /etc/kvfs/configuration.toml to dpkg;
@@ -62,6 +77,14 @@ func TestDebianPackage(t *testing.T) {
 
 	ns := newOverlayNS(t)
 	root := ns.root()
+	for _, h := range hidden {
+		if m, _ := filepath.Glob(filepath.Join(root, h)); len(m) > 0 {
+			t.Fatalf("the namespace shows the host's %v", m)
+		}
+	}
+	if s, err := ns.output("dpkg-query", "-W", "-f=${Status}", "kvfs"); err == nil {
+		t.Fatalf("before dpkg -i, the namespace's dpkg has kvfs %q", s)
+	}
 	before := hostTree(t, root)
 
 	start = time.Now()
@@ -220,30 +243,68 @@ func hostTree(t *testing.T, root string) map[string]string {
 }
 
 // overlayNS is a process holding a private mount namespace in which the overlaid directories
-// are overlays: the host's as the lower layer, an upper directory of the test's.
+// are overlays: the host's as the lower layer, a layer hiding kvfs's files above it, an upper
+// directory of the test's.
 type overlayNS struct {
 	cmd   *exec.Cmd
 	stdin *os.File
-	dir   string // DIR.up and DIR.work for each overlaid DIR
+	// dir holds, for each overlaid DIR, DIR.up and DIR.work, the test's upper layer; DIR.hide,
+	// the layer with a whiteout for each of the host's hidden paths; and lower/DIR, where the
+	// namespace shows the lower layers (the host without kvfs) read-only.
+	dir string
 }
 
+// overlayScript makes the namespace's mounts and holds the namespace until its stdin closes:
+// sh -c overlayScript sh DIR OVERLAID HIDDEN..., with the test's directory, the overlaid
+// directories in one argument and the hidden globs. The hiding layer is made by the kernel:
+// an overlay with DIR.hide as its upper directory is mounted on lower/DIR, the hidden paths
+// are removed there (each leaves a whiteout; its parent directories are copied up with the
+// host's mode and owner) and the package's entry is cut from dpkg's status file; then that
+// overlay gives way to the read-only view of the lower layers, and /DIR is the test's overlay.
+const overlayScript = `set -e
+dir=$1 overlaid=$2
+shift 2
+for d in $overlaid; do
+	mkdir -p "$dir/$d.hide" "$dir/$d.hidework" "$dir/$d.up" "$dir/$d.work" "$dir/lower/$d"
+	mount -t overlay overlay -o "lowerdir=/$d,upperdir=$dir/$d.hide,workdir=$dir/$d.hidework" "$dir/lower/$d"
+done
+cd "$dir/lower"
+for h; do
+	rm -rf -- $h
+done
+if grep -qx 'Package: kvfs' var/lib/dpkg/status; then
+	awk -v RS= -v ORS='\n\n' '$1 != "Package:" || $2 != "kvfs"' var/lib/dpkg/status >"$dir/status"
+	cat "$dir/status" >var/lib/dpkg/status
+fi
+cd /
+for d in $overlaid; do
+	umount "$dir/lower/$d"
+	mount -t overlay overlay -o "ro,lowerdir=$dir/$d.hide:/$d" "$dir/lower/$d"
+	mount -t overlay overlay -o "lowerdir=$dir/$d.hide:/$d,upperdir=$dir/$d.up,workdir=$dir/$d.work" "/$d"
+done
+echo ready
+exec cat >/dev/null
+`
+
+// newOverlayNS starts the namespace (overlayScript), saying which of the host's files it hides.
 func newOverlayNS(t *testing.T) *overlayNS {
 	t.Helper()
-	dir := t.TempDir()
-	var script strings.Builder
-	script.WriteString("set -e\n")
-	for _, d := range overlaid {
-		up, work := filepath.Join(dir, d+".up"), filepath.Join(dir, d+".work")
-		fmt.Fprintf(&script, "mkdir %s %s\nmount -t overlay overlay -o lowerdir=/%s,upperdir=%s,workdir=%s /%s\n", up, work, d, up, work, d)
+	var found []string
+	for _, h := range hidden {
+		m, _ := filepath.Glob("/" + h)
+		found = append(found, m...)
 	}
-	// Ready; then hold the namespace until stdin closes.
-	script.WriteString("echo ready\nexec cat >/dev/null\n")
+	if len(found) > 0 {
+		t.Logf("hiding the host's %s", strings.Join(found, " "))
+	}
+	dir := t.TempDir()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ns := &overlayNS{dir: dir, stdin: w}
-	ns.cmd = exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script.String())
+	args := append([]string{"--mount", "--propagation", "private", "sh", "-c", overlayScript, "sh", dir, strings.Join(overlaid, " ")}, hidden...)
+	ns.cmd = exec.Command("unshare", args...)
 	ns.cmd.Stdin = r
 	ns.cmd.Stderr = os.Stderr
 	ns.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -302,7 +363,7 @@ func (ns *overlayNS) run(t *testing.T, args ...string) string {
 // checkUpper fails the test for anything in the overlays' upper directories but dpkg's
 // database and log: a whiteout (a host file removed), an opaque or new directory, a file.
 // Directories that are there only because something was made and removed in them are the
-// host's, with the host's mode and owner.
+// host's, with the mode and owner the lower layers show (the host's).
 func (ns *overlayNS) checkUpper(t *testing.T) {
 	t.Helper()
 	for _, d := range overlaid {
@@ -319,7 +380,8 @@ func (ns *overlayNS) checkUpper(t *testing.T) {
 			if host == "/var/log/dpkg.log" {
 				return nil
 			}
-			var st, hst unix.Stat_t
+			lower := filepath.Join(ns.root(), ns.dir, "lower", d, rel)
+			var st, lst unix.Stat_t
 			if err := unix.Lstat(p, &st); err != nil {
 				return err
 			}
@@ -328,10 +390,10 @@ func (ns *overlayNS) checkUpper(t *testing.T) {
 				t.Errorf("%s was removed from the host", host)
 			case st.Mode&unix.S_IFMT != unix.S_IFDIR:
 				t.Errorf("%s was left or changed", host)
-			case unix.Lstat(host, &hst) != nil || hst.Mode&unix.S_IFMT != unix.S_IFDIR:
+			case unix.Lstat(lower, &lst) != nil || lst.Mode&unix.S_IFMT != unix.S_IFDIR:
 				t.Errorf("directory %s was left", host)
-			case st.Mode != hst.Mode || st.Uid != hst.Uid || st.Gid != hst.Gid:
-				t.Errorf("directory %s: mode %o owner %d:%d, the host's %o %d:%d", host, st.Mode, st.Uid, st.Gid, hst.Mode, hst.Uid, hst.Gid)
+			case st.Mode != lst.Mode || st.Uid != lst.Uid || st.Gid != lst.Gid:
+				t.Errorf("directory %s: mode %o owner %d:%d, the host's %o %d:%d", host, st.Mode, st.Uid, st.Gid, lst.Mode, lst.Uid, lst.Gid)
 			default:
 				if v, err := unix.Lgetxattr(p, "trusted.overlay.opaque", make([]byte, 8)); err == nil && v > 0 {
 					t.Errorf("directory %s was replaced (opaque)", host)
