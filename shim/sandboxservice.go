@@ -69,7 +69,8 @@ type podSandbox struct {
 	req   PodRequest // what StartSandbox boots
 	files string     // the pod files' directory (writePodFiles)
 	// cgroupParent is the pod's cgroup parent (CRI's linux.cgroup_parent) when the shim joins
-	// the pod's cgroup under it (req.Cgroup, a cgroupfs path): SandboxMetrics reads it.
+	// the pod's cgroup under it (req.Cgroup, a cgroupfs path): SandboxMetrics reads it. Set
+	// by CreateSandbox.
 	cgroupParent string
 	createdAt    time.Time
 	exited       chan struct{} // closed when phase becomes sandboxStopped
@@ -203,8 +204,7 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	}
 	// The pod's host cgroup, under its cgroup parent: the one podsandbox would give its pause
 	// container, where the shim, kvfsd and QEMU then run (cgroup.go).
-	parent := pc.GetLinux().GetCgroupParent()
-	cgroup := sandboxCgroupPath(parent, r.SandboxID)
+	cgroup := sandboxCgroupPath(pc.GetLinux().GetCgroupParent(), r.SandboxID)
 	files := filepath.Join(r.BundlePath, podFilesDir)
 	if err := writePodFiles(files, pc); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
@@ -217,7 +217,7 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
 		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname, Cgroup: cgroup}}
 	if cgroup != "" && checkCgroupPath(cgroup) == nil {
-		sb.cgroupParent = parent
+		sb.cgroupParent = filepath.Dir(cgroup) // the parent, cleaned
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -345,7 +345,7 @@ func TestSandboxCgroup(t *testing.T) {
 		parent, want string
 		host         bool // SandboxMetrics reads the host's cgroup parent
 	}{
-		{parent, parent + "/sbx", true},
+		{parent + "/", parent + "/sbx", true},
 		{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice:cri-containerd:sbx", false},
 	} {
 		h := newHarness(t)
