@@ -175,7 +175,10 @@
 // for NIC i; QEMURunner passes VM.Files as the command's extra files): -netdev
 // tap,fd=N,vhost=off and -device virtio-net-pci with the NIC's MAC (on pcie.0 on q35, like
 // the virtio-fs device, without an option ROM). Package sandbox/network makes the tap in the
-// pod's network namespace; the shim puts it on the VM.
+// pod's network namespace; the shim puts it on the VM. VM.NetNS, the path of that namespace,
+// is where QEMURunner starts QEMU (network.Do: a locked thread joins it, forks QEMU, and goes
+// back), so QEMU is born in the pod's namespace beside its tap; the owner's threads stay in
+// their own.
 //
 // Cleanup(baseDir, id) tears down one sandbox a dead owner left behind, as Recover would,
 // without adopting it: the shim's delete action after its long-lived process died.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -72,6 +73,9 @@ type VM struct {
 	// NICs are virtio-net NICs backed by taps whose descriptors QEMU inherits: NIC i's is
 	// descriptor 3+i (Files gives them in that order; the runner passes them).
 	NICs []NIC
+	// NetNS is the path of the network namespace QEMU is started in (the pod's, where its
+	// NICs' taps are); empty: the owner's. It is no argument of QEMU's: the runner joins it.
+	NetNS string
 	// ExtraArgs are appended as they are: more devices, -d flags, ...
 	ExtraArgs []string
 }
@@ -265,6 +269,7 @@ func (vm *VM) validate() error {
 		{"kernel", checkBoot(vm)},
 		{"agent transport " + strconv.Quote(vm.Agent.Transport), checkAgentDevice(vm.Agent)},
 		{"nics", checkNICs(vm.NICs)},
+		{"network namespace " + strconv.Quote(vm.NetNS), checkNetNSPath(vm.NetNS)},
 		{"console " + strconv.Quote(vm.Console), checkNoNUL(vm.Console)},
 	}
 	for _, c := range checks {
@@ -413,6 +418,13 @@ func checkNICs(nics []NIC) error {
 		seen[string(n.MAC)] = true
 	}
 	return nil
+}
+
+func checkNetNSPath(p string) error {
+	if p != "" && !filepath.IsAbs(p) {
+		return errors.New("want an absolute path (or empty: the owner's)")
+	}
+	return checkNoNUL(p)
 }
 
 func checkNoNUL(s string) error {

@@ -150,10 +150,11 @@ func TestVMArgs(t *testing.T) {
 				[]string{"-device", "vhost-vsock-pci,guest-cid=1234"}, boot),
 		},
 		{
-			name: "a NIC on q35: the tap's descriptor is 3, the device on pcie.0, no option ROM",
+			name: "a NIC on q35: the tap's descriptor is 3, the device on pcie.0, no option ROM; the pod's network namespace is no argument",
 			modify: func(vm *VM) {
 				vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1234}
 				vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:42:0a:4d:00:02"), MTU: 1400}}
+				vm.NetNS = "/var/run/netns/cni-1234"
 			},
 			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
 				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
@@ -254,6 +255,8 @@ func TestVMArgsErrors(t *testing.T) {
 		{"NIC MTU too large", func(vm *VM) {
 			vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01"), MTU: 65536}}
 		}, "MTU 65536"},
+		{"relative network namespace path", func(vm *VM) { vm.NetNS = "netns/cni-1" }, `network namespace "netns/cni-1": want an absolute path`},
+		{"NUL in the network namespace path", func(vm *VM) { vm.NetNS = "/run/netns/a\x00b" }, "NUL or newline"},
 		{"vsock CID any", func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1<<32 - 1} }, "guest CID 4294967295"},
 	}
 	for _, tt := range tests {

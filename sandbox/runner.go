@@ -7,7 +7,10 @@ import (
 	"os/exec"
 	"syscall"
 
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/sandbox/network"
 )
 
 // VMRunner starts a sandbox's hypervisor. The default, QEMURunner, runs QEMU as a child of
@@ -28,10 +31,15 @@ type VMCommand struct {
 	// ExtraFiles are inherited by the hypervisor as descriptors 3, 4, ... (VM.Files: the NICs'
 	// taps). The runner does not close them.
 	ExtraFiles []*os.File
+	// NetNS is the path of the network namespace to start the hypervisor in (VM.NetNS);
+	// empty: the owner's.
+	NetNS string
 }
 
 // QEMURunner runs the hypervisor as a child process in a session of its own, without a
 // parent-death signal, so that it outlives a restart of the owner and can be adopted again.
+// With a NetNS it is started from a thread in that namespace (network.Do), so it is born
+// there, and the owner's threads stay in their own.
 type QEMURunner struct{}
 
 // Run implements VMRunner.
@@ -39,19 +47,34 @@ func (QEMURunner) Run(ctx context.Context, c VMCommand) (Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	log, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
+	out, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
 	if err != nil {
 		return nil, err
 	}
-	defer log.Close()
+	defer out.Close()
 	cmd := exec.Command(c.Path, c.Args...)
-	cmd.Stdout = log
-	cmd.Stderr = log
+	cmd.Stdout = out
+	cmd.Stderr = out
 	cmd.ExtraFiles = c.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	p, err := startChild(cmd)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", c.Path, err)
+	var p *childProcess
+	start := func() error {
+		var err error
+		p, err = startChild(cmd)
+		return err
+	}
+	if c.NetNS == "" {
+		if err := start(); err != nil {
+			return nil, fmt.Errorf("start %s: %w", c.Path, err)
+		}
+		return p, nil
+	}
+	err = network.Do(c.NetNS, start)
+	if p == nil {
+		return nil, fmt.Errorf("start %s in network namespace %s: %w", c.Path, c.NetNS, err)
+	}
+	if err != nil { // started there, but the thread could not come back: it ends with its goroutine
+		log.G(ctx).WithError(err).Warn("starting the VM in the pod's network namespace")
 	}
 	return p, nil
 }

@@ -4,8 +4,15 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/nettest"
 )
 
 // TestQEMURunnerExtraFiles runs a shell in QEMU's place: the files of VMCommand.ExtraFiles are
@@ -42,5 +49,68 @@ func TestQEMURunnerExtraFiles(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(logPath); string(b) != "first\nsecond\n" {
 		t.Errorf("descriptors 3 and 4 read %q, want the extra files in order", b)
+	}
+}
+
+// netnsOf is the identity (device, inode) of the network namespace at path: a namespace
+// file, or a process's or thread's /proc link.
+func netnsOf(t *testing.T, path string) [2]uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return [2]uint64{st.Dev, st.Ino}
+}
+
+// TestQEMURunnerNetNS: with a NetNS, the hypervisor (sleep in QEMU's place) is born in that
+// network namespace, and the caller's thread and every other thread of the process are still
+// in their own afterwards; a NetNS that is no network namespace starts nothing and says so.
+func TestQEMURunnerNetNS(t *testing.T) {
+	requireRoot(t)
+	ns := nettest.New(t, "kvfs-runner")
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	host := netnsOf(t, "/proc/thread-self/ns/net")
+	if pod := netnsOf(t, ns.Path); pod == host {
+		t.Fatalf("the test's namespace %s is the host's", ns.Path)
+	}
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "qemu.log")
+	p, err := QEMURunner{}.Run(context.Background(), VMCommand{Path: "/bin/sleep", Args: []string{"600"}, LogPath: logPath, NetNS: ns.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kill(p)
+	if got, want := netnsOf(t, "/proc/"+strconv.Itoa(p.Pid())+"/ns/net"), netnsOf(t, ns.Path); got != want {
+		t.Errorf("the VM's network namespace is %v, want the pod's %v (the host's: %v)", got, want, host)
+	}
+	if got := netnsOf(t, "/proc/thread-self/ns/net"); got != host {
+		t.Errorf("the caller's thread is in network namespace %v after Run, want its own %v", got, host)
+	}
+	tasks, err := filepath.Glob("/proc/self/task/*/ns/net")
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("the process's threads: %v, %v", tasks, err)
+	}
+	for _, task := range tasks {
+		if got := netnsOf(t, task); got != host {
+			t.Errorf("thread %s is in network namespace %v after Run, want the process's %v", task, got, host)
+		}
+	}
+
+	notNS := filepath.Join(dir, "not-a-netns")
+	if err := os.WriteFile(notNS, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p2, err := QEMURunner{}.Run(context.Background(), VMCommand{Path: "/bin/sh", Args: []string{"-c", "echo started"}, LogPath: logPath, NetNS: notNS})
+	if err == nil {
+		kill(p2)
+		t.Fatal("Run with a NetNS that is a regular file succeeded")
+	}
+	if !strings.Contains(err.Error(), notNS) || !strings.Contains(err.Error(), "not a network namespace") {
+		t.Errorf("Run with a regular file for NetNS: %q, want an error that names it and says it is not a network namespace", err)
+	}
+	if b, _ := os.ReadFile(logPath); len(b) != 0 {
+		t.Errorf("something ran: its output %q", b)
 	}
 }

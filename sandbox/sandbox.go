@@ -375,7 +375,7 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
-	cmd := VMCommand{Path: s.cfg.VM.QEMU, Args: args, LogPath: filepath.Join(s.dir, qemuLogName), ExtraFiles: vm.Files()}
+	cmd := VMCommand{Path: s.cfg.VM.QEMU, Args: args, LogPath: filepath.Join(s.dir, qemuLogName), ExtraFiles: vm.Files(), NetNS: vm.NetNS}
 	p, err := s.runner.Run(ctx, cmd)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)

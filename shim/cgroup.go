@@ -4,13 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // The pod's host cgroup. containerd's CRI (sandboxer "podsandbox") reads a pod's stats
@@ -27,6 +30,54 @@ import (
 // Only a cgroupfs path is joined (an absolute, clean path, as containerd's cgroupfs driver
 // writes them). A systemd one (slice:prefix:name) would need systemd to make a scope: it is
 // left out, with a warning, and the pod is then accounted to the shim's cgroup.
+//
+// With CRI's sandboxer "shim" there is no pause container: the Sandbox API's CreateSandbox
+// gets the pod's cgroup parent (the pod's CRI config, linux.cgroup_parent: the kubelet's
+// kubepods/.../pod<uid>) and the shim derives from it the cgroup podsandbox would give the
+// pause container (sandboxCgroupPath), joined the same way; its pod stats (SandboxMetrics)
+// are then the parent's, read on the host as podsandbox reads them (podCgroupMetrics).
+
+// sandboxCgroupPath is the cgroup containerd's CRI (podsandbox) gives the pause container of
+// pod id under the pod's cgroup parent: for a systemd slice (a parent whose last element ends
+// in .slice) the systemd path slice:cri-containerd:id, else parent/id; none without a parent.
+func sandboxCgroupPath(parent, id string) string {
+	if parent == "" {
+		return ""
+	}
+	if base := path.Base(parent); strings.HasSuffix(base, ".slice") {
+		return base + ":cri-containerd:" + id
+	}
+	return filepath.Join(parent, id)
+}
+
+// podCgroupMetrics reads the CPU and memory figures of the host cgroup at path (a cgroupfs
+// path, checkCgroupPath) as containerd's podsandbox reads a pod's cgroup parent: a cgroup2
+// Metrics on a host with cgroup v2 only, else a cgroup v1 one (the v1 hierarchies: hybrid
+// hosts too).
+func podCgroupMetrics(path string) (*anypb.Any, error) {
+	if err := checkCgroupPath(path); err != nil {
+		return nil, err
+	}
+	var data any
+	if cgroups.Mode() == cgroups.Unified {
+		m, err := cgroup2.Load(path)
+		if err != nil {
+			return nil, fmt.Errorf("the pod's cgroup %s: %w", path, err)
+		}
+		if data, err = m.StatFiltered(cgroup2.StatCPU | cgroup2.StatMemory); err != nil {
+			return nil, fmt.Errorf("the pod's cgroup %s: %w", path, err)
+		}
+	} else {
+		cg, err := cgroup1.Load(cgroup1.StaticPath(path))
+		if err != nil {
+			return nil, fmt.Errorf("the pod's cgroup %s: %w", path, err)
+		}
+		if data, err = cg.Stat(cgroup1.IgnoreNotExist); err != nil {
+			return nil, fmt.Errorf("the pod's cgroup %s: %w", path, err)
+		}
+	}
+	return typeurl.MarshalAnyToProto(data)
+}
 
 // podCgroup is the pod's cgroup the shim joined, and where the shim was before.
 type podCgroup struct {

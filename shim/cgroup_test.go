@@ -10,7 +10,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
+	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func TestCheckCgroupPath(t *testing.T) {
@@ -22,6 +28,93 @@ func TestCheckCgroupPath(t *testing.T) {
 	}
 	if err := checkCgroupPath("/kubepods/burstable/pod1/abc"); err != nil {
 		t.Errorf("a cgroupfs path: %v", err)
+	}
+}
+
+func TestSandboxCgroupPath(t *testing.T) {
+	for _, tt := range [][3]string{
+		{"", "sb1", ""},
+		{"/kubepods/burstable/pod1", "sb1", "/kubepods/burstable/pod1/sb1"},
+		{"/kubepods/pod1/", "sb1", "/kubepods/pod1/sb1"},
+		{"kubepods-burstable-pod1.slice", "sb1", "kubepods-burstable-pod1.slice:cri-containerd:sb1"},
+		{"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod2.slice", "sb2", "kubepods-besteffort-pod2.slice:cri-containerd:sb2"},
+	} {
+		if got := sandboxCgroupPath(tt[0], tt[1]); got != tt[2] {
+			t.Errorf("sandboxCgroupPath(%q, %q) = %q, want %q", tt[0], tt[1], got, tt[2])
+		}
+	}
+}
+
+// testCgroup makes a cgroup of the test's (in every v1 hierarchy, or the unified one) and
+// removes it at cleanup; it needs root.
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root to make cgroups")
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	path := "/kvfs-shimtest-" + hex.EncodeToString(b[:])
+	if cgroups.Mode() == cgroups.Unified {
+		m, err := cgroup2.NewManager("/sys/fs/cgroup", path, &cgroup2.Resources{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Delete() })
+		return path
+	}
+	cg, err := cgroup1.New(cgroup1.StaticPath(path), &specs.LinuxResources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Delete() })
+	return path
+}
+
+// TestPodCgroupMetrics: a pod's cgroup parent is read as containerd's podsandbox reads it,
+// a cgroup v1 Metrics on a host with v1 hierarchies (hybrid too), a cgroup2 one with v2 only,
+// and counts what runs below it; a systemd path is refused, naming it.
+func TestPodCgroupMetrics(t *testing.T) {
+	parent := testCgroup(t)
+	cg, err := joinPodCgroup(parent + "/pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done").Run(); err != nil {
+		t.Error(err)
+	}
+	if err := cg.leave(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := podCgroupMetrics(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := typeurl.UnmarshalAny(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpu uint64
+	switch m := v.(type) {
+	case *cgroup1stats.Metrics:
+		if cgroups.Mode() == cgroups.Unified {
+			t.Errorf("a cgroup v1 Metrics on a host with cgroup v2 only")
+		}
+		cpu = m.GetCPU().GetUsage().GetTotal()
+	case *cgroupstats.Metrics:
+		if cgroups.Mode() != cgroups.Unified {
+			t.Errorf("a cgroup2 Metrics on a host with cgroup v1 hierarchies (%v)", cgroups.Mode())
+		}
+		cpu = m.GetCPU().GetUsageUsec() * 1000
+	default:
+		t.Fatalf("podCgroupMetrics: %T", v)
+	}
+	if cpu == 0 {
+		t.Errorf("the parent's CPU use is 0 after a shell counted to 20000 in its child cgroup: %v", v)
+	}
+	const systemd = "kubepods-burstable-pod1.slice"
+	if _, err := podCgroupMetrics(systemd); err == nil || !strings.Contains(err.Error(), systemd) {
+		t.Errorf("podCgroupMetrics of a systemd slice: %v, want an error naming it", err)
 	}
 }
 

@@ -24,7 +24,8 @@
 //     the start action kept in the bundle), StartSandbox boots the pod, with no pause
 //     container; the containers, created through the task API, join it. StopSandbox kills
 //     what still runs and stops the pod, WaitSandbox returns at its end (0 when stopped,
-//     255 when its VM died), SandboxMetrics is the pod's cgroup metrics from the guest,
+//     255 when its VM died), SandboxMetrics is the pod's host cgroup parent's metrics (as
+//     podsandbox reads them; the guest's cgroup metrics for a pod without a cgroup parent),
 //     ShutdownSandbox ends the shim. Such a pod outlives its last container.
 //   - The pod sandbox's task (sandboxtask.go): with CRI's podsandbox sandboxer the first
 //     container is the pause container. The VM is the pod, so it runs nothing: its Create
@@ -44,7 +45,9 @@
 //     (PodRequest.NetNS) is joined to the VM by package sandbox/network before the VM starts
 //     (a tap and tc redirects beside the pod's veth, the tap a virtio-net NIC with the veth's
 //     MAC), the agent's ConfigureNetwork gives the guest's NIC the veth's name, MTU, addresses
-//     and routes once it answers, and the tap and filters are removed after the VM stops. A
+//     and routes once it answers, and the tap and filters are removed after the VM stops.
+//     QEMU is started in that namespace (sandbox.VM.NetNS: from a thread that joins it and
+//     goes back), as Kata starts its hypervisor. A
 //     network namespace entry without a path is a VM without a NIC; none at all is the host's
 //     network (hostNetwork), refused at Create, like a path that is the host's namespace.
 //   - AdaptSpec turns a container's OCI spec into the guest's: its root under
@@ -53,8 +56,10 @@
 //     a read side of the shim's own, so that a restarted containerd finds what was written
 //     while it was away.
 //   - The pod's host cgroup (cgroup.go): with CRI's podsandbox, the pause container's
-//     linux.cgroupsPath, joined by the shim before it starts the pod's kvfsd and QEMU, so that
-//     containerd's pod stats (crictl statsp, read from the pod's cgroup parent) are the VM's.
+//     linux.cgroupsPath; with the Sandbox API, the same path derived from the pod's cgroup
+//     parent (CRI's linux.cgroup_parent: parent/id, as podsandbox makes it). The shim joins it
+//     before it starts the pod's kvfsd and QEMU, so that the pod's stats (crictl statsp, read
+//     from the cgroup parent) are the VM's, and the kubelet's pod cgroup bounds the VM.
 //
 // # Restarts and crashes
 //
@@ -131,6 +136,19 @@
 // sandbox.Config.Resolve). The network namespace
 // path comes from containerd and is trusted; the guest can send any frame on its NIC, and
 // those frames only reach the pod's veth (see package sandbox/network).
+//
+// QEMU, whose device emulation is what a guest escape goes through, is born in the pod's
+// network namespace (its interfaces the pod's veth, the tap and lo) and in the pod's host
+// cgroup, under the kubelet's pod cgroup and its limits, when the pod has a cgroupfs cgroup
+// parent (with a systemd one none is joined: the VM is then in the shim's cgroup). None of
+// its devices needs the host's network namespace: its sockets (vhost-user, the agent's
+// serial port) are path-based Unix sockets, and AF_VSOCK knows no network namespaces in
+// Linux 6.1, Debian 12's (the vsock path is not tested here: no /dev/vhost-vsock). That keeps QEMU's own network use to the pod's, and its CPU and memory to the pod's
+// account. It is not yet a wall against an escape: QEMU runs as root with every capability,
+// in the shim's mount, PID and user namespaces, so code running in it can reach the host's
+// files and Unix sockets (containerd's among them), or setns(2) back into the host's network
+// namespace through /proc/1/ns/net. Confining QEMU as kvfsd is (capabilities dropped, a
+// seccomp filter, a user or mount namespace of its own) is what makes these namespaces hold.
 //
 // With agent.transport = "vsock" the guest agent serves only the host connecting from a
 // privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one

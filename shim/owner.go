@@ -65,8 +65,9 @@ type PodRequest struct {
 	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
 	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
 	NetNS string
-	// Cgroup is the host cgroup of CRI's pod sandbox container (its spec's
-	// linux.cgroupsPath), where the pod's shim, kvfsd and QEMU run (cgroup.go). Empty: none is
+	// Cgroup is the pod's host cgroup, where the pod's shim, kvfsd and QEMU run (cgroup.go):
+	// CRI's pod sandbox container's (its spec's linux.cgroupsPath), or under the Sandbox API
+	// the same path derived from the pod's cgroup parent (sandboxCgroupPath). Empty: none is
 	// joined.
 	Cgroup string
 }

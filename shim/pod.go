@@ -109,6 +109,7 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			return nil, err
 		}
 		vm.NICs = p.net.nics()
+		vm.NetNS = req.NetNS // QEMU is born in the pod's namespace, beside its tap
 	}
 	vmStart := time.Now()
 	if err := sb.Start(ctx, vm); err != nil {

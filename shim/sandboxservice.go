@@ -65,11 +65,15 @@ const (
 
 // podSandbox is the Sandbox API's pod.
 type podSandbox struct {
-	id        string
-	req       PodRequest // what StartSandbox boots
-	files     string     // the pod files' directory (writePodFiles)
-	createdAt time.Time
-	exited    chan struct{} // closed when phase becomes sandboxStopped
+	id    string
+	req   PodRequest // what StartSandbox boots
+	files string     // the pod files' directory (writePodFiles)
+	// cgroupParent is the pod's cgroup parent (CRI's linux.cgroup_parent) when the shim joins
+	// the pod's cgroup under it (req.Cgroup, a cgroupfs path): SandboxMetrics reads it. Set
+	// by CreateSandbox.
+	cgroupParent string
+	createdAt    time.Time
+	exited       chan struct{} // closed when phase becomes sandboxStopped
 
 	// cancelStart cancels StartSandbox's boot, and started is closed when StartSandbox has
 	// ended (booted or not): a stop or shutdown that comes during the boot ends it, rather
@@ -104,18 +108,18 @@ func (s *SandboxService) sandboxLocked(id string) (*podSandbox, error) {
 	return s.sandbox, nil
 }
 
-// readySandbox checks that sandbox id is this shim's and ready.
-func (s *SandboxService) readySandbox(id string) error {
+// readySandbox returns sandbox id if it is this shim's and ready.
+func (s *SandboxService) readySandbox(id string) (*podSandbox, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sb, err := s.sandboxLocked(id)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if sb.phase != sandboxReady {
-		return fmt.Errorf("sandbox %s is %s, not ready: %w", id, sb.phase, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("sandbox %s is %s, not ready: %w", id, sb.phase, errdefs.ErrFailedPrecondition)
 	}
-	return nil
+	return sb, nil
 }
 
 // endSandboxLocked records sb's end: stopped, with exit e; WaitSandbox returns. s.mu is held.
@@ -198,17 +202,23 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 			return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 		}
 	}
+	// The pod's host cgroup, under its cgroup parent: the one podsandbox would give its pause
+	// container, where the shim, kvfsd and QEMU then run (cgroup.go).
+	cgroup := sandboxCgroupPath(pc.GetLinux().GetCgroupParent(), r.SandboxID)
 	files := filepath.Join(r.BundlePath, podFilesDir)
 	if err := writePodFiles(files, pc); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
 	}
 	// The record: if this shim dies, the delete action in the sandbox's bundle finds the
-	// sandbox to clean up.
-	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir}); err != nil {
+	// sandbox, and its cgroup, to clean up.
+	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir, Cgroup: cgroup}); err != nil {
 		return nil, err
 	}
 	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
-		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname}}
+		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname, Cgroup: cgroup}}
+	if cgroup != "" && checkCgroupPath(cgroup) == nil {
+		sb.cgroupParent = filepath.Dir(cgroup) // the parent, cleaned
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkNoPodLocked(r.SandboxID); err != nil {
@@ -455,7 +465,7 @@ func (s *SandboxService) SandboxStatus(ctx context.Context, r *sandboxAPI.Sandbo
 
 // PingSandbox answers once the ready sandbox's guest agent answers Ping.
 func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*sandboxAPI.PingResponse, error) {
-	if err := s.readySandbox(r.SandboxID); err != nil {
+	if _, err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
 	run, actx, cancel, err := s.agentCall(ctx)
@@ -469,11 +479,22 @@ func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequ
 	return &sandboxAPI.PingResponse{}, nil
 }
 
-// SandboxMetrics answers the pod's cgroup2 metrics from the guest: the agent's Stats of
-// every container (no container id), checked by the door as the task API's Stats are.
+// SandboxMetrics answers the pod's metrics. With a cgroup parent the shim's pod cgroup is
+// under, they are that parent's CPU and memory on the host, as containerd's podsandbox reads
+// them: the VM's, its kvfsd's and the shim's use, which the guest has no say in. Without one,
+// the pod's cgroup2 metrics from the guest: the agent's Stats of every container (no
+// container id), checked by the door as the task API's Stats are.
 func (s *SandboxService) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
-	if err := s.readySandbox(r.SandboxID); err != nil {
+	sb, err := s.readySandbox(r.SandboxID)
+	if err != nil {
 		return nil, err
+	}
+	if sb.cgroupParent != "" {
+		data, err := podCgroupMetrics(sb.cgroupParent)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
+		}
+		return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: data}}, nil
 	}
 	run, actx, cancel, err := s.agentCall(ctx)
 	if err != nil {

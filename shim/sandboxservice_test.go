@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/cgroups/v3"
+	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
@@ -327,6 +329,61 @@ func TestSandboxAPI(t *testing.T) {
 	}
 	if h.pod().stopped != 1 {
 		t.Errorf("the pod was stopped %d times, want once", h.pod().stopped)
+	}
+}
+
+// TestSandboxCgroup: the pod's cgroup parent (CRI's linux.cgroup_parent) gives the pod the
+// cgroup podsandbox gives a pause container: parent/id under a cgroupfs parent, passed to
+// the pod's start and kept in the bundle's record for the delete action; the pod's stats
+// (SandboxMetrics) are then the parent's on the host, the agent not asked. Under a systemd
+// slice it is slice:cri-containerd:id (which the pod's start does not join), and the stats
+// are the guest's.
+func TestSandboxCgroup(t *testing.T) {
+	ns := netNS(t)
+	parent := testCgroup(t)
+	for _, tt := range []struct {
+		parent, want string
+		host         bool // SandboxMetrics reads the host's cgroup parent
+	}{
+		{parent + "/", parent + "/sbx", true},
+		{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice:cri-containerd:sbx", false},
+	} {
+		h := newHarness(t)
+		h.createSandbox("sbx", ns, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{CgroupParent: tt.parent}})
+		if rec, err := readBundleRecord(filepath.Join(h.dir, "bundles", "sbx")); err != nil || rec.Cgroup != tt.want {
+			t.Errorf("cgroup parent %s: the bundle's record %+v, %v; want the cgroup %s", tt.parent, rec, err, tt.want)
+		}
+		if _, err := h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sbx"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.pod().req.Cgroup; got != tt.want {
+			t.Errorf("cgroup parent %s: the pod's cgroup %q, want %q", tt.parent, got, tt.want)
+		}
+		m, err := h.svc.SandboxMetrics(h.ctx, &sandboxAPI.SandboxMetricsRequest{SandboxID: "sbx"})
+		if err != nil {
+			t.Fatalf("cgroup parent %s: SandboxMetrics: %v", tt.parent, err)
+		}
+		v, err := typeurl.UnmarshalAny(m.Metrics.GetData())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.agent.mu.Lock()
+		asked := len(h.agent.statsAsked)
+		h.agent.mu.Unlock()
+		var host bool
+		switch v := v.(type) {
+		case *cgroup1stats.Metrics:
+			host = v.GetMemory() != nil && cgroups.Mode() != cgroups.Unified
+		case *cgroupstats.Metrics:
+			host = v.GetMemory() != nil && cgroups.Mode() == cgroups.Unified
+		}
+		if host != tt.host || (asked == 0) != tt.host {
+			t.Errorf("cgroup parent %s: SandboxMetrics %T (the host's cgroup: %v), the agent asked %d times; want the host's %v",
+				tt.parent, v, host, asked, tt.host)
+		}
+		if _, err := h.svc.StopSandbox(h.ctx, &sandboxAPI.StopSandboxRequest{SandboxID: "sbx"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -84,9 +85,10 @@ func busyboxBundle(t *testing.T, dir, netns string, args ...string) string {
 
 // TestVMPod boots a real pod: the guest image with the agent under QEMU, behind the task
 // service with StartVMPod. The pod's network namespace (a veth, eth0, to a client namespace)
-// is joined to the VM: the container sees eth0's address, and the client's ping reaches the
-// guest. The container's process, in the VM, reads its stdin and writes to its stdout fifo,
-// exits 3; the last Delete powers the VM off and removes the sandbox, the tap and the filter.
+// is joined to the VM, whose QEMU runs in that namespace: the container sees eth0's address,
+// and the client's ping reaches the guest. The container's process, in the VM, reads its
+// stdin and writes to its stdout fifo, exits 3; the last Delete powers the VM off and
+// removes the sandbox, the tap and the filter.
 func TestVMPod(t *testing.T) {
 	g, accel := agentGuest(t)
 	podNS, clientNS := nettest.New(t, "kvfs-shimpod"), nettest.New(t, "kvfs-shimclient")
@@ -120,10 +122,28 @@ initrd = "`+initrd+`"
 	defer unix.Close(outFd)
 	opts, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: cfg})
 	start := time.Now()
-	if _, err := svc.Create(ctx, &taskAPI.CreateTaskRequest{ID: "t1", Bundle: bundle, Stdin: in, Stdout: out, Options: opts}); err != nil {
+	cr, err := svc.Create(ctx, &taskAPI.CreateTaskRequest{ID: "t1", Bundle: bundle, Stdin: in, Stdout: out, Options: opts})
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("Create (boot included, %s): %v", accel, time.Since(start).Round(time.Millisecond))
+	// The task's pid is QEMU's, which runs in the pod's network namespace, not the shim's.
+	var qemuNS, want, own unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", cr.Pid), &qemuNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(podNS.Path, &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat("/proc/self/ns/net", &own); err != nil {
+		t.Fatal(err)
+	}
+	if qemuNS.Dev != want.Dev || qemuNS.Ino != want.Ino {
+		t.Errorf("QEMU (pid %d) is in network namespace %d, want the pod's %d (the shim's is %d)", cr.Pid, qemuNS.Ino, want.Ino, own.Ino)
+	}
+	if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cr.Pid)); !strings.Contains(string(cmdline), "qemu-system") {
+		t.Errorf("the task's pid %d is not QEMU: %q", cr.Pid, cmdline)
+	}
 	sbDir := filepath.Join(dir, "sb", "t1")
 	for _, f := range []string{"agent.sock", "control.sock"} {
 		if _, err := os.Stat(filepath.Join(sbDir, f)); err != nil {

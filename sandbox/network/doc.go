@@ -14,7 +14,8 @@
 // of the process that opened /dev/net/tun, so /dev/net/tun is opened on a locked OS thread
 // that joins the namespace and goes back to its own (a thread that cannot go back stays
 // locked and the runtime ends it). TUNSETIFF on that descriptor, from any thread, then makes
-// the tap in the pod's namespace. The other way round does not work: a descriptor opened in
+// the tap in the pod's namespace. Do runs any code that way: package sandbox starts the pod's
+// QEMU with it, so that QEMU is born in the pod's namespace. The other way round does not work: a descriptor opened in
 // another namespace (the host's) cannot attach to a tap in the pod's by name: TUNSETIFF looks
 // the name up in the descriptor's own namespace and makes a new tap there
 // (TestTapNameIsPerNamespace shows it, a second test namespace standing for the host's).

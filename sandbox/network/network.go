@@ -424,65 +424,85 @@ func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
 }
 
 // openTap makes the tap in ns and returns its queue. A tun descriptor makes its device in
-// the namespace it was opened in, so /dev/net/tun is opened on a locked thread that joins ns
-// and then returns to its own namespace; if it cannot, the thread stays locked and the
-// runtime ends it with the goroutine.
+// the namespace it was opened in, so /dev/net/tun is opened in ns (inNetNS).
 func openTap(ns netns.NsHandle, name string) (*os.File, error) {
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, err := openInNetNS(ns, "/dev/net/tun")
-		if err == nil || !errors.Is(err, errThreadStuck) {
-			runtime.UnlockOSThread()
+	fd := -1
+	err := inNetNS(ns, func() error {
+		var err error
+		if fd, err = unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+			return fmt.Errorf("open /dev/net/tun: %w", err)
 		}
-		ch <- result{fd, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		return nil, r.err
-	}
-	ifr, err := unix.NewIfreq(name)
+		return nil
+	})
 	if err != nil {
-		unix.Close(r.fd)
-		return nil, err
-	}
-	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
-	if err := unix.IoctlIfreq(r.fd, unix.TUNSETIFF, ifr); err != nil {
-		unix.Close(r.fd)
-		return nil, fmt.Errorf("TUNSETIFF %s: %w", name, err)
-	}
-	return os.NewFile(uintptr(r.fd), "/dev/net/tun:"+name), nil
-}
-
-// errThreadStuck is openInNetNS's error when the thread could not go back to its namespace.
-var errThreadStuck = errors.New("the thread could not return to its network namespace")
-
-// openInNetNS opens path read-write on the calling thread (locked by the caller) while it is
-// in ns, and takes the thread back to its own namespace.
-func openInNetNS(ns netns.NsHandle, path string) (int, error) {
-	self, err := netns.Get() // this thread's
-	if err != nil {
-		return -1, fmt.Errorf("this thread's network namespace: %w", err)
-	}
-	defer self.Close()
-	if err := netns.Set(ns); err != nil {
-		return -1, fmt.Errorf("joining the namespace to open %s: %w", path, err)
-	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		err = fmt.Errorf("open %s: %w", path, err)
-	}
-	if rerr := netns.Set(self); rerr != nil {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return -1, fmt.Errorf("%w: %v", errThreadStuck, rerr)
+		return nil, err
 	}
-	return fd, err
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("TUNSETIFF %s: %w", name, err)
+	}
+	return os.NewFile(uintptr(fd), "/dev/net/tun:"+name), nil
+}
+
+// Do calls f on an OS thread in the network namespace at path (checked to be one), and
+// returns f's error: what f makes there, a socket or tun device it opens or a process it
+// starts (a child is born in its parent thread's namespaces), belongs to that namespace. See
+// inNetNS for the thread.
+func Do(path string, f func() error) error {
+	ns, err := openNetNS(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return inNetNS(ns, f)
+}
+
+// errThreadStuck is wrapped in inNetNS's error when the thread could not go back to its own
+// network namespace after f (which may have succeeded).
+var errThreadStuck = errors.New("the thread could not return to its network namespace")
+
+// inNetNS calls f on a goroutine of its own, locked to its OS thread, while that thread is in
+// ns, then takes the thread back to its own namespace and unlocks it. A thread that cannot go
+// back is never unlocked: the runtime ends it with the goroutine, so no other goroutine ever
+// runs in ns. No other thread joins ns (the runtime starts new threads from a template
+// thread, never from a locked one), and the caller's thread is untouched.
+func inNetNS(ns netns.NsHandle, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err := joinAndCall(ns, f)
+		if !errors.Is(err, errThreadStuck) {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// joinAndCall is inNetNS on its locked thread.
+func joinAndCall(ns netns.NsHandle, f func() error) error {
+	self, err := netns.Get() // this thread's
+	if err != nil {
+		return fmt.Errorf("this thread's network namespace: %w", err)
+	}
+	defer self.Close()
+	if err := netns.Set(ns); err != nil {
+		return fmt.Errorf("joining the network namespace: %w", err)
+	}
+	ferr := f()
+	if err := netns.Set(self); err != nil {
+		return errors.Join(ferr, fmt.Errorf("%w: %v", errThreadStuck, err))
+	}
+	return ferr
 }
 
 func ingress(l netlink.Link) *netlink.Ingress {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -257,6 +258,46 @@ func TestCheckPodNetNS(t *testing.T) {
 	}
 	if err := CheckPodNetNS("/proc/self/ns/pid"); !errors.Is(err, errNotNetNS) {
 		t.Errorf("CheckPodNetNS of a PID namespace: %v", err)
+	}
+}
+
+// TestDo: f runs in the namespace and its error comes back; the caller's thread is in its own
+// namespace afterwards; a path that is no network namespace is refused before f runs.
+func TestDo(t *testing.T) {
+	needRoot(t)
+	ns := nettest.New(t, "kvfs-do")
+	var want, in, caller unix.Stat_t
+	if err := unix.Stat(ns.Path, &want); err != nil {
+		t.Fatal(err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := unix.Stat("/proc/thread-self/ns/net", &caller); err != nil {
+		t.Fatal(err)
+	}
+	errF := errors.New("f's error")
+	err := Do(ns.Path, func() error {
+		if err := unix.Stat("/proc/thread-self/ns/net", &in); err != nil {
+			return err
+		}
+		return errF
+	})
+	if !errors.Is(err, errF) {
+		t.Errorf("Do = %v, want f's error", err)
+	}
+	if in.Dev != want.Dev || in.Ino != want.Ino {
+		t.Errorf("f ran in network namespace %d:%d, want %s's %d:%d", in.Dev, in.Ino, ns.Path, want.Dev, want.Ino)
+	}
+	var after unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Dev != caller.Dev || after.Ino != caller.Ino {
+		t.Errorf("the caller's thread is in network namespace %d:%d after Do, want its own %d:%d", after.Dev, after.Ino, caller.Dev, caller.Ino)
+	}
+	called := false
+	if err := Do("/proc/self/ns/pid", func() error { called = true; return nil }); !errors.Is(err, errNotNetNS) || called {
+		t.Errorf("Do of a PID namespace: %v, f called %v; want errNotNetNS and no call", err, called)
 	}
 }
 

@@ -21,9 +21,11 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
 	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/sandbox/network"
 	"github.com/kvfs/kvfs/shim/e2e"
 )
 
@@ -140,13 +142,14 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 
 // TestCRIPod: a hostNetwork pod is refused; a pod through crictl is one VM (one QEMU, one shim) with two containers that
 // share a volume; the pod's IP is the guest's, and a server in it answers ping and TCP from
-// beside the pod's veth; a read-only hostPath refuses writes in the guest and on the host's bind; a
+// beside the pod's veth; QEMU runs in the pod's network namespace; a read-only hostPath
+// refuses writes in the guest and on the host's bind; a
 // symlink in a hostPath does not reach the host file it names; a container's memory limit is
 // its guest cgroup's; /etc/hosts, /etc/resolv.conf
 // and /etc/hostname are the CRI's; the pod's resources size the VM; exec, logs and container
-// stats work; stopp and rmp leave nothing. It runs under both sandboxers; under "shim" no
-// pause container is made, and the pod's stats (crictl statsp) are the guest's, through
-// SandboxMetrics.
+// stats work; QEMU and kvfsd run in the pod's cgroup under its cgroup parent, whose use
+// crictl statsp reports; stopp and rmp leave nothing. It runs under both sandboxers; under
+// "shim" no pause container is made, and the pod's stats come through SandboxMetrics.
 func TestCRIPod(t *testing.T) {
 	for _, sb := range criSandboxers {
 		t.Run(sb, func(t *testing.T) { testCRIPod(t, sb) })
@@ -193,9 +196,7 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	// The pod's host cgroup, where containerd's podsandbox reads the pod's stats: the kubelet
 	// makes it; here it is in the containerd's namespace's cgroups (covered by its leak check).
 	cgroupParent := "/" + e.C.Namespace() + "/kvfs-p1"
-	if sandboxer == podSandboxer {
-		linux["cgroup_parent"] = cgroupParent
-	}
+	linux["cgroup_parent"] = cgroupParent
 	p := runPod(t, e, "p1", map[string]any{
 		"dns_config": map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
 		"linux":      linux,
@@ -267,6 +268,7 @@ exec sleep 600`,
 	if !strings.Contains(aLog, "inet "+ip+"/") {
 		t.Errorf("the guest's eth0 does not have the pod's address %s:\n%s", ip, aLog)
 	}
+	checkQEMUNetNS(t, e, p.id)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if out, err := e.C.InNetNS(ctx, "busybox", "ping", "-c", "2", "-W", "5", ip).CombinedOutput(); err != nil {
@@ -345,9 +347,7 @@ exec sleep 600`,
 		cs.Stats[0].Memory.WorkingSetBytes.Value == "" || cs.Stats[0].Memory.WorkingSetBytes.Value == "0" {
 		t.Errorf("crictl stats: %+v, %v", cs, err)
 	}
-	if sandboxer == podSandboxer {
-		checkPodCgroup(t, e, p.id, cgroupParent)
-	}
+	checkPodCgroup(t, e, p.id, cgroupParent)
 	{
 		var ps struct {
 			Stats []struct {
@@ -367,12 +367,10 @@ exec sleep 600`,
 	}
 	e.C.Crictl(t, "stopp", p.id)
 	e.C.Crictl(t, "rmp", p.id)
-	if sandboxer == podSandboxer {
-		// The shim removed the pod sandbox's cgroup: the parent, the kubelet's, is empty.
-		for _, d := range cgroupDirs(t, cgroupParent) {
-			if err := os.Remove(d); err != nil {
-				t.Errorf("removing the pod's cgroup parent %s after rmp: %v", d, err)
-			}
+	// The shim removed the pod's cgroup: the parent, the kubelet's, is empty.
+	for _, d := range cgroupDirs(t, cgroupParent) {
+		if err := os.Remove(d); err != nil {
+			t.Errorf("removing the pod's cgroup parent %s after rmp: %v", d, err)
 		}
 	}
 	e.C.CheckNoLeaks(t, before)
@@ -506,7 +504,7 @@ func cgroupDirs(t *testing.T, path string) []string {
 
 // checkPodCgroup checks that the pod's QEMU and kvfsd run in the host cgroup of its sandbox
 // (parent/id), where the memory and CPU accounting is, and that crictl statsp (containerd's
-// podsandbox reads the parent) reports the VM's use: more CPU than the shim alone spends (the
+// podsandbox reads the parent, and so does the shim's SandboxMetrics) reports the VM's use: more CPU than the shim alone spends (the
 // guest booted under TCG) and memory as much as the guest's RAM QEMU holds.
 func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
 	t.Helper()
@@ -557,6 +555,38 @@ func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
 	}
 	if cpu < uint64(2*time.Second) {
 		t.Errorf("crictl statsp: CPU %v; want the VM's boot's, more than 2 s\n%s", time.Duration(cpu), out)
+	}
+}
+
+// checkQEMUNetNS checks that the pod's QEMU runs in the pod's network namespace, where its
+// tap is, and not in containerd's (where the shim runs).
+func checkQEMUNetNS(t *testing.T, e *e2e.Env, id string) {
+	t.Helper()
+	var qemu []ctrdtest.Process
+	for _, pr := range e.C.Snapshot(t).Processes {
+		if strings.Contains(pr.Cmdline, "qemu-system") {
+			qemu = append(qemu, pr)
+		}
+	}
+	if len(qemu) != 1 {
+		t.Fatalf("the pod's QEMU: %v", qemu)
+	}
+	var q, c unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", qemu[0].PID), &q); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", e.C.PID()), &c); err != nil {
+		t.Fatal(err)
+	}
+	if q.Ino == c.Ino {
+		t.Errorf("%s runs in containerd's network namespace (%d), not the pod's", qemu[0], q.Ino)
+	}
+	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", qemu[0].PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tap := network.TapName(id); !strings.Contains(string(dev), tap+":") {
+		t.Errorf("%s's network namespace has no tap %s: its interfaces\n%s", qemu[0], tap, dev)
 	}
 }
 
