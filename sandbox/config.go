@@ -118,7 +118,8 @@ type VMConfig struct {
 	QEMU string `toml:"qemu" json:"qemu"`
 	// Machine is the machine type (q35 gets the device on bus pcie.0).
 	Machine string `toml:"machine" json:"machine"`
-	// Accel is kvm, tcg, or empty: kvm when /dev/kvm can be opened, else tcg.
+	// Accel is kvm, tcg, or empty: kvm when /dev/kvm can be opened, else tcg (a failed boot
+	// under a KVM chosen so is an error that names it: Sandbox.BootError).
 	Accel string `toml:"accel" json:"accel"`
 	// CPU is the -cpu model.
 	CPU string `toml:"cpu" json:"cpu"`

@@ -11,8 +11,9 @@
 //	vhost-fs.sock   the vhost-user socket, created here (mode 0600) and passed to the server
 //	state.json      the persisted state (below)
 //	owner.lock      flocked by the owning process
-//	console.log     the guest's serial console (DefaultVM)
-//	qemu.log        QEMU's stdout and stderr
+//	console.log     the guest's serial console, sanitized, at most 1 MiB; console.log.1 the
+//	                MiB before (see "The VM's output" below)
+//	qemu.log        QEMU's stdout and stderr, sanitized, at most 256 KiB; qemu.log.1 before
 //	server.log      the server's stdout and stderr (confined or external)
 //	server.sock     the confined server's channel (statistics, log level, DAX policy), mode 0600
 //	control.sock    the control API of the sandbox's owner (a shim), if it serves one
@@ -40,7 +41,8 @@
 //	         it, write state.json. The server is listening before any VM exists, so QEMU's
 //	         connection is accepted whenever QEMU comes. A failure undoes every step.
 //	Bind     bind a directory or file into mounts/ (appears in the guest at once).
-//	Start    run QEMU (through a VMRunner; QEMURunner by default) with VM.Args.
+//	Start    run QEMU (through a VMRunner; QEMURunner by default) with VM.Args, and drain
+//	         its serial console and its stdout and stderr (below).
 //	monitor  a goroutine per server notices its end: for a confined or an external server,
 //	         its process exiting (by pidfd or wait, so at once); for the in-process server,
 //	         Serve returning. A server that ends while the VM runs (more than a second after,
@@ -148,6 +150,35 @@
 //	                        --sandbox=namespace and --seccomp=kill by default).
 //
 // The data path is the same code in every kvfsd mode; confinement adds nothing per request.
+//
+// # The VM's output
+//
+// The guest writes its serial console at will and without end, and can make QEMU write to
+// its stderr; the sandbox directory is on /run, a tmpfs, where an unbounded file takes the
+// host's memory and, once /run is full, breaks containerd and every other pod. So QEMU writes
+// no file: the console goes through QEMU's file chardev opened on a pipe QEMU inherits
+// (-chardev file,path=/proc/self/fd/N: a new, non-blocking opening of the pipe), QEMU's
+// stdout and stderr to another pipe, and the owner drains both for as long as QEMU holds
+// them — a console nobody read would fill its pipe and hold the guest's serial port, then
+// the guest. What is drained is sanitized (printable ASCII, newline and tab as they are, a
+// backslash doubled, carriage returns dropped, every other byte as \xNN: neither an
+// operator's terminal nor an error message sees the guest's control bytes) and kept in
+// bounds: the last 2 KiB of each in memory, and a file renamed to .1 once a write would take
+// it past its limit (console.log 1 MiB, qemu.log 256 KiB): at most 2.5 MiB of a VM's output
+// on the host, however much comes. The drains poll(2) the pipes and pause 10 ms after a short
+// read, so a console flood costs the owner a wakeup per 10 ms, not one per byte (Go's poller
+// would wake the runtime at every write into the pipe). If the owner dies, QEMU's writes fail
+// with EPIPE (QEMU ignores SIGPIPE) and are dropped; a restarted owner that adopts the VM
+// keeps neither stream.
+//
+// VMExited is closed once QEMU has exited and the drains have read what it left (at most 2 s
+// later). Sandbox.BootError turns an owner's "the guest never came up" into an error that
+// quotes how QEMU exited and the last lines (at most 20) of QEMU's output and of the console,
+// and, when vm.accel = "" chose KVM because /dev/kvm opens, says that KVM may not run the
+// guest and that accel = "tcg" runs it under TCG. It is an error, not a fallback to TCG: a
+// guest under TCG runs 5 to 20 times slower, which an administrator should choose, not find;
+// a failed boot is not always KVM's doing, and a second boot would double the wait for an
+// answer that may be the same failure; and one sandbox runs one VM in its life.
 //
 // # Defaults
 //

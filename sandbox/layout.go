@@ -20,8 +20,8 @@ const (
 	socketName    = "vhost-fs.sock"
 	stateName     = "state.json"
 	lockName      = "owner.lock"
-	consoleName   = "console.log"
-	qemuLogName   = "qemu.log"
+	consoleName   = "console.log" // the guest's console, sanitized; console.log.1 the MiB before
+	qemuLogName   = "qemu.log"    // QEMU's stdout and stderr, sanitized; qemu.log.1 before
 	serverLogName = "server.log"
 	channelName   = "server.sock" // the confined server's channel (no longer than socketName)
 	agentSockName = "agent.sock"  // the agent's virtio-serial port: QEMU listens, the shim connects

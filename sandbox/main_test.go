@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(helperEnv); spec != "" {
 		os.Exit(runHelper(spec))
 	}
+	if os.Getenv(fakeQEMUEnv) != "" {
+		os.Exit(runFakeQEMU(os.Args[1:]))
+	}
 	code := m.Run()
 	if kvfsdDir != "" {
 		os.RemoveAll(kvfsdDir)

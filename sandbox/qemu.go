@@ -32,7 +32,7 @@ const (
 	netdevID = "kvfs-net"
 	nicID    = "kvfs-nic"
 	// firstNICFd is the descriptor number of NIC 0's tap in QEMU: the first of
-	// exec.Cmd.ExtraFiles.
+	// exec.Cmd.ExtraFiles. The console's pipe comes after the taps.
 	firstNICFd = 3
 	// maxNICs bounds VM.NICs.
 	maxNICs = 8
@@ -66,8 +66,11 @@ type VM struct {
 	Kernel, Initrd, Cmdline string
 	// FS is the virtio-fs device. Sandbox.Start sets it to the sandbox's device.
 	FS FSDevice
-	// Console is a file that receives the guest's serial console; empty for none.
-	Console string
+	// Console is the write end of a pipe that receives the guest's serial console, or nil for
+	// no serial port. QEMU inherits it after the NICs' taps (Files) and writes to it through
+	// /proc/self/fd: the file chardev, which cannot be capped, never writes a file. Sandbox.Start
+	// sets it to the sandbox's and drains the other end.
+	Console *os.File
 	// Agent is the channel to the guest agent; the zero value adds none.
 	Agent AgentDevice
 	// NICs are virtio-net NICs backed by taps whose descriptors QEMU inherits: NIC i's is
@@ -120,11 +123,14 @@ type NIC struct {
 }
 
 // Files are the descriptors QEMU inherits for vm, in order from descriptor 3: the NICs'
-// taps.
+// taps, then the console's pipe.
 func (vm *VM) Files() []*os.File {
-	files := make([]*os.File, 0, len(vm.NICs))
+	files := make([]*os.File, 0, len(vm.NICs)+1)
 	for _, n := range vm.NICs {
 		files = append(files, n.Tap)
+	}
+	if vm.Console != nil {
+		files = append(files, vm.Console)
 	}
 	return files
 }
@@ -240,9 +246,13 @@ func (vm *VM) Args() ([]string, error) {
 			args = append(args, "-append", vm.Cmdline)
 		}
 	}
-	if vm.Console != "" {
+	if vm.Console != nil {
+		// QEMU opens the path as a file: through /proc, a new open of the inherited pipe, which
+		// QEMU makes non-blocking. (QEMU 7.2's file chardev refuses the /dev/fdset/ of
+		// -add-fd with EINVAL.)
+		fd := firstNICFd + len(vm.NICs)
 		args = append(args,
-			"-chardev", "file,id="+qemuOpt(consoleID)+",path="+qemuOpt(vm.Console),
+			"-chardev", fmt.Sprintf("file,id=%s,path=/proc/self/fd/%d,append=on", consoleID, fd),
 			"-serial", "chardev:"+consoleID,
 		)
 	}
@@ -270,7 +280,6 @@ func (vm *VM) validate() error {
 		{"agent transport " + strconv.Quote(vm.Agent.Transport), checkAgentDevice(vm.Agent)},
 		{"nics", checkNICs(vm.NICs)},
 		{"network namespace " + strconv.Quote(vm.NetNS), checkNetNSPath(vm.NetNS)},
-		{"console " + strconv.Quote(vm.Console), checkNoNUL(vm.Console)},
 	}
 	for _, c := range checks {
 		if c.err != nil {

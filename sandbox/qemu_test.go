@@ -16,8 +16,9 @@ func mustMAC(s string) net.HardwareAddr {
 	return m
 }
 
-// tapFile stands for a tap's descriptor: Args only needs one to be there.
-var tapFile = os.Stdin
+// tapFile stands for a tap's descriptor, consoleFile for the console's pipe: Args only needs
+// them to be there.
+var tapFile, consoleFile = os.Stdin, os.Stdout
 
 // baseVM is a valid VM that the cases below modify.
 func baseVM() VM {
@@ -101,13 +102,11 @@ func TestVMArgs(t *testing.T) {
 				vm.FS.Socket = "/run/a,b/vhost-fs.sock"
 				vm.FS.Tag = "tag,x"
 				vm.Memory.Path = "/mnt/tmp,fs"
-				vm.Console = "/run/a,b/console.log"
 			},
 			want: slices.Concat(head, []string{"-name", "pod,,1"}, cpu("q35,accel=tcg"),
 				[]string{"-object", "memory-backend-file,id=kvfs-mem0,size=512M,mem-path=/mnt/tmp,,fs,share=on"}, numa,
 				[]string{"-chardev", "socket,id=kvfs-fs0-chr,path=/run/a,,b/vhost-fs.sock"},
-				dev("tag=tag,,x,queue-size=1024,bus=pcie.0"), boot,
-				[]string{"-chardev", "file,id=kvfs-console0,path=/run/a,,b/console.log", "-serial", "chardev:kvfs-console0"}),
+				dev("tag=tag,,x,queue-size=1024,bus=pcie.0"), boot),
 		},
 		{
 			name: "no direct boot, extra devices appended",
@@ -181,6 +180,29 @@ func TestVMArgs(t *testing.T) {
 					"-netdev", "tap,id=kvfs-net1,fd=4,vhost=off",
 					"-device", "virtio-net-pci,id=kvfs-nic1,netdev=kvfs-net1,mac=02:00:00:00:00:02,romfile=",
 				}, boot),
+		},
+		{
+			name:   "a console: the pipe is descriptor 3, opened through /proc",
+			modify: func(vm *VM) { vm.Console = consoleFile },
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot,
+				[]string{"-chardev", "file,id=kvfs-console0,path=/proc/self/fd/3,append=on", "-serial", "chardev:kvfs-console0"}),
+		},
+		{
+			name: "a console after two NICs: descriptor 5",
+			modify: func(vm *VM) {
+				vm.Console = consoleFile
+				vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01")}, {Tap: tapFile, MAC: mustMAC("02:00:00:00:00:02")}}
+			},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{
+					"-netdev", "tap,id=kvfs-net0,fd=3,vhost=off",
+					"-device", "virtio-net-pci,id=kvfs-nic0,netdev=kvfs-net0,mac=02:00:00:00:00:01,romfile=,bus=pcie.0",
+					"-netdev", "tap,id=kvfs-net1,fd=4,vhost=off",
+					"-device", "virtio-net-pci,id=kvfs-nic1,netdev=kvfs-net1,mac=02:00:00:00:00:02,romfile=,bus=pcie.0",
+				}, boot,
+				[]string{"-chardev", "file,id=kvfs-console0,path=/proc/self/fd/5,append=on", "-serial", "chardev:kvfs-console0"}),
 		},
 		{
 			name:   "memory units: 1G, 1024MiB and 1073741824 are the same",
@@ -283,6 +305,10 @@ func TestVMFiles(t *testing.T) {
 	vm.NICs = []NIC{{Tap: a, MAC: mustMAC("02:00:00:00:00:01")}, {Tap: b, MAC: mustMAC("02:00:00:00:00:02")}}
 	if f := vm.Files(); len(f) != 2 || f[0] != a || f[1] != b {
 		t.Errorf("Files: %v, want the taps in the NICs' order (descriptors 3 and 4)", f)
+	}
+	vm.Console = os.Stderr
+	if f := vm.Files(); len(f) != 3 || f[0] != a || f[1] != b || f[2] != os.Stderr {
+		t.Errorf("Files: %v, want the taps, then the console (descriptor 5)", f)
 	}
 }
 

@@ -154,7 +154,9 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 		done: make(chan struct{}),
 	}
 	if vm != nil {
-		s.vm = vm
+		// Its console and QEMU's output went to the previous owner's pipes: they are lost
+		// from now on (QEMU's writes fail and are dropped).
+		s.vm, s.vmExited = vm, make(chan struct{})
 	}
 	s.mu.Lock()
 	err = s.persistLocked()
@@ -166,7 +168,7 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 	go s.watchServer(srv)
 	if vm != nil {
 		s.wg.Add(1)
-		go s.watchVM(vm)
+		go s.watchVM(vm, nil, s.vmExited)
 	}
 	rep.Adopted = append(rep.Adopted, s)
 	logger.WithField("server", srv.describe()).Info("recover: adopted")

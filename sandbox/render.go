@@ -32,7 +32,7 @@ start), or the absolute path of a virtiofsd-compatible daemon, run as: DAEMON --
 	"device.num_request_queues": "At least 1; kvfsd (confined or in-process) serves at most 16.",
 	"vm.qemu":                   "The emulator, looked up in $PATH when it has no slash.",
 	"vm.machine":                "QEMU's machine type.",
-	"vm.accel":                  `kvm, tcg, or "": kvm if /dev/kvm opens.`,
+	"vm.accel":                  `kvm, tcg, or "": kvm if /dev/kvm opens, else tcg; a boot that fails under KVM chosen so is an error saying to set "tcg".`,
 	"vm.cpu":                    "QEMU's -cpu model.",
 	"vm.vcpus":                  "Virtual CPUs.",
 	"vm.memory":                 `Guest RAM, e.g. "512M", "2G" (at least 128M).`,

@@ -8,7 +8,6 @@ import (
 	"syscall"
 
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/sandbox/network"
 )
@@ -26,10 +25,11 @@ type VMCommand struct {
 	// Path is the hypervisor binary, Args its arguments (VM.Args).
 	Path string
 	Args []string
-	// LogPath is a file for its stdout and stderr.
-	LogPath string
+	// Output receives its stdout and stderr: the write end of a pipe the sandbox drains into
+	// qemu.log, kept bounded. The runner does not close it.
+	Output *os.File
 	// ExtraFiles are inherited by the hypervisor as descriptors 3, 4, ... (VM.Files: the NICs'
-	// taps). The runner does not close them.
+	// taps, then the console's pipe). The runner does not close them.
 	ExtraFiles []*os.File
 	// NetNS is the path of the network namespace to start the hypervisor in (VM.NetNS);
 	// empty: the owner's.
@@ -37,9 +37,10 @@ type VMCommand struct {
 }
 
 // QEMURunner runs the hypervisor as a child process in a session of its own, without a
-// parent-death signal, so that it outlives a restart of the owner and can be adopted again.
-// With a NetNS it is started from a thread in that namespace (network.Do), so it is born
-// there, and the owner's threads stay in their own.
+// parent-death signal, so that it outlives a restart of the owner and can be adopted again
+// (its output and its console then reach no one: QEMU's writes to the pipes fail and are
+// dropped). With a NetNS it is started from a thread in that namespace (network.Do), so it is
+// born there, and the owner's threads stay in their own.
 type QEMURunner struct{}
 
 // Run implements VMRunner.
@@ -47,14 +48,12 @@ func (QEMURunner) Run(ctx context.Context, c VMCommand) (Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out, err := os.OpenFile(c.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
-	if err != nil {
-		return nil, err
-	}
-	defer out.Close()
 	cmd := exec.Command(c.Path, c.Args...)
-	cmd.Stdout = out
-	cmd.Stderr = out
+	// Set only when not nil: a nil *os.File in an io.Writer is not a nil Writer.
+	if c.Output != nil {
+		cmd.Stdout = c.Output
+		cmd.Stderr = c.Output
+	}
 	cmd.ExtraFiles = c.ExtraFiles
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	var p *childProcess
@@ -69,7 +68,7 @@ func (QEMURunner) Run(ctx context.Context, c VMCommand) (Process, error) {
 		}
 		return p, nil
 	}
-	err = network.Do(c.NetNS, start)
+	err := network.Do(c.NetNS, start)
 	if p == nil {
 		return nil, fmt.Errorf("start %s in network namespace %s: %w", c.Path, c.NetNS, err)
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,7 +17,8 @@ import (
 )
 
 // TestQEMURunnerExtraFiles runs a shell in QEMU's place: the files of VMCommand.ExtraFiles are
-// its descriptors 3 and 4, in order (VM.Args names NIC i's tap fd=3+i).
+// its descriptors 3 and 4, in order (VM.Args names NIC i's tap fd=3+i), and its stdout and
+// stderr go to VMCommand.Output.
 func TestQEMURunnerExtraFiles(t *testing.T) {
 	dir := t.TempDir()
 	var files []*os.File
@@ -32,13 +34,23 @@ func TestQEMURunnerExtraFiles(t *testing.T) {
 		defer f.Close()
 		files = append(files, f)
 	}
-	logPath := filepath.Join(dir, "qemu.log")
-	p, err := QEMURunner{}.Run(context.Background(), VMCommand{
-		Path: "/bin/sh", Args: []string{"-c", "cat <&3; cat <&4"}, LogPath: logPath, ExtraFiles: files,
-	})
+	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer r.Close()
+	p, err := QEMURunner{}.Run(context.Background(), VMCommand{
+		Path: "/bin/sh", Args: []string{"-c", "cat <&3; cat <&4 >&2"}, Output: w, ExtraFiles: files,
+	})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		out <- b
+	}()
 	select {
 	case <-p.Exited():
 	case <-time.After(30 * time.Second):
@@ -47,8 +59,8 @@ func TestQEMURunnerExtraFiles(t *testing.T) {
 	if err := p.ExitErr(); err != nil {
 		t.Fatalf("the shell: %v", err)
 	}
-	if b, _ := os.ReadFile(logPath); string(b) != "first\nsecond\n" {
-		t.Errorf("descriptors 3 and 4 read %q, want the extra files in order", b)
+	if b := <-out; string(b) != "first\nsecond\n" {
+		t.Errorf("descriptors 3 and 4 read %q to stdout and stderr, want the extra files in order in Output", b)
 	}
 }
 
@@ -76,8 +88,7 @@ func TestQEMURunnerNetNS(t *testing.T) {
 		t.Fatalf("the test's namespace %s is the host's", ns.Path)
 	}
 	dir := t.TempDir()
-	logPath := filepath.Join(dir, "qemu.log")
-	p, err := QEMURunner{}.Run(context.Background(), VMCommand{Path: "/bin/sleep", Args: []string{"600"}, LogPath: logPath, NetNS: ns.Path})
+	p, err := QEMURunner{}.Run(context.Background(), VMCommand{Path: "/bin/sleep", Args: []string{"600"}, NetNS: ns.Path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +113,13 @@ func TestQEMURunnerNetNS(t *testing.T) {
 	if err := os.WriteFile(notNS, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p2, err := QEMURunner{}.Run(context.Background(), VMCommand{Path: "/bin/sh", Args: []string{"-c", "echo started"}, LogPath: logPath, NetNS: notNS})
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p2, err := QEMURunner{}.Run(context.Background(), VMCommand{Path: "/bin/sh", Args: []string{"-c", "echo started"}, Output: w, NetNS: notNS})
+	w.Close()
 	if err == nil {
 		kill(p2)
 		t.Fatal("Run with a NetNS that is a regular file succeeded")
@@ -110,7 +127,7 @@ func TestQEMURunnerNetNS(t *testing.T) {
 	if !strings.Contains(err.Error(), notNS) || !strings.Contains(err.Error(), "not a network namespace") {
 		t.Errorf("Run with a regular file for NetNS: %q, want an error that names it and says it is not a network namespace", err)
 	}
-	if b, _ := os.ReadFile(logPath); len(b) != 0 {
+	if b, _ := io.ReadAll(r); len(b) != 0 {
 		t.Errorf("something ran: its output %q", b)
 	}
 }

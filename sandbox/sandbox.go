@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,6 +67,9 @@ type Sandbox struct {
 	srv         fsServer      // guarded by mu
 	vm          Process       // guarded by mu
 	vmRec       *vmRecord     // guarded by mu
+	vmAccel     string        // guarded by mu; the accelerator Start gave the VM
+	out         *vmOutput     // guarded by mu; the VM's console and QEMU's output
+	vmExited    chan struct{} // guarded by mu; closed by watchVM (see VMExited)
 	restarts    int           // guarded by mu
 	lastFailure error         // guarded by mu; the last server failure, restarted or not
 	failure     error         // guarded by mu; why the sandbox failed (PhaseFailed)
@@ -253,7 +257,8 @@ func (s *Sandbox) SocketPath() string { return filepath.Join(s.dir, socketName) 
 // serial): QEMU listens on it, the shim connects.
 func (s *Sandbox) AgentSocketPath() string { return filepath.Join(s.dir, agentSockName) }
 
-// ConsolePath is where DefaultVM sends the guest's serial console.
+// ConsolePath is the file that keeps the guest's serial console, sanitized: its last MiB,
+// the MiB before in ConsolePath()+".1".
 func (s *Sandbox) ConsolePath() string { return filepath.Join(s.dir, consoleName) }
 
 // Config returns the pod's resolved configuration.
@@ -276,15 +281,16 @@ func (s *Sandbox) Phase() Phase {
 	return s.phase
 }
 
-// VMExited returns a channel closed when the VM has exited; nil before Start (a nil channel
-// never becomes ready).
+// VMExited returns a channel closed when the VM has exited and what it wrote last is kept
+// (console.log and qemu.log are complete, BootError quotes their end); nil before Start (a
+// nil channel never becomes ready).
 func (s *Sandbox) VMExited() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.vm == nil {
+	if s.vmExited == nil {
 		return nil
 	}
-	return s.vm.Exited()
+	return s.vmExited
 }
 
 func (s *Sandbox) fsDevice() FSDevice {
@@ -296,8 +302,8 @@ func (s *Sandbox) fsDevice() FSDevice {
 	}
 }
 
-// DefaultVM returns the VM the configuration describes, connected to this sandbox, with its
-// console in ConsolePath, the configured guest kernel and initrd, the agent channel of
+// DefaultVM returns the VM the configuration describes, connected to this sandbox (Start adds
+// the serial console, kept in ConsolePath), with the configured guest kernel and initrd, the agent channel of
 // agent.transport, and the kernel command line the guest agent reads:
 //
 //	console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial|vsock:1024 [vm.kernel_params]
@@ -309,9 +315,8 @@ func (s *Sandbox) DefaultVM() VM {
 	}
 	vm := VM{
 		Name: "kvfs-" + s.id, Machine: c.Machine, Accel: accel, CPU: c.CPU, VCPUs: c.VCPUs,
-		Memory:  Memory{Size: c.Memory, Hugepages: c.Hugepages, Path: c.FileMemPath, Placement: c.MemoryPlacement},
-		FS:      s.fsDevice(),
-		Console: s.ConsolePath(),
+		Memory: Memory{Size: c.Memory, Hugepages: c.Hugepages, Path: c.FileMemPath, Placement: c.MemoryPlacement},
+		FS:     s.fsDevice(),
 	}
 	if c.Hugepages {
 		vm.Memory.Path = c.HugepagePath
@@ -351,8 +356,10 @@ func DetectAccel() string {
 	return AccelKVM
 }
 
-// Start runs the VM vm, its virtio-fs device set to the sandbox's (vm.FS is replaced). The
-// server is already listening. A sandbox runs one VM in its life.
+// Start runs the VM vm, its virtio-fs device and its serial console set to the sandbox's
+// (vm.FS and vm.Console are replaced): the sandbox drains the console and QEMU's output into
+// console.log and qemu.log, each kept bounded. The server is already listening. A sandbox
+// runs one VM in its life.
 func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -371,34 +378,48 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 	default:
 	}
 	vm.FS = s.fsDevice()
+	out, console, qemuOut, err := newVMOutput(s.ctx, s.dir)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	vm.Console = console
 	args, err := vm.Args()
 	if err != nil {
+		console.Close()
+		qemuOut.Close()
+		out.close()
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
-	cmd := VMCommand{Path: s.cfg.VM.QEMU, Args: args, LogPath: filepath.Join(s.dir, qemuLogName), ExtraFiles: vm.Files(), NetNS: vm.NetNS}
+	cmd := VMCommand{Path: s.cfg.VM.QEMU, Args: args, Output: qemuOut, ExtraFiles: vm.Files(), NetNS: vm.NetNS}
 	p, err := s.runner.Run(ctx, cmd)
+	console.Close()
+	qemuOut.Close()
 	if err != nil {
+		out.close()
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
+	out.start()
 	rec := &vmRecord{Path: cmd.Path, Args: args, Started: time.Now()}
 	if pid := p.Pid(); pid > 0 {
 		if id, err := identify(pid); err == nil {
 			rec.Process = &id
 		}
 	}
+	exited := make(chan struct{})
 	s.mu.Lock()
-	s.vm, s.vmRec, s.phase = p, rec, PhaseRunning
+	s.vm, s.vmRec, s.vmAccel, s.out, s.vmExited, s.phase = p, rec, vm.Accel, out, exited, PhaseRunning
 	err = s.persistLocked()
 	if err != nil {
-		s.vm, s.vmRec, s.phase = nil, nil, PhaseCreated
+		s.vm, s.vmRec, s.vmAccel, s.out, s.vmExited, s.phase = nil, nil, "", nil, nil, PhaseCreated
 	}
 	s.mu.Unlock()
 	if err != nil {
 		_ = kill(p)
+		out.stop()
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
 	s.wg.Add(1)
-	go s.watchVM(p)
+	go s.watchVM(p, out, exited)
 	log.G(s.ctx).WithField("pid", p.Pid()).Info("VM started")
 	return nil
 }
@@ -481,7 +502,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	}
 	s.phase = PhaseStopping
 	perr := s.persistLocked()
-	vm, srv := s.vm, s.srv
+	vm, out, srv := s.vm, s.out, s.srv
 	s.mu.Unlock()
 
 	var errs []error
@@ -492,6 +513,9 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		if err := terminate(vm, vmStopGrace); err != nil {
 			errs = append(errs, fmt.Errorf("stopping the VM: %w", err))
 		}
+	}
+	if out != nil {
+		out.stop()
 	}
 	if srv != nil {
 		if err := srv.stop(); err != nil {
@@ -765,11 +789,101 @@ func (s *Sandbox) failLocked(srv fsServer, failure *ServerError) {
 	log.G(s.ctx).WithError(failure).Error("sandbox failed")
 }
 
-// watchVM logs the VM's end.
-func (s *Sandbox) watchVM(p Process) {
+// watchVM waits for the VM's end and for the drains of its output (out, if not nil) to read
+// what it left (at most outputDrainGrace), then closes exited and logs the end, with QEMU's
+// last lines if it failed.
+func (s *Sandbox) watchVM(p Process, out *vmOutput, exited chan struct{}) {
 	defer s.wg.Done()
 	<-p.Exited()
-	log.G(s.ctx).WithField("pid", p.Pid()).WithField("exit", fmt.Sprint(p.ExitErr())).Info("VM exited")
+	if out != nil {
+		select {
+		case <-out.drained:
+		case <-time.After(outputDrainGrace):
+		}
+	}
+	close(exited)
+	entry := log.G(s.ctx).WithField("pid", p.Pid()).WithField("exit", exitString(p.ExitErr()))
+	if p.ExitErr() != nil && out != nil {
+		if qemu, _ := out.lastLines(); len(qemu) > 0 {
+			entry = entry.WithField("qemu", strings.Join(qemu, "\n"))
+		}
+	}
+	entry.Info("VM exited")
+}
+
+// exitString says how a process exited: "exit status 0" for a nil ExitErr.
+func exitString(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// BootError is a VM that did not come up: why its owner gave up on it, and what says why —
+// how QEMU exited, the end of QEMU's output and of the guest's console (sanitized: the
+// guest wrote them) — and, when KVM was chosen for vm.accel = "", that KVM is the suspect.
+type BootError struct {
+	Sandbox string
+	// Err is why the owner gave up: the VM exited, or its guest did not answer in time.
+	Err error
+	// Exit is how QEMU exited ("exit status 1", "signal: aborted"); empty if it still runs.
+	Exit string
+	// QEMU and Console are the last lines of QEMU's stdout and stderr and of the guest's
+	// serial console, at most 20 each.
+	QEMU, Console []string
+	// AutoKVM says that vm.accel was "" and KVM was chosen (/dev/kvm opens).
+	AutoKVM bool
+}
+
+func (e *BootError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Err.Error())
+	if e.Exit != "" {
+		fmt.Fprintf(&b, "; QEMU exited (%s)", e.Exit)
+	}
+	if e.AutoKVM {
+		b.WriteString(`; the VM ran under KVM, which vm.accel = "" chose because /dev/kvm opens, ` +
+			`but a host's KVM may not run this guest (QEMU says why below: a PVM host, for one, aborts ` +
+			`with "failed to set MSR 0x10a"): if so, set accel = "tcg" in the [vm] section of the configuration`)
+	}
+	quoteLines(&b, "QEMU's output", e.QEMU)
+	quoteLines(&b, "the guest's console", e.Console)
+	return b.String()
+}
+
+func (e *BootError) Unwrap() error { return e.Err }
+
+// quoteLines appends lines under a heading, indented.
+func quoteLines(b *strings.Builder, what string, lines []string) {
+	if len(lines) == 0 {
+		fmt.Fprintf(b, "\n%s: nothing", what)
+		return
+	}
+	fmt.Fprintf(b, "\n%s, last lines:", what)
+	for _, l := range lines {
+		b.WriteString("\n    " + l)
+	}
+}
+
+// BootError wraps err, why the caller gave up waiting for the VM's guest to come up, in a
+// *BootError that says what QEMU and the guest said last. If the VM exited, it first lets
+// the drains read what QEMU left (at most outputDrainGrace).
+func (s *Sandbox) BootError(err error) error {
+	s.mu.Lock()
+	vm, out, exited, accel := s.vm, s.out, s.vmExited, s.vmAccel
+	s.mu.Unlock()
+	e := &BootError{Sandbox: s.id, Err: err, AutoKVM: s.cfg.VM.Accel == "" && accel == AccelKVM}
+	if vm != nil && isClosed(vm.Exited()) {
+		select {
+		case <-exited:
+		case <-time.After(outputDrainGrace):
+		}
+		e.Exit = exitString(vm.ExitErr())
+	}
+	if out != nil {
+		e.QEMU, e.Console = out.lastLines()
+	}
+	return e
 }
 
 func isClosed(c <-chan struct{}) bool {

@@ -556,9 +556,9 @@ func TestStart(t *testing.T) {
 	}
 	cmd := runner.cmds[0]
 	args := strings.Join(cmd.Args, " ")
-	if cmd.Path != "/usr/bin/qemu-system-x86_64" || cmd.LogPath != filepath.Join(s.Dir(), qemuLogName) ||
+	if cmd.Path != "/usr/bin/qemu-system-x86_64" || cmd.Output == nil || len(cmd.ExtraFiles) != 1 ||
 		!strings.Contains(args, "path="+s.SocketPath()) || !strings.Contains(args, "tag=kataShared,queue-size=256") ||
-		!strings.Contains(args, "path="+s.ConsolePath()) || !strings.Contains(args, "-name kvfs-start") {
+		!strings.Contains(args, "-chardev file,id=kvfs-console0,path=/proc/self/fd/3,append=on") || !strings.Contains(args, "-name kvfs-start") {
 		t.Errorf("runner got %+v", cmd)
 	}
 	st, err := readState(s.Dir())

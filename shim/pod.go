@@ -120,7 +120,9 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 	client, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
 		sb.VMExited(), timeout, p.connectionClosed)
 	if err != nil {
-		return nil, fmt.Errorf("the guest agent of sandbox %s (console: %s): %w", sb.ID(), sb.ConsolePath(), err)
+		// The sandbox directory, console.log with it, is gone once the pod's start has failed:
+		// the error itself quotes QEMU and the console.
+		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", sb.ID(), sb.BootError(err))
 	}
 	p.client, p.agent = client, agent.NewAgentClient(client)
 	fields := log.Fields{"sandbox": sb.ID(), "agent": pong.GetVersion(), "kernel": pong.GetKernel(),

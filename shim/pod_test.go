@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 func shortTempDir(t *testing.T) string {
@@ -36,6 +37,50 @@ func shortTempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
+}
+
+// TestStartVMPodBootError starts a pod whose "QEMU" writes a console line and QEMU's own
+// complaint of a PVM host, then exits: the pod's start fails with an error that quotes both
+// (the console sanitized) and not the path of a console.log that is gone by then.
+func TestStartVMPodBootError(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the sandbox bind-mounts its directories")
+	}
+	dir := shortTempDir(t)
+	qemu := filepath.Join(dir, "qemu")
+	// The console's pipe is descriptor 3: the pod has no NIC.
+	script := `#!/bin/sh
+printf '\033[31mLinux version 6.1\r\nKernel panic - not syncing: no init\r\n' >&3
+echo 'qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69' >&2
+exit 1
+`
+	if err := os.WriteFile(qemu, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := sandbox.DefaultConfig()
+	cfg.BaseDir, cfg.VM.QEMU, cfg.VM.Accel, cfg.VM.Memory = filepath.Join(dir, "sb"), qemu, sandbox.AccelTCG, "512M"
+	_, err := StartVMPod(context.Background(), PodRequest{ID: "bootfail", Config: cfg})
+	if err == nil {
+		t.Fatal("the pod started")
+	}
+	msg := err.Error()
+	t.Logf("%s", msg)
+	for _, want := range []string{
+		"the guest agent of sandbox bootfail: the VM exited before the agent answered",
+		"QEMU exited (exit status 1)",
+		"QEMU's output, last lines:\n    qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69",
+		"the guest's console, last lines:\n    \\x1b[31mLinux version 6.1\n    Kernel panic - not syncing: no init",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error lacks %q", want)
+		}
+	}
+	if strings.Contains(msg, "console.log") {
+		t.Error("the error names console.log, which is gone")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sb", "bootfail")); !os.IsNotExist(err) {
+		t.Errorf("the sandbox directory is left: %v", err)
+	}
 }
 
 // TestConnectAgent dials an agent that starts serving late, as a booting guest does: the
