@@ -40,6 +40,26 @@ func agentGuest(t *testing.T) (g vmtest.Guest, accel string) {
 	return g, accel
 }
 
+// realPod is what a test of a real pod starts from: a directory, a configuration in it that
+// boots guest g with accel (512 MiB, sandboxes under the directory), and the pod's owner and
+// services with StartVMPod, whose events rec records.
+func realPod(t *testing.T, g vmtest.Guest, accel string) (dir, cfg string, ctx context.Context, svc services, rec *recorder) {
+	dir = shortTempDir(t)
+	cfg = filepath.Join(dir, "kvfs.toml")
+	os.WriteFile(cfg, []byte(`base_dir = "`+dir+`/sb"
+[vm]
+accel = "`+accel+`"
+memory = "512M"
+kernel = "`+g.Kernel+`"
+initrd = "`+g.Initrd+`"
+`), 0o644)
+	rec = newRecorder()
+	ctx = namespaces.WithNamespace(context.Background(), "kvfs-test")
+	svc = newServices(NewPodOwner(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod}))
+	t.Cleanup(func() { svc.Close(context.Background()) })
+	return dir, cfg, ctx, svc, rec
+}
+
 // busyboxBundle writes a bundle whose rootfs is a static busybox, whose network namespace is
 // netns and whose process is args.
 func busyboxBundle(t *testing.T, dir, netns string, args ...string) string {
@@ -94,20 +114,7 @@ func TestVMPod(t *testing.T) {
 	podNS, clientNS := nettest.New(t, "kvfs-shimpod"), nettest.New(t, "kvfs-shimclient")
 	nettest.Veth(t, podNS, "eth0", []netip.Prefix{netip.MustParsePrefix("10.77.3.2/24")},
 		clientNS, "veth-pod", []netip.Prefix{netip.MustParsePrefix("10.77.3.1/24")})
-	kernel, initrd := g.Kernel, g.Initrd
-	dir := shortTempDir(t)
-	cfg := filepath.Join(dir, "kvfs.toml")
-	os.WriteFile(cfg, []byte(`base_dir = "`+dir+`/sb"
-[vm]
-accel = "`+accel+`"
-memory = "512M"
-kernel = "`+kernel+`"
-initrd = "`+initrd+`"
-`), 0o644)
-	rec := newRecorder()
-	ctx := namespaces.WithNamespace(context.Background(), "kvfs-test")
-	svc := newServices(NewPodOwner(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod}))
-	t.Cleanup(func() { svc.Close(context.Background()) })
+	dir, cfg, ctx, svc, rec := realPod(t, g, accel)
 
 	bundle := busyboxBundle(t, dir, podNS.Path, "sh", "-c",
 		"echo hello from the VM; ip -4 addr show eth0 | grep -o 'inet [0-9./]*'; read x; echo got $x; exit 3")
@@ -221,19 +228,7 @@ initrd = "`+initrd+`"
 // directory, no mount.
 func TestVMPodCutOff(t *testing.T) {
 	g, accel := agentGuest(t)
-	dir := shortTempDir(t)
-	cfg := filepath.Join(dir, "kvfs.toml")
-	os.WriteFile(cfg, []byte(`base_dir = "`+dir+`/sb"
-[vm]
-accel = "`+accel+`"
-memory = "512M"
-kernel = "`+g.Kernel+`"
-initrd = "`+g.Initrd+`"
-`), 0o644)
-	rec := newRecorder()
-	ctx := namespaces.WithNamespace(context.Background(), "kvfs-test")
-	svc := newServices(NewPodOwner(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod}))
-	t.Cleanup(func() { svc.Close(context.Background()) })
+	dir, cfg, ctx, svc, _ := realPod(t, g, accel)
 	opts, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: cfg})
 	for _, id := range []string{"t1", "t2"} {
 		b := busyboxBundle(t, filepath.Join(dir, id), "", "sh", "-c", "while :; do sleep 1; done")
@@ -255,11 +250,10 @@ initrd = "`+g.Initrd+`"
 		t.Fatal(err)
 	}
 	qemu := run.pod.Pid()
-	c, p, err := svc.getProcess("t1", "")
+	_, p, err := svc.getProcess("t1", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = c
 	p.markKilled()
 	run.door.cutOff(errors.New("the test cuts the guest off"))
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
