@@ -19,10 +19,11 @@
 //     (a PodStarter: StartVMPod in production), the last Delete stops it, Shutdown with no
 //     container left ends the shim. That is the pod's life with CRI's default sandboxer
 //     "podsandbox".
-//   - SandboxService (sandboxservice.go, containerd.runtime.sandbox.v1) is the pod's life with CRI's sandboxer "shim": CreateSandbox takes
-//     the pod's CRI config and network namespace (the configuration from the runtime options
-//     the start action kept in the bundle), StartSandbox boots the pod, with no pause
-//     container; the containers, created through the task API, join it. StopSandbox kills
+//   - SandboxService (sandboxservice.go, containerd.runtime.sandbox.v1) is the pod's life
+//     with CRI's sandboxer "shim": CreateSandbox takes the pod's CRI config and network
+//     namespace (the configuration from the runtime options the start action kept in the
+//     bundle), StartSandbox boots the pod, with no pause container; the containers, created
+//     through the task API, join it. StopSandbox kills
 //     what still runs and stops the pod, WaitSandbox returns at its end (0 when stopped,
 //     255 when its VM died), SandboxMetrics is the pod's host cgroup parent's metrics (as
 //     podsandbox reads them; the guest's cgroup metrics for a pod without a cgroup parent),
@@ -34,22 +35,22 @@
 //     the guest agent answers every call about it (the VM's pid, the pause process's exits,
 //     the pod's stats), so its task runs through the same state machine as any.
 //   - Pod is the narrow interface to the VM: the agent (api/agent/v1), the share's Bind and
-//     Unbind, the pod's death, and Kill, the host's last word. Booted, a pod is owned by a
-//     podRun (podrun.go): the pod, the door to its agent (agentdoor.go), the context of the
-//     calls that end with it, the OOM loop and the host's end of a SIGKILL. VMPod is the real
-//     Pod: a sandbox.Sandbox booted with
-//     sandbox.DefaultVM, the agent dialled on agent.sock (virtio-serial) or vsock until it
-//     answers Ping within agent.boot_timeout, and the sandbox's control API served on
-//     control.sock in the sandbox directory.
+//     Unbind, the pod's death, and Kill, the host's last word. Booted, a pod is run by a
+//     podRun (owner.go): the pod, the door to its agent (agentdoor.go), the context of the
+//     calls that end with it; the owner runs its OOM loop and the host's end of a SIGKILL.
+//     VMPod is the real Pod: a sandbox.Sandbox booted with sandbox.DefaultVM, the agent
+//     dialled on agent.sock (virtio-serial) or vsock until it answers Ping within
+//     agent.boot_timeout, and the sandbox's control API served on control.sock in the sandbox
+//     directory.
 //   - The pod's network (network.go): the sandbox container's network namespace path
 //     (PodRequest.NetNS) is joined to the VM by package sandbox/network before the VM starts
 //     (a tap and tc redirects beside the pod's veth, the tap a virtio-net NIC with the veth's
 //     MAC), the agent's ConfigureNetwork gives the guest's NIC the veth's name, MTU, addresses
 //     and routes once it answers, and the tap and filters are removed after the VM stops.
 //     QEMU is started in that namespace (sandbox.VM.NetNS: from a thread that joins it and
-//     goes back), as Kata starts its hypervisor. A
-//     network namespace entry without a path is a VM without a NIC; none at all is the host's
-//     network (hostNetwork), refused at Create, like a path that is the host's namespace.
+//     goes back), as Kata starts its hypervisor. A network namespace entry without a path is
+//     a VM without a NIC; none at all is the host's network (hostNetwork), refused at Create,
+//     like a path that is the host's namespace.
 //   - AdaptSpec turns a container's OCI spec into the guest's: its root under
 //     /run/kvfs/shared/<id>, host-only parts dropped, host bind mounts bound into the share.
 //   - Package stdio opens containerd's stdio (fifos, file://, binary://). An output fifo keeps
@@ -107,57 +108,57 @@
 //
 // # Threat model
 //
-// The guest is hostile to the host: root in the VM controls the agent, so everything it
-// answers is untrusted, and the shim treats it as kvfsd treats the guest's driver. Every call
-// to it goes through one door (agentDoor), which gives it a deadline by kind (GuestLimits:
-// queries 5 s, signals 5 s, lifecycle calls 60 s; only the streams, the waits for exits,
-// OOM events and output, have none, and they end with the pod), checks the answer (an exit
-// status a process can have, no more output than asked, metrics that decode as what
-// containerd's CRI decodes, pids listed only for execs the container has), bounds the text of
-// the guest's errors, and counts misbehaviour: three missed deadlines in a row, one missed
-// lifecycle deadline or three broken answers and the guest is cut off, its VM killed, every
-// process reported exited once (137 if the host was asked to kill it, 255 otherwise), and
-// containerd's Deletes then leave nothing. A SIGKILL of a container (its init, or all) is the
-// host's to finish: unless the guest reports the exit within GuestLimits.KillGrace, the VM is
-// killed, which ends every container of the pod (the guest cannot be trusted to have killed
-// one and not the others). What the guest can send at will is capped: at most one TaskOOM
-// per container per second, its answers taken at most one per 10 ms; the log lines it can
-// cause, one per kind per 10 s. The task API's pids are the VM's (as Kata gives its
-// hypervisor's): a pid the guest names is never shown to containerd as a host process, only
-// as a container-level pid in Pids. The shim copies the guest's output (bounded per read),
-// and bounds every wait on it (the drain of a process's output after its exit, the execs'
-// exits before an init's, the boot, the stop). The guest never names a host path: the shim
-// decides every bind (AdaptSpec), and the sandbox package never follows the guest's symlinks
-// when it unbinds and cleans up. What a container's spec makes read-only (a mount's ro or
-// rro, root.readonly) is bound read-only on the host, so root in the guest cannot write there
-// through the server either; the mount points runc would make in a read-only root the shim
-// makes first, inside the root whatever its symlinks say (makeMountPoints). containerd, its
-// requests and the configuration file are trusted; a pod's annotations are not (see
-// sandbox.Config.Resolve). The network namespace
-// path comes from containerd and is trusted; the guest can send any frame on its NIC, and
-// those frames only reach the pod's veth (see package sandbox/network).
+// The guest is hostile to the host: root in the VM controls the agent, so everything it answers
+// is untrusted, and the shim treats it as kvfsd treats the guest's driver. Every call to it
+// goes through one door (agentDoor), which gives it a deadline by kind (GuestLimits: queries 5
+// s, signals 5 s, lifecycle calls 60 s; only the streams, the waits for exits, OOM events and
+// output, have none, and they end with the pod), checks the answer (an exit status a process
+// can have, no more output than asked, metrics that decode as what containerd's CRI decodes,
+// pids listed only for execs the container has), bounds the text of the guest's errors, and
+// counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline or three
+// broken answers and the guest is cut off, its VM killed, every process reported exited once
+// (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
+// nothing. A SIGKILL of a container (its init, or all) is the host's to finish: unless the
+// guest reports the exit within GuestLimits.KillGrace, the VM is killed, which ends every
+// container of the pod (the guest cannot be trusted to have killed one and not the others).
+// What the guest can send at will is capped: at most one TaskOOM per container per second, its
+// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. The
+// task API's pids are the VM's (as Kata gives its hypervisor's): a pid the guest names is never
+// shown to containerd as a host process, only as a container-level pid in Pids. The shim copies
+// the guest's output (bounded per read), and bounds every wait on it (the drain of a process's
+// output after its exit, the execs' exits before an init's, the boot, the stop). The guest
+// never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
+// never follows the guest's symlinks when it unbinds and cleans up. What a container's spec
+// makes read-only (a mount's ro or rro, root.readonly) is bound read-only on the host, so root
+// in the guest cannot write there through the server either; the mount points runc would make
+// in a read-only root the shim makes first, inside the root whatever its symlinks say
+// (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
+// annotations are not (see sandbox.Config.Resolve). The network namespace path comes from
+// containerd and is trusted; the guest can send any frame on its NIC, and those frames only
+// reach the pod's veth (see package sandbox/network).
 //
 // QEMU, whose device emulation is what a guest escape goes through, is born in the pod's
 // network namespace (its interfaces the pod's veth, the tap and lo) and in the pod's host
 // cgroup, under the kubelet's pod cgroup and its limits, when the pod has a cgroupfs cgroup
-// parent (with a systemd one none is joined: the VM is then in the shim's cgroup). None of
-// its devices needs the host's network namespace: its sockets (vhost-user, the agent's
-// serial port) are path-based Unix sockets, and AF_VSOCK knows no network namespaces in
-// Linux 6.1, Debian 12's (the vsock path is not tested here: no /dev/vhost-vsock). That keeps QEMU's own network use to the pod's, and its CPU and memory to the pod's
-// account. It is not yet a wall against an escape: QEMU runs as root with every capability,
-// in the shim's mount, PID and user namespaces, so code running in it can reach the host's
-// files and Unix sockets (containerd's among them), or setns(2) back into the host's network
-// namespace through /proc/1/ns/net. Confining QEMU as kvfsd is (capabilities dropped, a
-// seccomp filter, a user or mount namespace of its own) is what makes these namespaces hold.
+// parent (with a systemd one none is joined: the VM is then in the shim's cgroup). None of its
+// devices needs the host's network namespace: its sockets (vhost-user, the agent's serial port)
+// are path-based Unix sockets, and AF_VSOCK knows no network namespaces in Linux 6.1, Debian
+// 12's (the vsock path is not tested here: no /dev/vhost-vsock). That keeps QEMU's own network
+// use to the pod's, and its CPU and memory to the pod's account. It is not yet a wall against
+// an escape: QEMU runs as root with every capability, in the shim's mount, PID and user
+// namespaces, so code running in it can reach the host's files and Unix sockets (containerd's
+// among them), or setns(2) back into the host's network namespace through /proc/1/ns/net.
+// Confining QEMU as kvfsd is (capabilities dropped, a seccomp filter, a user or mount namespace
+// of its own) is what makes these namespaces hold.
 //
 // With agent.transport = "vsock" the guest agent serves only the host connecting from a
 // privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one
 // before it connects, so the shim needs CAP_NET_BIND_SERVICE (it has it as root), and each
 // vsock pod's connection holds one of the host's 1023 while it lasts. That keeps an
-// unprivileged host user, who can read the guest's CID on QEMU's command line, off the
-// pod's agent; not a process with that capability in the initial user namespace, root's
-// equal here, among them a root container without a user namespace (containerd's default
-// capabilities include it) that can open an AF_VSOCK socket: with no seccomp profile
-// (Kubernetes' default), or from a 32-bit process under containerd's and Docker's default
-// profiles, which filter socket(2) for AF_VSOCK but allow socketcall(2).
+// unprivileged host user, who can read the guest's CID on QEMU's command line, off the pod's
+// agent; not a process with that capability in the initial user namespace, root's equal here,
+// among them a root container without a user namespace (containerd's default capabilities
+// include it) that can open an AF_VSOCK socket: with no seccomp profile (Kubernetes' default),
+// or from a 32-bit process under containerd's and Docker's default profiles, which filter
+// socket(2) for AF_VSOCK but allow socketcall(2).
 package shim
