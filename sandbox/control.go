@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
@@ -74,11 +76,11 @@ func (c *ControlService) SetLogLevel(ctx context.Context, req *control.SetLogLev
 		level = "warn"
 	}
 	if !slices.Contains(logLevels, level) {
-		return nil, fmt.Errorf("log level %q: want one of %s: %w", req.GetLevel(), strings.Join(logLevels, ", "), ErrInvalidArgument)
+		return nil, fmt.Errorf("log level %q: want one of %s: %w", req.GetLevel(), strings.Join(logLevels, ", "), errdefs.ErrInvalidArgument)
 	}
 	prev := levelName(log.GetLevel())
 	if err := log.SetLevel(level); err != nil {
-		return nil, fmt.Errorf("log level %q: %v: %w", level, err, ErrInvalidArgument)
+		return nil, fmt.Errorf("log level %q: %v: %w", level, err, errdefs.ErrInvalidArgument)
 	}
 	log.G(ctx).WithField("previous", prev).Infof("log level set to %s", level)
 	var errs []error
@@ -104,8 +106,8 @@ func levelName(l log.Level) string {
 const daxWindowAlign = 2 << 20
 
 // UpdateDAXPolicy replaces the DAX policy of a sandbox's kvfsd, confined or in-process
-// (Sandbox.SetDAXPolicy): external daemons answer ErrFailedPrecondition. The window is the front-end's (QEMU's
-// cache-size), fixed when the VM starts, so a size other than 0 answers ErrNotImplemented.
+// (Sandbox.SetDAXPolicy): external daemons answer errdefs.ErrFailedPrecondition. The window is the front-end's (QEMU's
+// cache-size), fixed when the VM starts, so a size other than 0 answers errdefs.ErrNotImplemented.
 func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.UpdateDAXPolicyRequest) (*control.UpdateDAXPolicyResponse, error) {
 	var p passthrough.DAXPolicy
 	switch req.GetPolicy() {
@@ -116,18 +118,18 @@ func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.Updat
 	case control.DAXPolicy_DAX_POLICY_INODE:
 		p.Mode = passthrough.DAXInode
 	case control.DAXPolicy_DAX_POLICY_UNSPECIFIED:
-		return nil, fmt.Errorf("DAX policy: none given (want never, always or inode): %w", ErrInvalidArgument)
+		return nil, fmt.Errorf("DAX policy: none given (want never, always or inode): %w", errdefs.ErrInvalidArgument)
 	default:
-		return nil, fmt.Errorf("DAX policy: unknown value %d (want never, always or inode): %w", req.GetPolicy(), ErrInvalidArgument)
+		return nil, fmt.Errorf("DAX policy: unknown value %d (want never, always or inode): %w", req.GetPolicy(), errdefs.ErrInvalidArgument)
 	}
 	if w := req.GetWindowBytes(); w%daxWindowAlign != 0 {
-		return nil, fmt.Errorf("DAX window size %d: not a multiple of 2 MiB: %w", w, ErrInvalidArgument)
+		return nil, fmt.Errorf("DAX window size %d: not a multiple of 2 MiB: %w", w, errdefs.ErrInvalidArgument)
 	}
 	for _, r := range req.GetRules() {
 		p.Rules = append(p.Rules, passthrough.DAXRule{Glob: r.GetGlob(), MinSize: r.GetMinSize(), DAX: r.GetDax()})
 	}
 	if err := p.Validate(); err != nil {
-		return nil, fmt.Errorf("DAX policy: %v: %w", err, ErrInvalidArgument)
+		return nil, fmt.Errorf("DAX policy: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	s, err := c.get(req.GetId())
 	if err != nil {
@@ -135,7 +137,7 @@ func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.Updat
 	}
 	if req.GetWindowBytes() != 0 {
 		return nil, fmt.Errorf("sandbox %q: the DAX window is the front-end's (QEMU cache-size), fixed when the VM starts; it cannot be resized: %w",
-			req.GetId(), ErrNotImplemented)
+			req.GetId(), errdefs.ErrNotImplemented)
 	}
 	if err := s.SetDAXPolicy(ctx, p); err != nil {
 		return nil, err
@@ -165,7 +167,7 @@ func (c *ControlService) get(id string) (*Sandbox, error) {
 
 func checkRequestID(id string) error {
 	if err := checkID(id); err != nil {
-		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -256,27 +258,12 @@ func ErrorInterceptor(ctx context.Context, um ttrpc.Unmarshaler, info *ttrpc.Una
 	return resp, nil
 }
 
-// toStatus maps an error kind to its status code.
+// toStatus maps an error's errdefs kind to its status code (errgrpc.ToGRPC), keeping a status
+// the error already is; an error of no kind is Internal.
 func toStatus(err error) error {
-	if _, ok := status.FromError(err); ok {
-		return err
+	g := errgrpc.ToGRPC(err)
+	if status.Code(g) == codes.Unknown && !errdefs.IsUnknown(err) {
+		return status.Error(codes.Internal, err.Error())
 	}
-	code := codes.Internal
-	switch {
-	case errors.Is(err, ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, ErrAlreadyExists):
-		code = codes.AlreadyExists
-	case errors.Is(err, ErrInvalidArgument):
-		code = codes.InvalidArgument
-	case errors.Is(err, ErrFailedPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, ErrNotImplemented):
-		code = codes.Unimplemented
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
+	return g
 }

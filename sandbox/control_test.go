@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
@@ -25,11 +26,11 @@ func TestToStatus(t *testing.T) {
 		err  error
 		want codes.Code
 	}{
-		{fmt.Errorf("x: %w", ErrNotFound), codes.NotFound},
-		{fmt.Errorf("x: %w", ErrAlreadyExists), codes.AlreadyExists},
-		{fmt.Errorf("x: %w", ErrInvalidArgument), codes.InvalidArgument},
-		{fmt.Errorf("x: %w", ErrFailedPrecondition), codes.FailedPrecondition},
-		{fmt.Errorf("x: %w", ErrNotImplemented), codes.Unimplemented},
+		{fmt.Errorf("x: %w", errdefs.ErrNotFound), codes.NotFound},
+		{fmt.Errorf("x: %w", errdefs.ErrAlreadyExists), codes.AlreadyExists},
+		{fmt.Errorf("x: %w", errdefs.ErrInvalidArgument), codes.InvalidArgument},
+		{fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition), codes.FailedPrecondition},
+		{fmt.Errorf("x: %w", errdefs.ErrNotImplemented), codes.Unimplemented},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
 		{errors.New("disk on fire"), codes.Internal},
 		{status.Error(codes.Aborted, "as is"), codes.Aborted},
@@ -223,7 +224,7 @@ func TestErrorInterceptor(t *testing.T) {
 	info := &ttrpc.UnaryServerInfo{FullMethod: "/kvfs.control.v1.Control/Test"}
 	noop := func(any) error { return nil }
 	_, err := ErrorInterceptor(context.Background(), noop, info, func(context.Context, func(any) error) (any, error) {
-		return nil, fmt.Errorf("sandbox x: %w", ErrNotFound)
+		return nil, fmt.Errorf("sandbox x: %w", errdefs.ErrNotFound)
 	})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("not found: %v", err)

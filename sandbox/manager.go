@@ -2,22 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
-)
 
-// Kinds of errors of the Manager and the control service, in the manner of containerd's
-// errdefs: wrapped with %w, tested with errors.Is, and translated to gRPC status codes once, at
-// the control API's edge (control.go).
-var (
-	ErrNotFound           = errors.New("not found")
-	ErrAlreadyExists      = errors.New("already exists")
-	ErrInvalidArgument    = errors.New("invalid argument")
-	ErrFailedPrecondition = errors.New("failed precondition")
-	ErrNotImplemented     = errors.New("not implemented")
+	"github.com/containerd/errdefs"
 )
 
 // Manager holds the sandboxes of one process by id. It is safe for concurrent use. Its lock
@@ -33,24 +23,24 @@ func NewManager() *Manager {
 	return &Manager{sandboxes: make(map[string]*Sandbox)}
 }
 
-// Add registers s under its id; another sandbox with that id is an ErrAlreadyExists.
+// Add registers s under its id; another sandbox with that id is an errdefs.ErrAlreadyExists.
 func (m *Manager) Add(s *Sandbox) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.sandboxes[s.ID()]; ok {
-		return fmt.Errorf("sandbox %q: %w", s.ID(), ErrAlreadyExists)
+		return fmt.Errorf("sandbox %q: %w", s.ID(), errdefs.ErrAlreadyExists)
 	}
 	m.sandboxes[s.ID()] = s
 	return nil
 }
 
-// Get returns the sandbox id, or an ErrNotFound.
+// Get returns the sandbox id, or an errdefs.ErrNotFound.
 func (m *Manager) Get(id string) (*Sandbox, error) {
 	m.mu.Lock()
 	s, ok := m.sandboxes[id]
 	m.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	return s, nil
 }
@@ -68,13 +58,13 @@ func (m *Manager) List() []*Sandbox {
 }
 
 // Remove forgets the sandbox id and returns it, without stopping it; an unknown id is an
-// ErrNotFound.
+// errdefs.ErrNotFound.
 func (m *Manager) Remove(id string) (*Sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.sandboxes[id]
 	if !ok {
-		return nil, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	delete(m.sandboxes, id)
 	return s, nil

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/containerd/errdefs"
 )
 
 func createSandbox(t *testing.T, base, id string) *Sandbox {
@@ -29,14 +31,14 @@ func TestManager(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := m.Add(a); !errors.Is(err, ErrAlreadyExists) {
-		t.Errorf("Add twice: %v, want ErrAlreadyExists", err)
+	if err := m.Add(a); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Add twice: %v, want errdefs.ErrAlreadyExists", err)
 	}
 	if got, err := m.Get("a"); err != nil || got != a {
 		t.Errorf("Get(a) = %v, %v", got, err)
 	}
-	if _, err := m.Get("c"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Get(c): %v, want ErrNotFound", err)
+	if _, err := m.Get("c"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get(c): %v, want errdefs.ErrNotFound", err)
 	}
 	if l := m.List(); len(l) != 2 || l[0] != a || l[1] != b {
 		t.Errorf("List: %v", l)
@@ -44,8 +46,8 @@ func TestManager(t *testing.T) {
 	if got, err := m.Remove("b"); err != nil || got != b {
 		t.Errorf("Remove(b) = %v, %v", got, err)
 	}
-	if _, err := m.Remove("b"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Remove(b) again: %v, want ErrNotFound", err)
+	if _, err := m.Remove("b"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Remove(b) again: %v, want errdefs.ErrNotFound", err)
 	}
 	if b.Phase() != PhaseCreated {
 		t.Errorf("Remove stopped the sandbox: %s", b.Phase())
@@ -59,8 +61,8 @@ func TestManager(t *testing.T) {
 	if len(m.List()) != 0 {
 		t.Errorf("Stop did not forget the sandbox")
 	}
-	if err := m.Stop(context.Background(), "a"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("Stop again: %v, want ErrNotFound", err)
+	if err := m.Stop(context.Background(), "a"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Stop again: %v, want errdefs.ErrNotFound", err)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
@@ -606,10 +607,10 @@ func (s *Sandbox) persistLocked() error {
 
 // SetDAXPolicy replaces the DAX policy of the sandbox's kvfsd (confined or in-process) at run
 // time and records it in the state file, so a restarted server keeps it. A sandbox served by an
-// external daemon refuses (ErrFailedPrecondition): kvfs cannot reach into that process.
+// external daemon refuses (errdefs.ErrFailedPrecondition): kvfs cannot reach into that process.
 func (s *Sandbox) SetDAXPolicy(ctx context.Context, p passthrough.DAXPolicy) error {
 	if err := p.Validate(); err != nil {
-		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	// opMu: a server restart in progress must not start its new server with the old policy
 	// while this one goes to the old server.
@@ -622,9 +623,9 @@ func (s *Sandbox) SetDAXPolicy(ctx context.Context, p passthrough.DAXPolicy) err
 	switch {
 	case !isKvfsd(s.cfg.Server.Daemon):
 		return fmt.Errorf("sandbox %s: its server is the external daemon %s, whose DAX policy is set on its command line (--dax, --dax-rules): %w",
-			s.id, s.cfg.Server.Daemon, ErrFailedPrecondition)
+			s.id, s.cfg.Server.Daemon, errdefs.ErrFailedPrecondition)
 	case phase != PhaseCreated && phase != PhaseRunning || !ok:
-		return fmt.Errorf("sandbox %s is %s: %w", s.id, phase, ErrFailedPrecondition)
+		return fmt.Errorf("sandbox %s is %s: %w", s.id, phase, errdefs.ErrFailedPrecondition)
 	}
 	if err := d.setDAXPolicy(ctx, p); err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)

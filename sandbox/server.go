@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
@@ -154,7 +155,7 @@ func (s *inProcServer) process() Process { return nil }
 
 func (s *inProcServer) setDAXPolicy(_ context.Context, p passthrough.DAXPolicy) error {
 	if err := s.srv.SetDAXPolicy(p); err != nil {
-		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -450,7 +451,7 @@ func (s *confinedServer) setDAXPolicy(ctx context.Context, p passthrough.DAXPoli
 	defer cancel()
 	err := s.channel.SetDAXPolicy(ctx, p)
 	if errors.Is(err, confined.ErrRefused) {
-		return fmt.Errorf("%v: %w", err, ErrInvalidArgument)
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return err
 }
