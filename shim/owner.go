@@ -476,7 +476,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // kill sends sig to p (with all, to every process of p's container). A SIGKILL of a
 // container (its init, or all) is the host's to finish: p and, with all, its container's execs
 // are marked killed (exitKilled if the VM has to go), and unless the guest confirms the exit
-// within GuestLimits.KillGrace, the VM is killed. So a SIGKILL succeeds whatever the agent answers.
+// within GuestLimits.KillGrace, the VM is killed. So a SIGKILL succeeds whatever the agent
+// answers.
 func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *process, sig uint32, all bool) error {
 	enforce := sig == uint32(syscall.SIGKILL) && p.execID == ""
 	if enforce {

@@ -271,8 +271,8 @@ func (s *SandboxService) StartSandbox(ctx context.Context, r *sandboxAPI.StartSa
 }
 
 // watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied or
-// exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and WaitSandbox
-// answers exitVMDied.
+// exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and
+// WaitSandbox answers exitVMDied.
 func (s *SandboxService) watchSandbox(sb *podSandbox, pod Pod) {
 	select {
 	case <-pod.Done():
