@@ -117,12 +117,17 @@ func TestHostOnlyListener(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(context.Background(), l) }()
 
-	ping := func(conn net.Conn) error {
+	// ping asks Ping over conn, then calls served (if any) before it closes its client: the
+	// server closes its end once the client has closed.
+	ping := func(conn net.Conn, served func()) error {
 		client := ttrpc.NewClient(conn)
 		defer client.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := apiv1.NewAgentClient(client).Ping(ctx, &apiv1.PingRequest{})
+		if served != nil {
+			served()
+		}
 		return err
 	}
 	refused := []*vsock.Addr{
@@ -141,16 +146,18 @@ func TestHostOnlyListener(t *testing.T) {
 			if !guest.closed.Load() {
 				t.Errorf("round %d, %s: the guest's end is not closed", round, peer)
 			}
-			if err := ping(host); err == nil {
+			if err := ping(host, nil); err == nil {
 				t.Errorf("round %d, %s: Ping answered", round, peer)
 			}
 		}
 		host, guest := connect(t, fake, &vsock.Addr{ContextID: 2, Port: 1023})
-		if err := ping(host); err != nil {
+		err := ping(host, func() {
+			if guest.closed.Load() {
+				t.Errorf("round %d: the host's connection was closed", round)
+			}
+		})
+		if err != nil {
 			t.Errorf("round %d: Ping from the host's port 1023: %v", round, err)
-		}
-		if guest.closed.Load() {
-			t.Errorf("round %d: the host's connection was closed", round)
 		}
 	}
 
