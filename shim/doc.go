@@ -121,8 +121,8 @@
 // nothing. A SIGKILL of a container (its init, or all) that the agent acknowledges or does
 // not answer is the host's to finish (one it refuses with an answer goes to containerd as an
 // error): unless the guest reports the exit within GuestLimits.KillGrace, the VM is killed,
-// which ends every
-// container of the pod (the guest cannot be trusted to have killed one and not the others).
+// which ends every container of the pod (the guest cannot be trusted to have killed one and
+// not the others).
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
 // answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. The
 // task API's pids are the VM's (as Kata gives its hypervisor's): a pid the guest names is never
