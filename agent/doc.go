@@ -28,6 +28,12 @@
 // runc shim waits as long for an exec's output), so the host's wait for eof ends; a pty is
 // not (its end comes when the last process holding the terminal goes).
 //
+// Before runc creates a container, the agent walks into the share's submounts the container's
+// root and binds cross, so that its own mount namespace holds them until the last container
+// using them is deleted (submounts.go): the exit of a container's last process then never
+// tears a virtio-fs superblock down, which Debian's 6.1 kernel can do with an inode still busy
+// and stop on.
+//
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host
 // gave QEMU, is renamed, given its MTU and addresses and brought up, then the routes are
 // added, all through netlink ([Netlink]; vishvananda/netlink, pure Go, so the agent stays a

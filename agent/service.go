@@ -75,6 +75,7 @@ type Service struct {
 	cfg    Config
 	log    *logrus.Entry
 	kernel string
+	mounts *submounts
 	oom    chan string   // the queue of OOM events; GetOOMEvent takes from it
 	done   chan struct{} // closed when Shutdown has stopped everything
 
@@ -100,6 +101,7 @@ type container struct {
 	paused  bool                // guarded by Service.mu
 	gone    bool                // guarded by Service.mu: deleted, or its creation failed
 	stopOOM context.CancelFunc  // guarded by Service.mu
+	pins    []string            // guarded by op: the submounts held for it (submounts.pin)
 }
 
 type procState int
@@ -172,6 +174,7 @@ func NewService(cfg Config) (*Service, error) {
 		cfg:        cfg,
 		log:        cfg.Log,
 		kernel:     KernelRelease(),
+		mounts:     newSubmounts(cfg.RootDir, cfg.Log),
 		oom:        make(chan string, oomQueueLen),
 		done:       make(chan struct{}),
 		containers: make(map[string]*container),
@@ -551,6 +554,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 			s.exitLocked(p, 255, time.Now())
 			s.releaseLocked(p)
 			s.mu.Unlock()
+			s.mounts.release(c.pins)
 			os.RemoveAll(c.bundle)
 		}
 	}()
@@ -558,6 +562,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	if err := writeBundle(c.bundle, spec); err != nil {
 		return nil, errf(codes.Internal, "bundle: %v", err)
 	}
+	c.pins = s.mounts.pin(spec)
 	col := s.startCollecting()
 	cr, err := s.cfg.Runtime.Create(context.WithoutCancel(ctx), id, c.bundle, p.childIO)
 	p.closeChildIO()
@@ -836,6 +841,7 @@ func (s *Service) forget(c *container) {
 		s.releaseLocked(p)
 	}
 	s.mu.Unlock()
+	s.mounts.release(c.pins)
 	if err := os.RemoveAll(c.bundle); err != nil {
 		s.log.WithError(err).WithField("container", c.id).Warn("removing the bundle")
 	}
