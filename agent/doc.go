@@ -32,7 +32,8 @@
 // root and binds cross, so that its own mount namespace holds them until the last container
 // using them is deleted (submounts.go): the exit of a container's last process then never
 // tears a virtio-fs superblock down, which Debian's 6.1 kernel can do with an inode still busy
-// and stop on.
+// and stop on. A kill that runc refuses because the init has exited, not yet reaped, answers
+// NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host
 // gave QEMU, is renamed, given its MTU and addresses and brought up, then the routes are

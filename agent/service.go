@@ -40,6 +40,10 @@ const (
 	DefaultOutputGrace = 2 * time.Second
 )
 
+// exitReportWait is how long a refused kill of an init waits for the reaper's report of its
+// exit before the refusal is answered.
+const exitReportWait = time.Second
+
 var errShuttingDown = status.Error(codes.Unavailable, "the agent is shutting down")
 
 // Config configures a Service. Runtime and Cgroups are required.
@@ -737,6 +741,13 @@ func (s *Service) SignalProcess(ctx context.Context, req *apiv1.SignalProcessReq
 			return nil, errf(codes.NotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
 		}
 		if err := s.cfg.Runtime.Kill(ctx, p.c.id, sig, req.All); err != nil {
+			// runc refuses ("container not running") an init that has exited and that the
+			// reaper has not reported yet: once it has, the signal was for an exited process.
+			select {
+			case <-p.exited:
+				return nil, errf(codes.NotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
+			case <-time.After(exitReportWait):
+			}
 			return nil, runtimeErr("runc kill", err)
 		}
 		return &apiv1.SignalProcessResponse{}, nil

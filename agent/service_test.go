@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -42,6 +43,10 @@ type fakeRuntime struct {
 	calls   []string             // guarded by mu
 	// exitEarly makes a created process exit before Create/Exec returns its pid.
 	exitEarly bool
+	// killRefusal, if set, is what Kill answers, as runc does for a container whose init has
+	// exited and is not reaped yet; killSpares leaves the targets running as well.
+	killRefusal error
+	killSpares  bool
 }
 
 type fakeProc struct {
@@ -223,10 +228,12 @@ func (f *fakeRuntime) Kill(ctx context.Context, id string, sig syscall.Signal, a
 		}
 	}
 	f.mu.Unlock()
-	for _, p := range targets {
-		p.signal(sig)
+	if !f.killSpares {
+		for _, p := range targets {
+			p.signal(sig)
+		}
 	}
-	return nil
+	return f.killRefusal
 }
 
 func (p *fakeProc) signal(sig syscall.Signal) {
@@ -569,6 +576,27 @@ func TestDeleteCreatedForces(t *testing.T) {
 	if !strings.Contains(calls, "delete c true") {
 		t.Errorf("runtime calls %q: want a forced delete", calls)
 	}
+}
+
+// TestKillOfAnExitingInit: runc refuses to signal an init that has exited but is not reaped
+// yet; once the reaper reports the exit, the kill answers NotFound (containerd's "already
+// finished"), not runc's error. A refusal with the init still running stays an error.
+func TestKillOfAnExitingInit(t *testing.T) {
+	fx := newFixture(t)
+	fx.create(t, "c", nil, "sleep")
+	fx.start(t, "c", "")
+	fx.rt.killRefusal = errors.New("runc did not terminate successfully: exit status 1: container not running")
+	_, err := fx.svc.SignalProcess(fx.ctx, &apiv1.SignalProcessRequest{ContainerId: "c", Signal: 9})
+	wantCode(t, "kill of an init that exits as runc refuses", err, codes.NotFound, "exited")
+	if w := fx.wait(t, "c", ""); w.ExitStatus != 137 {
+		t.Errorf("init exit %d, want 137", w.ExitStatus)
+	}
+
+	fx.create(t, "d", nil, "sleep")
+	fx.start(t, "d", "")
+	fx.rt.killSpares = true
+	_, err = fx.svc.SignalProcess(fx.ctx, &apiv1.SignalProcessRequest{ContainerId: "d", Signal: 9})
+	wantCode(t, "a refused kill of a running init", err, codes.Internal, "container not running")
 }
 
 // TestGuestHooksKept: the container-namespace hooks reach runc's bundle as they were sent.
