@@ -119,7 +119,7 @@ type VMConfig struct {
 	// Machine is the machine type (q35 gets the device on bus pcie.0).
 	Machine string `toml:"machine" json:"machine"`
 	// Accel is kvm, tcg, or empty: kvm when /dev/kvm can be opened, else tcg (a failed boot
-	// under a KVM chosen so is an error that names it: Sandbox.BootError).
+	// under a KVM chosen so is an error that names it: Sandbox.VMError).
 	Accel string `toml:"accel" json:"accel"`
 	// CPU is the -cpu model.
 	CPU string `toml:"cpu" json:"cpu"`

@@ -283,7 +283,7 @@ func (s *Sandbox) Phase() Phase {
 }
 
 // VMExited returns a channel closed when the VM has exited and what it wrote last is kept
-// (console.log and qemu.log are complete, BootError quotes their end); nil before Start (a
+// (console.log and qemu.log are complete, VMError quotes their end); nil before Start (a
 // nil channel never becomes ready).
 func (s *Sandbox) VMExited() <-chan struct{} {
 	s.mu.Lock()
@@ -820,10 +820,11 @@ func exitString(err error) string {
 	return err.Error()
 }
 
-// BootError is a VM that did not come up: why its owner gave up on it, and what says why —
-// how QEMU exited, the end of QEMU's output and of the guest's console (sanitized: the
-// guest wrote them) — and, when KVM was chosen for vm.accel = "", that KVM is the suspect.
-type BootError struct {
+// VMError is a VM that did not come up, or that exited: why its owner gave up on it, and
+// what says why — how QEMU exited, the end of QEMU's output and of the guest's console
+// (sanitized: the guest wrote them) — and, when KVM was chosen for vm.accel = "", that KVM
+// is the suspect.
+type VMError struct {
 	Sandbox string
 	// Err is why the owner gave up: the VM exited, or its guest did not answer in time.
 	Err error
@@ -836,7 +837,7 @@ type BootError struct {
 	AutoKVM bool
 }
 
-func (e *BootError) Error() string {
+func (e *VMError) Error() string {
 	var b strings.Builder
 	b.WriteString(e.Err.Error())
 	if e.Exit != "" {
@@ -852,7 +853,7 @@ func (e *BootError) Error() string {
 	return b.String()
 }
 
-func (e *BootError) Unwrap() error { return e.Err }
+func (e *VMError) Unwrap() error { return e.Err }
 
 // quoteLines appends lines under a heading, indented.
 func quoteLines(b *strings.Builder, what string, lines []string) {
@@ -866,14 +867,15 @@ func quoteLines(b *strings.Builder, what string, lines []string) {
 	}
 }
 
-// BootError wraps err, why the caller gave up waiting for the VM's guest to come up, in a
-// *BootError that says what QEMU and the guest said last. If the VM exited, it first lets
-// the drains read what QEMU left (at most outputDrainGrace).
-func (s *Sandbox) BootError(err error) error {
+// VMError wraps err, why the caller gave up on the VM (its guest did not come up in time,
+// or the VM exited), in a *VMError that says what QEMU and the guest said last: the sandbox's
+// directory, and the logs in it, go with the sandbox. If the VM exited, it first lets the
+// drains read what QEMU left (at most outputDrainGrace).
+func (s *Sandbox) VMError(err error) error {
 	s.mu.Lock()
 	vm, out, exited, accel := s.vm, s.out, s.vmExited, s.vmAccel
 	s.mu.Unlock()
-	e := &BootError{Sandbox: s.id, Err: err, AutoKVM: s.cfg.VM.Accel == "" && accel == AccelKVM}
+	e := &VMError{Sandbox: s.id, Err: err, AutoKVM: s.cfg.VM.Accel == "" && accel == AccelKVM}
 	if vm != nil && isClosed(vm.Exited()) {
 		select {
 		case <-exited:

@@ -39,9 +39,9 @@ const (
 	// qemuFileLimit bounds qemu.log and qemu.log.1. QEMU says little unless something is
 	// wrong, and then its last lines are what matters.
 	qemuFileLimit = 256 << 10
-	// tailBytes is how much of the end of each stream is kept in memory for BootError.
+	// tailBytes is how much of the end of each stream is kept in memory for VMError.
 	tailBytes = 2 << 10
-	// tailLines is how many lines BootError quotes of each stream, at most.
+	// tailLines is how many lines VMError quotes of each stream, at most.
 	tailLines = 20
 	// drainBufSize is the size of a drain's reads.
 	drainBufSize = 8 << 10

@@ -122,7 +122,7 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 	if err != nil {
 		// The sandbox directory, console.log with it, is gone once the pod's start has failed:
 		// the error itself quotes QEMU and the console.
-		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", sb.ID(), sb.BootError(err))
+		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", sb.ID(), sb.VMError(err))
 	}
 	p.client, p.agent = client, agent.NewAgentClient(client)
 	fields := log.Fields{"sandbox": sb.ID(), "agent": pong.GetVersion(), "kernel": pong.GetKernel(),
@@ -252,12 +252,8 @@ func (p *VMPod) watch() {
 			p.died(errors.New("the sandbox was stopped"))
 		}
 	case <-p.sb.VMExited():
-		exit := "unknown"
-		if st := p.sb.Stats(); st.VM != nil {
-			exit = st.VM.Exit
-		}
-		p.died(fmt.Errorf("QEMU exited (%s); its log: %s, the guest console: %s", exit,
-			filepath.Join(p.sb.Dir(), "qemu.log"), p.sb.ConsolePath()))
+		// The error quotes QEMU and the console: their files go with the sandbox.
+		p.died(p.sb.VMError(errors.New("the VM exited")))
 	case <-p.done:
 	}
 }

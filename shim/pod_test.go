@@ -39,10 +39,10 @@ func shortTempDir(t *testing.T) string {
 	return d
 }
 
-// TestStartVMPodBootError starts a pod whose "QEMU" writes a console line and QEMU's own
+// TestStartVMPodBootFailure starts a pod whose "QEMU" writes a console line and QEMU's own
 // complaint of a PVM host, then exits: the pod's start fails with an error that quotes both
 // (the console sanitized) and not the path of a console.log that is gone by then.
-func TestStartVMPodBootError(t *testing.T) {
+func TestStartVMPodBootFailure(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the sandbox bind-mounts its directories")
 	}

@@ -12,7 +12,7 @@ import (
 )
 
 // fakeQEMUEnv makes the test binary play QEMU on a PVM host (see runFakeQEMU): set by
-// TestBootError, inherited through QEMURunner.
+// TestVMError, inherited through QEMURunner.
 const fakeQEMUEnv = "KVFS_SANDBOX_FAKE_QEMU"
 
 // runFakeQEMU does what QEMU 7.2 does under a PVM host's KVM with a stock kernel, and what a
@@ -45,11 +45,11 @@ func runFakeQEMU(args []string) int {
 	return 1
 }
 
-// TestBootError starts the fake QEMU through QEMURunner and checks what BootError says once it
+// TestVMError starts the fake QEMU through QEMURunner and checks what VMError says once it
 // exited: how QEMU exited, its own last lines, the console's last lines sanitized, and, only
 // when vm.accel = "" chose KVM, that accel = "tcg" is the way out. After VMExited the logs
 // on disk are complete and sanitized.
-func TestBootError(t *testing.T) {
+func TestVMError(t *testing.T) {
 	requireRoot(t)
 	t.Setenv(fakeQEMUEnv, "1")
 	base := testBase(t)
@@ -81,12 +81,12 @@ func TestBootError(t *testing.T) {
 				t.Fatal("the fake QEMU did not exit")
 			}
 			why := errors.New("the VM exited before the agent answered")
-			err = s.BootError(why)
+			err = s.VMError(why)
 			msg := err.Error()
-			t.Logf("BootError:\n%s", msg)
-			var be *BootError
+			t.Logf("VMError:\n%s", msg)
+			var be *VMError
 			if !errors.Is(err, why) || !errors.As(err, &be) || be.Exit != "exit status 1" || be.AutoKVM != tt.hint {
-				t.Errorf("BootError = %#v", err)
+				t.Errorf("VMError = %#v", err)
 			}
 			for _, want := range []string{
 				"the VM exited before the agent answered; QEMU exited (exit status 1)",
@@ -120,8 +120,8 @@ func TestBootError(t *testing.T) {
 	}
 }
 
-// TestBootErrorNotStarted: before a VM runs, BootError only wraps the reason.
-func TestBootErrorNotStarted(t *testing.T) {
+// TestVMErrorNotStarted: before a VM runs, VMError only wraps the reason.
+func TestVMErrorNotStarted(t *testing.T) {
 	requireRoot(t)
 	s, err := Create(context.Background(), "boot-none", Options{Config: testConfig(testBase(t))})
 	if err != nil {
@@ -129,7 +129,7 @@ func TestBootErrorNotStarted(t *testing.T) {
 	}
 	stopOnCleanup(t, s)
 	why := errors.New("no answer")
-	if got := s.BootError(why).Error(); got != "no answer\nQEMU's output: nothing\nthe guest's console: nothing" {
-		t.Errorf("BootError = %q", got)
+	if got := s.VMError(why).Error(); got != "no answer\nQEMU's output: nothing\nthe guest's console: nothing" {
+		t.Errorf("VMError = %q", got)
 	}
 }
