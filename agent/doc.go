@@ -40,7 +40,8 @@
 // added, all through netlink ([Netlink]; vishvananda/netlink, pure Go, so the agent stays a
 // static binary). The whole request is checked before anything changes
 // ([ParseNetworkRequest]: bad input is InvalidArgument naming the field). lo is up from boot
-// whether or not a network comes.
+// whether or not a network comes. SetSysctls writes the pod's sysctls below /proc/sys, checked
+// whole first (names as sysctl(8) takes them, through an os.Root).
 //
 // [Interceptor] wraps every request: a panic answers Internal with a logged stack instead of
 // ending PID 1 (and the VM), and kvfs.debug=1 logs each request with its duration and code.

@@ -69,6 +69,8 @@ type Config struct {
 	// Network configures the guest's NICs for ConfigureNetwork (default: Netlink{}, the
 	// agent's own network namespace).
 	Network Network
+	// SysctlDir is where SetSysctls writes (default /proc/sys).
+	SysctlDir string
 }
 
 // Service implements apiv1.AgentService. Processes' exits reach it through ProcessExited,
@@ -84,7 +86,7 @@ type Service struct {
 	done   chan struct{} // closed when Shutdown has stopped everything
 
 	shutdownOnce sync.Once
-	// netMu serialises ConfigureNetwork requests; a leaf.
+	// netMu serialises ConfigureNetwork and SetSysctls requests; a leaf.
 	netMu sync.Mutex
 
 	mu         sync.Mutex
@@ -173,6 +175,9 @@ func NewService(cfg Config) (*Service, error) {
 	}
 	if cfg.Network == nil {
 		cfg.Network = Netlink{}
+	}
+	if cfg.SysctlDir == "" {
+		cfg.SysctlDir = "/proc/sys"
 	}
 	return &Service{
 		cfg:        cfg,

@@ -382,6 +382,10 @@ func (d *agentDoor) ConfigureNetwork(ctx context.Context, r *agent.ConfigureNetw
 	return call(d, ctx, kindLifecycle, "ConfigureNetwork", d.ag.ConfigureNetwork, r)
 }
 
+func (d *agentDoor) SetSysctls(ctx context.Context, r *agent.SetSysctlsRequest) (*agent.SetSysctlsResponse, error) {
+	return call(d, ctx, kindLifecycle, "SetSysctls", d.ag.SetSysctls, r)
+}
+
 func (d *agentDoor) Shutdown(ctx context.Context, r *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {
 	return call(d, ctx, kindLifecycle, "Shutdown", d.ag.Shutdown, r)
 }

@@ -355,6 +355,10 @@ func (a *fakeAgent) ConfigureNetwork(_ context.Context, r *agent.ConfigureNetwor
 	return &agent.ConfigureNetworkResponse{}, nil
 }
 
+func (a *fakeAgent) SetSysctls(_ context.Context, r *agent.SetSysctlsRequest) (*agent.SetSysctlsResponse, error) {
+	return &agent.SetSysctlsResponse{}, nil
+}
+
 func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {
 	a.mu.Lock()
 	a.shutdowns++

@@ -70,6 +70,10 @@ type PodRequest struct {
 	// the same path derived from the pod's cgroup parent (sandboxCgroupPath). Empty: none is
 	// joined.
 	Cgroup string
+	// Sysctls are the pod's (CRI's pod sandbox container's spec, the Sandbox API's pod config,
+	// or a pod's one container's spec), checked (agent.CheckSysctls), written in the guest's
+	// kernel, whose namespaces the pod's containers share.
+	Sysctls map[string]string
 }
 
 // PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the

@@ -136,6 +136,14 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			return nil, err
 		}
 	}
+	if len(req.Sysctls) > 0 {
+		sctx, cancel := context.WithTimeout(ctx, setSysctlsTimeout)
+		_, err := p.agent.SetSysctls(sctx, &agent.SetSysctlsRequest{Sysctls: req.Sysctls})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("pod %s: its sysctls in the guest: %w", req.ID, err)
+		}
+	}
 	go p.watch()
 	return p, nil
 }
@@ -241,6 +249,9 @@ func (p *VMPod) connectionClosed(why error) {
 		}
 	}()
 }
+
+// setSysctlsTimeout bounds the agent's SetSysctls (a few writes into /proc/sys).
+const setSysctlsTimeout = 30 * time.Second
 
 // watch turns the sandbox's failure or the VM's exit into Done.
 func (p *VMPod) watch() {

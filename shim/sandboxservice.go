@@ -202,6 +202,10 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 			return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 		}
 	}
+	sysctls := pc.GetLinux().GetSysctls()
+	if err := agent.CheckSysctls(sysctls); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
+	}
 	// The pod's host cgroup, under its cgroup parent: the one podsandbox would give its pause
 	// container, where the shim, kvfsd and QEMU then run (cgroup.go).
 	cgroup := sandboxCgroupPath(pc.GetLinux().GetCgroupParent(), r.SandboxID)
@@ -215,7 +219,8 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 		return nil, err
 	}
 	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
-		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname, Cgroup: cgroup}}
+		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname, Cgroup: cgroup,
+			Sysctls: sysctls}}
 	if cgroup != "" && checkCgroupPath(cgroup) == nil {
 		sb.cgroupParent = filepath.Dir(cgroup) // the parent, cleaned
 	}

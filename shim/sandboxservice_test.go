@@ -148,7 +148,8 @@ func TestSandboxAPI(t *testing.T) {
 		DnsConfig:   &criapi.DNSConfig{Servers: []string{"10.0.0.53", "10.0.0.54"}, Searches: []string{"kvfs.test"}},
 		Annotations: map[string]string{"example.com/pod": "x"},
 		Linux: &criapi.LinuxPodSandboxConfig{Resources: &criapi.LinuxContainerResources{
-			CpuPeriod: 100000, CpuQuota: 200000, MemoryLimitInBytes: 256 << 20}},
+			CpuPeriod: 100000, CpuQuota: 200000, MemoryLimitInBytes: 256 << 20},
+			Sysctls: map[string]string{"kernel.shm_rmid_forced": "1", "net.ipv4.ip_forward": "1"}},
 	})
 	if n := len(h.pods); n != 0 {
 		t.Fatalf("CreateSandbox started %d pods, want none before StartSandbox", n)
@@ -179,9 +180,10 @@ func TestSandboxAPI(t *testing.T) {
 	req := h.pod().req
 	wantCPUs := min(1+2, runtime.NumCPU())
 	if req.ID != id || req.SandboxTask || req.NetNS != ns || req.Config.VM.Memory != "768M" || req.Config.VM.VCPUs != wantCPUs ||
-		req.Config.BaseDir != "/tmp/kvfs-sbx" || req.Annotations["example.com/pod"] != "x" || req.Hostname != "p1" {
-		t.Errorf("the pod's request: id %s, sandbox task %v, netns %s, %s %d vCPUs, base %s, annotations %v, hostname %q; want %s, false, %s, 768M %d, /tmp/kvfs-sbx, the pod's, p1",
-			req.ID, req.SandboxTask, req.NetNS, req.Config.VM.Memory, req.Config.VM.VCPUs, req.Config.BaseDir, req.Annotations, req.Hostname, id, ns, wantCPUs)
+		req.Config.BaseDir != "/tmp/kvfs-sbx" || req.Annotations["example.com/pod"] != "x" || req.Hostname != "p1" ||
+		len(req.Sysctls) != 2 || req.Sysctls["kernel.shm_rmid_forced"] != "1" || req.Sysctls["net.ipv4.ip_forward"] != "1" {
+		t.Errorf("the pod's request: id %s, sandbox task %v, netns %s, %s %d vCPUs, base %s, annotations %v, hostname %q, sysctls %v; want %s, false, %s, 768M %d, /tmp/kvfs-sbx, the pod's, p1, the pod's",
+			req.ID, req.SandboxTask, req.NetNS, req.Config.VM.Memory, req.Config.VM.VCPUs, req.Config.BaseDir, req.Annotations, req.Hostname, req.Sysctls, id, ns, wantCPUs)
 	}
 	_, err = h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: id})
 	wantKind(t, "StartSandbox twice", err, errdefs.ErrFailedPrecondition)
@@ -450,6 +452,8 @@ func TestSandboxAPIRefusals(t *testing.T) {
 		{"options that are not a PodSandboxConfig", ns, podConfig(t, &criapi.PodSandboxStatus{}), "want runtime.v1.PodSandboxConfig"},
 		{"a bad memory limit", ns, podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{
 			Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: -1}}}), AnnotationSandboxMemory},
+		{"a sysctl that is no name", ns, podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{
+			Sysctls: map[string]string{"kernel.shm_rmid_forced": "1", "net/../../x": "1"}}}), `sysctl "net/../../x"`},
 	} {
 		err := create(tc.netns, tc.opts)
 		wantKind(t, tc.name, err, errdefs.ErrInvalidArgument)

@@ -2,10 +2,12 @@ package shim
 
 import (
 	"fmt"
+	"maps"
 	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -86,6 +88,39 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 		g.Mounts = append(g.Mounts, m)
 	}
 	return &g, binds, nil
+}
+
+// ipcSysctls are the sysctls of an IPC namespace (runc's list), and fs.mqueue.* besides.
+var ipcSysctls = []string{"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
+	"kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced"}
+
+// podSysctls takes from spec, a pod's first container (CRI's sandbox container, or a container
+// alone in its pod), the sysctls that are the pod's VM's: the agent writes them in the guest's
+// namespaces, which the pod's containers share (the network always; IPC when joined by path,
+// as CRI's containers join their sandbox's). Those of an IPC namespace that guest, the
+// container's spec in the guest (nil for a sandbox container, which runs nothing), has of its
+// own stay in guest's linux.sysctl for runc to write there; the rest leave it.
+func podSysctls(spec, guest *specs.Spec) map[string]string {
+	if spec.Linux == nil || len(spec.Linux.Sysctl) == 0 {
+		return nil
+	}
+	if guest == nil || guest.Linux == nil {
+		return maps.Clone(spec.Linux.Sysctl)
+	}
+	ownIPC := slices.ContainsFunc(guest.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.IPCNamespace })
+	vm, own := map[string]string{}, map[string]string{}
+	for k, v := range spec.Linux.Sysctl {
+		if ownIPC && (slices.Contains(ipcSysctls, k) || strings.HasPrefix(k, "fs.mqueue.")) {
+			own[k] = v
+		} else {
+			vm[k] = v
+		}
+	}
+	guest.Linux.Sysctl = nil
+	if len(own) > 0 {
+		guest.Linux.Sysctl = own
+	}
+	return vm
 }
 
 // bindFlags are the sandbox.BindFlags of a bind mount's OCI options, read as runc reads them:

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -223,5 +224,48 @@ func TestSandboxID(t *testing.T) {
 				t.Errorf("SandboxID = %q, %v; want %q", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestPodSysctls: a pod's first container's sysctls are the VM's, except those of an IPC
+// namespace the container has of its own, which stay in its guest spec for runc; a sandbox
+// container's are all the VM's; the host's spec is left as it was.
+func TestPodSysctls(t *testing.T) {
+	sysctls := map[string]string{"kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100", "net.ipv4.ip_forward": "1"}
+	spec := func(ns ...specs.LinuxNamespaceType) *specs.Spec {
+		s := &specs.Spec{Process: &specs.Process{Args: []string{"sh"}}, Linux: &specs.Linux{Sysctl: maps.Clone(sysctls)}}
+		for _, n := range ns {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: n})
+		}
+		return s
+	}
+	// A container alone in its pod, with an IPC namespace of its own.
+	s := spec(specs.IPCNamespace, specs.MountNamespace, specs.NetworkNamespace)
+	g, _, err := AdaptSpec(s, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := podSysctls(s, g)
+	if !maps.Equal(vm, map[string]string{"net.ipv4.ip_forward": "1"}) {
+		t.Errorf("the VM's sysctls %v, want the network's", vm)
+	}
+	if !maps.Equal(g.Linux.Sysctl, map[string]string{"kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100"}) {
+		t.Errorf("the guest spec's sysctls %v, want those of its IPC namespace", g.Linux.Sysctl)
+	}
+	if !maps.Equal(s.Linux.Sysctl, sysctls) {
+		t.Errorf("the host's spec changed: %v", s.Linux.Sysctl)
+	}
+	// Sharing the guest's IPC namespace: all the VM's.
+	s = spec(specs.MountNamespace)
+	g, _, _ = AdaptSpec(s, "c")
+	if vm := podSysctls(s, g); !maps.Equal(vm, sysctls) || g.Linux.Sysctl != nil {
+		t.Errorf("without an IPC namespace: the VM's %v, the guest spec's %v; want all the VM's", vm, g.Linux.Sysctl)
+	}
+	// CRI's sandbox container runs nothing in the guest: all the VM's.
+	if vm := podSysctls(spec(specs.IPCNamespace), nil); !maps.Equal(vm, sysctls) {
+		t.Errorf("a sandbox container: the VM's %v, want all", vm)
+	}
+	if vm := podSysctls(&specs.Spec{Linux: &specs.Linux{}}, nil); vm != nil {
+		t.Errorf("no sysctls: %v", vm)
 	}
 }

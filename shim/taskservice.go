@@ -99,6 +99,10 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 				return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 			}
 		}
+		podReq.Sysctls = podSysctls(spec, guestSpec)
+		if err := agent.CheckSysctls(podReq.Sysctls); err != nil {
+			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}

@@ -2082,6 +2082,88 @@ func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
 	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
+type SetSysctlsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sysctls are by name, as sysctl(8) writes them: kernel.shm_rmid_forced, or with '/'
+	// separators when a component has a dot (net/ipv4/conf/eth0.100/rp_filter).
+	Sysctls       map[string]string `protobuf:"bytes,1,rep,name=sysctls,proto3" json:"sysctls,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSysctlsRequest) Reset() {
+	*x = SetSysctlsRequest{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSysctlsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSysctlsRequest) ProtoMessage() {}
+
+func (x *SetSysctlsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSysctlsRequest.ProtoReflect.Descriptor instead.
+func (*SetSysctlsRequest) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *SetSysctlsRequest) GetSysctls() map[string]string {
+	if x != nil {
+		return x.Sysctls
+	}
+	return nil
+}
+
+type SetSysctlsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSysctlsResponse) Reset() {
+	*x = SetSysctlsResponse{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSysctlsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSysctlsResponse) ProtoMessage() {}
+
+func (x *SetSysctlsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSysctlsResponse.ProtoReflect.Descriptor instead.
+func (*SetSysctlsResponse) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+}
+
 type ShutdownRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2090,7 +2172,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2184,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2197,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 type ShutdownResponse struct {
@@ -2126,7 +2208,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2220,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2233,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2267,14 +2349,20 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"interfaces\x18\x01 \x03(\v2\x18.kvfs.agent.v1.InterfaceR\n" +
 	"interfaces\x12,\n" +
 	"\x06routes\x18\x02 \x03(\v2\x14.kvfs.agent.v1.RouteR\x06routes\"\x1a\n" +
-	"\x18ConfigureNetworkResponse\"\x11\n" +
+	"\x18ConfigureNetworkResponse\"\x98\x01\n" +
+	"\x11SetSysctlsRequest\x12G\n" +
+	"\asysctls\x18\x01 \x03(\v2-.kvfs.agent.v1.SetSysctlsRequest.SysctlsEntryR\asysctls\x1a:\n" +
+	"\fSysctlsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
+	"\x12SetSysctlsResponse\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
 	"\x10ShutdownResponse*R\n" +
 	"\n" +
 	"RouteScope\x12\x18\n" +
 	"\x14ROUTE_SCOPE_UNIVERSE\x10\x00\x12\x14\n" +
 	"\x10ROUTE_SCOPE_LINK\x10\x01\x12\x14\n" +
-	"\x10ROUTE_SCOPE_HOST\x10\x022\xbf\r\n" +
+	"\x10ROUTE_SCOPE_HOST\x10\x022\x92\x0e\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.kvfs.agent.v1.PingRequest\x1a\x1b.kvfs.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.kvfs.agent.v1.CreateContainerRequest\x1a&.kvfs.agent.v1.CreateContainerResponse\x12T\n" +
@@ -2298,7 +2386,9 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x0ePauseContainer\x12$.kvfs.agent.v1.PauseContainerRequest\x1a%.kvfs.agent.v1.PauseContainerResponse\x12`\n" +
 	"\x0fResumeContainer\x12%.kvfs.agent.v1.ResumeContainerRequest\x1a&.kvfs.agent.v1.ResumeContainerResponse\x12T\n" +
 	"\vGetOOMEvent\x12!.kvfs.agent.v1.GetOOMEventRequest\x1a\".kvfs.agent.v1.GetOOMEventResponse\x12c\n" +
-	"\x10ConfigureNetwork\x12&.kvfs.agent.v1.ConfigureNetworkRequest\x1a'.kvfs.agent.v1.ConfigureNetworkResponse\x12K\n" +
+	"\x10ConfigureNetwork\x12&.kvfs.agent.v1.ConfigureNetworkRequest\x1a'.kvfs.agent.v1.ConfigureNetworkResponse\x12Q\n" +
+	"\n" +
+	"SetSysctls\x12 .kvfs.agent.v1.SetSysctlsRequest\x1a!.kvfs.agent.v1.SetSysctlsResponse\x12K\n" +
 	"\bShutdown\x12\x1e.kvfs.agent.v1.ShutdownRequest\x1a\x1f.kvfs.agent.v1.ShutdownResponseB)Z'github.com/kvfs/kvfs/api/agent/v1;agentb\x06proto3"
 
 var (
@@ -2314,7 +2404,7 @@ func file_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_api_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_api_agent_v1_agent_proto_goTypes = []any{
 	(RouteScope)(0),                  // 0: kvfs.agent.v1.RouteScope
 	(*PingRequest)(nil),              // 1: kvfs.agent.v1.PingRequest
@@ -2357,65 +2447,71 @@ var file_api_agent_v1_agent_proto_goTypes = []any{
 	(*Route)(nil),                    // 38: kvfs.agent.v1.Route
 	(*ConfigureNetworkRequest)(nil),  // 39: kvfs.agent.v1.ConfigureNetworkRequest
 	(*ConfigureNetworkResponse)(nil), // 40: kvfs.agent.v1.ConfigureNetworkResponse
-	(*ShutdownRequest)(nil),          // 41: kvfs.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 42: kvfs.agent.v1.ShutdownResponse
-	(*timestamppb.Timestamp)(nil),    // 43: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                // 44: google.protobuf.Any
+	(*SetSysctlsRequest)(nil),        // 41: kvfs.agent.v1.SetSysctlsRequest
+	(*SetSysctlsResponse)(nil),       // 42: kvfs.agent.v1.SetSysctlsResponse
+	(*ShutdownRequest)(nil),          // 43: kvfs.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 44: kvfs.agent.v1.ShutdownResponse
+	nil,                              // 45: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),    // 46: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                // 47: google.protobuf.Any
 }
 var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: kvfs.agent.v1.CreateContainerRequest.stdio:type_name -> kvfs.agent.v1.Stdio
 	3,  // 1: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	43, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	46, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	25, // 3: kvfs.agent.v1.ListPidsResponse.processes:type_name -> kvfs.agent.v1.ProcessInfo
-	44, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	47, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
 	0,  // 5: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
 	37, // 6: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
 	38, // 7: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
-	1,  // 8: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
-	4,  // 9: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
-	6,  // 10: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
-	8,  // 11: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
-	10, // 12: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
-	12, // 13: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
-	14, // 14: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
-	16, // 15: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
-	16, // 16: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
-	18, // 17: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
-	20, // 18: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
-	22, // 19: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
-	24, // 20: kvfs.agent.v1.Agent.ListPids:input_type -> kvfs.agent.v1.ListPidsRequest
-	27, // 21: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
-	29, // 22: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
-	31, // 23: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
-	33, // 24: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
-	35, // 25: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
-	39, // 26: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
-	41, // 27: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
-	2,  // 28: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
-	5,  // 29: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
-	7,  // 30: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
-	9,  // 31: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
-	11, // 32: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
-	13, // 33: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
-	15, // 34: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
-	17, // 35: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
-	17, // 36: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
-	19, // 37: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
-	21, // 38: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
-	23, // 39: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
-	26, // 40: kvfs.agent.v1.Agent.ListPids:output_type -> kvfs.agent.v1.ListPidsResponse
-	28, // 41: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
-	30, // 42: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
-	32, // 43: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
-	34, // 44: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
-	36, // 45: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
-	40, // 46: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
-	42, // 47: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
-	28, // [28:48] is the sub-list for method output_type
-	8,  // [8:28] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	45, // 8: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	1,  // 9: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
+	4,  // 10: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
+	6,  // 11: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
+	8,  // 12: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
+	10, // 13: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
+	12, // 14: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
+	14, // 15: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
+	16, // 16: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
+	16, // 17: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
+	18, // 18: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
+	20, // 19: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
+	22, // 20: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
+	24, // 21: kvfs.agent.v1.Agent.ListPids:input_type -> kvfs.agent.v1.ListPidsRequest
+	27, // 22: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
+	29, // 23: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
+	31, // 24: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
+	33, // 25: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
+	35, // 26: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
+	39, // 27: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
+	41, // 28: kvfs.agent.v1.Agent.SetSysctls:input_type -> kvfs.agent.v1.SetSysctlsRequest
+	43, // 29: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
+	2,  // 30: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
+	5,  // 31: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
+	7,  // 32: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
+	9,  // 33: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
+	11, // 34: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
+	13, // 35: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
+	15, // 36: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
+	17, // 37: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
+	17, // 38: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
+	19, // 39: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
+	21, // 40: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
+	23, // 41: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
+	26, // 42: kvfs.agent.v1.Agent.ListPids:output_type -> kvfs.agent.v1.ListPidsResponse
+	28, // 43: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
+	30, // 44: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
+	32, // 45: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
+	34, // 46: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
+	36, // 47: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
+	40, // 48: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
+	42, // 49: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
+	44, // 50: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
+	30, // [30:51] is the sub-list for method output_type
+	9,  // [9:30] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_api_agent_v1_agent_proto_init() }
@@ -2429,7 +2525,7 @@ func file_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_agent_v1_agent_proto_rawDesc), len(file_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ type AgentService interface {
 	ResumeContainer(context.Context, *ResumeContainerRequest) (*ResumeContainerResponse, error)
 	GetOOMEvent(context.Context, *GetOOMEventRequest) (*GetOOMEventResponse, error)
 	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
+	SetSysctls(context.Context, *SetSysctlsRequest) (*SetSysctlsResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
 }
 
@@ -165,6 +166,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ConfigureNetwork(ctx, &req)
+			},
+			"SetSysctls": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SetSysctlsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SetSysctls(ctx, &req)
 			},
 			"Shutdown": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ShutdownRequest
@@ -334,6 +342,14 @@ func (c *agentClient) GetOOMEvent(ctx context.Context, req *GetOOMEventRequest) 
 func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error) {
 	var resp ConfigureNetworkResponse
 	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "ConfigureNetwork", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) SetSysctls(ctx context.Context, req *SetSysctlsRequest) (*SetSysctlsResponse, error) {
+	var resp SetSysctlsResponse
+	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "SetSysctls", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -3,6 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 )
 
 // What the host and the guest agent agree on besides the RPCs: where the share is mounted, how
@@ -78,6 +81,62 @@ func CheckHostname(name string) error {
 	}
 	if !alnum(name[0]) || !alnum(name[len(name)-1]) {
 		return fmt.Errorf("hostname %q: want a letter or digit first and last", name)
+	}
+	return nil
+}
+
+// Bounds of a SetSysctls request.
+const (
+	MaxSysctls        = 256
+	maxSysctlName     = 256
+	maxSysctlValueLen = 4096
+)
+
+// SysctlPath returns the path below /proc/sys of the sysctl name, as sysctl(8) reads it: dots
+// separate the components, unless the name has a '/', which then separates them and leaves
+// dots alone (net/ipv4/conf/eth0.100/rp_filter). Components are letters, digits, '_', '-'
+// (and '.' in the slash form), never empty, "." or "..".
+func SysctlPath(name string) (string, error) {
+	if name == "" || len(name) > maxSysctlName {
+		return "", fmt.Errorf("sysctl %q: want a name of 1 to %d bytes", name, maxSysctlName)
+	}
+	sep := "."
+	if strings.Contains(name, "/") {
+		sep = "/"
+	}
+	parts := strings.Split(name, sep)
+	for _, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			return "", fmt.Errorf("sysctl %q: an empty, \".\" or \"..\" component", name)
+		}
+		for _, c := range []byte(p) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+				return "", fmt.Errorf("sysctl %q: %q is not a letter, a digit, '_', '-' or a separator", name, c)
+			}
+		}
+	}
+	return strings.Join(parts, "/"), nil
+}
+
+// CheckSysctls accepts what SetSysctls may carry: at most MaxSysctls names SysctlPath takes,
+// with values of at most 4096 bytes and no control character but tab.
+func CheckSysctls(sysctls map[string]string) error {
+	if len(sysctls) > MaxSysctls {
+		return fmt.Errorf("%d sysctls, more than %d", len(sysctls), MaxSysctls)
+	}
+	for _, name := range slices.Sorted(maps.Keys(sysctls)) {
+		if _, err := SysctlPath(name); err != nil {
+			return err
+		}
+		v := sysctls[name]
+		if len(v) > maxSysctlValueLen {
+			return fmt.Errorf("sysctl %s: a value of %d bytes, more than %d", name, len(v), maxSysctlValueLen)
+		}
+		for _, c := range []byte(v) {
+			if c < ' ' && c != '\t' || c == 0x7f {
+				return fmt.Errorf("sysctl %s: value %q has a control character", name, v)
+			}
+		}
 	}
 	return nil
 }

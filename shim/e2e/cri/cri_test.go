@@ -146,7 +146,8 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 // refuses writes in the guest and on the host's bind; a
 // symlink in a hostPath does not reach the host file it names; a container's memory limit is
 // its guest cgroup's; /etc/hosts, /etc/resolv.conf
-// and /etc/hostname are the CRI's; the pod's resources size the VM; exec, logs and container
+// and /etc/hostname are the CRI's; the pod's sysctls are its containers'; the pod's
+// resources size the VM; exec, logs and container
 // stats work; QEMU and kvfsd run in the pod's cgroup under its cgroup parent, whose use
 // crictl statsp reports; stopp and rmp leave nothing. It runs under both sandboxers; under
 // "shim" no pause container is made, and the pod's stats come through SandboxMetrics.
@@ -197,6 +198,9 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	// makes it; here it is in the containerd's namespace's cgroups (covered by its leak check).
 	cgroupParent := "/" + e.C.Namespace() + "/kvfs-p1"
 	linux["cgroup_parent"] = cgroupParent
+	// The pod's sysctls, one safe and one the kubelet calls unsafe, are written in the guest,
+	// whose IPC namespace the pod's containers share.
+	linux["sysctls"] = map[string]string{"kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100"}
 	p := runPod(t, e, "p1", map[string]any{
 		"dns_config": map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
 		"linux":      linux,
@@ -220,6 +224,7 @@ echo "resolv $(grep -c 'nameserver 10.99.0.53' /etc/resolv.conf) $(grep -c 'sear
 echo "hostname $(cat /etc/hostname) $(hostname)"
 echo "hosts $(grep -c localhost /etc/hosts)"
 echo "mem $(awk '/MemTotal/ {print $2}' /proc/meminfo) cpus $(nproc)"
+echo "sysctls $(cat /proc/sys/kernel/shm_rmid_forced) $(cat /proc/sys/fs/mqueue/msg_max)"
 echo "memory.max $(cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max)"
 echo b-done
 exec sleep 600`,
@@ -232,7 +237,7 @@ exec sleep 600`,
 	// The pod's containers share its /dev/shm: under "podsandbox" the CRI's (a tmpfs on the
 	// host, through the share), under "shim" the guest's (a tmpfs of the pod's VM).
 	t.Logf("sandboxer %s: b's /dev/shm: %s", sandboxer, regexp.MustCompile(`shm-size [^\n]*`).FindString(logs))
-	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", fmt.Sprintf("memory.max %d\n", 96<<20)} {
+	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", "sysctls 1 100\n", fmt.Sprintf("memory.max %d\n", 96<<20)} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("b's log has no %q:\n%s", want, logs)
 		}

@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestSysctlPath(t *testing.T) {
+	for name, want := range map[string]string{
+		"kernel.shm_rmid_forced":           "kernel/shm_rmid_forced",
+		"net.ipv4.conf.all.rp_filter":      "net/ipv4/conf/all/rp_filter",
+		"net/ipv4/conf/eth0.100/rp_filter": "net/ipv4/conf/eth0.100/rp_filter",
+		"net.ipv6.conf.veth-a_1.mtu":       "net/ipv6/conf/veth-a_1/mtu",
+	} {
+		if got, err := SysctlPath(name); err != nil || got != want {
+			t.Errorf("SysctlPath(%q) = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	for _, name := range []string{"", "kernel..x", ".kernel", "kernel.", "net/../x", "net/./x", "/kernel/x",
+		"kernel.x y", "kernel.x\x00", "kernel.*", strings.Repeat("a", 257)} {
+		if got, err := SysctlPath(name); err == nil {
+			t.Errorf("SysctlPath(%q) = %q, want an error", name, got)
+		}
+	}
+}
+
+func TestCheckSysctls(t *testing.T) {
+	if err := CheckSysctls(map[string]string{"net.ipv4.ping_group_range": "0\t2147483647", "kernel.sem": "250 32000 32 128"}); err != nil {
+		t.Error(err)
+	}
+	many := map[string]string{}
+	for i := range MaxSysctls + 1 {
+		many["kernel.x"+strings.Repeat("y", i)] = "1"
+	}
+	for what, m := range map[string]map[string]string{
+		"a newline":    {"kernel.sem": "1\n2"},
+		"a long value": {"kernel.sem": strings.Repeat("1", 4097)},
+		"a bad name":   {"kernel..sem": "1"},
+		"too many":     many,
+	} {
+		if err := CheckSysctls(m); err == nil {
+			t.Errorf("%s: no error", what)
+		}
+	}
+}
