@@ -67,23 +67,7 @@ func TestNetworkInGuest(t *testing.T) {
 	})
 	req := ep.AgentRequest()
 
-	base, err := os.MkdirTemp("", "kvfs-net-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	cfg := sandbox.DefaultConfig()
-	cfg.BaseDir = base
-	cfg.VM.Memory = "512M"
-	s, err := sandbox.Create(ctx, "net", sandbox.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	s := newSandbox(t, "net", func(c *sandbox.Config) { c.VM.Memory = "512M" })
 	root := busyboxRoot(t)
 	serve := "#!/bin/sh\necho hello-from-the-guest\nread x\necho \"$x\" > /received\n"
 	if err := os.WriteFile(filepath.Join(root, "serve.sh"), []byte(serve), 0o755); err != nil {
@@ -96,24 +80,8 @@ func TestNetworkInGuest(t *testing.T) {
 	vm := s.DefaultVM()
 	vm.Accel, vm.Kernel, vm.Initrd = accel, g.Kernel, g.Initrd
 	vm.NICs = []sandbox.NIC{{Tap: ep.TapFile, MAC: ep.Interface.MAC, MTU: ep.Interface.MTU}}
-	diag := func() string {
-		b, _ := os.ReadFile(s.ConsolePath())
-		q, _ := os.ReadFile(filepath.Join(s.Dir(), "qemu.log"))
-		return "--- console ---\n" + string(b) + "\n--- qemu.log ---\n" + string(q)
-	}
 	start := time.Now()
-	if err := s.Start(ctx, vm); err != nil {
-		t.Fatal(err)
-	}
-	ag, closeAgent := dialAgent(t, s.AgentSocketPath(), s.VMExited(), diag)
-	defer closeAgent()
-	bootCtx, cancel := context.WithTimeout(ctx, bootTimeout)
-	_, err = ag.Ping(bootCtx, &apiv1.PingRequest{})
-	cancel()
-	if err != nil {
-		t.Fatalf("ping: %v\n%s", err, diag())
-	}
-	t.Logf("accel %s: the agent answers after %v", accel, time.Since(start).Round(time.Millisecond))
+	ag, diag := bootAgent(t, s, vm)
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	call := func(what string, err error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -26,36 +25,12 @@ func TestAgentStress(t *testing.T) {
 	}
 	g := vmtest.AgentImage(t)
 	ctx := context.Background()
-	base, err := os.MkdirTemp("", "kvfs-st-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := sandbox.DefaultConfig()
-	cfg.BaseDir = base
-	s, err := sandbox.Create(ctx, "stress", sandbox.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Stop(context.Background()); os.RemoveAll(base) })
+	s := newSandbox(t, "stress", nil)
 	root := busyboxRoot(t)
 	vm := s.DefaultVM()
 	vm.Accel, vm.Kernel, vm.Initrd = sandbox.AccelTCG, g.Kernel, g.Initrd
 	vm.Cmdline += " kvfs.debug=1"
-	diag := func() string {
-		b, _ := os.ReadFile(s.ConsolePath())
-		q, _ := os.ReadFile(filepath.Join(s.Dir(), "qemu.log"))
-		return "--- console ---\n" + string(b) + "\n--- qemu.log ---\n" + string(q)
-	}
-	if err := s.Start(ctx, vm); err != nil {
-		t.Fatal(err)
-	}
-	ag, closeAgent := dialAgent(t, s.AgentSocketPath(), s.VMExited(), diag)
-	defer closeAgent()
-	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
-	if _, err := ag.Ping(bctx, &apiv1.PingRequest{}); err != nil {
-		t.Fatalf("ping: %v\n%s", err, diag())
-	}
-	cancel()
+	ag, diag := bootAgent(t, s, vm)
 	octx, ocancel := context.WithCancel(ctx)
 	defer ocancel()
 	go func() {

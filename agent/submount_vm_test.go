@@ -39,23 +39,7 @@ func TestAgentSubmountExits(t *testing.T) {
 	}
 	g := vmtest.AgentImage(t)
 	ctx := context.Background()
-	base, err := os.MkdirTemp("", "kvfs-sm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	cfg := sandbox.DefaultConfig()
-	cfg.BaseDir = base
-	cfg.VM.VCPUs = 2 // the kernel's race needs a second CPU
-	s, err := sandbox.Create(ctx, "submounts", sandbox.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	s := newSandbox(t, "submounts", func(c *sandbox.Config) { c.VM.VCPUs = 2 }) // the kernel's race needs a second CPU
 	vol := t.TempDir()
 	big := make([]byte, 8<<20)
 	rand.Read(big)
@@ -69,21 +53,7 @@ func TestAgentSubmountExits(t *testing.T) {
 	}
 	vm := s.DefaultVM()
 	vm.Accel, vm.Kernel, vm.Initrd = testAccel(t), g.Kernel, g.Initrd
-	diag := func() string {
-		b, _ := os.ReadFile(s.ConsolePath())
-		return "--- console ---\n" + string(b)
-	}
-	if err := s.Start(ctx, vm); err != nil {
-		t.Fatal(err)
-	}
-	ag, closeAgent := dialAgent(t, s.AgentSocketPath(), s.VMExited(), diag)
-	defer closeAgent()
-	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
-	_, err = ag.Ping(bctx, &apiv1.PingRequest{})
-	cancel()
-	if err != nil {
-		t.Fatalf("ping: %v\n%s", err, diag())
-	}
+	ag, diag := bootAgent(t, s, vm)
 
 	// run creates container id on root with args, starts it, and returns its output and exit
 	// status once it has exited; keep leaves it running.

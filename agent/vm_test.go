@@ -326,6 +326,57 @@ func testAccel(t *testing.T) string {
 	return accel
 }
 
+// newSandbox creates sandbox name with the default configuration, changed by tune if not nil,
+// in a directory of its own; both go when the test ends.
+func newSandbox(t *testing.T, name string, tune func(*sandbox.Config)) *sandbox.Sandbox {
+	t.Helper()
+	base, err := os.MkdirTemp("", "kvfs-ag-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := sandbox.DefaultConfig()
+	cfg.BaseDir = base
+	if tune != nil {
+		tune(cfg)
+	}
+	s, err := sandbox.Create(context.Background(), name, sandbox.Options{Config: cfg})
+	if err != nil {
+		os.RemoveAll(base)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		os.RemoveAll(base)
+	})
+	return s
+}
+
+// bootAgent starts vm in s and returns its agent once it answers a Ping (the connection
+// closes when the test ends), and diag, what the guest's console and QEMU have said.
+func bootAgent(t *testing.T, s *sandbox.Sandbox, vm sandbox.VM) (apiv1.AgentService, func() string) {
+	t.Helper()
+	diag := func() string {
+		b, _ := os.ReadFile(s.ConsolePath())
+		q, _ := os.ReadFile(filepath.Join(s.Dir(), "qemu.log"))
+		return "--- console ---\n" + string(b) + "\n--- qemu.log ---\n" + string(q)
+	}
+	start := time.Now()
+	if err := s.Start(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+	ag, closeAgent := dialAgent(t, s.AgentSocketPath(), s.VMExited(), diag)
+	t.Cleanup(closeAgent)
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	if _, err := ag.Ping(ctx, &apiv1.PingRequest{}); err != nil {
+		t.Fatalf("ping: %v\n%s", err, diag())
+	}
+	t.Logf("accel %s: the agent answers after %v", vm.Accel, time.Since(start).Round(time.Millisecond))
+	return ag, diag
+}
+
 // dialAgent connects to the agent's chardev socket, which QEMU creates as it starts.
 func dialAgent(t *testing.T, sock string, exited <-chan struct{}, diag func() string) (apiv1.AgentService, func()) {
 	t.Helper()
