@@ -194,12 +194,16 @@ func KernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// MountShare mounts the virtio-fs tag at dir.
+// MountShare mounts the virtio-fs tag at dir: nodev, not nosuid. The containers' roots and
+// volumes are submounts of it, which take its flags: a set-user-ID file in an image raises
+// privileges as it does under runc (a container's no_new_privs is runc's to set), while a
+// device node in the share never opens one of the guest's devices (each container's /dev is
+// runc's).
 func MountShare(tag, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := unix.Mount(tag, dir, "virtiofs", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	if err := unix.Mount(tag, dir, "virtiofs", unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("mount -t virtiofs %s %s: %w", tag, dir, err)
 	}
 	return nil

@@ -146,8 +146,8 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 // refuses writes in the guest and on the host's bind; a
 // symlink in a hostPath does not reach the host file it names; a container's memory limit is
 // its guest cgroup's; /etc/hosts, /etc/resolv.conf
-// and /etc/hostname are the CRI's; the pod's sysctls are its containers'; the pod's
-// resources size the VM; exec, logs and container
+// and /etc/hostname are the CRI's; the pod's sysctls are its containers'; a set-user-ID
+// program raises privileges; the pod's resources size the VM; exec, logs and container
 // stats work; QEMU and kvfsd run in the pod's cgroup under its cgroup parent, whose use
 // crictl statsp reports; stopp and rmp leave nothing. It runs under both sandboxers; under
 // "shim" no pause container is made, and the pod's stats come through SandboxMetrics.
@@ -259,6 +259,18 @@ exec sleep 600`,
 	}
 	if n := processesOf(t, e.C, "containerd-shim-kvfs-v2"); n != 1 {
 		t.Errorf("%d kvfs shims for the pod, want 1", n)
+	}
+
+	// A set-user-ID root program, run by uid 1000 of a container that may gain privileges
+	// (CRI's default), runs as root, as under runc: the share's files reach the guest with
+	// their mode, and its mounts are not nosuid.
+	suid := filepath.Join(vols, "suid")
+	buildEUID(t, suid)
+	sLog := p.waitLog(t, p.containerWith(t, "s", "/suid/euid; echo s-done",
+		map[string]any{"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 1000}}}},
+		map[string]any{"container_path": "/suid", "host_path": suid}), "s-done")
+	if !strings.Contains(sLog, "uid 1000 euid 0\n") {
+		t.Errorf("a set-user-ID root program run by uid 1000 says %q, want uid 1000 euid 0", sLog)
 	}
 
 	// The pod's address is the guest's, and answers from beside the pod's veth (in the
@@ -379,6 +391,35 @@ exec sleep 600`,
 		}
 	}
 	e.C.CheckNoLeaks(t, before)
+}
+
+// buildEUID builds into dir/euid a static program that prints its real and effective user
+// ids, owned by root and set-user-ID.
+func buildEUID(t *testing.T, dir string) {
+	t.Helper()
+	src := t.TempDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prog := "package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() { fmt.Printf(\"uid %d euid %d\\n\", os.Getuid(), os.Geteuid()) }\n"
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(prog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module euid\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "euid")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir, cmd.Env = src, append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the euid program: %v\n%s", err, out)
+	}
+	if err := os.Chown(bin, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // slowHook is a prestart hook that containerd's CRI puts in every container spec of the kvfs
