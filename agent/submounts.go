@@ -17,14 +17,15 @@ import (
 // crosses it, in the mount namespace of whoever walked. runc walks into a container's from
 // the container's new namespace, so left alone that namespace holds a submount's only mount,
 // and the exit of the container's last process unmounts it and tears its superblock down.
-// Debian's 6.1 guest kernel does that while an asynchronous request (a read-ahead, the
-// RELEASE it delays) still holds one of the superblock's inodes, and stops with "VFS: Busy
-// inodes after unmount" (a BUG under CONFIG_BUG_ON_DATA_CORRUPTION): the exiting process
-// never finishes, its container never reports the exit (TestCRIPod saw it in CI). In a guest
-// of 2 vCPUs, a loop of mount namespaces that each read and write a file on a submount and
-// exit stopped the kernel within 2 to 35 rounds in each of six runs; with the parent
-// namespace holding the submount, and unmounting it after each child had exited, 100 rounds
-// ran clean, and 150 with the parent holding it throughout.
+// Debian's 6.1 guest kernel can do that with one of the superblock's inodes still busy (held,
+// we believe, by an asynchronous request the exit left in flight: a read-ahead, or the RELEASE
+// it delays), and stops with "VFS: Busy inodes after unmount" (a BUG under
+// CONFIG_BUG_ON_DATA_CORRUPTION): the exiting process never finishes, its container never
+// reports the exit (TestCRIPod saw it in CI). In a guest of 2 vCPUs, a loop of mount
+// namespaces that each read and write a file on a submount and exit stopped the kernel within
+// 2 to 36 rounds in every run (docs/reliability.md); with the parent namespace holding the
+// submount, and unmounting it after each child had exited, 100 rounds ran clean, and 150 with
+// the parent holding it throughout.
 //
 // submounts is the agent's cure: before runc runs, the agent walks into the container's
 // submounts itself, so that its own namespace holds them; it unmounts them when the last
