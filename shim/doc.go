@@ -118,11 +118,11 @@
 // counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline or three
 // broken answers and the guest is cut off, its VM killed, every process reported exited once
 // (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
-// nothing. A SIGKILL of a container (its init, or all) that the agent acknowledges or does
-// not answer is the host's to finish (one it refuses with an answer goes to containerd as an
-// error): unless the guest reports the exit within GuestLimits.KillGrace, the VM is killed,
-// which ends every container of the pod (the guest cannot be trusted to have killed one and
-// not the others).
+// nothing. A SIGKILL of a container (its init, or all) is the host's to finish, whatever the
+// agent answers (a refusal, such as NotFound for a process the guest says has exited, also
+// goes to containerd): unless the guest reports the exit within GuestLimits.KillGrace, the VM
+// is killed, which ends every container of the pod (the guest cannot be trusted to have
+// killed one and not the others).
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
 // answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. The
 // task API's pids are the VM's (as Kata gives its hypervisor's): a pid the guest names is never

@@ -31,8 +31,9 @@ type hostileAgent struct {
 	*fakeAgent
 	// silent names the calls that never answer (until the test ends).
 	silent map[string]bool
-	// killIgnored makes SignalProcess answer without signalling.
-	killIgnored bool
+	// killIgnored makes SignalProcess answer without signalling; killRefused makes it refuse
+	// without signalling, as runc's "container not running".
+	killIgnored, killRefused bool
 	// oomFlood, if set, is the container every GetOOMEvent names, at once.
 	oomFlood  string
 	oomAnswer atomic.Int64
@@ -93,6 +94,9 @@ func (h *hostileAgent) SignalProcess(ctx context.Context, r *agent.SignalProcess
 	}
 	if h.killIgnored {
 		return &agent.SignalProcessResponse{}, nil
+	}
+	if h.killRefused {
+		return nil, status.Error(codes.Internal, "runc kill: container not running")
 	}
 	return h.fakeAgent.SignalProcess(ctx, r)
 }
@@ -277,6 +281,30 @@ func TestHostileKillIgnored(t *testing.T) {
 	}
 	h.delete("c2", "")
 	checkPodGone(t, h, "did not end container c1 within 10s of SIGKILL")
+}
+
+// TestHostileKillRefused: a guest that refuses SIGKILL with an answer and never reports the
+// exit. containerd hears the refusal, and the host still ends the container within KillGrace.
+func TestHostileKillRefused(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{KillGrace: 500 * time.Millisecond})
+	ha.killRefused = true
+	h.createSimple("c1")
+	h.start("c1", "")
+	_, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL)})
+	if err == nil || !strings.Contains(err.Error(), "container not running") {
+		t.Errorf("Kill refused by the guest: %v, want its refusal", err)
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
+	defer cancel()
+	w, err := h.svc.Wait(ctx, &taskAPI.WaitRequest{ID: "c1"})
+	if err != nil {
+		t.Fatalf("Wait for the killed container: %v", err)
+	}
+	if w.ExitStatus != exitKilled {
+		t.Errorf("the killed container's exit %d, want %d", w.ExitStatus, exitKilled)
+	}
+	h.delete("c1", "")
+	checkPodGone(t, h, "did not end container c1 within 500ms of SIGKILL")
 }
 
 // TestHostileSilentKill: a guest that does not even answer SignalProcess. Kill answers within

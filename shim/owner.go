@@ -480,8 +480,9 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // kill sends sig to p (with all, to every process of p's container). A SIGKILL of a
 // container (its init, or all) is the host's to finish: p and, with all, its container's execs
 // are marked killed (exitKilled if the VM has to go), and unless the guest confirms the exit
-// within GuestLimits.KillGrace, the VM is killed: after the agent acknowledged the kill, or
-// did not answer at all (then the SIGKILL succeeds for containerd all the same).
+// within GuestLimits.KillGrace, the VM is killed, whatever the agent answered. Without an
+// answer the SIGKILL succeeds for containerd all the same; an answer that refuses it (the
+// guest says the process has exited: NotFound) goes to containerd as it is.
 func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *process, sig uint32, all bool) error {
 	enforce := sig == uint32(syscall.SIGKILL) && p.execID == ""
 	if enforce {
@@ -497,20 +498,18 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 	actx, cancel := run.call(ctx)
 	defer cancel()
 	_, err := run.agent.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
-	switch {
-	case enforce && err == nil:
+	if enforce {
+		// A refusal is the guest's word too: an exited process's report follows at once.
 		go o.enforceKill(run, p)
-		return nil
-	case enforce && (errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err)):
-		// No answer: the host finishes the kill. (An answer that refuses it, such as a
-		// process the guest says has exited, goes to containerd as it is.)
-		go o.enforceKill(run, p)
-		log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("no answer to SIGKILL: the host ends the process within %v", o.opts.Limits.KillGrace)
-		return nil
-	case err == nil:
-		return nil
+		if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
+			log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("no answer to SIGKILL: the host ends the process within %v", o.opts.Limits.KillGrace)
+			return nil
+		}
 	}
-	return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
+	if err != nil {
+		return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
+	}
+	return nil
 }
 
 // enforceKill kills the pod's VM unless the agent reports p's exit within
