@@ -117,16 +117,16 @@ func TestHostOnlyListener(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(context.Background(), l) }()
 
-	// ping asks Ping over conn, then calls served (if any) before it closes its client: the
+	// ping asks Ping over conn, then calls whileOpen (if any) before it closes its client: the
 	// server closes its end once the client has closed.
-	ping := func(conn net.Conn, served func()) error {
+	ping := func(conn net.Conn, whileOpen func()) error {
 		client := ttrpc.NewClient(conn)
 		defer client.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := apiv1.NewAgentClient(client).Ping(ctx, &apiv1.PingRequest{})
-		if served != nil {
-			served()
+		if whileOpen != nil {
+			whileOpen()
 		}
 		return err
 	}

@@ -173,9 +173,9 @@
 //
 // VMExited is closed once QEMU has exited and the drains have read what it left (at most 2 s
 // later). Sandbox.VMError turns an owner's "the guest never came up" (or "the VM exited")
-// into an error that quotes how QEMU exited and the last lines (at most 20) of QEMU's output and of the console,
-// and, when vm.accel = "" chose KVM because /dev/kvm opens, says that KVM may not run the
-// guest and that accel = "tcg" runs it under TCG. It is an error, not a fallback to TCG: a
+// into an error that quotes how QEMU exited and the last lines (at most 20) of QEMU's output
+// and of the console, and, when vm.accel = "" chose KVM because /dev/kvm opens, says that KVM
+// may not run the guest and that accel = "tcg" runs it under TCG. It is an error, not a fallback to TCG: a
 // guest under TCG runs 5 to 20 times slower, which an administrator should choose, not find;
 // a failed boot is not always KVM's doing, and a second boot would double the wait for an
 // answer that may be the same failure; and one sandbox runs one VM in its life.

@@ -87,7 +87,7 @@ func CheckHostname(name string) error {
 
 // Bounds of a SetSysctls request.
 const (
-	MaxSysctls        = 256
+	maxSysctls        = 256
 	maxSysctlName     = 256
 	maxSysctlValueLen = 4096
 )
@@ -118,11 +118,11 @@ func SysctlPath(name string) (string, error) {
 	return strings.Join(parts, "/"), nil
 }
 
-// CheckSysctls accepts what SetSysctls may carry: at most MaxSysctls names SysctlPath takes,
+// CheckSysctls accepts what SetSysctls may carry: at most 256 names SysctlPath takes,
 // with values of at most 4096 bytes and no control character but tab.
 func CheckSysctls(sysctls map[string]string) error {
-	if len(sysctls) > MaxSysctls {
-		return fmt.Errorf("%d sysctls, more than %d", len(sysctls), MaxSysctls)
+	if len(sysctls) > maxSysctls {
+		return fmt.Errorf("%d sysctls, more than %d", len(sysctls), maxSysctls)
 	}
 	for _, name := range slices.Sorted(maps.Keys(sysctls)) {
 		if _, err := SysctlPath(name); err != nil {

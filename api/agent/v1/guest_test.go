@@ -29,7 +29,7 @@ func TestCheckSysctls(t *testing.T) {
 		t.Error(err)
 	}
 	many := map[string]string{}
-	for i := range MaxSysctls + 1 {
+	for i := range maxSysctls + 1 {
 		many["kernel.x"+strings.Repeat("y", i)] = "1"
 	}
 	for what, m := range map[string]map[string]string{
