@@ -261,16 +261,7 @@ func TestHostileKillIgnored(t *testing.T) {
 	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL), All: true}); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
-	defer cancel()
-	w, err := h.svc.Wait(ctx, &taskAPI.WaitRequest{ID: "c1"})
-	if err != nil {
-		t.Fatalf("Wait for the killed container: %v", err)
-	}
-	if w.ExitStatus != exitKilled {
-		t.Errorf("the killed container's exit %d, want %d", w.ExitStatus, exitKilled)
-	}
-	h.delete("c1", "")
+	waitKilled(t, h, "c1")
 	took := time.Since(start)
 	t.Logf("SIGKILL ignored by the guest, to stopped and deleted: %v", took.Round(time.Millisecond))
 	if took > 30*time.Second || took < DefaultGuestLimits.KillGrace {
@@ -294,17 +285,24 @@ func TestHostileKillRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "container not running") {
 		t.Errorf("Kill refused by the guest: %v, want its refusal", err)
 	}
+	waitKilled(t, h, "c1")
+	checkPodGone(t, h, "did not end container c1 within 500ms of SIGKILL")
+}
+
+// waitKilled waits up to 30 s for container id, SIGKILLed, to exit with exitKilled, and
+// deletes it.
+func waitKilled(t *testing.T, h *harness, id string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(h.ctx, 30*time.Second)
 	defer cancel()
-	w, err := h.svc.Wait(ctx, &taskAPI.WaitRequest{ID: "c1"})
+	w, err := h.svc.Wait(ctx, &taskAPI.WaitRequest{ID: id})
 	if err != nil {
 		t.Fatalf("Wait for the killed container: %v", err)
 	}
 	if w.ExitStatus != exitKilled {
 		t.Errorf("the killed container's exit %d, want %d", w.ExitStatus, exitKilled)
 	}
-	h.delete("c1", "")
-	checkPodGone(t, h, "did not end container c1 within 500ms of SIGKILL")
+	h.delete(id, "")
 }
 
 // TestHostileSilentKill: a guest that does not even answer SignalProcess. Kill answers within
