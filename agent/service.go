@@ -533,6 +533,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	if err != nil {
 		return nil, err
 	}
+	if err := apiv1.CheckSubmounts(req.Submounts); err != nil {
+		return nil, errf(codes.InvalidArgument, "%v", err)
+	}
 	c := &container{id: id, bundle: filepath.Join(s.cfg.StateDir, id), cgroup: spec.Linux.CgroupsPath, execs: make(map[string]*process)}
 	p, err := newProcess(c, "", req.Stdio)
 	if err != nil {
@@ -571,7 +574,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	if err := writeBundle(c.bundle, spec); err != nil {
 		return nil, errf(codes.Internal, "bundle: %v", err)
 	}
-	c.pins = s.mounts.pin(spec)
+	c.pins = s.mounts.pin(spec, req.Submounts)
 	col := s.startCollecting()
 	cr, err := s.cfg.Runtime.Create(context.WithoutCancel(ctx), id, c.bundle, p.childIO)
 	p.closeChildIO()

@@ -29,8 +29,18 @@ import (
 //
 // submounts is the agent's cure: before runc runs, the agent walks into the container's
 // submounts itself, so that its own namespace holds them; it unmounts them when the last
-// container using them is deleted, after their processes have exited. A mount the host makes
-// below a volume, which only the container walks into, is not covered.
+// container using them is deleted, after their processes have exited. The walk covers the
+// mount points on the way to the container's root and bind sources, and those the host names
+// below them (CreateContainerRequest.submounts: its mounts inside a volume when the container
+// was created). A mount the host makes in a volume later, which only the container walks
+// into, is not covered.
+//
+// Holding them also gives the container's binds the host's flags: a bind carries the mounts
+// below its source that exist when it is made, each with its own flags, while a submount
+// first reached through the container's bind is mounted with that bind's flags. Without the
+// walk, a volume bound read-only but not recursively (runc's "ro") would make a read-write
+// tmpfs inside it read-only in the container; with it, only the bind's own mount is, as
+// under runc on a host.
 
 // submounts pins the share's submounts that containers use in the agent's mount namespace.
 // mu is a leaf, taken while a container's op is held.
@@ -46,12 +56,13 @@ func newSubmounts(root string, log *logrus.Entry) *submounts {
 	return &submounts{root: filepath.Clean(root), log: log, held: make(map[string]int)}
 }
 
-// pin walks into the directories of spec's root and bind sources below the share, mounting
-// the submounts on their way in the agent's namespace, and returns the mount points it now
-// holds for the container. Pinning is a guard against a kernel bug, not a check of the spec:
-// a path it cannot walk (gone, a symlink, not a directory) is left for runc to judge.
-func (m *submounts) pin(spec *specs.Spec) []string {
-	dirs := []string{spec.Root.Path}
+// pin walks into the directories of spec's root and bind sources below the share, and into
+// the host's mount points below them (points), mounting the submounts on their way in the
+// agent's namespace, and returns the mount points it now holds for the container. Pinning is
+// not a check of the spec: a path it cannot walk (gone, a symlink, not a directory) is left
+// for runc to judge.
+func (m *submounts) pin(spec *specs.Spec, below []string) []string {
+	dirs := append([]string{spec.Root.Path}, below...)
 	for _, mnt := range spec.Mounts {
 		if mnt.Type == "bind" || slices.Contains(mnt.Options, "bind") || slices.Contains(mnt.Options, "rbind") {
 			dirs = append(dirs, mnt.Source)

@@ -13,8 +13,8 @@ import (
 )
 
 // TestSubmountsPinRelease plays the guest's submounts with bind mounts on the host: pin holds
-// every mount point a container's root and bind sources cross below the share (and nothing
-// else), counts the containers sharing one, and release unmounts a mount point when its last
+// every mount point a container's root and bind sources cross below the share, and those the
+// host names below them (and nothing else), counts the containers sharing one, and release unmounts a mount point when its last
 // container lets go. That the pin keeps a guest kernel standing is TestAgentSubmountExits's.
 func TestSubmountsPinRelease(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -52,6 +52,11 @@ func TestSubmountsPinRelease(t *testing.T) {
 	bind(mounts)
 	vol := mkdir("mounts/vol") // on the new mount
 	bind(vol)
+	inVol := filepath.Join(vol, "tmp") // a mount inside the volume, named by the host
+	if err := os.Mkdir(inVol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bind(inVol)
 	if err := os.WriteFile(filepath.Join(vol, "file"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +79,13 @@ func TestSubmountsPinRelease(t *testing.T) {
 	}
 	// c1: its root, a volume's file (the volume's directory is walked), a plain directory
 	// and a symlink (not walked).
-	p1 := m.pin(spec(root1, filepath.Join(vol, "file"), plain, filepath.Join(share, "link")))
+	p1 := m.pin(spec(root1, filepath.Join(vol, "file"), plain, filepath.Join(share, "link")), nil)
 	if want := []string{root1, vol, mounts}; !slices.Equal(p1, want) {
 		t.Errorf("c1 pinned %q, want %q", p1, want)
 	}
-	p2 := m.pin(spec(root2, vol))
-	if want := []string{root2, vol, mounts}; !slices.Equal(p2, want) {
+	// c2: its root, the volume, and the mount inside it.
+	p2 := m.pin(spec(root2, vol), []string{inVol})
+	if want := []string{root2, inVol, vol, mounts}; !slices.Equal(p2, want) {
 		t.Errorf("c2 pinned %q, want %q", p2, want)
 	}
 	if m.held[vol] != 2 || m.held[mounts] != 2 || m.held[root1] != 1 {
@@ -90,11 +96,11 @@ func TestSubmountsPinRelease(t *testing.T) {
 	if isMount(root1) {
 		t.Errorf("%s is still mounted after its container's release", root1)
 	}
-	if !isMount(vol) || !isMount(mounts) || !isMount(root2) {
+	if !isMount(vol) || !isMount(mounts) || !isMount(root2) || !isMount(inVol) {
 		t.Errorf("c1's release unmounted what c2 holds")
 	}
 	m.release(p2)
-	for _, p := range []string{root2, vol, mounts} {
+	for _, p := range []string{root2, inVol, vol, mounts} {
 		if isMount(p) {
 			t.Errorf("%s is still mounted after the last release", p)
 		}

@@ -14,8 +14,9 @@ import (
 
 // TestBindFlags checks each kind of bind through mounts/ and through shared/ (what the server
 // exports) on a source with a tmpfs mounted inside it: which of the two is there and which is
-// writable, that the source stays writable, that a source mount's own flags stay, and that a
-// mount made under the source afterwards stays out.
+// writable, that the source stays writable, that a source mount's own flags stay, that the
+// mounts below a bind are listed (what Submounts answers), and that a mount made under the
+// source afterwards stays out.
 func TestBindFlags(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir()
@@ -110,6 +111,10 @@ func TestBindFlags(t *testing.T) {
 				if opts := strings.Split(strings.Fields(l)[5], ","); !slices.Contains(opts, "nosuid") || !slices.Contains(opts, "nodev") {
 					t.Errorf("%s/sub lost the tmpfs's nosuid,nodev: %q", b, l)
 				}
+			}
+			below, err := mountsBelow(filepath.Join(dir, mountsName, tt.name))
+			if want := []string{"sub"}; err != nil || tt.withSub != slices.Equal(below, want) || !tt.withSub && len(below) > 0 {
+				t.Errorf("the mounts below the bind: %q, %v; want the tmpfs's: %v", below, err, tt.withSub)
 			}
 			if err := unbindMount(dir, tt.name); err != nil {
 				t.Fatal(err)

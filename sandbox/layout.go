@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -176,6 +177,22 @@ func unescapeMountInfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// mountsBelow returns the mount points of this process's mount namespace strictly below dir,
+// relative to it, in mount order (a parent before its children).
+func mountsBelow(dir string) ([]string, error) {
+	points, err := mountInfo()
+	if err != nil {
+		return nil, err
+	}
+	var below []string
+	for _, p := range points {
+		if rel, ok := strings.CutPrefix(p, dir+"/"); ok && !slices.Contains(below, rel) {
+			below = append(below, rel)
+		}
+	}
+	return below, nil
 }
 
 func isMountPoint(path string) (bool, error) {

@@ -455,6 +455,15 @@ func (s *Sandbox) Bind(src, name string, flags BindFlags) error {
 	return bindMount(src, s.MountsDir(), name, flags)
 }
 
+// Submounts returns the mount points below the bind name (Bind with BindRecursive carries
+// the mounts under its source), relative to it, parents before children.
+func (s *Sandbox) Submounts(name string) ([]string, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	return mountsBelow(filepath.Join(s.MountsDir(), name))
+}
+
 // Unbind undoes Bind.
 func (s *Sandbox) Unbind(name string) error {
 	if err := checkName(name); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 // container is one container of the pod.
@@ -38,15 +40,17 @@ type container struct {
 
 // bindContainer puts container c's files in the pod's share: its root filesystem (Create's
 // mounts, mounted on <bundle>/rootfs, or the spec's root path) at the container's id, then its
-// bind mounts. What it did is undone by the functions it appends to undo.
-func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) error {
+// bind mounts. It returns the guest paths of the host's mounts the recursive binds carried
+// (CreateContainerRequest.submounts). What it did is undone by the functions it appends to
+// undo.
+func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) ([]string, error) {
 	rootfs := filepath.Join(r.Bundle, "rootfs")
 	if len(r.Rootfs) > 0 {
 		if err := os.MkdirAll(rootfs, 0o711); err != nil {
-			return err
+			return nil, err
 		}
 		if err := mount.All(mount.FromProto(r.Rootfs), rootfs); err != nil {
-			return fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
+			return nil, fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
 		}
 		c.rootfsMounted = true
 		*undo = append(*undo, func() { unmountRootfs(o.ctx, rootfs) })
@@ -57,17 +61,34 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 		}
 	}
 	if err := bindRootfs(pod, rootfs, r.ID, spec); err != nil {
-		return fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
+		return nil, fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
 	}
 	c.binds = append(c.binds, r.ID)
 	*undo = append(*undo, func() { o.unbindAll(pod, c) })
+	recursive := []string{r.ID}
 	for _, b := range hostBinds {
 		if err := pod.Bind(b.Source, b.Name, b.Flags); err != nil {
-			return fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
+			return nil, fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
 		}
 		c.binds = append(c.binds, b.Name)
+		if b.Flags&sandbox.BindRecursive != 0 {
+			recursive = append(recursive, b.Name)
+		}
 	}
-	return nil
+	var submounts []string
+	for _, name := range recursive {
+		below, err := pod.Submounts(name)
+		if err != nil {
+			return nil, fmt.Errorf("the mounts below %s in the pod's share: %w", name, err)
+		}
+		for _, rel := range below {
+			submounts = append(submounts, path.Join(agent.SharedDir, name, rel))
+		}
+	}
+	if len(submounts) > agent.MaxSubmounts {
+		return nil, fmt.Errorf("container %s: %d mounts below its root and volumes, more than %d: %w", r.ID, len(submounts), agent.MaxSubmounts, errdefs.ErrInvalidArgument)
+	}
+	return submounts, nil
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

@@ -33,6 +33,7 @@ type fakeAgent struct {
 	shutdowns  int
 	deleted    [][2]string
 	specs      map[string][]byte
+	submounts  map[string][]string // CreateContainerRequest.submounts by container
 	oom        chan string
 	drainDelay time.Duration // how long after the exit the last output chunk comes
 	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
@@ -109,7 +110,7 @@ func (s *fakeStream) read(ctx context.Context, max uint32) (*agent.ReadStreamRes
 }
 
 func newFakeAgent() *fakeAgent {
-	return &fakeAgent{procs: map[[2]string]*fakeProc{}, nextPid: 100, specs: map[string][]byte{}, oom: make(chan string, 4)}
+	return &fakeAgent{procs: map[[2]string]*fakeProc{}, nextPid: 100, specs: map[string][]byte{}, submounts: map[string][]string{}, oom: make(chan string, 4)}
 }
 
 func (a *fakeAgent) proc(cid, eid string) (*fakeProc, error) {
@@ -164,6 +165,7 @@ func (a *fakeAgent) CreateContainer(_ context.Context, r *agent.CreateContainerR
 	a.note("agent:create " + r.ContainerId)
 	a.mu.Lock()
 	a.specs[r.ContainerId] = r.Spec
+	a.submounts[r.ContainerId] = r.Submounts
 	a.mu.Unlock()
 	p := a.add(r.ContainerId, "", r.Stdio)
 	return &agent.CreateContainerResponse{Pid: p.pid}, nil
@@ -376,7 +378,9 @@ type fakePod struct {
 	req     PodRequest
 	mu      sync.Mutex
 	binds   map[string]HostBind
-	stopped int
+	// mountsIn are the mounts below each bind source (by source), what Submounts answers.
+	mountsIn map[string][]string
+	stopped  int
 	killed  []error // the reasons of Kill's calls
 	done    chan struct{}
 	dieOnce sync.Once
@@ -398,6 +402,16 @@ func (p *fakePod) Bind(src, name string, flags sandbox.BindFlags) error {
 	}
 	p.binds[name] = HostBind{Source: src, Name: name, Flags: flags}
 	return nil
+}
+
+func (p *fakePod) Submounts(name string) ([]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, ok := p.binds[name]
+	if !ok {
+		return nil, fmt.Errorf("submounts of %s: not bound", name)
+	}
+	return p.mountsIn[b.Source], nil
 }
 
 func (p *fakePod) Unbind(name string) error {

@@ -35,6 +35,9 @@ type Pod interface {
 	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
 	Bind(src, name string, flags sandbox.BindFlags) error
 	Unbind(name string) error
+	// Submounts lists the mount points below the bind name, relative to it
+	// (sandbox.Submounts).
+	Submounts(name string) ([]string, error)
 	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
 	Done() <-chan struct{}
 	// Err says why Done was closed.

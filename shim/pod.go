@@ -288,6 +288,9 @@ func (p *VMPod) Bind(src, name string, flags sandbox.BindFlags) error {
 // Unbind implements Pod.
 func (p *VMPod) Unbind(name string) error { return p.sb.Unbind(name) }
 
+// Submounts implements Pod.
+func (p *VMPod) Submounts(name string) ([]string, error) { return p.sb.Submounts(name) }
+
 // Done implements Pod.
 func (p *VMPod) Done() <-chan struct{} { return p.done }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,6 +50,7 @@ type harness struct {
 	mu       sync.Mutex
 	pods     []*fakePod
 	startErr error
+	mountsIn map[string][]string // the pods' fakePod.mountsIn
 }
 
 // services are a pod's owner and both its services, as the shim's plugins make them.
@@ -85,7 +87,7 @@ func (h *harness) startPod(_ context.Context, req PodRequest) (Pod, error) {
 	if h.startErr != nil {
 		return nil, h.startErr
 	}
-	p := &fakePod{agent: h.agent, remote: h.remote, req: req, binds: map[string]HostBind{}, done: make(chan struct{})}
+	p := &fakePod{agent: h.agent, remote: h.remote, req: req, binds: map[string]HostBind{}, mountsIn: h.mountsIn, done: make(chan struct{})}
 	h.pods = append(h.pods, p)
 	return p, nil
 }
@@ -927,6 +929,26 @@ func TestRootfsMount(t *testing.T) {
 }
 
 // TestDeleteCreated: a created container's Delete kills it first, then deletes it.
+// TestSubmountsToAgent: the agent is told where the host's mounts below the container's root
+// and recursive binds are in the share, and not of those below a bind that does not carry
+// them.
+func TestSubmountsToAgent(t *testing.T) {
+	h := newHarness(t)
+	b := h.bundle("c1", nil,
+		specs.Mount{Destination: "/vol", Type: "bind", Source: "/host/vol", Options: []string{"rbind", "ro"}},
+		specs.Mount{Destination: "/flat", Type: "bind", Source: "/host/flat", Options: []string{"bind"}})
+	h.mountsIn = map[string][]string{
+		filepath.Join(b, "rootfs"): {"proc-like"},
+		"/host/vol":                {"tmp", "tmp/deeper"},
+		"/host/flat":               {"not-carried"},
+	}
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: b})
+	want := []string{"/run/kvfs/shared/c1/proc-like", "/run/kvfs/shared/c1-0-vol/tmp", "/run/kvfs/shared/c1-0-vol/tmp/deeper"}
+	if got := h.agent.submounts["c1"]; !slices.Equal(got, want) {
+		t.Errorf("the agent was told of the submounts %q, want %q", got, want)
+	}
+}
+
 func TestDeleteCreated(t *testing.T) {
 	h := newHarness(t)
 	h.createSimple("c1")

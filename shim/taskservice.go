@@ -65,6 +65,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	isSandbox := spec.Annotations[AnnotationContainerType] == containerTypeSandbox
 	podReq := PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations, SandboxTask: isSandbox}
 	var guestSpec *specs.Spec
+	var submounts []string
 	var hostBinds []HostBind
 	if isSandbox {
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
@@ -142,7 +143,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, err
 	}
 	if !isSandbox {
-		if err := s.bindContainer(run.pod, c, r, spec, hostBinds, &undo); err != nil {
+		if submounts, err = s.bindContainer(run.pod, c, r, spec, hostBinds, &undo); err != nil {
 			return nil, err
 		}
 	}
@@ -161,7 +162,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	in, out, errw := sc.Wants()
 	actx, cancel := run.call(ctx)
 	_, err = run.agent.CreateContainer(actx, &agent.CreateContainerRequest{
-		ContainerId: r.ID, Spec: specJSON,
+		ContainerId: r.ID, Spec: specJSON, Submounts: submounts,
 		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
 	cancel()

@@ -132,6 +132,16 @@ func StartWith(t *testing.T, extra, sandboxer string, imports []string) *Env {
 	return e
 }
 
+// InMountNS runs a command in the containerd's mount namespace, where its shims bind the
+// containers' volumes: a mount the test makes inside a volume must be made there.
+func (e *Env) InMountNS(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command("nsenter", append([]string{"--target", fmt.Sprint(e.C.PID()), "--mount", "--"}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nsenter %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
 // PrintConsoles logs the guest console of every pod still in dir.
 func PrintConsoles(t *testing.T, dir string) {
 	logs, _ := filepath.Glob(filepath.Join(dir, "*", "console.log"))

@@ -272,8 +272,13 @@ type CreateContainerRequest struct {
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
 	// spec is the OCI runtime spec (config.json) as the guest runs it: root.path below
 	// /run/kvfs/shared, no host-only namespace paths, devices or hooks.
-	Spec          []byte `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
-	Stdio         *Stdio `protobuf:"bytes,3,opt,name=stdio,proto3" json:"stdio,omitempty"`
+	Spec  []byte `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	Stdio *Stdio `protobuf:"bytes,3,opt,name=stdio,proto3" json:"stdio,omitempty"`
+	// submounts are the mount points below /run/kvfs/shared that the container's root and
+	// bind sources hold, the host's mounts inside them: the agent mounts them in its own
+	// namespace before runc binds the sources, so that the container's binds carry them with
+	// their own flags (see agent/submounts.go). At most MaxSubmounts, each below the share.
+	Submounts     []string `protobuf:"bytes,4,rep,name=submounts,proto3" json:"submounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -325,6 +330,13 @@ func (x *CreateContainerRequest) GetSpec() []byte {
 func (x *CreateContainerRequest) GetStdio() *Stdio {
 	if x != nil {
 		return x.Stdio
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetSubmounts() []string {
+	if x != nil {
+		return x.Submounts
 	}
 	return nil
 }
@@ -2251,11 +2263,12 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\bterminal\x18\x01 \x01(\bR\bterminal\x12\x14\n" +
 	"\x05stdin\x18\x02 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x03 \x01(\bR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"{\n" +
+	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"\x99\x01\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12*\n" +
-	"\x05stdio\x18\x03 \x01(\v2\x14.kvfs.agent.v1.StdioR\x05stdio\"+\n" +
+	"\x05stdio\x18\x03 \x01(\v2\x14.kvfs.agent.v1.StdioR\x05stdio\x12\x1c\n" +
+	"\tsubmounts\x18\x04 \x03(\tR\tsubmounts\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x96\x01\n" +
 	"\x12ExecProcessRequest\x12!\n" +

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 )
@@ -136,6 +137,27 @@ func CheckSysctls(sysctls map[string]string) error {
 			if c < ' ' && c != '\t' || c == 0x7f {
 				return fmt.Errorf("sysctl %s: value %q has a control character", name, v)
 			}
+		}
+	}
+	return nil
+}
+
+// MaxSubmounts bounds CreateContainerRequest.submounts.
+const MaxSubmounts = 1024
+
+// CheckSubmounts accepts what CreateContainerRequest.submounts may carry: at most
+// MaxSubmounts clean absolute paths strictly below SharedDir, without NUL, of at most 4096
+// bytes each.
+func CheckSubmounts(points []string) error {
+	if len(points) > MaxSubmounts {
+		return fmt.Errorf("%d submounts, more than %d", len(points), MaxSubmounts)
+	}
+	for _, p := range points {
+		switch {
+		case len(p) > 4096:
+			return fmt.Errorf("submount %.64q...: longer than 4096 bytes", p)
+		case !strings.HasPrefix(p, SharedDir+"/") || path.Clean(p) != p || strings.ContainsRune(p, 0):
+			return fmt.Errorf("submount %q: not a clean path below %s", p, SharedDir)
 		}
 	}
 	return nil

@@ -43,3 +43,26 @@ func TestCheckSysctls(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckSubmounts(t *testing.T) {
+	ok := []string{SharedDir + "/c1/sub", SharedDir + "/c1-0-vol/a b/tmp"}
+	if err := CheckSubmounts(ok); err != nil {
+		t.Errorf("CheckSubmounts(%q): %v", ok, err)
+	}
+	for _, bad := range [][]string{
+		{SharedDir},
+		{SharedDir + "/"},
+		{SharedDir + "x/a"},
+		{"/etc"},
+		{"c1/sub"},
+		{SharedDir + "/c1/../../../etc"},
+		{SharedDir + "/c1/sub/"},
+		{SharedDir + "/c1/\x00"},
+		{SharedDir + "/" + strings.Repeat("a", 4096)},
+		make([]string, MaxSubmounts+1),
+	} {
+		if err := CheckSubmounts(bad); err == nil {
+			t.Errorf("CheckSubmounts(%.80q) accepted", bad)
+		}
+	}
+}
