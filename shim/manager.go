@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 
+	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -33,12 +34,15 @@ const RuntimeName = "io.containerd.kvfs.v2"
 // and delete actions, and -info.
 type Manager struct {
 	name string
+	// defaultConfig is the sandbox configuration -info reads when its options name none
+	// (DefaultConfigPath).
+	defaultConfig string
 }
 
 var _ cshim.Shim = Manager{}
 
 // NewManager returns the manager of runtime name.
-func NewManager(name string) Manager { return Manager{name: name} }
+func NewManager(name string) Manager { return Manager{name: name, defaultConfig: DefaultConfigPath} }
 
 // Name implements shim.Shim.
 func (m Manager) Name() string { return m.name }
@@ -239,16 +243,35 @@ func Cleanup(ctx context.Context, bundle string) error {
 	return errors.Join(errs...)
 }
 
-// Info implements shim.Shim: the runtime's name and version, and the options it was given.
+// Info implements shim.Shim: the runtime's name and version, the options it was given, and
+// its features (podFeatures) from the guest image the sandbox configuration the options
+// name (or the node's, or the defaults) boots. Without an image description to read them
+// from, the answer has no features, and says why in the log.
 func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
 	info := &types.RuntimeInfo{Name: m.name, Version: &types.RuntimeVersion{Version: Version}}
 	opts, err := cshim.ReadRuntimeOptions[*runtimeoptions.Options](optionsR)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
+		opts = &runtimeoptions.Options{}
 	case err != nil:
 		return nil, fmt.Errorf("read the runtime options (runtimeoptions.v1.Options): %w", err)
 	default:
 		if info.Options, err = typeurl.MarshalAnyToProto(opts); err != nil {
+			return nil, err
+		}
+	}
+	cfg, err := loadConfig(opts.GetConfigPath(), opts.GetConfigBody(), m.defaultConfig)
+	if err != nil {
+		return nil, err
+	}
+	desc, err := guestimage.ReadDescription(cfg.VM.Initrd)
+	switch {
+	case err != nil:
+		log.G(ctx).WithError(err).Warn("no features: cannot read the guest image's description")
+	case desc.Runc.Features == nil:
+		log.G(ctx).WithField("initrd", cfg.VM.Initrd).Warn("no features: the guest image does not say what its runc supports (an image built before kvfs recorded it)")
+	default:
+		if info.Features, err = typeurl.MarshalAnyToProto(podFeatures(desc.Runc.Features)); err != nil {
 			return nil, err
 		}
 	}

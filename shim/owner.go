@@ -186,30 +186,32 @@ func (o *PodOwner) getProcess(id, execID string) (*container, *process, error) {
 }
 
 // loadConfig decodes runtime options (Create's, or those the shim was started with) into the
-// sandbox configuration: runtimeoptions' ConfigPath or ConfigBody, else DefaultConfigPath if
-// it exists, else the defaults.
+// sandbox configuration (loadConfig).
 func (o *PodOwner) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
 	path, body, err := ConfigSource(opts)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	var cfg *sandbox.Config
-	switch {
-	case len(body) > 0:
-		cfg, err = sandbox.ParseConfig(body)
-	case path != "":
-		cfg, err = sandbox.LoadConfig(path)
-	default:
-		if _, serr := os.Stat(o.opts.DefaultConfigPath); serr == nil {
-			cfg, err = sandbox.LoadConfig(o.opts.DefaultConfigPath)
-		} else {
-			cfg = sandbox.DefaultConfig()
-		}
-	}
+	cfg, err := loadConfig(path, body, o.opts.DefaultConfigPath)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return cfg, nil
+}
+
+// loadConfig reads the sandbox configuration runtime options give (runtimeoptions'
+// ConfigBody, else ConfigPath), else defaultPath if it exists, else the defaults.
+func loadConfig(path string, body []byte, defaultPath string) (*sandbox.Config, error) {
+	switch {
+	case len(body) > 0:
+		return sandbox.ParseConfig(body)
+	case path != "":
+		return sandbox.LoadConfig(path)
+	}
+	if _, err := os.Stat(defaultPath); err == nil {
+		return sandbox.LoadConfig(defaultPath)
+	}
+	return sandbox.DefaultConfig(), nil
 }
 
 // agentErrIs says whether an agent's error is of a kind: a gRPC code over ttrpc, or an errdefs

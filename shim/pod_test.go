@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -23,9 +25,11 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"github.com/containerd/typeurl/v2"
+	"github.com/opencontainers/runtime-spec/specs-go/features"
 	"golang.org/x/sys/unix"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -205,22 +209,71 @@ func TestManagerStartJoins(t *testing.T) {
 	}
 }
 
-// TestManagerInfo: -info answers the name, the version and the options it was given.
+// TestManagerInfo: -info answers the name, the version and the options it was given, and the
+// features of the image the configuration boots: its runc's, less what the guest has no use
+// for; without an image description, no features.
 func TestManagerInfo(t *testing.T) {
-	m := NewManager(RuntimeName)
-	info, err := m.Info(context.Background(), bytes.NewReader(nil))
-	if err != nil || info.Name != RuntimeName || info.Version.Version != Version || info.Options != nil {
-		t.Errorf("Info without options: %+v, %v", info, err)
-	}
-	a, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: "/etc/kvfs/x.toml"})
-	b, _ := proto.Marshal(a)
-	info, err = m.Info(context.Background(), bytes.NewReader(b))
-	if err != nil {
+	dir := t.TempDir()
+	image := filepath.Join(dir, "image")
+	if err := os.Mkdir(image, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	v, err := typeurl.UnmarshalAny(info.Options)
-	if o, ok := v.(*runtimeoptions.Options); err != nil || !ok || o.ConfigPath != "/etc/kvfs/x.toml" {
+	config := func(name, initrd string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("[vm]\ninitrd = %q\n", initrd)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	runc := `{"ociVersionMin": "1.0.0", "mountOptions": ["bind", "ro", "rro", "rbind"], "hooks": ["prestart"],
+		"linux": {"namespaces": ["mount", "user"], "cgroup": {"v1": true, "v2": true, "systemd": true, "systemdUser": true},
+			"apparmor": {"enabled": true}, "selinux": {"enabled": true}},
+		"annotations": {"org.opencontainers.runc.version": "1.1.5", "org.opencontainers.runc.checkpoint.enabled": "true"}}`
+	desc := `{"kvfs_version": "devel", "runc": {"package_version": "1.1.5", "features": ` + runc + `}}`
+	if err := os.WriteFile(filepath.Join(image, guestimage.DescriptionFile), []byte(desc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	m := Manager{name: RuntimeName, defaultConfig: config("node.toml", filepath.Join(image, "initramfs.gz"))}
+	info, err := m.Info(context.Background(), bytes.NewReader(nil))
+	if err != nil || info.Name != RuntimeName || info.Version.Version != Version || info.Options != nil || info.Features == nil {
+		t.Fatalf("Info without options: %+v, %v", info, err)
+	}
+	v, err := typeurl.UnmarshalAny(info.Features)
+	f, ok := v.(*features.Features)
+	if err != nil || !ok {
+		t.Fatalf("Info's features: %T, %v", v, err)
+	}
+	l := f.Linux
+	switch {
+	case !slices.Contains(f.MountOptions, "rro") || !slices.Equal(l.Namespaces, []string{"mount", "user"}):
+		t.Errorf("features %+v: want runc's mount options and namespaces", f)
+	case *l.Apparmor.Enabled || *l.Selinux.Enabled || *l.IntelRdt.Enabled || *l.MountExtensions.IDMap.Enabled:
+		t.Errorf("features %+v: AppArmor, SELinux, RDT or idmapped mounts on", l)
+	case *l.Cgroup.V1 || !*l.Cgroup.V2 || *l.Cgroup.Systemd || *l.Cgroup.SystemdUser:
+		t.Errorf("cgroup features %+v: want v2 alone", l.Cgroup)
+	case f.Annotations["org.opencontainers.runc.checkpoint.enabled"] != "" || f.Annotations["org.opencontainers.runc.version"] != "1.1.5":
+		t.Errorf("annotations %v", f.Annotations)
+	}
+
+	// The options' configuration boots an image without a description: no features.
+	other := config("other.toml", filepath.Join(dir, "none", "initramfs.gz"))
+	a, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: other})
+	b, _ := proto.Marshal(a)
+	info, err = m.Info(context.Background(), bytes.NewReader(b))
+	if err != nil || info.Features != nil {
+		t.Fatalf("Info with an image without description: %+v, %v", info, err)
+	}
+	v, err = typeurl.UnmarshalAny(info.Options)
+	if o, ok := v.(*runtimeoptions.Options); err != nil || !ok || o.ConfigPath != other {
 		t.Errorf("Info options %v, %v", v, err)
+	}
+
+	// A configuration that cannot be read is an error that names it.
+	a, _ = typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: "/nonexistent/kvfs.toml"})
+	b, _ = proto.Marshal(a)
+	if _, err := m.Info(context.Background(), bytes.NewReader(b)); err == nil || !strings.Contains(err.Error(), "/nonexistent/kvfs.toml") {
+		t.Errorf("Info with a missing configuration: %v", err)
 	}
 }
 

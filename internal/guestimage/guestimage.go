@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/opencontainers/runtime-spec/specs-go/features"
 )
 
 // DescriptionPath is where build.sh puts the image's description inside the initramfs; it
@@ -51,6 +53,9 @@ type Description struct {
 	} `json:"agent"`
 	Runc struct {
 		PackageVersion string `json:"package_version"`
+		// Features is what `runc features` says of the image's runc; nil in an image built
+		// before build.sh recorded it.
+		Features *features.Features `json:"features,omitempty"`
 	} `json:"runc"`
 	Busybox struct {
 		PackageVersion string `json:"package_version"`
@@ -106,6 +111,26 @@ func Read(kernel, initrd string) (*Info, error) {
 		info.Description = &d
 	}
 	return &info, nil
+}
+
+// ReadDescription reads the description of the image whose initramfs is initrd: the
+// DescriptionFile beside it if there is one, else the initramfs's own; an error wrapping
+// os.ErrNotExist if neither exists.
+func ReadDescription(initrd string) (*Description, error) {
+	from := filepath.Join(filepath.Dir(initrd), DescriptionFile)
+	data, err := os.ReadFile(from)
+	if errors.Is(err, os.ErrNotExist) {
+		from = initrd + ":" + DescriptionPath
+		data, err = ReadInitramfsFile(initrd, DescriptionPath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var d Description
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, fmt.Errorf("%s: %w", from, err)
+	}
+	return &d, nil
 }
 
 // checksum hashes path and looks it up in the SHA256SUMS beside it.

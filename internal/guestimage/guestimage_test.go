@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -206,6 +208,11 @@ func TestBuildReproducible(t *testing.T) {
 		t.Errorf("image.json's kernel checksum %s, the kernel's %s", d.Kernel.SHA256, info.Kernel.SHA256)
 	case d.Agent.SHA256 == "" || d.Runc.PackageVersion == "" || d.Busybox.PackageVersion == "" || len(d.Modules) == 0:
 		t.Errorf("description %+v", d)
+	case d.Runc.Features == nil || !slices.Contains(d.Runc.Features.MountOptions, "rro"):
+		t.Errorf("runc's features %+v: want its mount options, rro among them", d.Runc.Features)
+	}
+	if rd, err := ReadDescription(a.Initrd); err != nil || !reflect.DeepEqual(rd, d) {
+		t.Errorf("ReadDescription: %+v, %v; want the initramfs's %+v", rd, err, d)
 	}
 	beside, err := os.ReadFile(filepath.Join(filepath.Dir(a.Kernel), DescriptionFile))
 	if err != nil {

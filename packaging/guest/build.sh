@@ -27,10 +27,10 @@
 # builds the agent first: go's build cache makes that quick). The archive is
 # reproducible: every file's time is SOURCE_DATE_EPOCH (default 0), cpio's input
 # sorted and --reproducible, gzip -n. The image describes itself in
-# /etc/kvfs/image.json (kernel, agent, runc and busybox versions, KVFS_VERSION,
-# default "devel"), also written beside it as OUTDIR/image.json, and
-# OUTDIR/SHA256SUMS holds the checksums of vmlinuz, initramfs.gz and image.json
-# (sha256sum -c SHA256SUMS; kvfsctl image info).
+# /etc/kvfs/image.json (kernel, agent, runc and busybox versions, what the runc
+# supports (runc features), KVFS_VERSION, default "devel"), also written beside
+# it as OUTDIR/image.json, and OUTDIR/SHA256SUMS holds the checksums of vmlinuz,
+# initramfs.gz and image.json (sha256sum -c SHA256SUMS; kvfsctl image info).
 #
 # --agent-faults is --agent with kvfs-agent built with the kvfsfaults tag: its test
 # fault modes (agent/fault.go) are chosen by kvfs.fault= on the kernel command line.
@@ -389,7 +389,9 @@ fi
 
 # image_json prints the agent image's description: what it was built from.
 image_json() {
-	local kpkg tags_json=
+	local kpkg tags_json= runc_features
+	# What the image's runc supports (the shim's -info answers from it), on one line.
+	runc_features=$("$runc_bin" features | tr '\n' ' ' | tr -s ' ') || die "$runc_bin features failed"
 	kpkg=$(basename "$kdeb" .deb)
 	[ -z "$agent_tags" ] || tags_json=", \"tags\": \"$agent_tags\""
 	cat <<-EOF
@@ -398,7 +400,7 @@ image_json() {
 		  "source_date_epoch": $epoch,
 		  "kernel": {"version": "$kver", "package": "${kpkg%%_*}", "package_version": "$(echo "$kpkg" | cut -d_ -f2)", "sha256": "$(sha256sum <"$vmlinuz" | cut -d' ' -f1)"},
 		  "agent": {"sha256": "$(sha256sum <"$agent_bin" | cut -d' ' -f1)", "go": "$("$gobin" env GOVERSION)"$tags_json},
-		  "runc": {"package_version": "$(dpkg-query -W -f='${Version}' runc)"},
+		  "runc": {"package_version": "$(dpkg-query -W -f='${Version}' runc)", "features": $runc_features},
 		  "busybox": {"package_version": "$(dpkg-query -W -f='${Version}' busybox-static)"},
 		  "modules": [$(sed 's/.*\///; s/\.ko$//; s/.*/"&"/' "$root/etc/kvfs/modules" | paste -sd, | sed 's/,/, /g')]
 		}
