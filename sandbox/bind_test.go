@@ -127,8 +127,12 @@ func TestBindFlags(t *testing.T) {
 		t.Error("a read-only bind made its source read-only")
 	}
 
-	// A mount made under the source after the bind does not appear in it.
+	// A mount made under the source after the bind does not appear in it, unless the bind
+	// follows the host; the host's mount stays when that bind goes.
 	if err := bindMount(src, filepath.Join(dir, mountsName), "before", BindRecursive); err != nil {
+		t.Fatal(err)
+	}
+	if err := bindMount(src, filepath.Join(dir, mountsName), "follows", BindRecursive|BindReadOnly|BindFollowHost); err != nil {
 		t.Fatal(err)
 	}
 	later := filepath.Join(src, "later")
@@ -143,9 +147,21 @@ func TestBindFlags(t *testing.T) {
 		if l := mountLine(t, filepath.Join(dir, view, "before", "later")); l != "" {
 			t.Errorf("a mount made under the source later reached %s: %q", view, l)
 		}
+		b := filepath.Join(dir, view, "follows")
+		if l := mountLine(t, filepath.Join(b, "later")); l == "" {
+			t.Errorf("a mount made under the source later did not reach %s of a bind that follows the host", view)
+		}
+		if writable(t, b) || !writable(t, filepath.Join(b, "later")) {
+			t.Errorf("%s: the bind that follows the host is not read-only on top, read-write in the later mount", b)
+		}
 	}
-	if err := unbindMount(dir, "before"); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"before", "follows"} {
+		if err := unbindMount(dir, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mountLine(t, later) == "" {
+		t.Error("unbinding a bind that follows the host unmounted the host's mount")
 	}
 
 	if err := bindMount(src, filepath.Join(dir, mountsName), "bad", 1<<7); err == nil || !strings.Contains(err.Error(), "unknown flags 0x80") {

@@ -320,11 +320,13 @@ func checkName(name string) error {
 
 // bindMount binds src at the new mount point name inside the directory mountsDir, as flags
 // say (see BindFlags). The bind is made on a detached copy of src's mount (open_tree), made
-// private (mounts later made under src stay out of the sandbox) and read-only as asked before
-// it is attached in mountsDir (move_mount): nothing is reachable before it is finished, and
-// the copy propagated to shared/ is a copy of the finished mount, flags included. Attached
-// under the shared mounts/, the bind is in a peer group of its own with that copy; it is then
-// made private, everything under it too.
+// private (mounts later made under src stay out of the sandbox) or, with BindFollowHost, a
+// slave of src's, and read-only as asked, before it is attached in mountsDir (move_mount):
+// nothing is reachable before it is finished, and the copy propagated to shared/ is a copy
+// of the finished mount, flags included. Attached under the shared mounts/, the bind is in a
+// peer group of its own with that copy, a slave; it is then made private, everything under
+// it too, unless it follows the host: then what the host mounts under src reaches the bind,
+// and from it the copy in shared/.
 //
 // src is opened once, without following a symlink at its end, and bound from that descriptor:
 // what is checked is what is bound, whatever the path names meanwhile, and a symlink as the
@@ -367,6 +369,9 @@ func bindMount(src, mountsDir, name string, flags BindFlags) error {
 		removeMountPoint(mountsDir, name)
 		return fmt.Errorf("bind %s to %s: %w", src, target, err)
 	}
+	if flags&BindFollowHost != 0 {
+		return nil
+	}
 	if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
 		_ = unmountPath(target)
 		removeMountPoint(mountsDir, name)
@@ -390,9 +395,10 @@ func unbindMount(dir, name string) error {
 }
 
 // cloneMount returns a detached copy of the mount fd is in, rooted at fd, with the mounts
-// under it if flags has BindRecursive: every mount private, the top one read-only if flags has
-// BindReadOnly, every one if BindRecursiveReadOnly. mount_setattr changes only the flags it
-// names: a source's nosuid, nodev or noexec stays.
+// under it if flags has BindRecursive: every mount private (a slave of its source with
+// BindFollowHost), the top one read-only if flags has BindReadOnly, every one if
+// BindRecursiveReadOnly. mount_setattr changes only the flags it names: a source's nosuid,
+// nodev or noexec stays.
 func cloneMount(fd int, flags BindFlags) (tree int, err error) {
 	how := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH
 	if flags&BindRecursive != 0 {
@@ -408,6 +414,9 @@ func cloneMount(fd int, flags BindFlags) (tree int, err error) {
 		}
 	}()
 	all := unix.MountAttr{Propagation: unix.MS_PRIVATE}
+	if flags&BindFollowHost != 0 {
+		all.Propagation = unix.MS_SLAVE
+	}
 	if flags&BindRecursiveReadOnly != 0 {
 		all.Attr_set = unix.MOUNT_ATTR_RDONLY
 	}

@@ -437,15 +437,20 @@ const (
 	BindReadOnly
 	// BindRecursiveReadOnly makes every mount of the bind read-only (the OCI option "rro").
 	BindRecursiveReadOnly
+	// BindFollowHost makes the bind a slave of its source's mount: mounts the host makes
+	// under the source later appear in the bind too (the OCI options "rslave" and
+	// "rshared": Kubernetes' HostToContainer and Bidirectional propagation), if the source's
+	// mount is shared or a slave itself. Nothing goes back to the host.
+	BindFollowHost
 
-	bindFlagsAll = BindRecursive | BindReadOnly | BindRecursiveReadOnly
+	bindFlagsAll = BindRecursive | BindReadOnly | BindRecursiveReadOnly | BindFollowHost
 )
 
 // Bind bind-mounts src (a directory or a regular file) at MountsDir()/name, name being a
 // single path component, as flags say; it appears in the guest as /name in the share. What
 // is read-only on the host is read-only to the guest whatever the guest does: the server's
-// writes there fail with EROFS. Mounts made under src later do not appear. Bind needs Linux
-// 5.12 (open_tree, move_mount, mount_setattr).
+// writes there fail with EROFS. Mounts made under src later do not appear, unless flags has
+// BindFollowHost. Bind needs Linux 5.12 (open_tree, move_mount, mount_setattr).
 func (s *Sandbox) Bind(src, name string, flags BindFlags) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
