@@ -29,11 +29,14 @@
 // not (its end comes when the last process holding the terminal goes).
 //
 // Before runc creates a container, the agent walks into the share's submounts the container's
-// root and binds cross, so that its own mount namespace holds them until the last container
-// using them is deleted (submounts.go): the exit of a container's last process then never
-// tears a virtio-fs superblock down, which Debian's 6.1 kernel can do with an inode still busy
-// and stop on. A kill that runc refuses because the init has exited, not yet reaped, answers
-// NotFound once the reaper reports the exit.
+// root and binds cross, and those the host names below them, so that its own mount namespace
+// holds them until the last container using them is deleted (submounts.go): the exit of a
+// container's last process then never tears a virtio-fs superblock down, which Debian's 6.1
+// kernel can do with an inode still busy and stop on, and a bind carries the host's mounts
+// inside it with their own flags. A spec whose PID namespace is apiv1.PodPIDNamespace joins
+// the pod's shared one, made at first use with an init of its own, kvfs-pod-init
+// (podpidns.go). A kill that runc refuses because the init has exited, not yet reaped,
+// answers NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host
 // gave QEMU, is renamed, given its MTU and addresses and brought up, then the routes are

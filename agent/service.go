@@ -71,6 +71,8 @@ type Config struct {
 	Network Network
 	// SysctlDir is where SetSysctls writes (default /proc/sys).
 	SysctlDir string
+	// PodInit is the init of the pod's shared PID namespace (default PodInit).
+	PodInit string
 }
 
 // Service implements apiv1.AgentService. Processes' exits reach it through ProcessExited,
@@ -82,8 +84,9 @@ type Service struct {
 	log    *logrus.Entry
 	kernel string
 	mounts *submounts
-	oom    chan string   // the queue of OOM events; GetOOMEvent takes from it
-	done   chan struct{} // closed when Shutdown has stopped everything
+	podPID *podPIDNamespace // the pod's shared PID namespace; its lock is a leaf
+	oom    chan string      // the queue of OOM events; GetOOMEvent takes from it
+	done   chan struct{}    // closed when Shutdown has stopped everything
 
 	shutdownOnce sync.Once
 	// netMu serialises ConfigureNetwork and SetSysctls requests; a leaf.
@@ -179,11 +182,15 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.SysctlDir == "" {
 		cfg.SysctlDir = "/proc/sys"
 	}
+	if cfg.PodInit == "" {
+		cfg.PodInit = PodInit
+	}
 	return &Service{
 		cfg:        cfg,
 		log:        cfg.Log,
 		kernel:     KernelRelease(),
 		mounts:     newSubmounts(cfg.RootDir, cfg.Log),
+		podPID:     &podPIDNamespace{init: cfg.PodInit},
 		oom:        make(chan string, oomQueueLen),
 		done:       make(chan struct{}),
 		containers: make(map[string]*container),
@@ -519,6 +526,15 @@ func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.
 	}
 	if !strings.HasPrefix(spec.Linux.CgroupsPath, "/") {
 		return nil, errf(codes.InvalidArgument, "spec: linux.cgroupsPath %q is not an absolute cgroup path (the guest runs runc with cgroupfs)", spec.Linux.CgroupsPath)
+	}
+	for i, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.PIDNamespace && ns.Path == apiv1.PodPIDNamespace {
+			p, err := s.podPID.Path()
+			if err != nil {
+				return nil, errf(codes.Internal, "%v", err)
+			}
+			spec.Linux.Namespaces[i].Path = p
+		}
 	}
 	return &spec, nil
 }

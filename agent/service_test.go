@@ -1025,3 +1025,56 @@ func TestPingTimes(t *testing.T) {
 		t.Errorf("uptime_ns = %v, want between %v and now (%v)", up, started, BootTime())
 	}
 }
+
+// TestPodPIDNamespace: a spec naming the pod's shared PID namespace reaches runc's bundle with
+// a path to one namespace, not the agent's, the same for every container; its init is
+// started once.
+func TestPodPIDNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (a new PID namespace)")
+	}
+	fx := newFixture(t)
+	dir := t.TempDir()
+	starts := filepath.Join(dir, "starts")
+	init := filepath.Join(dir, "init")
+	if err := os.WriteFile(init, []byte("#!/bin/sh\necho started >>"+starts+"\nexec sleep 5\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fx.svc.podPID.init = init
+	var paths []string
+	for _, id := range []string{"a", "b"} {
+		b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sleep"}, Cwd: "/"},
+			Root: &specs.Root{Path: fx.root + "/" + id}, Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace, Path: apiv1.PodPIDNamespace}, {Type: specs.MountNamespace}}}})
+		if _, err := fx.svc.CreateContainer(fx.ctx, &apiv1.CreateContainerRequest{ContainerId: id, Spec: b}); err != nil {
+			t.Fatal(err)
+		}
+		fx.rt.mu.Lock()
+		bundle := fx.rt.bundles[id]
+		fx.rt.mu.Unlock()
+		data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got specs.Spec
+		if err := json.Unmarshal(data, &got); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, got.Linux.Namespaces[0].Path)
+	}
+	if paths[0] != paths[1] || !strings.HasPrefix(paths[0], fmt.Sprintf("/proc/%d/fd/", os.Getpid())) {
+		t.Fatalf("the containers' PID namespace paths %q: want one /proc/<agent>/fd/N", paths)
+	}
+	ns, err := os.Readlink(paths[0])
+	own, _ := os.Readlink("/proc/self/ns/pid")
+	if err != nil || !strings.HasPrefix(ns, "pid:[") || ns == own {
+		t.Errorf("the pod's PID namespace %q, %v; the agent's %q", ns, err, own)
+	}
+	b, err := os.ReadFile(starts)
+	for deadline := time.Now().Add(5 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, err = os.ReadFile(starts)
+	}
+	if err != nil || string(b) != "started\n" {
+		t.Errorf("the namespace's init started: %q, %v; want once", b, err)
+	}
+}

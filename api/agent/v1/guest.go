@@ -16,6 +16,12 @@ const (
 	// container's root filesystem, bound at mounts/NAME on the host, is SharedDir/NAME here.
 	SharedDir = "/run/kvfs/shared"
 
+	// PodPIDNamespace, as the path of the PID namespace of a container's spec, is the pod's
+	// shared PID namespace (Kubernetes' shareProcessNamespace): the agent makes it at first
+	// use, with an init of its own as the pause container is a runc pod's, and has runc join
+	// it. The shim names it where the host's spec joins another container's PID namespace.
+	PodPIDNamespace = "kvfs:pod-pid-namespace"
+
 	// ContainersCgroup is the guest cgroup (below the cgroup2 root) that holds every
 	// container's, each at ContainersCgroup/ID: the agent makes it at boot, and its metrics
 	// are the pod's (Stats without a container id).
