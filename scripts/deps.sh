@@ -25,7 +25,7 @@ set -euo pipefail
 containerd_version=v2.4.2
 crictl_version=v1.37.0
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc make protobuf-compiler runc containernetworking-plugins iproute2"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2"
 
 missing=()
 for p in $packages; do

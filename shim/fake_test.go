@@ -373,18 +373,18 @@ const fakeVMPid = 4242
 
 // fakePod is a Pod around a fakeAgent (or, if remote is set, around that agent).
 type fakePod struct {
-	agent   *fakeAgent
-	remote  agent.AgentService
-	req     PodRequest
-	mu      sync.Mutex
-	binds   map[string]HostBind
+	agent  *fakeAgent
+	remote agent.AgentService
+	req    PodRequest
+	mu     sync.Mutex
+	binds  map[string]HostBind
 	// mountsIn are the mounts below each bind source (by source), what Submounts answers.
 	mountsIn map[string][]string
 	stopped  int
-	killed  []error // the reasons of Kill's calls
-	done    chan struct{}
-	dieOnce sync.Once
-	err     error // set before done is closed
+	killed   []error // the reasons of Kill's calls
+	done     chan struct{}
+	dieOnce  sync.Once
+	err      error // set before done is closed
 }
 
 func (p *fakePod) Agent() agent.AgentService {

@@ -511,7 +511,11 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 			return nil
 		}
 	}
-	if err != nil {
+	switch {
+	case agentErrIs(err, codes.NotFound, errdefs.ErrNotFound):
+		// Exited in the guest, its report on the way: as runc's shim, "already dead".
+		return fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
+	case err != nil:
 		return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
 	}
 	return nil

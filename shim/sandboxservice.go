@@ -175,8 +175,12 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
-	if pc.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == criapi.NamespaceMode_NODE {
+	nsOpts := pc.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	if nsOpts.GetNetwork() == criapi.NamespaceMode_NODE {
 		return nil, fmt.Errorf("sandbox %s: the pod asks for the node's network namespace: %v: %w", r.SandboxID, network.ErrHostNetwork, errdefs.ErrInvalidArgument)
+	}
+	if err := hostNamespaces(nsOpts.GetPid() == criapi.NamespaceMode_NODE, nsOpts.GetIpc() == criapi.NamespaceMode_NODE); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
 	if err := network.CheckPodNetNS(r.NetnsPath); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)

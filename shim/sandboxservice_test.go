@@ -438,8 +438,10 @@ func TestSandboxAPIRefusals(t *testing.T) {
 		_, err := h.svc.CreateSandbox(h.ctx, &sandboxAPI.CreateSandboxRequest{SandboxID: "sbx", BundlePath: h.sandboxBundle("sbx"), NetnsPath: netns, Options: opts})
 		return err
 	}
-	nodeNet := podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{SecurityContext: &criapi.LinuxSandboxSecurityContext{
-		NamespaceOptions: &criapi.NamespaceOption{Network: criapi.NamespaceMode_NODE}}}})
+	nodeNS := func(o *criapi.NamespaceOption) *anypb.Any {
+		return podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{SecurityContext: &criapi.LinuxSandboxSecurityContext{NamespaceOptions: o}}})
+	}
+	nodeNet := nodeNS(&criapi.NamespaceOption{Network: criapi.NamespaceMode_NODE})
 	for _, tc := range []struct {
 		name  string
 		netns string
@@ -449,6 +451,8 @@ func TestSandboxAPIRefusals(t *testing.T) {
 		{"hostNetwork", ns, nodeNet, "host networking is not supported"},
 		{"no network namespace", "", nil, "host networking is not supported"},
 		{"the host's network namespace", "/proc/self/ns/net", nil, "host networking is not supported"},
+		{"hostPID", ns, nodeNS(&criapi.NamespaceOption{Pid: criapi.NamespaceMode_NODE}), "the node's PID (hostPID) namespace: not supported"},
+		{"hostIPC and hostPID", ns, nodeNS(&criapi.NamespaceOption{Pid: criapi.NamespaceMode_NODE, Ipc: criapi.NamespaceMode_NODE}), "the node's PID (hostPID) and IPC (hostIPC) namespace"},
 		{"options that are not a PodSandboxConfig", ns, podConfig(t, &criapi.PodSandboxStatus{}), "want runtime.v1.PodSandboxConfig"},
 		{"a bad memory limit", ns, podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{
 			Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: -1}}}), AnnotationSandboxMemory},

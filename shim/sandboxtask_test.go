@@ -37,6 +37,34 @@ func criContainer(sandbox string) map[string]string {
 	return map[string]string{AnnotationContainerType: containerTypeContainer, AnnotationSandboxID: sandbox}
 }
 
+// TestSandboxTaskHostNamespaces: a pod sandbox container without a PID or IPC namespace of
+// its own (Kubernetes' hostPID, hostIPC) is refused, and no pod is started.
+func TestSandboxTaskHostNamespaces(t *testing.T) {
+	h := newHarness(t)
+	for name, keep := range map[string]specs.LinuxNamespaceType{"hostPID": specs.IPCNamespace, "hostIPC": specs.PIDNamespace} {
+		b := h.bundle("pod", criSandbox("pod", nil))
+		spec, err := readSpec(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec.Linux.Namespaces = []specs.LinuxNamespace{{Type: keep}, {Type: specs.NetworkNamespace}}
+		data, _ := json.Marshal(spec)
+		if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err = h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: b})
+		wantKind(t, name, err, errdefs.ErrInvalidArgument)
+		if err == nil || !strings.Contains(err.Error(), "("+name+") namespace: not supported") {
+			t.Errorf("%s: %v, want a refusal that names it", name, err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.pods) != 0 {
+		t.Errorf("%d pods started for refused sandboxes", len(h.pods))
+	}
+}
+
 // TestSandboxTask: CRI's pod sandbox container boots the pod and runs nothing: no rootfs is
 // mounted or bound, the agent never hears of it, its pid is the VM's; it exits as the pause
 // process would; the pod's containers run beside it in its VM; its stats are the pod's.

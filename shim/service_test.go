@@ -110,7 +110,7 @@ func (h *harness) bundle(id string, ann map[string]string, mounts ...specs.Mount
 	}
 	spec := specs.Spec{Version: "1.2.0", Root: &specs.Root{Path: "rootfs"}, Annotations: ann, Mounts: mounts,
 		Process: &specs.Process{Args: []string{"sh"}, Cwd: "/"},
-		Linux:   &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}}}}
+		Linux:   &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.NetworkNamespace}}}}
 	data, _ := json.Marshal(&spec)
 	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
 		h.t.Fatal(err)

@@ -30,10 +30,14 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 // mounts need. s is not modified. What only makes sense on the host goes:
 //
 //   - root.path becomes agent.SharedDir/<id>, where the rootfs bound at mounts/<id> appears;
-//   - namespaces joined by a host path are dropped (the guest cannot open host paths), and so
-//     is the network namespace: the pod's containers share the VM's network;
-//   - linux.devices (host device nodes) and AppArmor/SELinux labels (the host's policy) are
-//     dropped;
+//   - namespaces joined by a host path are dropped (the guest cannot open host paths): the
+//     pod's containers share the guest's, as they share their sandbox's under runc, but for
+//     the PID namespace, which becomes the pod's own (agent.PodPIDNamespace), whose init is
+//     not the agent; the network namespace is dropped too: the containers share the VM's
+//     network;
+//   - linux.devices (host device nodes) are dropped, but for those the guest's kernel has
+//     of its own under the same numbers (guestDevices: tun, FUSE), and so are AppArmor/SELinux
+//     labels (the host's policy);
 //   - of the hooks, only createContainer and startContainer stay: runc in the guest runs them
 //     in the container's namespaces, and their paths are the guest's (createContainer's in
 //     the guest's root, startContainer's in the container's). The shim runs the others on the
@@ -63,12 +67,20 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 		l := *s.Linux
 		l.Namespaces = nil
 		for _, ns := range s.Linux.Namespaces {
-			if ns.Path != "" || ns.Type == specs.NetworkNamespace {
+			switch {
+			case ns.Type == specs.PIDNamespace && ns.Path != "":
+				ns.Path = agent.PodPIDNamespace
+			case ns.Path != "" || ns.Type == specs.NetworkNamespace:
 				continue
 			}
 			l.Namespaces = append(l.Namespaces, ns)
 		}
 		l.Devices = nil
+		for _, d := range s.Linux.Devices {
+			if n, ok := guestDevices[d.Path]; ok && d.Type == "c" && d.Major == n[0] && d.Minor == n[1] {
+				l.Devices = append(l.Devices, d)
+			}
+		}
 		l.MountLabel = ""
 		l.CgroupsPath = path.Join(agent.ContainersCgroup, id)
 		g.Linux = &l
@@ -88,6 +100,39 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 		g.Mounts = append(g.Mounts, m)
 	}
 	return &g, binds, nil
+}
+
+// hostNamespaces refuses a pod that asks for the node's PID or IPC namespace (Kubernetes'
+// hostPID, hostIPC): its containers run in the guest, whose processes and IPC objects are
+// not the host's, so that they would see and share neither. hostPID and hostIPC say which the
+// pod asks for.
+func hostNamespaces(hostPID, hostIPC bool) error {
+	var asked []string
+	if hostPID {
+		asked = append(asked, "PID (hostPID)")
+	}
+	if hostIPC {
+		asked = append(asked, "IPC (hostIPC)")
+	}
+	if len(asked) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the pod asks for the node's %s namespace: not supported, its containers run in a VM whose processes and IPC are not the host's", strings.Join(asked, " and "))
+}
+
+// sharesHost says whether a CRI sandbox container's spec s (podsandbox's pause) has no
+// namespace of type t of its own, that is, shares the host's.
+func sharesHost(s *specs.Spec, t specs.LinuxNamespaceType) bool {
+	return s.Linux == nil || !slices.ContainsFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == t })
+}
+
+// guestDevices are the device nodes a container's spec keeps in the guest (path: major,
+// minor): the guest's kernel has them under the numbers the host's have (fixed misc minors),
+// and loads their driver when one is first opened. A privileged container on the host gets
+// them among the host's devices; in the guest, these are what it can use of its own kernel.
+var guestDevices = map[string][2]int64{
+	"/dev/net/tun": {10, 200},
+	"/dev/fuse":    {10, 229},
 }
 
 // ipcSysctls are the sysctls of an IPC namespace (runc's list), and fs.mqueue.* besides.
@@ -126,10 +171,12 @@ func podSysctls(spec, guest *specs.Spec) map[string]string {
 // bindFlags are the sandbox.BindFlags of a bind mount's OCI options, read as runc reads them:
 // rbind brings the submounts along; the last of ro and rw says whether the bind's own mount
 // is read-only, unless rro or rrw, the last of which wins, is there: runc applies it to every
-// mount of the bind, the top one included, after ro or rw.
+// mount of the bind, the top one included, after ro or rw. The last propagation option says
+// whether the bind follows the host's mounts under its source: rslave, slave, rshared and
+// shared do (only from the host: the guest's mounts are the guest kernel's).
 func bindFlags(opts []string) sandbox.BindFlags {
 	var f sandbox.BindFlags
-	ro, recursive := false, ""
+	ro, recursive, follow := false, "", false
 	for _, o := range opts {
 		switch o {
 		case "rbind":
@@ -138,6 +185,10 @@ func bindFlags(opts []string) sandbox.BindFlags {
 			ro = o == "ro"
 		case "rro", "rrw":
 			recursive = o
+		case "rslave", "slave", "rshared", "shared":
+			follow = true
+		case "rprivate", "private", "runbindable", "unbindable":
+			follow = false
 		}
 	}
 	switch {
@@ -145,6 +196,9 @@ func bindFlags(opts []string) sandbox.BindFlags {
 		f |= sandbox.BindRecursiveReadOnly
 	case recursive == "" && ro:
 		f |= sandbox.BindReadOnly
+	}
+	if follow {
+		f |= sandbox.BindFollowHost
 	}
 	return f
 }

@@ -8,6 +8,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -27,12 +28,14 @@ func TestAdaptSpec(t *testing.T) {
 			},
 			Linux: &specs.Linux{
 				Namespaces: []specs.LinuxNamespace{
-					{Type: specs.PIDNamespace},
+					{Type: specs.PIDNamespace, Path: "/proc/42/ns/pid"},
 					{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"},
 					{Type: specs.IPCNamespace, Path: "/proc/42/ns/ipc"},
 					{Type: specs.MountNamespace},
 				},
-				Devices:     []specs.LinuxDevice{{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}},
+				Devices: []specs.LinuxDevice{{Path: "/dev/sda", Type: "b", Major: 8}, {Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229},
+					{Path: "/dev/net/tun", Type: "c", Major: 10, Minor: 201}, {Path: "/dev/kvm", Type: "c", Major: 10, Minor: 232},
+					{Path: "/dev/net/tun", Type: "c", Major: 10, Minor: 200}},
 				MountLabel:  "system_u:object_r:container_file_t",
 				CgroupsPath: "/default/c1",
 			},
@@ -65,12 +68,17 @@ func TestAdaptSpec(t *testing.T) {
 				if !reflect.DeepEqual(g.Hooks, wantHooks) {
 					t.Errorf("guest hooks\n got %+v\nwant only the container-namespace phases %+v", g.Hooks, wantHooks)
 				}
-				if g.Linux.Devices != nil || g.Linux.MountLabel != "" ||
-					g.Process.ApparmorProfile != "" || g.Process.SelinuxLabel != "" {
-					t.Errorf("host-only parts kept: devices %v labels %q %q %q", g.Linux.Devices,
-						g.Linux.MountLabel, g.Process.ApparmorProfile, g.Process.SelinuxLabel)
+				if g.Linux.MountLabel != "" || g.Process.ApparmorProfile != "" || g.Process.SelinuxLabel != "" {
+					t.Errorf("host-only labels kept: %q %q %q", g.Linux.MountLabel, g.Process.ApparmorProfile, g.Process.SelinuxLabel)
 				}
-				want := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}
+				// The guest's own tun and FUSE stay, under their numbers; the host's disk, KVM and
+				// a tun of other numbers go.
+				wantDevices := []specs.LinuxDevice{{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}, {Path: "/dev/net/tun", Type: "c", Major: 10, Minor: 200}}
+				if !reflect.DeepEqual(g.Linux.Devices, wantDevices) {
+					t.Errorf("guest devices %+v, want %+v", g.Linux.Devices, wantDevices)
+				}
+				// The sandbox's PID namespace, joined by path, becomes the pod's in the guest.
+				want := []specs.LinuxNamespace{{Type: specs.PIDNamespace, Path: agent.PodPIDNamespace}, {Type: specs.MountNamespace}}
 				if !reflect.DeepEqual(g.Linux.Namespaces, want) {
 					t.Errorf("namespaces %+v", g.Linux.Namespaces)
 				}
@@ -135,7 +143,7 @@ func TestAdaptSpec(t *testing.T) {
 			},
 		},
 		{
-			name: "read-only binds stay read-only on the host, recursively as the options say",
+			name: "read-only binds stay read-only on the host, recursively as the options say; slave and shared ones follow the host",
 			modify: func(s *specs.Spec) {
 				s.Mounts = []specs.Mount{
 					{Destination: "/a", Type: "bind", Source: "/h/a", Options: []string{"bind", "ro"}},
@@ -149,11 +157,14 @@ func TestAdaptSpec(t *testing.T) {
 					{Destination: "/i", Source: "/h/i", Options: []string{"rbind", "rro", "rrw", "ro"}},
 					{Destination: "/j", Source: "/h/j", Options: []string{"rbind", "rrw", "rro", "rw"}},
 					{Destination: "/k", Type: "bind", Source: "/h/k"},
+					{Destination: "/l", Type: "bind", Source: "/h/l", Options: []string{"rbind", "rslave"}},
+					{Destination: "/m", Type: "bind", Source: "/h/m", Options: []string{"rbind", "ro", "rshared"}},
+					{Destination: "/n", Type: "bind", Source: "/h/n", Options: []string{"rbind", "rslave", "rprivate"}},
 				}
 			},
 			check: func(t *testing.T, g *specs.Spec, binds []HostBind) {
-				const rec, ro, rro = sandbox.BindRecursive, sandbox.BindReadOnly, sandbox.BindRecursiveReadOnly
-				want := []sandbox.BindFlags{ro, rec | ro, rec | rro, rec | rro, rro, rec, rec | ro, rec, rec, rec | rro, 0}
+				const rec, ro, rro, follow = sandbox.BindRecursive, sandbox.BindReadOnly, sandbox.BindRecursiveReadOnly, sandbox.BindFollowHost
+				want := []sandbox.BindFlags{ro, rec | ro, rec | rro, rec | rro, rro, rec, rec | ro, rec, rec, rec | rro, 0, rec | follow, rec | ro | follow, rec}
 				if len(binds) != len(want) {
 					t.Fatalf("binds %+v", binds)
 				}

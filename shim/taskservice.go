@@ -68,6 +68,9 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	var submounts []string
 	var hostBinds []HostBind
 	if isSandbox {
+		if err := hostNamespaces(sharesHost(spec, specs.PIDNamespace), sharesHost(spec, specs.IPCNamespace)); err != nil {
+			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}

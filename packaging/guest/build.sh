@@ -19,8 +19,11 @@
 #
 # --agent builds the pod VM's image, into an OUTDIR of its own: the same kernel,
 # the virtio, virtio-fs, virtio-serial, vsock and virtio-net guest modules
-# (listed in /etc/kvfs/modules, with their dependencies), static busybox with its applets in /bin, Debian's runc
-# with the shared libraries and dynamic loader it needs, and kvfs-agent built
+# (listed in /etc/kvfs/modules, with their dependencies), the modules the guest
+# kernel loads on demand through busybox's modprobe (networking, netfilter and
+# overlayfs: see ondemand below), static busybox with its applets in /bin, Debian's
+# runc with the shared libraries and dynamic loader it needs, pod-init.c built static
+# as /bin/kvfs-pod-init (the init of a pod's shared PID namespace), and kvfs-agent built
 # from this repository (CGO_ENABLED=0 go build -trimpath) as /init. Neither init
 # nor tools/*.c go in. It is rebuilt when the contents of build.sh, the agent
 # binary, the runc package's version or the kernel package change (the check
@@ -87,9 +90,12 @@ if [ -n "$bench" ]; then
 	inputs+=("$here"/bench/*.c)
 fi
 if [ -n "$agent" ]; then
-	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net"
-	host_packages+=" runc"
-	inputs=("$here/build.sh")
+	# ip_tables and ip6_tables at boot too: legacy iptables finds its tables only once they
+	# are loaded (the kernel loads the tables themselves on demand), as on a node where
+	# they always are.
+	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net ip_tables ip6_tables"
+	host_packages+=" runc xz-utils"
+	inputs=("$here/build.sh" "$here/pod-init.c")
 	repo=$(cd "$here/../.." && pwd)
 	epoch=${SOURCE_DATE_EPOCH:-0}
 	[[ $epoch =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$epoch is not a number of seconds"
@@ -261,9 +267,10 @@ vmlinuz=$work/kernel/boot/vmlinuz-$kver
 moddir=$work/kernel/lib/modules/$kver
 depmod -b "$work/kernel" "$kver" || die "depmod -b failed"
 
-# Print the wanted modules and their dependencies, dependencies first, as
-# paths relative to $moddir. Built-in modules are left out.
-order=$(awk -v want="$modules" '
+# resolve MODULES prints the modules named and their dependencies, dependencies
+# first, as paths relative to $moddir. Built-in modules are left out.
+resolve() {
+	awk -v want="$1" '
 	function norm(p) {
 		sub(/.*\//, "", p); sub(/\.ko(\.[a-z]+)?$/, "", p); gsub(/-/, "_", p)
 		return p
@@ -289,8 +296,30 @@ order=$(awk -v want="$modules" '
 		n = split(want, w, " ")
 		for (i = 1; i <= n; i++) visit(w[i])
 		exit bad
-	}' "$moddir/modules.builtin" "$moddir/modules.dep") ||
-	die "cannot resolve modules ($modules) from $moddir/modules.dep"
+	}' "$moddir/modules.builtin" "$moddir/modules.dep"
+}
+order=$(resolve "$modules") || die "cannot resolve modules ($modules) from $moddir/modules.dep"
+
+# The agent image's modules loaded on demand: the guest kernel asks /sbin/modprobe
+# (busybox's) for them when a container first uses what they provide. They are what
+# a privileged container may use in its own kernel: bridges, veth, tun, dummy,
+# macvlan, ipvlan, VLANs, VXLAN, WireGuard, overlayfs, and netfilter (nftables,
+# iptables' tables, matches and targets, ebtables, ipset, IPVS). Kept
+# xz-compressed; not loaded at boot.
+ondemand=
+if [ -n "$agent" ]; then
+	ondemand_dirs="kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter kernel/net/bridge kernel/net/8021q kernel/drivers/net/ipvlan kernel/drivers/net/vxlan kernel/drivers/net/wireguard kernel/fs/overlayfs"
+	# crc32c: nf_tables' libcrc32c asks the crypto API for it, which asks modprobe.
+	ondemand_names="veth tun dummy macvlan crc32c_generic crc32c_intel"
+	for d in $ondemand_dirs; do
+		[ -d "$moddir/$d" ] || die "$kdeb has no $d"
+		ondemand_names+=" $(cd "$moddir" && find "$d" -name '*.ko*' -printf '%f\n' | sed 's/\.ko.*//; s/-/_/g' | LC_ALL=C sort | tr '\n' ' ')"
+	done
+	all=$(resolve "$modules $ondemand_names") || die "cannot resolve the on-demand modules from $moddir/modules.dep"
+	for m in $all; do
+		echo "$order" | grep -qxF "$m" || ondemand+="$m "
+	done
+fi
 
 # --- bench image additions -------------------------------------------------
 
@@ -357,6 +386,8 @@ done
 
 if [ -n "$agent" ]; then
 	install -m 0755 "$agent_bin" "$root/init"
+	gcc -static -Os -s -Wall -Wextra -Werror -o "$root/bin/kvfs-pod-init" "$here/pod-init.c" ||
+		die "cannot build pod-init.c (gcc -static)"
 	say "adding $runc_bin and its libraries"
 	copy_with_libs "$runc_bin"
 else
@@ -379,6 +410,15 @@ for m in $order; do
 	*) die "unsupported module file $m" ;;
 	esac
 	echo "${m%.xz}" >>"$root/etc/kvfs/modules"
+done
+for m in $ondemand; do
+	dest=$root/lib/modules/$kver/${m%.xz}.xz
+	mkdir -p "$(dirname "$dest")"
+	case $m in
+	*.ko) xz --check=crc32 -9 -c "$moddir/$m" >"$dest" || die "cannot compress $m" ;;
+	*.ko.xz) cp "$moddir/$m" "$dest" ;;
+	*) die "unsupported module file $m" ;;
+	esac
 done
 cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$moddir/modules.order" "$root/lib/modules/$kver/" 2>/dev/null || true
 depmod -b "$root" "$kver" || die "depmod -b on the initramfs tree failed"
@@ -414,7 +454,7 @@ fi
 # The kernel opens /dev/console for init before /init can mount devtmpfs.
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
 
-say "packing initramfs ($(echo "$order" | wc -w) modules, kernel $kver)"
+say "packing initramfs ($(echo "$order" | wc -w) modules at boot, $(echo "$ondemand" | wc -w) on demand, kernel $kver)"
 if [ -n "$agent" ]; then
 	find "$root" -exec touch -h -d "@$epoch" {} + || die "cannot set the files' times"
 	(cd "$root" && find . -print0 | LC_ALL=C sort -z |

@@ -140,14 +140,18 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 	return n
 }
 
-// TestCRIPod: a hostNetwork pod is refused; a pod through crictl is one VM (one QEMU, one shim) with two containers that
-// share a volume; the pod's IP is the guest's, and a server in it answers ping and TCP from
-// beside the pod's veth; QEMU runs in the pod's network namespace; a read-only hostPath
-// refuses writes in the guest and on the host's bind; a
-// symlink in a hostPath does not reach the host file it names; a container's memory limit is
-// its guest cgroup's; /etc/hosts, /etc/resolv.conf
-// and /etc/hostname are the CRI's; the pod's sysctls are its containers'; a set-user-ID
-// program raises privileges; the pod's resources size the VM; exec, logs and container
+// TestCRIPod: hostNetwork and hostPID pods are refused; a pod through crictl is one VM (one
+// QEMU, one shim) with containers that share a volume; the pod's IP is the guest's, and a
+// server in it answers ping and TCP from beside the pod's veth; QEMU runs in the pod's
+// network namespace; a read-only hostPath refuses writes in the guest and on the host's bind;
+// a symlink in a hostPath does not reach the host file it names; a container's memory limit
+// is its guest cgroup's; /etc/hosts, /etc/resolv.conf and /etc/hostname are the CRI's; the
+// pod's sysctls are its containers'; containers share the pod's PID namespace, or have their
+// own, as the CRI says; a set-user-ID program raises privileges; read-only and
+// recursively read-only volumes are as runc makes them; a mount the host makes in a
+// HostToContainer volume reaches the container; a privileged container makes bridges, veths,
+// tun devices, VXLANs, nftables NAT chains and legacy iptables tables; a container stopped
+// as its process exits is stopped; the pod's resources size the VM; exec, logs and container
 // stats work; QEMU and kvfsd run in the pod's cgroup under its cgroup parent, whose use
 // crictl statsp reports; stopp and rmp leave nothing. It runs under both sandboxers; under
 // "shim" no pause container is made, and the pod's stats come through SandboxMetrics.
@@ -161,15 +165,21 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	e := e2e.Start(t, "", sandboxer)
 	before := e.C.Snapshot(t)
 
-	// A pod on the host's network is refused, as Kata refuses it, with an error that says so.
+	// A pod on the host's network is refused, as Kata refuses it, with an error that says so,
+	// and so is one in the host's PID namespace.
 	dir := t.TempDir()
-	hostNet := filepath.Join(dir, "hostnet.json")
-	writeJSON(t, hostNet, map[string]any{
-		"metadata": map[string]any{"name": "hostnet", "namespace": "default", "uid": "hostnet-uid"},
-		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
-	})
-	if r := e.C.RunCrictl(t, "runp", "--runtime", e2e.CRIHandler, hostNet); r.ExitCode == 0 || !strings.Contains(r.Stderr, "host networking is not supported") {
-		t.Errorf("a hostNetwork pod: %+v, want a refusal that names host networking", r)
+	for _, tc := range []struct{ name, ns, want string }{
+		{"hostnet", "network", "host networking is not supported"},
+		{"hostpid", "pid", "the node's PID (hostPID) namespace: not supported"},
+	} {
+		cfg := filepath.Join(dir, tc.name+".json")
+		writeJSON(t, cfg, map[string]any{
+			"metadata": map[string]any{"name": tc.name, "namespace": "default", "uid": tc.name + "-uid"},
+			"linux":    map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{tc.ns: 2}}},
+		})
+		if r := e.C.RunCrictl(t, "runp", "--runtime", e2e.CRIHandler, cfg); r.ExitCode == 0 || !strings.Contains(r.Stderr, tc.want) {
+			t.Errorf("a %s pod: %+v, want a refusal with %q", tc.name, r, tc.want)
+		}
 	}
 	e.C.CheckNoLeaks(t, before)
 
@@ -201,6 +211,8 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	// The pod's sysctls, one safe and one the kubelet calls unsafe, are written in the guest,
 	// whose IPC namespace the pod's containers share.
 	linux["sysctls"] = map[string]string{"kernel.shm_rmid_forced": "1", "fs.mqueue.msg_max": "100"}
+	// A privileged container needs a privileged pod.
+	linux["security_context"] = map[string]any{"privileged": true}
 	p := runPod(t, e, "p1", map[string]any{
 		"dns_config": map[string]any{"servers": []string{"10.99.0.53"}, "searches": []string{"kvfs.test"}},
 		"linux":      linux,
@@ -226,6 +238,8 @@ echo "hosts $(grep -c localhost /etc/hosts)"
 echo "mem $(awk '/MemTotal/ {print $2}' /proc/meminfo) cpus $(nproc)"
 echo "sysctls $(cat /proc/sys/kernel/shm_rmid_forced) $(cat /proc/sys/fs/mqueue/msg_max)"
 echo "memory.max $(cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max)"
+echo "pid1 $(tr '\0' ' ' </proc/1/cmdline)"
+echo "sees-a $(pidof nc >/dev/null && echo yes || echo no) sees-agent $(pidof init >/dev/null && echo yes || echo no)"
 echo b-done
 exec sleep 600`,
 		map[string]any{"linux": map[string]any{"resources": map[string]any{"memory_limit_in_bytes": 96 << 20}}},
@@ -237,7 +251,10 @@ exec sleep 600`,
 	// The pod's containers share its /dev/shm: under "podsandbox" the CRI's (a tmpfs on the
 	// host, through the share), under "shim" the guest's (a tmpfs of the pod's VM).
 	t.Logf("sandboxer %s: b's /dev/shm: %s", sandboxer, regexp.MustCompile(`shm-size [^\n]*`).FindString(logs))
-	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", "sysctls 1 100\n", fmt.Sprintf("memory.max %d\n", 96<<20)} {
+	// a and b share the pod's PID namespace (the CRI's mode POD, crictl's default), as under
+	// runc: each sees the other's processes, and its init is the pod's, not the agent.
+	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", "sysctls 1 100\n", fmt.Sprintf("memory.max %d\n", 96<<20),
+		"pid1 /bin/kvfs-pod-init \n", "sees-a yes sees-agent no\n"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("b's log has no %q:\n%s", want, logs)
 		}
@@ -264,13 +281,87 @@ exec sleep 600`,
 	// A set-user-ID root program, run by uid 1000 of a container that may gain privileges
 	// (CRI's default), runs as root, as under runc: the share's files reach the guest with
 	// their mode, and its mounts are not nosuid.
-	suid := filepath.Join(vols, "suid")
-	buildEUID(t, suid)
-	sLog := p.waitLog(t, p.containerWith(t, "s", "/suid/euid; echo s-done",
-		map[string]any{"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 1000}}}},
-		map[string]any{"container_path": "/suid", "host_path": suid}), "s-done")
+	progs := filepath.Join(vols, "progs")
+	euid := buildProgram(t, "euid", progs)
+	if err := os.Chown(euid, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(euid, os.ModeSetuid|0o755); err != nil {
+		t.Fatal(err)
+	}
+	buildProgram(t, "netfilter", progs)
+	// s has a PID namespace of its own (the CRI's mode CONTAINER): its init is its process.
+	sLog := p.waitLog(t, p.containerWith(t, "s", `/progs/euid; echo "pid1 $(tr '\0' ' ' </proc/1/cmdline)"; echo s-done`,
+		map[string]any{"linux": map[string]any{"security_context": map[string]any{"run_as_user": map[string]any{"value": 1000},
+			"namespace_options": map[string]any{"pid": 1}}}},
+		map[string]any{"container_path": "/progs", "host_path": progs}), "s-done")
 	if !strings.Contains(sLog, "uid 1000 euid 0\n") {
 		t.Errorf("a set-user-ID root program run by uid 1000 says %q, want uid 1000 euid 0", sLog)
+	}
+	if !strings.Contains(sLog, "pid1 sh -c ") {
+		t.Errorf("a container with a PID namespace of its own: %q, want its own process as PID 1", sLog)
+	}
+
+	// Read-only volumes with a tmpfs inside (mounted where the shim binds volumes, in the
+	// containerd's mount namespace), as runc makes them: readonly makes the volume's own
+	// mount read-only, recursive_read_only the tmpfs too (the runtime says it supports it).
+	for _, d := range []string{"rov", "rrov"} {
+		e.InMountNS(t, "sh", "-c", fmt.Sprintf("set -e; mkdir -p %[1]s/sub; mount -t tmpfs -o size=1m kvfs-cri %[1]s/sub", filepath.Join(vols, d)))
+	}
+	rLog := p.waitLog(t, p.container(t, "r", `for d in /rov /rov/sub /rrov /rrov/sub; do
+	if touch $d/new 2>/dev/null; then echo "$d writable"; else echo "$d read-only"; fi
+done
+echo r-done`,
+		map[string]any{"container_path": "/rov", "host_path": filepath.Join(vols, "rov"), "readonly": true},
+		map[string]any{"container_path": "/rrov", "host_path": filepath.Join(vols, "rrov"), "readonly": true, "recursive_read_only": true}), "r-done")
+	for _, want := range []string{"/rov read-only\n", "/rov/sub writable\n", "/rrov read-only\n", "/rrov/sub read-only\n"} {
+		if !strings.Contains(rLog, want) {
+			t.Errorf("read-only volumes: no %q in\n%s", want, rLog)
+		}
+	}
+
+	// A volume with HostToContainer propagation (its host path a shared mount, as the CRI
+	// wants it) shows a mount the host makes in it after the container started.
+	follow := filepath.Join(vols, "follow")
+	if err := os.MkdirAll(filepath.Join(follow, "later"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.InMountNS(t, "sh", "-c", fmt.Sprintf("set -e; mount --bind %[1]s %[1]s; mount --make-shared %[1]s", follow))
+	h := p.container(t, "h", `ls /follow/later; echo h-waiting
+i=0; while [ ! -e /follow/later/file ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done
+echo "later $(cat /follow/later/file 2>&1)"; echo h-done`,
+		map[string]any{"container_path": "/follow", "host_path": follow, "propagation": 1})
+	p.waitLog(t, h, "h-waiting")
+	e.InMountNS(t, "sh", "-c", fmt.Sprintf("set -e; mount -t tmpfs -o size=1m kvfs-cri %[1]s/later; echo from-the-host > %[1]s/later/file", follow))
+	if hLog := p.waitLog(t, h, "h-done"); !strings.Contains(hLog, "later from-the-host\n") {
+		t.Errorf("a mount the host made in a HostToContainer volume after the container started:\n%s", hLog)
+	}
+
+	// A privileged container uses its own kernel's networking as on a host: a bridge, a veth,
+	// a tun device, a VXLAN, an nftables NAT chain and legacy iptables' filter table; the
+	// guest's kernel loads each module when first asked.
+	nLog := p.waitLog(t, p.containerWith(t, "n", `try() { what=$1; shift; if out=$("$@" 2>&1); then echo "$what ok"; else echo "$what failed: $out"; fi; }
+try bridge brctl addbr kvfsbr0
+try veth ip link add kvfsv0 type veth
+try tun tunctl -t kvfstun0
+try vxlan ip link add kvfsvx0 type vxlan id 42 dstport 4789
+/progs/netfilter
+echo n-done`,
+		map[string]any{"linux": map[string]any{"security_context": map[string]any{"privileged": true}}},
+		map[string]any{"container_path": "/progs", "host_path": progs}), "n-done")
+	for _, what := range []string{"bridge", "veth", "tun", "vxlan", "nft-nat", "iptables-legacy"} {
+		if !strings.Contains(nLog, what+" ok\n") {
+			t.Errorf("a privileged container's %s: no %q in\n%s", what, what+" ok", nLog)
+		}
+	}
+
+	// A container stopped just after its process exited is stopped, as under runc: the kill
+	// that finds the process gone is not an error.
+	for i := range 3 {
+		x := p.container(t, fmt.Sprintf("x%d", i), "exit 0")
+		if r := e.C.RunCrictl(t, "stop", x); r.ExitCode != 0 {
+			t.Errorf("crictl stop of a container whose process just exited: %+v", r)
+		}
 	}
 
 	// The pod's address is the guest's, and answers from beside the pod's veth (in the
@@ -393,33 +484,19 @@ exec sleep 600`,
 	e.C.CheckNoLeaks(t, before)
 }
 
-// buildEUID builds into dir/euid a static program that prints its real and effective user
-// ids, owned by root and set-user-ID.
-func buildEUID(t *testing.T, dir string) {
+// buildProgram builds the static program testdata/name into dir/name, and returns its path.
+func buildProgram(t *testing.T, name, dir string) string {
 	t.Helper()
-	src := t.TempDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	prog := "package main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\nfunc main() { fmt.Printf(\"uid %d euid %d\\n\", os.Getuid(), os.Geteuid()) }\n"
-	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(prog), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module euid\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "euid")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir, cmd.Env = src, append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/"+name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the euid program: %v\n%s", err, out)
+		t.Fatalf("building testdata/%s: %v\n%s", name, err, out)
 	}
-	if err := os.Chown(bin, 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
-		t.Fatal(err)
-	}
+	return bin
 }
 
 // slowHook is a prestart hook that containerd's CRI puts in every container spec of the kvfs
