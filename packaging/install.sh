@@ -7,7 +7,8 @@
 #   packaging/install.sh stage     --bin DIR --guest DIR [LAYOUT]   a package's files (see below)
 #
 # LAYOUT options (also read from the environment variables of the same name; options win):
-#   --destdir DIR       DESTDIR: a staging root every path below is put under (default none)
+#   --destdir DIR       DESTDIR: a staging root every path below is put under (default none;
+#                       install and stage create it)
 #   --prefix DIR        PREFIX (default /usr/local)
 #   --sysconfdir DIR    SYSCONFDIR (default /etc)
 #   --localstatedir DIR LOCALSTATEDIR (default /var)
@@ -118,7 +119,10 @@ case $destdir in
 *) die "--destdir $destdir: not an absolute path" ;;
 esac
 destdir=${destdir%/}
-[ -z "$destdir" ] || [ -d "$destdir" ] || die "--destdir $destdir: no such directory"
+# install and stage create DESTDIR, once their arguments are checked (install_files); the
+# others work on what is there.
+[ -z "$destdir" ] || [ -d "$destdir" ] || [ "$cmd" = install ] || [ "$cmd" = stage ] ||
+	die "--destdir $destdir: no such directory"
 
 binaries="containerd-shim-kvfs-v2 kvfsd kvfsctl"
 guest_files="vmlinuz initramfs.gz image.json SHA256SUMS"
@@ -261,6 +265,10 @@ install_files() {
 	if ! (cd "$guest_src" && sha256sum -c SHA256SUMS) >"$tmp/sums" 2>&1; then
 		grep -v ': OK$' "$tmp/sums" >&2
 		die "$guest_src: the guest image does not match its SHA256SUMS"
+	fi
+	if [ -n "$destdir" ] && [ ! -d "$destdir" ]; then
+		mkdir -p "$destdir" || die "cannot create --destdir $destdir"
+		say "created $destdir/"
 	fi
 	for b in $binaries; do
 		put "$bindir_src/$b" "$prefix/bin/$b" 0755

@@ -179,6 +179,31 @@ func TestInstallDestdir(t *testing.T) {
 	fstree.Same(t, "after uninstall, compared with before install", fstree.List(t, dest), before)
 }
 
+// TestInstallNewDestdir: install and stage create a DESTDIR that does not exist yet (GNU's
+// convention, which dh_auto_install and CMake follow), parents too, and uninstall takes out
+// what install put there.
+func TestInstallNewDestdir(t *testing.T) {
+	t.Parallel()
+	for _, action := range []string{"install", "stage"} {
+		dest := filepath.Join(t.TempDir(), "new", "root")
+		out := installer(t, action, "--bin", bins, "--guest", fakeGuest(t, "1"), "--destdir", dest)
+		if !strings.Contains(out, "created "+dest+"/") {
+			t.Errorf("%s into a new DESTDIR did not say it created it:\n%s", action, out)
+		}
+		if _, err := os.Stat(filepath.Join(dest, "usr/local/bin/kvfsd")); err != nil {
+			t.Errorf("%s into a new DESTDIR: %v", action, err)
+		}
+		if action == "install" {
+			installer(t, "uninstall", "--destdir", dest)
+			left := fstree.List(t, dest)
+			delete(left, ".")
+			if len(left) != 0 {
+				t.Errorf("left after uninstall: %v", left)
+			}
+		}
+	}
+}
+
 func dig(m map[string]any, path ...string) any {
 	var v any = m
 	for _, k := range path {
@@ -313,7 +338,7 @@ func TestInstallBadArguments(t *testing.T) {
 		{[]string{"configure", "--purge"}, "--purge is for uninstall"},
 		{[]string{"install", "--packaged"}, "--packaged is for configure"},
 		{[]string{"install", "--nope"}, "unknown option --nope"},
-		{[]string{"install", "--bin", bins, "--guest", "/x", "--destdir", "/nonexistent/kvfs"}, "--destdir /nonexistent/kvfs: no such directory"},
+		{[]string{"uninstall", "--destdir", "/nonexistent/kvfs"}, "--destdir /nonexistent/kvfs: no such directory"},
 	} {
 		cmd := exec.Command("bash", append([]string{"install.sh"}, tc.args...)...)
 		cmd.Env = withoutLayoutEnv()
