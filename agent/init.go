@@ -24,13 +24,14 @@ type mountPoint struct {
 	data                   string
 }
 
-// systemMounts are mounted in this order.
+// systemMounts are mounted in this order. /dev/shm is the pod's under the Sandbox API (the
+// shim binds it into each container): 64 MiB, the size containerd gives a pod's /dev/shm.
 var systemMounts = []mountPoint{
 	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
 	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
-	{"shm", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	{"shm", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777,size=64m"},
 	{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
 	{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 	{"cgroup2", DefaultCgroupRoot, "cgroup2", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},

@@ -103,9 +103,8 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 }
 
 // hostNamespaces refuses a pod that asks for the node's PID or IPC namespace (Kubernetes'
-// hostPID, hostIPC): its containers run in the guest, whose processes and IPC objects are
-// not the host's, so that they would see and share neither. hostPID and hostIPC say which the
-// pod asks for.
+// hostPID, hostIPC), as hostPID and hostIPC say: its containers run in the guest, whose
+// processes and IPC objects are not the host's, and could see or share neither.
 func hostNamespaces(hostPID, hostIPC bool) error {
 	var asked []string
 	if hostPID {

@@ -249,8 +249,11 @@ exec sleep 600`,
 	aLog := p.waitLog(t, a, "a-started")
 	logs := p.waitLog(t, b, "b-done")
 	// The pod's containers share its /dev/shm: under "podsandbox" the CRI's (a tmpfs on the
-	// host, through the share), under "shim" the guest's (a tmpfs of the pod's VM).
-	t.Logf("sandboxer %s: b's /dev/shm: %s", sandboxer, regexp.MustCompile(`shm-size [^\n]*`).FindString(logs))
+	// host, through the share), under "shim" the guest's (a tmpfs of the pod's VM), both of
+	// containerd's size.
+	if shm := regexp.MustCompile(`shm-size [^\n]*`).FindString(logs); !strings.HasPrefix(shm, "shm-size 65536k ") {
+		t.Errorf("sandboxer %s: b's /dev/shm: %q, want 65536k as containerd makes it", sandboxer, shm)
+	}
 	// a and b share the pod's PID namespace (the CRI's mode POD, crictl's default), as under
 	// runc: each sees the other's processes, and its init is the pod's, not the agent.
 	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", "sysctls 1 100\n", fmt.Sprintf("memory.max %d\n", 96<<20),
