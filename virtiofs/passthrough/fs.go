@@ -320,66 +320,10 @@ func (fs *FS) attrFlags(mode uint32, dax bool) uint32 {
 	return 0
 }
 
-func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, mode uint32, dax bool, st *unix.Statx_t) {
-	out.NodeID = id
-	out.Generation = 0
-	out.EntryValid, out.EntryValidNsec = fs.entrySec, fs.entryNsec
-	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
-	fillAttr(&out.Attr, st)
-	out.Attr.Flags = fs.attrFlags(mode, dax)
-}
-
 // fillAttrOut answers the attributes of node n, which the caller holds pinned, read through
 // fd, a descriptor of it.
 func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, fd int, st *unix.Statx_t) {
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
 	out.Attr.Flags = fs.attrFlags(n.mode, fs.daxAttr(int32(fd), st))
-}
-
-// addNode makes a node of fd (O_PATH|O_NOFOLLOW, reached from parent p through its descriptor
-// dirfd), taking one lookup reference, and answers out; existed says the node was in the table
-// already. It takes fd: it either keeps or closes it.
-func (fs *FS) addNode(p *inode, dirfd, fd int, out *fuse.EntryOut) (id uint64, existed bool, e fuse.Errno) {
-	var st unix.Statx_t
-	if err := statxFd(fd, &st); err != nil {
-		unix.Close(fd)
-		return 0, false, errno(err)
-	}
-	k := keyOf(&st)
-	mode := uint32(st.Mode) & unix.S_IFMT
-	if mode == unix.S_IFDIR && (k.mnt != p.key.mnt || k.dev != p.key.dev) {
-		mode |= modeSubmount
-	}
-	// fd is still ours to use here: once in the table, a FORGET racing us could close it.
-	dax := fs.daxAttr(int32(fd), &st)
-	fh, e := fs.handleFor(dirfd, fd, mode&unix.S_IFMT, k)
-	if e != fuse.OK {
-		unix.Close(fd)
-		return 0, false, e
-	}
-	nodeFd := fd
-	if fh != nil {
-		nodeFd = -1
-	}
-	id, n, took, e := fs.nodes.insert(k, nodeFd, fh, mode)
-	if !took || fh != nil {
-		unix.Close(fd)
-	}
-	if e != fuse.OK {
-		return 0, false, e
-	}
-	fs.fillEntry(out, id, n.mode, dax, &st)
-	return id, !took, fuse.OK
-}
-
-// lookupAt looks name up in directory dirfd, a descriptor of node p, taking a reference: it
-// opens the entry (O_PATH|O_NOFOLLOW) and makes a node of it, or finds the node it already is
-// (existed). See lookupKnown for the way without an open.
-func (fs *FS) lookupAt(p *inode, dirfd int, name string, out *fuse.EntryOut) (id uint64, existed bool, e fuse.Errno) {
-	fd, err := openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, false, errno(err)
-	}
-	return fs.addNode(p, dirfd, fd, out)
 }
