@@ -92,6 +92,9 @@ type Config struct {
 	Cache CacheMode
 	// Xattr enables the extended attribute operations; without it they answer ENOSYS.
 	Xattr bool
+	// ReadOnly exports SharedDir read-only (passthrough.Options.ReadOnly): every request
+	// that would change it answers EROFS.
+	ReadOnly bool
 	// KillprivV2, when set, says whether to offer FUSE_HANDLE_KILLPRIV_V2: the guest then
 	// leaves clearing set-user-ID, set-group-ID and security.capability on write, truncate
 	// and chown to the server, and stops asking for security.capability before every write.

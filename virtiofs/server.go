@@ -145,6 +145,7 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 		PosixACL:          cfg.PosixACL,
 		SecurityLabel:     cfg.SecurityLabel,
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
+		ReadOnly:          cfg.ReadOnly,
 		DAX:               cfg.DAX,
 		FileHandles:       cfg.InodeFileHandles,
 		ProcSelfFd:        cfg.ProcSelfFd,

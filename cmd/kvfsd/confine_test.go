@@ -267,6 +267,24 @@ func TestConfinedConformance(t *testing.T) {
 	}
 }
 
+// TestReadOnlyConformance runs the read-only suite against kvfsd --readonly, confined with
+// seccomp kill: reading works, every request that would change the share answers EROFS and
+// changes nothing on the host.
+func TestReadOnlyConformance(t *testing.T) {
+	share := shareDir(t)
+	d := startKvfsd(t, share, false, "--sandbox=namespace", "--seccomp=kill", "--readonly")
+	fe, c := dial(t, d.sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, r := range conformance.RunReadOnly(ctx, c, share) {
+		if !r.OK() {
+			t.Errorf("%s: got %q, want %q; host: %v", r.Step, r.Outcome, r.Want, r.HostErr)
+		}
+	}
+	fe.Close()
+	d.wait(t)
+}
+
 // checkConfined checks the serving process's filter and sandbox from outside.
 func checkConfined(t *testing.T, d *daemon, share, sandbox string) {
 	t.Helper()

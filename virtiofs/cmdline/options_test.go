@@ -119,6 +119,7 @@ func TestParse(t *testing.T) {
 		{name: "-o cache=auto", args: with("-o", "cache=auto"), want: func(*Options) {}},
 		{name: "-o cache=always", args: with("-o", "cache=always"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheAlways }},
 		{name: "--xattr", args: with("--xattr"), want: func(o *Options) { o.Server.Xattr = true }},
+		{name: "--readonly", args: with("--readonly"), want: func(o *Options) { o.Server.ReadOnly = true }},
 		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o xattrmap", args: with("-o", "xattrmap=:prefix:all::user.virtiofs.::bad:all:::"), want: func(o *Options) {
 			o.Server.XattrMap = ":prefix:all::user.virtiofs.::bad:all:::"
@@ -288,7 +289,6 @@ func TestParseErrors(t *testing.T) {
 		{name: "-o dax_rules bad glob", args: with("-o", "dax_rules=on glob=["), want: []string{"-o dax_rules", "syntax error in pattern"}},
 		{name: "--daemonize", args: with("--daemonize"), want: []string{"--daemonize: not supported yet"}, is: ErrNotSupported},
 		{name: "--tag", args: with("--tag=myfs"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
-		{name: "--readonly", args: with("--readonly"), want: []string{"--readonly: not supported yet"}, is: ErrNotSupported},
 		{name: "--uid-map", args: with("--uid-map=:0:1000:1:"), want: []string{"--uid-map: not supported yet"}, is: ErrNotSupported},
 		{name: "--gid-map", args: with("--gid-map", ":0:1000:1:"), want: []string{"--gid-map: not supported yet"}, is: ErrNotSupported},
 		{name: "--translate-uid", args: with("--translate-uid=map:0:1000:1"), want: []string{"--translate-uid: not supported yet"}, is: ErrNotSupported},

@@ -37,6 +37,9 @@ File system:
                         let the guest read directories with their entries'
                         attributes (default on, except with cache=never)
   --xattr, -o xattr     enable extended attributes (default off; -o no_xattr)
+  --readonly            export the shared directory read-only: every request
+                        that would change it, and every open for writing,
+                        answers EROFS (default off)
   --killpriv-v2, -o killpriv_v2
                         clear set-id bits and security.capability on the host
                         when a guest user writes, truncates or chowns, so the
@@ -146,7 +149,7 @@ Accepted, and what kvfsd does anyway:
 Not supported yet (refused with an error, never ignored):
   -o allow_direct_io, -o no_allow_direct_io,
   --allow-direct-io, -o allow_root,
-  -o max_idle_threads=, --daemonize, --tag, --readonly, --allow-mmap,
+  -o max_idle_threads=, --daemonize, --tag, --allow-mmap,
   --preserve-noatime, --uid-map, --gid-map, --translate-uid, --translate-gid,
   --migration-mode, --migration-on-error, --migration-verify-handles,
   --migration-confirm-paths

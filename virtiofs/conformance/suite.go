@@ -61,7 +61,11 @@ type step struct {
 // Run executes the suite against the server behind c, which serves the empty directory root,
 // and returns one result per step. The session must be initialised already.
 func Run(ctx context.Context, c *fuseclient.Client, root string) []Result {
-	e := &env{c: c, root: root, nodes: map[string]uint64{"/": fuse.RootID}, fhs: map[string]uint64{}}
+	return run(ctx, &env{c: c, root: root, nodes: map[string]uint64{"/": fuse.RootID}, fhs: map[string]uint64{}}, steps)
+}
+
+// run runs steps in order, each bounded by StepTimeout.
+func run(ctx context.Context, e *env, steps []step) []Result {
 	var out []Result
 	for _, s := range steps {
 		sctx, cancel := context.WithTimeout(ctx, StepTimeout)

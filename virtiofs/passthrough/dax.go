@@ -217,6 +217,11 @@ func (fs *FS) SetupMapping(ctx *fuse.Context, nodeID uint64, in *fuse.Setupmappi
 	}
 	defer fs.putFd(n, pfd)
 	write := in.Flags&fuse.SetupmappingFlagWrite != 0
+	if write {
+		if e := fs.readOnly(); e != fuse.OK {
+			return e
+		}
+	}
 	var fd int
 	if in.Fh == fuse.SetupmappingNoFh {
 		if !n.isRegular() {

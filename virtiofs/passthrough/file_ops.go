@@ -54,6 +54,11 @@ func notRegular(typ uint32) fuse.Errno {
 
 // Open opens regular file node id for I/O.
 func (fs *FS) Open(ctx *fuse.Context, nodeID uint64, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Errno {
+	if writes(in.Flags) {
+		if e := fs.readOnly(); e != fuse.OK {
+			return e
+		}
+	}
 	n, e := fs.node(nodeID)
 	if e != fuse.OK {
 		return e
@@ -87,6 +92,9 @@ func (fs *FS) Open(ctx *fuse.Context, nodeID uint64, in *fuse.OpenIn, out *fuse.
 // guest's umask.
 func (fs *FS) Create(ctx *fuse.Context, parent uint64, name string, in *fuse.CreateIn,
 	entry *fuse.EntryOut, open *fuse.OpenOut) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	dots := fuse.Errno(unix.EISDIR) // open(2) of a directory with O_CREAT
 	if in.Flags&unix.O_EXCL != 0 {
 		dots = unix.EEXIST
@@ -167,6 +175,9 @@ func (fs *FS) addOpenNode(p *inode, dirfd, fd int, entry *fuse.EntryOut, open *f
 // Tmpfile creates and opens an unnamed regular file in directory parent (O_TMPFILE).
 func (fs *FS) Tmpfile(ctx *fuse.Context, parent uint64, in *fuse.CreateIn, entry *fuse.EntryOut,
 	open *fuse.OpenOut) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	p, pfd, e := fs.nodeFd(parent)
 	if e != fuse.OK {
 		return e
@@ -270,6 +281,9 @@ func (fs *FS) Read(ctx *fuse.Context, nodeID uint64, in *fuse.ReadIn, dst [][]by
 // Write writes all of src (in.Size bytes) at in.Offset, retrying short writes. After a partial
 // write it answers the bytes written.
 func (fs *FS) Write(ctx *fuse.Context, nodeID uint64, in *fuse.WriteIn, src [][]byte) (int, fuse.Errno) {
+	if e := fs.readOnly(); e != fuse.OK {
+		return 0, e
+	}
 	h, e := fs.handle(in.Fh, nodeID, false)
 	if e != fuse.OK {
 		return 0, e
@@ -377,6 +391,9 @@ func (fs *FS) fsync(nodeID uint64, in *fuse.FsyncIn, dir bool) fuse.Errno {
 
 // Fallocate allocates or punches space in a file.
 func (fs *FS) Fallocate(ctx *fuse.Context, nodeID uint64, in *fuse.FallocateIn) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	h, e := fs.handle(in.Fh, nodeID, false)
 	if e != fuse.OK {
 		return e
@@ -413,6 +430,9 @@ const maxCopy = 1 << 30
 
 // CopyFileRange copies between two file handles, each checked against its node.
 func (fs *FS) CopyFileRange(ctx *fuse.Context, nodeID uint64, in *fuse.CopyFileRangeIn, out *fuse.WriteOut) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	hin, e := fs.handle(in.FhIn, nodeID, false)
 	if e != fuse.OK {
 		return e

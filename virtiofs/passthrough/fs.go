@@ -48,6 +48,10 @@ type Options struct {
 	// FileHandles says whether nodes keep host file handles instead of O_PATH descriptors
 	// (see the package documentation, "File handles").
 	FileHandles FileHandleMode
+	// ReadOnly exports the shared directory read-only (virtiofsd's --readonly): every request
+	// that would change it answers EROFS, and so does an open for writing or truncation and an
+	// access check for writing; reading, locks and DAX read mappings work.
+	ReadOnly bool
 	// ProcSelfFd is the path of the process's /proc/self/fd directory; empty means
 	// "/proc/self/fd". It is opened by New and, for extended attributes, which have only
 	// path-based calls, used as the prefix of "PATH/N": a relative path ("." with the working
@@ -326,4 +330,18 @@ func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, fd int, st *unix.Statx_t)
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
 	out.Attr.Flags = fs.attrFlags(n.mode, fs.daxAttr(int32(fd), st))
+}
+
+// readOnly answers EROFS when the share is exported read-only (Options.ReadOnly), before a
+// request that would change it does anything.
+func (fs *FS) readOnly() fuse.Errno {
+	if fs.opts.ReadOnly {
+		return unix.EROFS
+	}
+	return fuse.OK
+}
+
+// writes says whether open flags ask to change the file: write access or truncation.
+func writes(flags uint32) bool {
+	return flags&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_TRUNC != 0
 }

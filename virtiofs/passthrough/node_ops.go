@@ -78,6 +78,9 @@ func (fs *FS) attrOf(n *inode, fd int, out *fuse.AttrOut) fuse.Errno {
 // SetAttr changes, in this order, mode, owner, size and times, then answers the new attributes.
 // A failing step stops there. With a handle (FattrFh), everything goes through its descriptor.
 func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out *fuse.AttrOut) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	n, e := fs.node(nodeID)
 	if e != fuse.OK {
 		return e
@@ -258,6 +261,9 @@ func (fs *FS) Readlink(ctx *fuse.Context, nodeID uint64, buf []byte) ([]byte, fu
 // looks the new entry up.
 func (fs *FS) create(ctx *fuse.Context, parent uint64, name string, out *fuse.EntryOut,
 	op func(dirfd int) error) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	if e := checkName(name, unix.EEXIST, unix.EEXIST); e != fuse.OK {
 		return e
 	}
@@ -317,6 +323,9 @@ func (fs *FS) Rmdir(ctx *fuse.Context, parent uint64, name string) fuse.Errno {
 }
 
 func (fs *FS) remove(parent uint64, name string, flags int) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	dot, dotdot := fuse.Errno(unix.EISDIR), fuse.Errno(unix.EISDIR) // unlinkat(2)
 	if flags&unix.AT_REMOVEDIR != 0 {
 		dot, dotdot = unix.EINVAL, unix.ENOTEMPTY // rmdir(2)
@@ -338,6 +347,9 @@ const renameFlags = unix.RENAME_NOREPLACE | unix.RENAME_EXCHANGE | unix.RENAME_W
 // Rename moves parent/name to newParent/newName with renameat2; the host kernel checks the
 // flag combinations.
 func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent uint64, newName string, flags uint32) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	if flags&^renameFlags != 0 {
 		return unix.EINVAL
 	}
@@ -370,6 +382,9 @@ func (fs *FS) Rename(ctx *fuse.Context, parent uint64, name string, newParent ui
 // Link makes newParent/newName another name of node id, which must not be a directory. The
 // link keeps the file's owner, so it runs with our own credentials.
 func (fs *FS) Link(ctx *fuse.Context, nodeID, newParent uint64, newName string, out *fuse.EntryOut) fuse.Errno {
+	if e := fs.readOnly(); e != fuse.OK {
+		return e
+	}
 	if e := checkName(newName, unix.EEXIST, unix.EEXIST); e != fuse.OK {
 		return e
 	}
@@ -457,6 +472,11 @@ func (fs *FS) SyncFs(ctx *fuse.Context, nodeID uint64) fuse.Errno {
 func (fs *FS) Access(ctx *fuse.Context, nodeID uint64, mask uint32) fuse.Errno {
 	if mask&^uint32(unix.R_OK|unix.W_OK|unix.X_OK) != 0 {
 		return unix.EINVAL
+	}
+	if mask&unix.W_OK != 0 {
+		if e := fs.readOnly(); e != fuse.OK {
+			return e
+		}
 	}
 	n, fd, e := fs.nodeFd(nodeID)
 	if e != fuse.OK {

@@ -25,6 +25,10 @@ func (fs *FS) SetXattr(ctx *fuse.Context, nodeID uint64, name string, value []by
 	if e != fuse.OK {
 		return e
 	}
+	if e := fs.readOnly(); e != fuse.OK {
+		fs.putFd(n, fd)
+		return e
+	}
 	defer fs.putFd(n, fd)
 	name, e = fs.opts.XattrMap.toHost(name)
 	if e != fuse.OK {
@@ -67,6 +71,10 @@ func (fs *FS) ListXattr(ctx *fuse.Context, nodeID uint64, dst []byte) (int, fuse
 func (fs *FS) RemoveXattr(ctx *fuse.Context, nodeID uint64, name string) fuse.Errno {
 	n, fd, e := fs.xattrNode(nodeID)
 	if e != fuse.OK {
+		return e
+	}
+	if e := fs.readOnly(); e != fuse.OK {
+		fs.putFd(n, fd)
 		return e
 	}
 	defer fs.putFd(n, fd)
