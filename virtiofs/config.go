@@ -95,6 +95,12 @@ type Config struct {
 	// ReadOnly exports SharedDir read-only (passthrough.Options.ReadOnly): every request
 	// that would change it answers EROFS.
 	ReadOnly bool
+	// AllowMmap offers FUSE_DIRECT_IO_ALLOW_MMAP: a guest that knows it (Linux 6.6+) may
+	// mmap files opened with direct I/O (cache=never, metadata), shared mappings included.
+	AllowMmap bool
+	// PreserveNoatime passes the guest's O_NOATIME on to the host's open
+	// (passthrough.Options.PreserveNoatime).
+	PreserveNoatime bool
 	// KillprivV2, when set, says whether to offer FUSE_HANDLE_KILLPRIV_V2: the guest then
 	// leaves clearing set-user-ID, set-group-ID and security.capability on write, truncate
 	// and chown to the server, and stops asking for security.capability before every write.

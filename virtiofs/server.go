@@ -146,6 +146,7 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 		SecurityLabel:     cfg.SecurityLabel,
 		AnnounceSubmounts: cfg.AnnounceSubmounts,
 		ReadOnly:          cfg.ReadOnly,
+		PreserveNoatime:   cfg.PreserveNoatime,
 		DAX:               cfg.DAX,
 		FileHandles:       cfg.InodeFileHandles,
 		ProcSelfFd:        cfg.ProcSelfFd,
@@ -190,6 +191,9 @@ func initFlags(cfg *Config) uint64 {
 	}
 	if cfg.SecurityLabel {
 		f |= fuse.InitSecurityCtx
+	}
+	if cfg.AllowMmap {
+		f |= fuse.InitDirectIOAllowMmap
 	}
 	return f
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/conformance"
 	"github.com/kvfs/kvfs/virtiofs/frontend"
+	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/fuseclient"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 	"golang.org/x/sync/errgroup"
@@ -323,5 +324,28 @@ func TestConcurrentRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestAllowMmap: FUSE_DIRECT_IO_ALLOW_MMAP is granted to a guest that asks for it only with
+// Config.AllowMmap (virtiofsd's --allow-mmap).
+func TestAllowMmap(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		sock, _, _ := startServer(t, virtiofs.Config{SharedDir: shareDir(t), Cache: virtiofs.CacheNever, AllowMmap: allow})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		fe, err := frontend.Dial(ctx, sock, frontend.Options{})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		out, err := fuseclient.New(fe).Init(ctx, fuseclient.LinuxInitFlags|fuse.InitDirectIOAllowMmap)
+		cancel()
+		fe.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := (uint64(out.Flags)|uint64(out.Flags2)<<32)&fuse.InitDirectIOAllowMmap != 0; got != allow {
+			t.Errorf("AllowMmap %v: DIRECT_IO_ALLOW_MMAP granted %v", allow, got)
+		}
 	}
 }

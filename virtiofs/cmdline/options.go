@@ -345,6 +345,8 @@ var longOptions = map[string]option{
 
 	"xattr":                 {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
 	"readonly":              {apply: setFlag(func(o *Options) { o.Server.ReadOnly = true })},
+	"allow-mmap":            {apply: setFlag(func(o *Options) { o.Server.AllowMmap = true })},
+	"preserve-noatime":      {apply: setFlag(func(o *Options) { o.Server.PreserveNoatime = true })},
 	"announce-submounts":    {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
 	"no-announce-submounts": {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = false })},
 	"killpriv-v2":           {apply: setFlag(func(o *Options) { o.Server.KillprivV2 = new(true) })},
@@ -361,8 +363,6 @@ var longOptions = map[string]option{
 	"allow-direct-io":          {refused: whyDirectIO},
 	"modcaps":                  {value: "CAPS", apply: setModcaps},
 	"tag":                      {value: "TAG", refused: "kvfsd does not offer the device configuration space; set the tag on the front-end (QEMU: -device vhost-user-fs-pci,tag=TAG)"},
-	"allow-mmap":               {refused: "kvfsd does not negotiate FUSE_DIRECT_IO_ALLOW_MMAP"},
-	"preserve-noatime":         {refused: "kvfsd does not pass the guest's O_NOATIME on"},
 	"uid-map":                  {value: "MAP", refused: whyIDMap},
 	"gid-map":                  {value: "MAP", refused: whyIDMap},
 	"translate-uid":            {value: "MAP", refused: whyIDMap},

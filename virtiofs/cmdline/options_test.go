@@ -120,6 +120,8 @@ func TestParse(t *testing.T) {
 		{name: "-o cache=always", args: with("-o", "cache=always"), want: func(o *Options) { o.Server.Cache = virtiofs.CacheAlways }},
 		{name: "--xattr", args: with("--xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "--readonly", args: with("--readonly"), want: func(o *Options) { o.Server.ReadOnly = true }},
+		{name: "--allow-mmap", args: with("--allow-mmap"), want: func(o *Options) { o.Server.AllowMmap = true }},
+		{name: "--preserve-noatime", args: with("--preserve-noatime"), want: func(o *Options) { o.Server.PreserveNoatime = true }},
 		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o xattrmap", args: with("-o", "xattrmap=:prefix:all::user.virtiofs.::bad:all:::"), want: func(o *Options) {
 			o.Server.XattrMap = ":prefix:all::user.virtiofs.::bad:all:::"

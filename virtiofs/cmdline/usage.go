@@ -40,6 +40,12 @@ File system:
   --readonly            export the shared directory read-only: every request
                         that would change it, and every open for writing,
                         answers EROFS (default off)
+  --allow-mmap          let a guest that knows FUSE_DIRECT_IO_ALLOW_MMAP (Linux
+                        6.6+) mmap files opened with direct I/O (cache=never,
+                        metadata); default off
+  --preserve-noatime    pass the guest's O_NOATIME on to the host's open; by
+                        default it is dropped, as an open with it fails unless
+                        the opener owns the file
   --killpriv-v2, -o killpriv_v2
                         clear set-id bits and security.capability on the host
                         when a guest user writes, truncates or chowns, so the
@@ -149,8 +155,8 @@ Accepted, and what kvfsd does anyway:
 Not supported yet (refused with an error, never ignored):
   -o allow_direct_io, -o no_allow_direct_io,
   --allow-direct-io, -o allow_root,
-  -o max_idle_threads=, --daemonize, --tag, --allow-mmap,
-  --preserve-noatime, --uid-map, --gid-map, --translate-uid, --translate-gid,
+  -o max_idle_threads=, --daemonize, --tag, --uid-map, --gid-map,
+  --translate-uid, --translate-gid,
   --migration-mode, --migration-on-error, --migration-verify-handles,
   --migration-confirm-paths
 

@@ -148,6 +148,8 @@ const (
 	InitHasInodeDAX       = 1 << 33
 	InitCreateSuppGroup   = 1 << 34
 	InitHasExpireOnly     = 1 << 35
+	// InitDirectIOAllowMmap lets the guest mmap files opened with FOPEN_DIRECT_IO (7.39).
+	InitDirectIOAllowMmap = 1 << 36
 )
 
 // GetattrIn is the argument of GETATTR.

@@ -13,9 +13,13 @@ import (
 const passedOpenFlags = unix.O_ACCMODE | unix.O_APPEND | unix.O_TRUNC | unix.O_NONBLOCK |
 	unix.O_DSYNC | unix.O_SYNC | unix.O_NOATIME
 
-// openFlags turns the guest's open flags into the host's.
+// openFlags turns the guest's open flags into the host's. O_NOATIME passes only with
+// Options.PreserveNoatime.
 func (fs *FS) openFlags(guest uint32) int {
 	f := int(guest) & passedOpenFlags
+	if !fs.opts.PreserveNoatime {
+		f &^= unix.O_NOATIME
+	}
 	if fs.flags.Load()&fuse.InitWritebackCache != 0 {
 		// The guest's page cache reads to fill pages of write-only files and writes at offsets
 		// of its choosing.

@@ -52,6 +52,11 @@ type Options struct {
 	// that would change it answers EROFS, and so does an open for writing or truncation and an
 	// access check for writing; reading, locks and DAX read mappings work.
 	ReadOnly bool
+	// PreserveNoatime passes the guest's O_NOATIME on to the host's open (virtiofsd's
+	// --preserve-noatime). Without it the flag is dropped, as virtiofsd drops it: an open with
+	// O_NOATIME fails with EPERM unless the opener owns the file or has CAP_FOWNER, which the
+	// guest's caller need not have on the host.
+	PreserveNoatime bool
 	// ProcSelfFd is the path of the process's /proc/self/fd directory; empty means
 	// "/proc/self/fd". It is opened by New and, for extended attributes, which have only
 	// path-based calls, used as the prefix of "PATH/N": a relative path ("." with the working

@@ -80,3 +80,26 @@ func TestReadOnly(t *testing.T) {
 		t.Errorf("the read-only share changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
+
+// TestNoatime: the guest's O_NOATIME reaches the host's open only with PreserveNoatime, as
+// with virtiofsd's --preserve-noatime.
+func TestNoatime(t *testing.T) {
+	for _, preserve := range []bool{false, true} {
+		e := newEnv(t, Options{PreserveNoatime: preserve})
+		must(t, os.WriteFile(e.path("f"), []byte("x"), 0o644))
+		f := e.lookup(t, fuse.RootID, "f").NodeID
+		fh := e.open(t, f, unix.O_RDONLY|unix.O_NOATIME)
+		h, errno := e.fs.handle(fh, f, false)
+		if errno != 0 {
+			t.Fatal(errno)
+		}
+		flags, err := unix.FcntlInt(uintptr(h.fd), unix.F_GETFL, 0)
+		e.fs.handles.put(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := flags&unix.O_NOATIME != 0; got != preserve {
+			t.Errorf("PreserveNoatime %v: the host's open has O_NOATIME %v", preserve, got)
+		}
+	}
+}
