@@ -449,8 +449,11 @@ func (h *hostile) countOOM(t *testing.T, id string, window time.Duration) (int, 
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), window)
+	// The subscription ends by our cancel, not by a deadline: containerd would see a deadline
+	// first (it is sent along) and end the stream with an error a moment before ctx says so.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	time.AfterFunc(window, cancel)
 	events, errs := cl.Subscribe(ctx, fmt.Sprintf(`namespace==%s,topic=="/tasks/oom"`, h.C.Namespace()))
 	counted := make(chan int, 1)
 	go func() {
