@@ -63,24 +63,30 @@
 // A virtio-serial port is one byte stream for the VM's whole life; the host's sessions on it
 // (each connection to QEMU's chardev socket) are not framed. While no host is connected, a
 // read answers end of file at once and poll reports POLLHUP; when one connects, both stop. The
-// serial listener (ListenSerial) therefore polls the port every 10 ms: Accept waits for a host,
-// each session is one net.Conn handed to ttrpc, and a session ends when the host goes away
-// (its read sees end of file, or the poll sees POLLHUP), leaving the port open for the next.
-// The connection's reads and writes wait with poll(2) of their own (10 ms at a time, the host
-// probed in between), never in Go's edge-triggered poller: a poll of the port takes a buffer
-// the host just filled off the virtqueue, and if that comes before the buffer's interrupt is
-// handled, the handler finds no work and wakes nobody, so a reader parked in the poller would
-// sleep with a request in the port (the shim hung waiting for its answer).
+// serial listener (ListenSerial) therefore looks every 10 ms whether a host is there while
+// none is (Accept); each session is one net.Conn handed to ttrpc, and a session ends when the
+// host goes away (POLLHUP, or a read's end of file), leaving the port open for the next.
+// While a session lasts, one goroutine, the port's pump, does every wait, read and write of
+// the port, with poll(2) and no timeout; the connection's Read and Write only exchange bytes
+// with it, and an eventfd wakes it for output and for the end. One poller is what keeps a
+// wake-up from being lost: a poll of the port takes a buffer the host just filled off the
+// virtqueue, and if that comes before the buffer's interrupt is handled, the handler finds no
+// work and wakes nobody. A reader parked in Go's edge-triggered poller slept so with a request
+// in the port (the shim hung waiting for its answer), and a reader and a writer polling at
+// once could each take the other's; the pump sees in its own poll's answer whatever that poll
+// took, and what comes later wakes it (the data's interrupt; the host's coming and going,
+// whose control messages wake the port's waiters; room for output). An idle pod's agent thus
+// sleeps until spoken to.
 // The kernel keeps no trace of a disconnection followed at once by a reconnection, so the
 // connection also follows ttrpc's framing of what the host sends: a request whose stream id
 // does not grow starts a new session (a new client counts from 1 again), and the bytes from
 // its header on go to the next connection. What still fails is a host that vanished in the
-// middle of a message and a new one that came within the poll's 10 ms: the new session's
+// middle of a message and a new one that came before the pump saw it go: the new session's
 // first bytes are taken as the rest of the old message. Seen with QEMU 7.2 and the 6.1
 // guest (TestAgentInGuest): a host that leaves and comes back half a second later ends the
-// session by end of file, and Accept then waits (POLLHUP) without spinning; one that redials
-// at once is told apart only by its stream ids. vsock (ListenVsock) has real connections and
-// none of this.
+// session by POLLHUP, and Accept then waits without spinning; one that redials at once is
+// told apart only by its stream ids. vsock (ListenVsock) has real connections and none of
+// this.
 //
 // A vsock port, unlike the serial port, is open to more than the shim: to any host process
 // that knows the guest's CID (it is on QEMU's command line) and, through a loopback

@@ -19,8 +19,10 @@ import (
 // DefaultVirtioPorts is where the kernel lists virtio-serial ports.
 const DefaultVirtioPorts = "/sys/class/virtio-ports"
 
-// hostPollInterval is how often a serial listener looks whether the host has connected:
-// the port gives no event for it (while the host is away, poll answers POLLHUP at once).
+// hostPollInterval is how often a serial listener with no host looks whether one has
+// connected: the port gives no event for it (while the host is away, poll answers POLLHUP at
+// once). Once a host is there, nothing is polled on a timer: the port pump sleeps until the
+// port or a connection has something for it.
 const hostPollInterval = 10 * time.Millisecond
 
 // FindSerialPort answers the device (/dev/vportNpM) of the virtio-serial port called name,
@@ -43,40 +45,31 @@ func FindSerialPort(sysDir, name string) (string, error) {
 }
 
 // ListenSerial opens the virtio-serial port dev and answers a listener whose connections are
-// the host's sessions on it; their beginnings and ends are logged to log.
+// the host's sessions on it; their beginnings and ends are logged to log. The port is opened
+// with open(2), not as an os.File: Go's netpoller would register it with its epoll, whose
+// polls of the port would steal the pump's wake-ups (see serialListener).
 func ListenSerial(dev string, log *logrus.Entry) (net.Listener, error) {
-	f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dev, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: dev, Err: err}
 	}
-	return newSerialListener(f, f, func() (bool, error) { return hostConnected(f) }, log), nil
+	return newSerialListener(serialPort{name: dev, r: fd, w: fd, close: func() { unix.Close(fd) }},
+		func() (bool, error) { return hostConnected(fd) }, log), nil
 }
 
 // hostConnected polls the port once: POLLHUP means no host program has the port's chardev
 // open (the host end of the socket is not connected).
-func hostConnected(f *os.File) (bool, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return false, err
-	}
-	var revents int16
-	var perr error
-	if err := rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
-		for {
-			_, perr = unix.Poll(fds, 0)
-			if perr != unix.EINTR {
-				break
-			}
+func hostConnected(fd int) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}
+	for {
+		_, err := unix.Poll(fds, 0)
+		if err == nil {
+			return fds[0].Revents&unix.POLLHUP == 0, nil
 		}
-		revents = fds[0].Revents
-	}); err != nil {
-		return false, err
+		if err != unix.EINTR {
+			return false, err
+		}
 	}
-	if perr != nil {
-		return false, perr
-	}
-	return revents&unix.POLLHUP == 0, nil
 }
 
 // The vsock peer the agent serves: the host, from a port only a privileged process binds.
@@ -174,23 +167,43 @@ func (l *hostOnlyListener) refused(why error) {
 }
 
 // serialListener turns one long-lived byte stream (a virtio-serial port) into a sequence of
-// connections: one at a time, each from when the host is there until it goes away (end of
-// file) or ttrpc closes it. The port itself stays open across them; a connection's Close
-// only interrupts its reads and writes (a deadline), so a new host session gets a fresh
-// connection on the same file.
+// connections: one at a time, each from when the host is there until it goes away (POLLHUP or
+// end of file) or ttrpc closes it. The port itself stays open across them.
 //
-// Lock order: serialConn.mu is a leaf.
+// While a connection is open, one goroutine, the port's pump (portPump), is the only one that
+// waits on the port and reads and writes it; the connection's Read and Write only exchange
+// bytes with it. That is what makes its waits need no timeout. A poll of a virtio-serial port
+// takes a buffer the host just filled off the virtqueue; if that comes before the buffer's
+// interrupt is handled, the handler finds no work and wakes nobody. Two pollers of the port
+// (a reader waiting for input and a writer for room, or Go's netpoller, whose epoll polls
+// every file registered with it when woken) can thus take each other's wake-up, and one
+// parked can sleep with a request in the port (the shim hung waiting for its answer). So the
+// port is never an os.File, and with one poller, level-triggered, whatever its own poll took
+// off the ring it sees in that poll's answer, and what comes later wakes it: the data's
+// interrupt, the host's coming and going (the port's control messages wake its waiters),
+// room for output (the host took buffers), or its eventfd (a connection has output, or is
+// closing).
+//
+// Lock order: serialConn.mu, then portPump.mu; both are leaves otherwise.
 type serialListener struct {
-	r, w      *os.File
+	port      serialPort
 	connected func() (bool, error)
 	log       *logrus.Entry
 	free      chan struct{} // holds a token while no connection is handed out
 	closed    chan struct{}
 	closeOnce sync.Once
 
-	// Owned by the connection holding the token (the token's hand-over orders the accesses):
-	buf     []byte // what a read of the port fills
+	// Owned by the connection holding the token, and while it is open by its pump under the
+	// pump's lock (the token's hand-over orders the accesses):
 	pending []byte // read from the port, not handed to ttrpc yet
+}
+
+// serialPort is the port's descriptors (the same one for a real port; a pipe each way in
+// tests), its name and how to close it.
+type serialPort struct {
+	name  string
+	r, w  int
+	close func()
 }
 
 // ttrpc's framing, as far as the listener looks at it: a 10-byte header (length, stream id,
@@ -200,9 +213,8 @@ const (
 	ttrpcTypeRequest = 1
 )
 
-func newSerialListener(r, w *os.File, connected func() (bool, error), log *logrus.Entry) *serialListener {
-	l := &serialListener{r: r, w: w, connected: connected, log: log, free: make(chan struct{}, 1), closed: make(chan struct{}),
-		buf: make([]byte, readChunk)}
+func newSerialListener(port serialPort, connected func() (bool, error), log *logrus.Entry) *serialListener {
+	l := &serialListener{port: port, connected: connected, log: log, free: make(chan struct{}, 1), closed: make(chan struct{})}
 	l.free <- struct{}{}
 	return l
 }
@@ -230,25 +242,13 @@ func (l *serialListener) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 	}
-	if err := setDeadline(l.r, l.w, time.Time{}); err != nil {
+	p, err := startPump(l)
+	if err != nil {
 		l.free <- struct{}{}
-		return nil, err
+		return nil, fmt.Errorf("serial port: %w", err)
 	}
-	c := &serialConn{l: l, checked: time.Now()}
 	l.log.Info("host connected")
-	return c, nil
-}
-
-func setDeadline(r, w *os.File, t time.Time) error {
-	if err := r.SetDeadline(t); err != nil {
-		return fmt.Errorf("serial port: %w", err)
-	}
-	if w != r {
-		if err := w.SetDeadline(t); err != nil {
-			return fmt.Errorf("serial port: %w", err)
-		}
-	}
-	return nil
+	return &serialConn{l: l, p: p}, nil
 }
 
 // Close ends Accept; the port is closed once its connection is done.
@@ -257,107 +257,226 @@ func (l *serialListener) Close() error {
 		close(l.closed)
 		go func() {
 			<-l.free
-			l.r.Close()
-			if l.w != l.r {
-				l.w.Close()
-			}
+			l.port.close()
 		}()
 	})
 	return nil
 }
 
-func (l *serialListener) Addr() net.Addr { return serialAddr(l.r.Name()) }
+func (l *serialListener) Addr() net.Addr { return serialAddr(l.port.name) }
 
 type serialAddr string
 
 func (a serialAddr) Network() string { return "virtio-serial" }
 func (a serialAddr) String() string  { return string(a) }
 
-// serialConn is one host session on the port. Its reads and writes wait on the port with
-// poll(2) (portIO) and probe the host between polls. Besides that, it follows ttrpc's
-// framing of what the host sends: a request whose stream id does not grow is the first of a
-// new host's session (a new ttrpc client starts again at 1), so the connection ends before it
-// and leaves its bytes to the next one. That catches the reconnections the poll is too slow
-// for, unless the previous host vanished in the middle of a message.
-type serialConn struct {
+// Bounds of what the pump holds for a connection.
+const (
+	// pumpReadChunk is one read of the port.
+	pumpReadChunk = 64 << 10
+	// pumpMaxPending is how much read input the pump holds before it stops reading: ttrpc
+	// reads it as it comes, so only a stalled reader reaches it.
+	pumpMaxPending = 4 << 20
+)
+
+// portPump does every wait, read and write of the port for one connection, in its own
+// goroutine (see serialListener). Read input goes to the listener's pending bytes; output
+// comes from out. It stops when the host goes away (POLLHUP, or end of file), when an I/O
+// call fails, or when the connection closes it.
+type portPump struct {
 	l        *serialListener
-	mu       sync.Mutex
-	closed   bool // guarded by mu
-	inflight int  // guarded by mu: reads and writes under way
-	released bool // guarded by mu: the listener's token was given back
-	hostGone bool // guarded by mu: the host went away; what is pending is its leftovers
+	rfd, wfd int // the port's descriptors (the same one for a real port)
+	wake     int // eventfd: a connection has output, or wants the pump stopped
+	done     chan struct{}
+
+	mu         sync.Mutex
+	cond       *sync.Cond // signalled when input comes, output leaves or the pump stops
+	out        []byte     // guarded by mu: output not written yet
+	queued     uint64     // guarded by mu: bytes ever queued for output
+	written    uint64     // guarded by mu: bytes ever written
+	stopping   bool       // guarded by mu: the connection asked the pump to stop
+	hostGone   bool       // guarded by mu: the host went away
+	err        error      // guarded by mu: why the pump stopped, if an I/O call failed
+	stopped    bool       // guarded by mu: the pump goroutine is done with the port
+	wakeClosed bool       // guarded by mu: stop closed the eventfd
+}
+
+// startPump starts the pump of a new connection of l.
+func startPump(l *serialListener) (*portPump, error) {
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	p := &portPump{l: l, rfd: l.port.r, wfd: l.port.w, wake: wake, done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	go p.run()
+	return p, nil
+}
+
+// kickLocked wakes the pump's poll. Called with mu held, which keeps the eventfd open.
+func (p *portPump) kickLocked() {
+	if p.wakeClosed {
+		return
+	}
+	one := [8]byte{1}
+	_, _ = unix.Write(p.wake, one[:])
+}
+
+// stop asks the pump to stop, waits until it no longer touches the port, and closes its
+// eventfd. Called once, by the connection's Close.
+func (p *portPump) stop() {
+	p.mu.Lock()
+	p.stopping = true
+	p.kickLocked()
+	p.mu.Unlock()
+	<-p.done
+	p.mu.Lock()
+	p.wakeClosed = true
+	unix.Close(p.wake)
+	p.mu.Unlock()
+}
+
+// run is the pump. When it stops it gives the port back to the listener, without what a
+// departed host left unread: the next Accept may start the next connection's pump at once.
+func (p *portPump) run() {
+	defer close(p.done)
+	buf := make([]byte, pumpReadChunk)
+	for {
+		p.mu.Lock()
+		if p.stopping || p.hostGone || p.err != nil {
+			p.stopped = true
+			if p.hostGone {
+				p.l.pending = nil
+			}
+			p.cond.Broadcast()
+			p.mu.Unlock()
+			p.l.free <- struct{}{}
+			return
+		}
+		var rev, wev int16
+		if len(p.l.pending) < pumpMaxPending {
+			rev = unix.POLLIN
+		}
+		if len(p.out) > 0 {
+			wev = unix.POLLOUT
+		}
+		p.mu.Unlock()
+
+		fds := []unix.PollFd{{Fd: int32(p.wake), Events: unix.POLLIN}, {Fd: int32(p.rfd), Events: rev}}
+		wi := 1
+		if p.wfd == p.rfd {
+			fds[1].Events |= wev
+		} else {
+			fds = append(fds, unix.PollFd{Fd: int32(p.wfd), Events: wev})
+			wi = 2
+		}
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if err != unix.EINTR {
+				p.fail(fmt.Errorf("poll: %w", err))
+			}
+			continue
+		}
+		if fds[0].Revents&unix.POLLIN != 0 {
+			var b [8]byte
+			_, _ = unix.Read(p.wake, b[:])
+		}
+		r := fds[1].Revents
+		if r&unix.POLLIN != 0 {
+			p.read(buf)
+		} else if r&(unix.POLLHUP|unix.POLLERR) != 0 {
+			p.gone("host left (POLLHUP)")
+			continue
+		}
+		if fds[wi].Revents&unix.POLLOUT != 0 {
+			p.write()
+		}
+	}
+}
+
+func (p *portPump) fail(err error) {
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.mu.Unlock()
+}
+
+// gone records that the host went away; the pump stops.
+func (p *portPump) gone(why string) {
+	p.mu.Lock()
+	p.hostGone = true
+	p.mu.Unlock()
+	p.l.log.Info(why)
+}
+
+func (p *portPump) read(buf []byte) {
+	n, err := unix.Read(p.rfd, buf)
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+	case err != nil:
+		p.fail(&os.PathError{Op: "read", Path: p.l.port.name, Err: err})
+	case n == 0:
+		p.gone("host left (end of file)")
+	default:
+		p.mu.Lock()
+		p.l.pending = append(p.l.pending, buf[:n]...)
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	}
+}
+
+func (p *portPump) write() {
+	p.mu.Lock()
+	out := p.out
+	p.mu.Unlock()
+	n, err := unix.Write(p.wfd, out)
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+	case err != nil:
+		p.fail(&os.PathError{Op: "write", Path: p.l.port.name, Err: err})
+	case n > 0:
+		p.mu.Lock()
+		// Only the pump takes from out; Write appends after it.
+		p.out = p.out[n:]
+		p.written += uint64(n)
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	}
+}
+
+// serialConn is one host session on the port, served by its pump. Besides that, it follows
+// ttrpc's framing of what the host sends: a request whose stream id does not grow is the first
+// of a new host's session (a new ttrpc client starts again at 1), so the connection ends before
+// it and leaves its bytes to the next one. That catches the reconnections the port does not
+// report (a departure and a return before the pump looks), unless the previous host vanished
+// in the middle of a message.
+type serialConn struct {
+	l *serialListener
+	p *portPump
+
+	mu     sync.Mutex
+	closed bool // guarded by mu
 
 	// Used by the one reading goroutine (ttrpc's):
-	need    int       // bytes of the current message still to hand out
-	lastReq uint32    // the stream id of the last request
-	ended   bool      // the next session has begun
-	checked time.Time // when the host's presence was last probed
-}
-
-func (c *serialConn) enter() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return net.ErrClosed
-	}
-	c.inflight++
-	return nil
-}
-
-func (c *serialConn) leave() {
-	c.mu.Lock()
-	c.inflight--
-	c.releaseLocked()
-	c.mu.Unlock()
-}
-
-// releaseLocked gives the port back to the listener once the connection is closed and no
-// read or write of it is left on the file.
-func (c *serialConn) releaseLocked() {
-	if c.closed && c.inflight == 0 && !c.released {
-		c.released = true
-		if c.hostGone {
-			c.l.pending = nil
-		}
-		c.l.free <- struct{}{}
-	}
-}
-
-// markHostGone records that the host went away and reports whether this is the first to see
-// it: a read's end of file and the poll's POLLHUP can both see one departure.
-func (c *serialConn) markHostGone() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	first := !c.hostGone
-	c.hostGone = true
-	return first
-}
-
-// probeHost looks whether the host is still there and, if it left, closes the connection
-// (its reads and writes end). It runs from Read and Write, between their own polls of the
-// port, never while another goroutine waits on the port (see portIO).
-func (c *serialConn) probeHost() (gone bool) {
-	ok, err := c.l.connected()
-	if err == nil && ok {
-		return false
-	}
-	if c.markHostGone() {
-		c.l.log.WithError(err).Info("host left (POLLHUP)")
-	}
-	c.Close()
-	return true
+	need    int    // bytes of the current message still to hand out
+	lastReq uint32 // the stream id of the last request
+	ended   bool   // the next session has begun
 }
 
 // Read hands out what the host sent, up to the start of a new host's session; end of file
-// is the host going away.
+// is the host going away or the connection closing.
 func (c *serialConn) Read(b []byte) (int, error) {
-	if err := c.enter(); err != nil {
-		return 0, err
-	}
-	defer c.leave()
-	l := c.l
+	p, l := c.p, c.l
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for {
-		if c.ended {
+		// Once the pump stopped, the listener's pending bytes are the next connection's.
+		switch {
+		case c.ended:
+			return 0, io.EOF
+		case p.err != nil:
+			return 0, p.err
+		case p.stopped || p.hostGone:
 			return 0, io.EOF
 		}
 		if c.need == 0 && len(l.pending) >= ttrpcHeaderLen {
@@ -374,116 +493,55 @@ func (c *serialConn) Read(b []byte) (int, error) {
 			c.need = ttrpcHeaderLen + int(binary.BigEndian.Uint32(h[0:4]))
 		}
 		if c.need > 0 && len(l.pending) > 0 {
+			full := len(l.pending) >= pumpMaxPending
 			n := copy(b, l.pending[:min(len(l.pending), c.need)])
 			l.pending = l.pending[n:]
 			c.need -= n
+			if full {
+				p.kickLocked() // the pump stopped reading: there is room again
+			}
 			return n, nil
 		}
-		// The host is probed every hostPollInterval while Read waits: a read woken late would
-		// otherwise carry on with the next host session as if it were this one.
-		if time.Since(c.checked) >= hostPollInterval {
-			c.checked = time.Now()
-			if c.probeHost() {
-				return 0, io.EOF
-			}
-		}
-		n, ready, err := portIO(l.r, unix.POLLIN, unix.Read, l.buf)
-		l.pending = append(l.pending, l.buf[:n]...)
-		if err != nil {
-			return 0, err
-		}
-		if ready && n == 0 {
-			if c.markHostGone() {
-				l.log.Info("host left (end of file)")
-			}
-			return 0, io.EOF
-		}
+		p.cond.Wait()
 	}
 }
 
-// portIO makes one read or write (op) of the port f, waiting at most hostPollInterval for it
-// to be ready (events: POLLIN or POLLOUT), with poll(2) of its own rather than Go's poller.
-// ready reports whether poll said the call could proceed (then n == 0 on a read is end of
-// file); err is the connection's deadline (Close), the file's closing, or op's failure.
-//
-// Why not f.Read and f.Write, which wait in Go's poller: on virtio-serial that wait can last
-// for ever with the data there. The poller is edge-triggered and the port's wake-up comes
-// from the virtqueue's interrupt; but any poll of the port (the host probe's, say) moves a
-// buffer the host has just filled from the virtqueue into the port before that interrupt is
-// handled, and the handler, finding no new buffer (vring_interrupt: "no work"), wakes
-// nobody. A reader parked in the poller then sleeps with a request in the port until the
-// host sends something else, and the host waits for the answer: the shim's hang. The same
-// goes for a writer waiting for the host to take buffers. A level-triggered poll with a
-// timeout sees what is there whoever took it off the ring.
-func portIO(f *os.File, events int16, op func(int, []byte) (int, error), b []byte) (n int, ready bool, err error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return 0, false, err
-	}
-	var oerr error
-	call := func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
-		k, perr := unix.Poll(fds, int(hostPollInterval/time.Millisecond))
-		if perr != nil {
-			if perr != unix.EINTR {
-				oerr = perr
-			}
-			return true
-		}
-		if k == 0 || fds[0].Revents == 0 {
-			return true
-		}
-		for {
-			n, oerr = op(int(fd), b)
-			if oerr != unix.EINTR {
-				break
-			}
-		}
-		if oerr == unix.EAGAIN {
-			n, oerr = 0, nil
-			return true
-		}
-		if n < 0 {
-			n = 0
-		}
-		ready = true
-		return true
-	}
-	if events == unix.POLLIN {
-		err = rc.Read(call)
-	} else {
-		err = rc.Write(call)
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	if oerr != nil {
-		return n, ready, &os.PathError{Op: "serial port", Path: f.Name(), Err: oerr}
-	}
-	return n, ready, nil
-}
-
+// Write queues b for the pump and waits until it is written, the host left or the
+// connection closed.
 func (c *serialConn) Write(b []byte) (int, error) {
-	if err := c.enter(); err != nil {
-		return 0, err
+	p := c.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped || p.stopping || p.hostGone {
+		return 0, net.ErrClosed
 	}
-	defer c.leave()
-	written := 0
-	for len(b) > 0 {
-		n, ready, err := portIO(c.l.w, unix.POLLOUT, unix.Write, b)
-		written += n
-		b = b[n:]
-		if err != nil {
-			return written, err
+	start := p.queued
+	p.out = append(p.out, b...)
+	p.queued += uint64(len(b))
+	end := p.queued
+	p.kickLocked()
+	for p.written < end {
+		var err error
+		switch {
+		case p.err != nil:
+			err = p.err
+		case p.stopped || p.hostGone:
+			err = net.ErrClosed
+		default:
+			p.cond.Wait()
+			continue
 		}
-		if !ready && c.probeHost() {
-			return written, net.ErrClosed
+		n := 0
+		if p.written > start {
+			n = int(p.written - start)
 		}
+		return n, err
 	}
-	return written, nil
+	return len(b), nil
 }
 
-// Close interrupts the connection's reads and writes; the port stays open for the next.
+// Close stops the connection's pump, which gives the port back to the listener (its reads
+// and writes end); the port stays open for the next connection.
 func (c *serialConn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -491,18 +549,14 @@ func (c *serialConn) Close() error {
 		return nil
 	}
 	c.closed = true
-	// Under mu: a read that ends now gives the token back only after the deadline is set,
-	// so the next Accept's clearing of it comes after.
-	err := setDeadline(c.l.r, c.l.w, time.Now())
-	c.releaseLocked()
-	return err
+	c.p.stop()
+	return nil
 }
 
 func (c *serialConn) LocalAddr() net.Addr  { return c.l.Addr() }
 func (c *serialConn) RemoteAddr() net.Addr { return serialAddr("host") }
 
-// The port's deadlines are the listener's (a closed connection's reads end at once);
-// ttrpc sets none.
+// The port's deadlines are not used: the pump's eventfd interrupts its wait. ttrpc sets none.
 func (c *serialConn) SetDeadline(t time.Time) error      { return os.ErrNoDeadline }
 func (c *serialConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline }
 func (c *serialConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }

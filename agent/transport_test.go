@@ -48,8 +48,9 @@ func (c *pipeConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline
 func (c *pipeConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }
 
 // TestSerialListenerSessions plays a port with two pipes and a host that comes and goes: the
-// listener waits for the host, serves it, notices it left, and serves the next host on the
-// same files with a fresh ttrpc connection.
+// listener waits for the host, serves it, notices it left (the port reports POLLHUP: here the
+// host's end of the pipe closes), and serves the next host (a new pipe on the port's
+// descriptor) on the same files with a fresh ttrpc connection.
 func TestSerialListenerSessions(t *testing.T) {
 	toGuestR, toGuestW, err := os.Pipe()
 	if err != nil {
@@ -61,7 +62,8 @@ func TestSerialListenerSessions(t *testing.T) {
 	}
 	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
 	var connected atomic.Bool
-	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return connected.Load(), nil }, discardLog())
+	l := newSerialListener(pipePort(t, toGuestR, toHostW), func() (bool, error) { return connected.Load(), nil }, discardLog())
+	portFd := fdOfFile(t, toGuestR)
 
 	accepted := make(chan net.Conn, 1)
 	go func() {
@@ -103,6 +105,7 @@ func TestSerialListenerSessions(t *testing.T) {
 		readDone <- err
 	}()
 	connected.Store(false)
+	toGuestW.Close()
 	select {
 	case err := <-readDone:
 		if err == nil {
@@ -121,6 +124,15 @@ func TestSerialListenerSessions(t *testing.T) {
 	}
 
 	// The next host gets a connection on the same files, and ttrpc works on it.
+	nextR, nextW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Dup3(fdOfFile(t, nextR), portFd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	nextR.Close()
+	toGuestW = nextW
 	fx := newFixture(t)
 	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(Interceptor(fx.svc.log)))
 	if err != nil {
@@ -208,7 +220,7 @@ func TestSerialListenerNewHostAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
-	l := newSerialListener(toGuestR, toHostW, func() (bool, error) { return true, nil }, discardLog())
+	l := newSerialListener(pipePort(t, toGuestR, toHostW), func() (bool, error) { return true, nil }, discardLog())
 	fx := newFixture(t)
 	srv, err := ttrpc.NewServer()
 	if err != nil {
@@ -233,6 +245,25 @@ func TestSerialListenerNewHostAtOnce(t *testing.T) {
 		}
 		client.Close()
 	}
+}
+
+// fdOfFile is f's descriptor, without Fd(), which would make the file blocking.
+func fdOfFile(t *testing.T, f *os.File) (fd int) {
+	t.Helper()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// pipePort is a port made of two pipes' ends: r, what the host sends, and w, what it reads;
+// closing it closes both.
+func pipePort(t *testing.T, r, w *os.File) serialPort {
+	return serialPort{name: "test-port", r: fdOfFile(t, r), w: fdOfFile(t, w), close: func() { r.Close(); w.Close() }}
 }
 
 func discardLog() *logrus.Entry {
@@ -263,18 +294,10 @@ func TestSerialConnReadWithoutWakeup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unused.Close(); wire.Close(); wireR.Close(); toHostR.Close(); toHostW.Close() })
-	fdOf := func(f *os.File) (fd int) { // without Fd(), which would make the file blocking
-		rc, err := f.SyscallConn()
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc.Control(func(u uintptr) { fd = int(u) })
-		return fd
-	}
-	if err := unix.Dup3(fdOf(wireR), fdOf(port), unix.O_CLOEXEC); err != nil {
+	if err := unix.Dup3(fdOfFile(t, wireR), fdOfFile(t, port), unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
-	l := newSerialListener(port, toHostW, func() (bool, error) { return true, nil }, discardLog())
+	l := newSerialListener(pipePort(t, port, toHostW), func() (bool, error) { return true, nil }, discardLog())
 	defer l.Close()
 	c, err := l.Accept()
 	if err != nil {
