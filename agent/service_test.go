@@ -348,6 +348,23 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{svc: svc, rt: rt, cg: cg, root: root, ctx: ctx}
 }
 
+// bundleSpec is the spec the service wrote in container id's bundle for runc.
+func (fx *fixture) bundleSpec(t *testing.T, id string) specs.Spec {
+	t.Helper()
+	fx.rt.mu.Lock()
+	bundle := fx.rt.bundles[id]
+	fx.rt.mu.Unlock()
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got specs.Spec
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 func (fx *fixture) spec(id string, args ...string) []byte {
 	b, _ := json.Marshal(&specs.Spec{
 		Version: specs.Version,
@@ -611,18 +628,7 @@ func TestGuestHooksKept(t *testing.T) {
 	if _, err := fx.svc.CreateContainer(fx.ctx, &apiv1.CreateContainerRequest{ContainerId: "c", Spec: b}); err != nil {
 		t.Fatal(err)
 	}
-	fx.rt.mu.Lock()
-	bundle := fx.rt.bundles["c"]
-	fx.rt.mu.Unlock()
-	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got specs.Spec
-	if err := json.Unmarshal(data, &got); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(got.Hooks, want) {
+	if got := fx.bundleSpec(t, "c"); !reflect.DeepEqual(got.Hooks, want) {
 		t.Errorf("hooks in runc's bundle %+v, want %+v", got.Hooks, want)
 	}
 }
@@ -1049,18 +1055,7 @@ func TestPodPIDNamespace(t *testing.T) {
 		if _, err := fx.svc.CreateContainer(fx.ctx, &apiv1.CreateContainerRequest{ContainerId: id, Spec: b}); err != nil {
 			t.Fatal(err)
 		}
-		fx.rt.mu.Lock()
-		bundle := fx.rt.bundles[id]
-		fx.rt.mu.Unlock()
-		data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got specs.Spec
-		if err := json.Unmarshal(data, &got); err != nil {
-			t.Fatal(err)
-		}
-		paths = append(paths, got.Linux.Namespaces[0].Path)
+		paths = append(paths, fx.bundleSpec(t, id).Linux.Namespaces[0].Path)
 	}
 	if paths[0] != paths[1] || !strings.HasPrefix(paths[0], fmt.Sprintf("/proc/%d/fd/", os.Getpid())) {
 		t.Fatalf("the containers' PID namespace paths %q: want one /proc/<agent>/fd/N", paths)

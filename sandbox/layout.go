@@ -182,12 +182,12 @@ func unescapeMountInfo(s string) string {
 // mountsBelow returns the mount points of this process's mount namespace strictly below dir,
 // relative to it, in mount order (a parent before its children).
 func mountsBelow(dir string) ([]string, error) {
-	points, err := mountInfo()
+	under, err := mountsUnder(dir)
 	if err != nil {
 		return nil, err
 	}
 	var below []string
-	for _, p := range points {
+	for _, p := range under {
 		if rel, ok := strings.CutPrefix(p, dir+"/"); ok && !slices.Contains(below, rel) {
 			below = append(below, rel)
 		}

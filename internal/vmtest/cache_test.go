@@ -44,16 +44,11 @@ func TestGuestCacheModes(t *testing.T) {
 	start := time.Now()
 	g := Image(t)
 	server := serverBinary(t)
-
-	ctl := t.TempDir()
 	script, err := os.ReadFile("cachecheck.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(ctl, "cachecheck.sh"), script, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ctlSocket, _ := StartServer(t, server, "--shared-dir="+ctl, "--cache=never")
+	ctl, ctlSocket := controlShare(t, server, "cachecheck.sh", script)
 
 	var extra []string
 	shares := map[string]string{}
@@ -198,4 +193,17 @@ func (r cacheReport) wantContains(t *testing.T, mode, when, want string) {
 	} else if !strings.Contains(got, want) {
 		t.Errorf("cache=%s %s: guest saw %s, want %s", mode, when, got, want)
 	}
+}
+
+// controlShare makes the control share of a kvfsd test guest: a directory holding the guest's
+// script name, served by server with cache=never (so that marker files cross at once both
+// ways). It answers the directory and the server's socket (Options.Socket).
+func controlShare(t *testing.T, server, name string, script []byte) (dir, socket string) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, name), script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	socket, _ = StartServer(t, server, "--shared-dir="+dir, "--cache=never")
+	return dir, socket
 }

@@ -37,12 +37,7 @@ func TestGuestReadOnly(t *testing.T) {
 	start := time.Now()
 	g := Image(t)
 	server := serverBinary(t)
-
-	ctl := t.TempDir()
-	if err := os.WriteFile(filepath.Join(ctl, "readonly.sh"), []byte(readOnlyScript), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ctlSocket, _ := StartServer(t, server, "--shared-dir="+ctl, "--cache=never")
+	_, ctlSocket := controlShare(t, server, "readonly.sh", []byte(readOnlyScript))
 	share := t.TempDir()
 	if err := os.WriteFile(filepath.Join(share, "f"), []byte("host-data\n"), 0o644); err != nil {
 		t.Fatal(err)
