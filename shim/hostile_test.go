@@ -32,8 +32,10 @@ type hostileAgent struct {
 	// silent names the calls that never answer (until the test ends).
 	silent map[string]bool
 	// killIgnored makes SignalProcess answer without signalling; killRefused makes it refuse
-	// without signalling, as runc's "container not running".
-	killIgnored, killRefused bool
+	// without signalling, as runc's "container not running"; killNotFound makes it answer
+	// NotFound, as the agent answers for an init that has exited but whose exit it has not
+	// reported yet.
+	killIgnored, killRefused, killNotFound bool
 	// oomFlood, if set, is the container every GetOOMEvent names, at once.
 	oomFlood  string
 	oomAnswer atomic.Int64
@@ -97,6 +99,9 @@ func (h *hostileAgent) SignalProcess(ctx context.Context, r *agent.SignalProcess
 	}
 	if h.killRefused {
 		return nil, status.Error(codes.Internal, "runc kill: container not running")
+	}
+	if h.killNotFound {
+		return nil, status.Error(codes.NotFound, "container c1 has exited")
 	}
 	return h.fakeAgent.SignalProcess(ctx, r)
 }
@@ -287,6 +292,23 @@ func TestHostileKillRefused(t *testing.T) {
 	}
 	waitKilled(t, h, "c1")
 	checkPodGone(t, h, "did not end container c1 within 500ms of SIGKILL")
+}
+
+// TestKillExitedInGuest: a SIGKILL the agent answers NotFound (the process has exited in the
+// guest, its exit not reported yet: a container stopped just as it ends) is "not found" to
+// containerd, as runc's shim says of a finished process, which CRI's StopContainer takes as
+// stopped; the host still ends the container should its exit never come.
+func TestKillExitedInGuest(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{KillGrace: 500 * time.Millisecond})
+	ha.killNotFound = true
+	h.createSimple("c1")
+	h.start("c1", "")
+	_, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL)})
+	wantKind(t, "Kill of a process that exited in the guest", err, errdefs.ErrNotFound)
+	if err == nil || !strings.Contains(err.Error(), "process already finished") {
+		t.Errorf("Kill: %v, want \"process already finished\"", err)
+	}
+	waitKilled(t, h, "c1")
 }
 
 // waitKilled waits up to 30 s for container id, SIGKILLed, to exit with exitKilled, and
