@@ -380,15 +380,23 @@ func (p *portPump) run() {
 			var b [8]byte
 			_, _ = unix.Read(p.wake, b[:])
 		}
-		r := fds[1].Revents
-		if r&unix.POLLIN != 0 {
+		r, w := fds[1].Revents, fds[wi].Revents
+		switch {
+		case r&unix.POLLNVAL != 0 || w&unix.POLLNVAL != 0:
+			p.fail(fmt.Errorf("serial port %s: descriptor closed", p.l.port.name))
+			continue
+		case r&unix.POLLIN != 0:
 			p.read(buf)
-		} else if r&(unix.POLLHUP|unix.POLLERR) != 0 {
+		case r&(unix.POLLHUP|unix.POLLERR) != 0:
 			p.gone("host left (POLLHUP)")
 			continue
 		}
-		if fds[wi].Revents&unix.POLLOUT != 0 {
+		switch {
+		case w&unix.POLLOUT != 0:
 			p.write()
+		case wi != 1 && w&(unix.POLLHUP|unix.POLLERR) != 0:
+			// A separate output (tests' pipes) whose reader is gone.
+			p.gone("host left (its end of the output closed)")
 		}
 	}
 }
