@@ -27,7 +27,8 @@
 // propagation, and on hosts whose / is private (containers, these test machines) a bind made
 // later under mounts/ would never reach shared/ and so the guest. Bind makes each bind on a
 // detached copy of its source (open_tree), private (mounts later made under the source stay
-// out) and read-only as asked before it attaches it in mounts/ (move_mount): a remount to
+// out; BindFollowHost makes it a slave of the source instead, so that they come in) and
+// read-only as asked before it attaches it in mounts/ (move_mount): a remount to
 // read-only would not reach the copy already propagated to shared/, a copy of a read-only
 // mount is read-only. A read-only bind is the host's guarantee, not the guest's: the host's
 // kernel refuses the server's writes there (EROFS), whatever root in the guest asks for.
