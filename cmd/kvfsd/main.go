@@ -67,6 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		opts.SocketPath, opts.SocketGroup, opts.FD = "", "", fd
 		return exitCode(serve(opts, false))
 	}
+	warnTag(opts)
 	if opts.Sandbox == confine.SandboxNamespace {
 		return supervise(args, opts, stdout, stderr)
 	}
@@ -79,6 +80,13 @@ func exitCode(err error) int {
 		return 1
 	}
 	return 0
+}
+
+// warnTag says what --tag does here: nothing the guest sees.
+func warnTag(opts *cmdline.Options) {
+	if opts.Tag != "" {
+		log.L.Warnf("--tag=%s: the guest sees the tag the front-end sets (QEMU: -device vhost-user-fs-pci,tag=...); kvfsd offers no device configuration space, on which QEMU 7.1 to 8.0 crash", opts.Tag)
+	}
 }
 
 // setNofileLimit applies --rlimit-nofile, or kvfsd's default limit.

@@ -57,6 +57,11 @@ type Options struct {
 	// SocketGroup is the group given access to the socket at SocketPath (--socket-group).
 	SocketGroup string
 
+	// Tag is --tag: the tag virtiofsd 1.13 would offer in the device's configuration space.
+	// kvfsd takes it (1 to 36 bytes) but offers no configuration space: QEMU 7.1 to 8.0 crash
+	// on the CONFIG protocol feature, and QEMU takes the tag from its own tag= property.
+	Tag string
+
 	// Syslog sends the log to syslog instead of stderr.
 	Syslog bool
 	// LogLevel is one of LogError, LogWarn, LogInfo (the default), LogDebug, LogTrace, LogOff.
@@ -345,6 +350,7 @@ var longOptions = map[string]option{
 
 	"xattr":                 {apply: setFlag(func(o *Options) { o.Server.Xattr = true })},
 	"readonly":              {apply: setFlag(func(o *Options) { o.Server.ReadOnly = true })},
+	"tag":                   {value: "TAG", apply: setTag},
 	"allow-mmap":            {apply: setFlag(func(o *Options) { o.Server.AllowMmap = true })},
 	"preserve-noatime":      {apply: setFlag(func(o *Options) { o.Server.PreserveNoatime = true })},
 	"announce-submounts":    {apply: setFlag(func(o *Options) { o.Server.AnnounceSubmounts = true })},
@@ -362,7 +368,6 @@ var longOptions = map[string]option{
 	"daemonize":                {refused: "kvfsd always runs in the foreground; let the caller (systemd, the Kata runtime) supervise it"},
 	"allow-direct-io":          {refused: whyDirectIO},
 	"modcaps":                  {value: "CAPS", apply: setModcaps},
-	"tag":                      {value: "TAG", refused: "kvfsd does not offer the device configuration space; set the tag on the front-end (QEMU: -device vhost-user-fs-pci,tag=TAG)"},
 	"uid-map":                  {value: "MAP", refused: whyIDMap},
 	"gid-map":                  {value: "MAP", refused: whyIDMap},
 	"translate-uid":            {value: "MAP", refused: whyIDMap},
@@ -559,5 +564,16 @@ func setInodeFileHandles(o *Options, v string) error {
 		return err
 	}
 	o.Server.InodeFileHandles = m
+	return nil
+}
+
+// maxTag is the longest virtio-fs tag (the device configuration's tag field).
+const maxTag = 36
+
+func setTag(o *Options, v string) error {
+	if v == "" || len(v) > maxTag {
+		return fmt.Errorf("invalid tag %q: want 1 to %d bytes", v, maxTag)
+	}
+	o.Tag = v
 	return nil
 }

@@ -121,6 +121,7 @@ func TestParse(t *testing.T) {
 		{name: "--xattr", args: with("--xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "--readonly", args: with("--readonly"), want: func(o *Options) { o.Server.ReadOnly = true }},
 		{name: "--allow-mmap", args: with("--allow-mmap"), want: func(o *Options) { o.Server.AllowMmap = true }},
+		{name: "--tag", args: with("--tag=myfs"), want: func(o *Options) { o.Tag = "myfs" }},
 		{name: "--preserve-noatime", args: with("--preserve-noatime"), want: func(o *Options) { o.Server.PreserveNoatime = true }},
 		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o xattrmap", args: with("-o", "xattrmap=:prefix:all::user.virtiofs.::bad:all:::"), want: func(o *Options) {
@@ -290,7 +291,7 @@ func TestParseErrors(t *testing.T) {
 		{name: "--dax bad mode", args: with("--dax=sometimes"), want: []string{`--dax: invalid DAX policy "sometimes"`}},
 		{name: "-o dax_rules bad glob", args: with("-o", "dax_rules=on glob=["), want: []string{"-o dax_rules", "syntax error in pattern"}},
 		{name: "--daemonize", args: with("--daemonize"), want: []string{"--daemonize: not supported yet"}, is: ErrNotSupported},
-		{name: "--tag", args: with("--tag=myfs"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
+		{name: "--tag too long", args: with("--tag=" + strings.Repeat("t", 37)), want: []string{"invalid tag", "1 to 36 bytes"}},
 		{name: "--uid-map", args: with("--uid-map=:0:1000:1:"), want: []string{"--uid-map: not supported yet"}, is: ErrNotSupported},
 		{name: "--gid-map", args: with("--gid-map", ":0:1000:1:"), want: []string{"--gid-map: not supported yet"}, is: ErrNotSupported},
 		{name: "--translate-uid", args: with("--translate-uid=map:0:1000:1"), want: []string{"--translate-uid: not supported yet"}, is: ErrNotSupported},
@@ -299,7 +300,7 @@ func TestParseErrors(t *testing.T) {
 		{name: "--migration-on-error", args: with("--migration-on-error", "abort"), want: []string{"--migration-on-error: not supported yet"}, is: ErrNotSupported},
 		{name: "--migration-verify-handles", args: with("--migration-verify-handles"), want: []string{"--migration-verify-handles: not supported yet"}, is: ErrNotSupported},
 		{name: "--migration-confirm-paths", args: with("--migration-confirm-paths"), want: []string{"--migration-confirm-paths: not supported yet"}, is: ErrNotSupported},
-		{name: "refused even without its value", args: with("--tag"), want: []string{"--tag: not supported yet"}, is: ErrNotSupported},
+		{name: "refused even without its value", args: with("--uid-map"), want: []string{"--uid-map: not supported yet"}, is: ErrNotSupported},
 
 		// Invalid values.
 		{name: "--modcaps unknown", args: with("--modcaps=+sys_admin:+nope"), want: []string{`--modcaps: "+nope": no capability nope`}},

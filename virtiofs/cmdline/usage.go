@@ -43,6 +43,11 @@ File system:
   --allow-mmap          let a guest that knows FUSE_DIRECT_IO_ALLOW_MMAP (Linux
                         6.6+) mmap files opened with direct I/O (cache=never,
                         metadata); default off
+  --tag=TAG             taken for virtiofsd's command line (1 to 36 bytes); the
+                        guest sees the tag the front-end sets (QEMU:
+                        -device vhost-user-fs-pci,tag=TAG): kvfsd offers no
+                        device configuration space, on which QEMU 7.1 to 8.0
+                        crash
   --preserve-noatime    pass the guest's O_NOATIME on to the host's open; by
                         default it is dropped, as an open with it fails unless
                         the opener owns the file
@@ -155,7 +160,7 @@ Accepted, and what kvfsd does anyway:
 Not supported yet (refused with an error, never ignored):
   -o allow_direct_io, -o no_allow_direct_io,
   --allow-direct-io, -o allow_root,
-  -o max_idle_threads=, --daemonize, --tag, --uid-map, --gid-map,
+  -o max_idle_threads=, --daemonize, --uid-map, --gid-map,
   --translate-uid, --translate-gid,
   --migration-mode, --migration-on-error, --migration-verify-handles,
   --migration-confirm-paths
