@@ -25,8 +25,8 @@
 # runc with the shared libraries and dynamic loader it needs, pod-init.c built static
 # as /bin/kvfs-pod-init (the init of a pod's shared PID namespace), and kvfs-agent built
 # from this repository (CGO_ENABLED=0 go build -trimpath) as /init. Neither init
-# nor tools/*.c go in. It is rebuilt when the contents of build.sh, the agent
-# binary, the runc package's version or the kernel package change (the check
+# nor tools/*.c go in. It is rebuilt when the contents of build.sh, pod-init.c,
+# the agent binary, the runc package's version or the kernel package change (the check
 # builds the agent first: go's build cache makes that quick). The archive is
 # reproducible: every file's time is SOURCE_DATE_EPOCH (default 0), cpio's input
 # sorted and --reproducible, gzip -n. The image describes itself in
