@@ -79,7 +79,7 @@ func TestBindFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := bindMount(src, filepath.Join(dir, mountsName), tt.name, tt.flags); err != nil {
+			if err := bindMount(src, filepath.Join(dir, mountsName), tt.name, tt.flags, -1); err != nil {
 				t.Fatal(err)
 			}
 			for _, view := range []string{mountsName, sharedName} {
@@ -129,10 +129,10 @@ func TestBindFlags(t *testing.T) {
 
 	// A mount made under the source after the bind does not appear in it, unless the bind
 	// follows the host; the host's mount stays when that bind goes.
-	if err := bindMount(src, filepath.Join(dir, mountsName), "before", BindRecursive); err != nil {
+	if err := bindMount(src, filepath.Join(dir, mountsName), "before", BindRecursive, -1); err != nil {
 		t.Fatal(err)
 	}
-	if err := bindMount(src, filepath.Join(dir, mountsName), "follows", BindRecursive|BindReadOnly|BindFollowHost); err != nil {
+	if err := bindMount(src, filepath.Join(dir, mountsName), "follows", BindRecursive|BindReadOnly|BindFollowHost, -1); err != nil {
 		t.Fatal(err)
 	}
 	later := filepath.Join(src, "later")
@@ -164,11 +164,93 @@ func TestBindFlags(t *testing.T) {
 		t.Error("unbinding a bind that follows the host unmounted the host's mount")
 	}
 
-	if err := bindMount(src, filepath.Join(dir, mountsName), "bad", 1<<7); err == nil || !strings.Contains(err.Error(), "unknown flags 0x80") {
+	if err := bindMount(src, filepath.Join(dir, mountsName), "bad", 1<<7, -1); err == nil || !strings.Contains(err.Error(), "unknown flags 0x80") {
 		t.Errorf("unknown flags: %v, want a refusal", err)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, mountsName, "bad")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a refused bind left its mount point: %v", err)
+	}
+}
+
+// TestBindIDMapped: through an idmapped bind, as in the share, a file of the host's root is
+// the mapped id's, a file of another id in the mapping's range is that id's, an id out of it
+// is the overflow id; a chown to a mapped id through the bind lands on the source as the id it
+// maps back to. The tmpfs inside the source is idmapped only with BindIDMapRecursive.
+func TestBindIDMapped(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	for _, d := range []string{mountsName, sharedName} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := setupMounts(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := teardown(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	src := t.TempDir()
+	sub := filepath.Join(src, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("kvfs-test", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	for owner, f := range map[int]string{0: "root", 7: "seven", 100000: "high"} {
+		mustWrite(t, filepath.Join(src, f))
+		if err := os.Chown(filepath.Join(src, f), owner, owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustWrite(t, filepath.Join(sub, "g"))
+	m := []IDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
+	userns, err := UserNamespace(m, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer userns.Close()
+	owner := func(p string) uint32 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Uid
+	}
+	for _, tc := range []struct {
+		name    string
+		flags   BindFlags
+		wantSub uint32
+	}{{"top", BindRecursive, 0}, {"all", BindRecursive | BindIDMapRecursive, 100000}} {
+		if err := bindMount(src, filepath.Join(dir, mountsName), tc.name, tc.flags, int(userns.Fd())); err != nil {
+			t.Fatal(err)
+		}
+		b := filepath.Join(dir, sharedName, tc.name)
+		for f, want := range map[string]uint32{"root": 100000, "seven": 100007, "high": 65534} {
+			if got := owner(filepath.Join(b, f)); got != want {
+				t.Errorf("%s: %s owned by %d through the bind, want %d", tc.name, f, got, want)
+			}
+		}
+		if got := owner(filepath.Join(b, "sub", "g")); got != tc.wantSub {
+			t.Errorf("%s: the tmpfs's file owned by %d through the bind, want %d", tc.name, got, tc.wantSub)
+		}
+		if err := os.Lchown(filepath.Join(b, "root"), 100005, 100005); err != nil {
+			t.Fatal(err)
+		}
+		if got := owner(filepath.Join(src, "root")); got != 5 {
+			t.Errorf("%s: a chown to 100005 through the bind left the source owned by %d, want 5", tc.name, got)
+		}
+		if err := os.Lchown(filepath.Join(src, "root"), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := unbindMount(dir, tc.name); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -32,10 +32,15 @@ const (
 // directory (BASE/<id>/control.sock), where kvfsctl finds it without being told.
 const ControlSocketName = "control.sock"
 
-// Directory modes. Only root (the owner, the server, QEMU as root) looks inside.
+// Directory modes. Only root (the owner, the server, QEMU as root) looks inside, but for
+// mounts/, the share's root in the guest, which others may cross (not list): the root of a
+// user-namespaced container, an unprivileged guest uid, crosses it to its root file system
+// and volumes, as runc's crosses its bundle's directories (containerd makes them 0711). On
+// the host the sandbox and base directories keep everyone else out.
 const (
 	sandboxDirMode = 0o750
-	mountsDirMode  = 0o750
+	shareRootMode  = 0o751
+	mountPointMode = 0o750
 	sharedDirMode  = 0o700
 	baseDirMode    = 0o700
 )
@@ -333,7 +338,7 @@ func checkName(name string) error {
 // source (a pod's volume pointing elsewhere on the host) is refused rather than followed.
 // Symlinks inside a bound directory are the guest's to read as links: the server never
 // follows them on the host.
-func bindMount(src, mountsDir, name string, flags BindFlags) error {
+func bindMount(src, mountsDir, name string, flags BindFlags, userns int) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
@@ -356,7 +361,7 @@ func bindMount(src, mountsDir, name string, flags BindFlags) error {
 	case !fi.IsDir() && !fi.IsRegular():
 		return fmt.Errorf("bind source %s is a %s: want a directory or a regular file", src, fileKind(fi))
 	}
-	tree, err := cloneMount(fd, flags)
+	tree, err := cloneMount(fd, flags, userns)
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", src, err)
 	}
@@ -397,9 +402,10 @@ func unbindMount(dir, name string) error {
 // cloneMount returns a detached copy of the mount fd is in, rooted at fd, with the mounts
 // under it if flags has BindRecursive: every mount private (a slave of its source with
 // BindFollowHost), the top one read-only if flags has BindReadOnly, every one if
-// BindRecursiveReadOnly. mount_setattr changes only the flags it names: a source's nosuid,
-// nodev or noexec stays.
-func cloneMount(fd int, flags BindFlags) (tree int, err error) {
+// BindRecursiveReadOnly, the top one idmapped by the user namespace userns if it is not -1,
+// every one with BindIDMapRecursive. mount_setattr changes only the flags it names: a
+// source's nosuid, nodev or noexec stays.
+func cloneMount(fd int, flags BindFlags, userns int) (tree int, err error) {
 	how := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH
 	if flags&BindRecursive != 0 {
 		how |= unix.AT_RECURSIVE
@@ -428,6 +434,15 @@ func cloneMount(fd int, flags BindFlags) (tree int, err error) {
 			return -1, err
 		}
 	}
+	if userns >= 0 {
+		var recursive uint
+		if flags&BindIDMapRecursive != 0 {
+			recursive = unix.AT_RECURSIVE
+		}
+		if err := setMountAttr(tree, recursive, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}); err != nil {
+			return -1, fmt.Errorf("idmapped: %w", err)
+		}
+	}
 	return tree, nil
 }
 
@@ -454,7 +469,7 @@ func makeMountPoint(dir, name string, isDir bool) (string, error) {
 	defer unix.Close(dfd)
 	path := filepath.Join(dir, name)
 	if isDir {
-		if err := unix.Mkdirat(dfd, name, mountsDirMode); err != nil {
+		if err := unix.Mkdirat(dfd, name, mountPointMode); err != nil {
 			return "", fmt.Errorf("create mount point %s: %w", path, err)
 		}
 		return path, nil

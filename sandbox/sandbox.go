@@ -154,7 +154,7 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 	for _, d := range []struct {
 		name string
 		mode os.FileMode
-	}{{mountsName, mountsDirMode}, {sharedName, sharedDirMode}} {
+	}{{mountsName, shareRootMode}, {sharedName, sharedDirMode}} {
 		p := filepath.Join(dir, d.name)
 		if err := os.Mkdir(p, d.mode); err != nil {
 			return nil, err
@@ -442,8 +442,11 @@ const (
 	// "rshared": Kubernetes' HostToContainer and Bidirectional propagation), if the source's
 	// mount is shared or a slave itself. Nothing goes back to the host.
 	BindFollowHost
+	// BindIDMapRecursive makes every mount of a BindIDMapped bind idmapped (the OCI option
+	// "ridmap"), not only its own.
+	BindIDMapRecursive
 
-	bindFlagsAll = BindRecursive | BindReadOnly | BindRecursiveReadOnly | BindFollowHost
+	bindFlagsAll = BindRecursive | BindReadOnly | BindRecursiveReadOnly | BindFollowHost | BindIDMapRecursive
 )
 
 // Bind bind-mounts src (a directory or a regular file) at MountsDir()/name, name being a
@@ -457,7 +460,23 @@ func (s *Sandbox) Bind(src, name string, flags BindFlags) error {
 	if err := s.checkNotStopping(); err != nil {
 		return err
 	}
-	return bindMount(src, s.MountsDir(), name, flags)
+	return bindMount(src, s.MountsDir(), name, flags, -1)
+}
+
+// BindIDMapped is Bind through an idmapped mount (MOUNT_ATTR_IDMAP): the owners of the
+// files below src appear, to the server and so to the guest, as userns (an open user
+// namespace) maps them, a file of uid U as the uid userns maps U to; files the server creates
+// there as uid V land owned by the uid that userns maps to V. It is what runc makes of an
+// OCI mount with uidMappings and gidMappings, on the host's side of the share. The bind's own
+// mount is idmapped, every one of it with BindIDMapRecursive; each must be of a filesystem
+// that supports idmapped mounts. userns is not kept.
+func (s *Sandbox) BindIDMapped(src, name string, flags BindFlags, userns *os.File) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if err := s.checkNotStopping(); err != nil {
+		return err
+	}
+	return bindMount(src, s.MountsDir(), name, flags, int(userns.Fd()))
 }
 
 // Submounts returns the mount points below the bind name (Bind with BindRecursive carries
