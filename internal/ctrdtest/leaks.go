@@ -417,7 +417,11 @@ func (c *Containerd) cgroups() ([]string, error) {
 }
 
 // openFDs counts pid's open descriptors by what they are: a path, or for sockets, pipes and
-// anonymous inodes their kind ("socket", "pipe", "anon_inode:[eventpoll]").
+// anonymous inodes their kind ("socket", "pipe", "anon_inode:[eventpoll]"). Pidfds are not
+// counted: containerd makes a user-namespaced pod's network namespace (pkg/sys's
+// UnshareAfterEnterUserns) with a process started by os.StartProcess with a PidFD, which Go
+// dups for the os.Process containerd never waits for or releases, so containerd holds one per
+// such pod until its next garbage collection: containerd's own, nothing a runtime can leak.
 func openFDs(pid int) (map[string]int, error) {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
@@ -432,6 +436,9 @@ func openFDs(pid int) (map[string]int, error) {
 		}
 		if kind, _, ok := strings.Cut(target, ":["); ok && (kind == "socket" || kind == "pipe") {
 			target = kind
+		}
+		if target == "anon_inode:[pidfd]" {
+			continue
 		}
 		out[target]++
 	}
