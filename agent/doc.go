@@ -6,11 +6,11 @@
 //
 // As PID 1 (Main) it leaves the initramfs for a bind mount of it (runc's pivot_root refuses
 // the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
-// /dev/shm, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller enabled for the
-// containers, loads the modules in /etc/kvfs/modules (finit_module), mounts the virtio-fs tag
-// of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up (the containers
-// share the VM's network namespace) and serves, on the virtio-serial
-// port io.kvfs.agent.0 or a vsock port (kvfs.agent=). Every line it logs on the console starts
+// /dev/shm, /dev/mqueue, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller
+// enabled for the containers, loads the modules in /etc/kvfs/modules (finit_module), mounts
+// the virtio-fs tag of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up
+// (the containers share the VM's network namespace) and serves, on the virtio-serial port
+// io.kvfs.agent.0 or a vsock port (kvfs.agent=). Every line it logs on the console starts
 // with "kvfs-agent:". Shutdown kills and deletes the containers; Main then lets the answer
 // leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a
 // child subreaper, so the container processes still come back to it).
@@ -34,8 +34,8 @@
 // container's last process then never tears a virtio-fs superblock down, which Debian's 6.1
 // kernel can do with an inode still busy and stop on, and a bind carries the host's mounts
 // inside it with their own flags. A spec whose PID namespace is apiv1.PodPIDNamespace joins
-// the pod's shared one, made at first use with an init of its own, kvfs-pod-init
-// (podpidns.go). A kill that runc refuses because the init has exited, not yet reaped,
+// the pod's shared one, and one whose user namespace is apiv1.PodUserNamespace the pod's user
+// namespace, both made at first use with an init of their own, kvfs-pod-init (podns.go). A kill that runc refuses because the init has exited, not yet reaped,
 // answers NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host

@@ -26,12 +26,15 @@ type mountPoint struct {
 
 // systemMounts are mounted in this order. /dev/shm is the pod's under the Sandbox API (the
 // shim binds it into each container): 64 MiB, the size containerd gives a pod's /dev/shm.
+// /dev/mqueue is the guest's IPC namespace's, which a user-namespaced container sharing it
+// cannot mount itself: the shim binds it instead (shim.AdaptSpec).
 var systemMounts = []mountPoint{
 	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
 	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
 	{"shm", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777,size=64m"},
+	{"mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 	{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
 	{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 	{"cgroup2", DefaultCgroupRoot, "cgroup2", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
@@ -63,9 +66,9 @@ func LeaveInitramfs() error {
 	return nil
 }
 
-// MountSystem mounts /proc, /sys, /dev, /dev/pts, /dev/shm, /run, /tmp and the cgroup2
-// hierarchy, makes /dev/ptmx the devpts instance's, makes the cgroup of the containers
-// (agent.ContainersCgroup) and enables every cgroup controller for their groups.
+// MountSystem mounts /proc, /sys, /dev, /dev/pts, /dev/shm, /dev/mqueue, /run, /tmp and the
+// cgroup2 hierarchy, makes /dev/ptmx the devpts instance's, makes the cgroup of the
+// containers (agent.ContainersCgroup) and enables every cgroup controller for their groups.
 func MountSystem() error {
 	for _, m := range systemMounts {
 		if err := os.MkdirAll(m.target, 0o755); err != nil {

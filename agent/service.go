@@ -84,9 +84,9 @@ type Service struct {
 	log    *logrus.Entry
 	kernel string
 	mounts *submounts
-	podPID *podPIDNamespace // the pod's shared PID namespace; its lock is a leaf
-	oom    chan string      // the queue of OOM events; GetOOMEvent takes from it
-	done   chan struct{}    // closed when Shutdown has stopped everything
+	podNS  *podNamespaces // the pod's shared PID and user namespaces; its lock is a leaf
+	oom    chan string    // the queue of OOM events; GetOOMEvent takes from it
+	done   chan struct{}  // closed when Shutdown has stopped everything
 
 	shutdownOnce sync.Once
 	// netMu serialises ConfigureNetwork and SetSysctls requests; a leaf.
@@ -190,7 +190,7 @@ func NewService(cfg Config) (*Service, error) {
 		log:        cfg.Log,
 		kernel:     KernelRelease(),
 		mounts:     newSubmounts(cfg.RootDir, cfg.Log),
-		podPID:     &podPIDNamespace{init: cfg.PodInit},
+		podNS:      &podNamespaces{init: cfg.PodInit},
 		oom:        make(chan string, oomQueueLen),
 		done:       make(chan struct{}),
 		containers: make(map[string]*container),
@@ -527,16 +527,35 @@ func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.
 	if !strings.HasPrefix(spec.Linux.CgroupsPath, "/") {
 		return nil, errf(codes.InvalidArgument, "spec: linux.cgroupsPath %q is not an absolute cgroup path (the guest runs runc with cgroupfs)", spec.Linux.CgroupsPath)
 	}
-	for i, ns := range spec.Linux.Namespaces {
-		if ns.Type == specs.PIDNamespace && ns.Path == apiv1.PodPIDNamespace {
-			p, err := s.podPID.Path()
-			if err != nil {
-				return nil, errf(codes.Internal, "%v", err)
-			}
-			spec.Linux.Namespaces[i].Path = p
-		}
+	if err := s.joinPodNamespaces(spec.Linux); err != nil {
+		return nil, err
 	}
 	return &spec, nil
+}
+
+// joinPodNamespaces replaces the names of the pod's shared namespaces in l
+// (apiv1.PodUserNamespace, apiv1.PodPIDNamespace) with the paths runc joins them by, the user
+// namespace first: the pod's PID namespace is made in it.
+func (s *Service) joinPodNamespaces(l *specs.Linux) error {
+	for _, t := range []specs.LinuxNamespaceType{specs.UserNamespace, specs.PIDNamespace} {
+		for i, ns := range l.Namespaces {
+			var p string
+			var err error
+			switch {
+			case t == specs.UserNamespace && ns.Type == t && ns.Path == apiv1.PodUserNamespace:
+				p, err = s.podNS.User(l.UIDMappings, l.GIDMappings)
+			case t == specs.PIDNamespace && ns.Type == t && ns.Path == apiv1.PodPIDNamespace:
+				p, err = s.podNS.PID()
+			default:
+				continue
+			}
+			if err != nil {
+				return errf(codes.FailedPrecondition, "spec: %v", err)
+			}
+			l.Namespaces[i].Path = p
+		}
+	}
+	return nil
 }
 
 // CreateContainer writes the bundle and creates the container with runc.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -1046,7 +1047,7 @@ func TestPodPIDNamespace(t *testing.T) {
 	if err := os.WriteFile(init, []byte("#!/bin/sh\necho started >>"+starts+"\nexec sleep 5\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fx.svc.podPID.init = init
+	fx.svc.podNS.init = init
 	var paths []string
 	for _, id := range []string{"a", "b"} {
 		b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sleep"}, Cwd: "/"},
@@ -1071,5 +1072,88 @@ func TestPodPIDNamespace(t *testing.T) {
 	}
 	if err != nil || string(b) != "started\n" {
 		t.Errorf("the namespace's init started: %q, %v; want once", b, err)
+	}
+}
+
+// TestPodUserNamespace: a spec naming the pod's user namespace reaches runc's bundle with a
+// path to one user namespace, not the agent's, mapped as the spec says, the same for every
+// container, and the pod's PID namespace is made in it; a container of other mappings is
+// refused, and so is a pod user namespace after the pod's PID namespace was made outside one.
+func TestPodUserNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (new user and PID namespaces)")
+	}
+	fx := newFixture(t)
+	dir := t.TempDir()
+	init := filepath.Join(dir, "init")
+	if err := os.WriteFile(init, []byte("#!/bin/sh\ncat /proc/self/uid_map /proc/self/gid_map /proc/self/setgroups >>"+dir+"/maps\nexec sleep 5\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	fx.svc.podNS.init = init
+	mapping := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
+	create := func(id string, m []specs.LinuxIDMapping) (specs.Spec, error) {
+		b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sleep"}, Cwd: "/"},
+			Root: &specs.Root{Path: fx.root + "/" + id}, Linux: &specs.Linux{UIDMappings: m, GIDMappings: m,
+				Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace, Path: apiv1.PodPIDNamespace},
+					{Type: specs.UserNamespace, Path: apiv1.PodUserNamespace}, {Type: specs.MountNamespace}}}})
+		if _, err := fx.svc.CreateContainer(fx.ctx, &apiv1.CreateContainerRequest{ContainerId: id, Spec: b}); err != nil {
+			return specs.Spec{}, err
+		}
+		return fx.bundleSpec(t, id), nil
+	}
+	var pidNS, userNS []string
+	for _, id := range []string{"a", "b"} {
+		s, err := create(id, mapping)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pidNS, userNS = append(pidNS, s.Linux.Namespaces[0].Path), append(userNS, s.Linux.Namespaces[1].Path)
+	}
+	if userNS[0] != userNS[1] || pidNS[0] != pidNS[1] || !strings.HasPrefix(userNS[0], fmt.Sprintf("/proc/%d/fd/", os.Getpid())) {
+		t.Fatalf("the containers' user and PID namespace paths %q %q: want one /proc/<agent>/fd/N each", userNS, pidNS)
+	}
+	user, err := os.Stat(userNS[0])
+	own, _ := os.Readlink("/proc/self/ns/user")
+	if ns, _ := os.Readlink(userNS[0]); err != nil || !strings.HasPrefix(ns, "user:[") || ns == own {
+		t.Fatalf("the pod's user namespace %q, %v; the agent's %q", ns, err, own)
+	}
+	pfd, err := unix.Open(pidNS[0], unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pfd)
+	owner, err := unix.IoctlRetInt(pfd, unix.NS_GET_USERNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(owner)
+	var st unix.Stat_t
+	if err := unix.Fstat(owner, &st); err != nil || st.Ino != user.Sys().(*syscall.Stat_t).Ino {
+		t.Errorf("the pod's PID namespace is owned by user namespace %d (%v), not the pod's %d", st.Ino, err, user.Sys().(*syscall.Stat_t).Ino)
+	}
+	// The init, root of the pod's user namespace, is uid 100000 outside it.
+	b, err := os.ReadFile(filepath.Join(dir, "maps"))
+	for deadline := time.Now().Add(5 * time.Second); len(strings.Fields(string(b))) < 7 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, err = os.ReadFile(filepath.Join(dir, "maps"))
+	}
+	if got := strings.Fields(string(b)); err != nil || !slices.Equal(got, []string{"0", "100000", "65536", "0", "100000", "65536", "allow"}) {
+		t.Errorf("the pod's user namespace's uid_map, gid_map and setgroups, once: %q, %v", b, err)
+	}
+
+	other := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 200000, Size: 65536}}
+	if _, err := create("c", other); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "maps uids") {
+		t.Errorf("a container of other mappings: %v, want FailedPrecondition", err)
+	}
+
+	fx2 := newFixture(t)
+	fx2.svc.podNS.init = init
+	if _, err := fx2.svc.podNS.PID(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx2.svc.podNS.User(mapping, mapping); err == nil || !strings.Contains(err.Error(), "made without a user namespace") {
+		t.Errorf("a pod user namespace after its PID namespace: %v", err)
 	}
 }

@@ -1,9 +1,9 @@
 /*
- * kvfs-pod-init: the init of a kvfs pod's shared PID namespace (agent/podpidns.go), what the
- * pause container is to a runc pod. It reaps the processes orphaned in the namespace and
- * otherwise sleeps. Every signal but SIGCHLD keeps its default action: the kernel does not
- * deliver such a signal to a namespace's init from inside the namespace, so no container
- * sharing it can end it.
+ * kvfs-pod-init: the init of a kvfs pod's shared PID namespace, and the holder of its user
+ * namespace if it has one (agent/podns.go): what the pause container is to a runc pod. It
+ * reaps the processes orphaned in the namespace and otherwise sleeps. Every signal but
+ * SIGCHLD keeps its default action: the kernel does not deliver such a signal to a
+ * namespace's init from inside the namespace, so no container sharing it can end it.
  */
 #include <signal.h>
 #include <stddef.h>

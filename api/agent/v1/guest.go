@@ -22,6 +22,14 @@ const (
 	// it. The shim names it where the host's spec joins another container's PID namespace.
 	PodPIDNamespace = "kvfs:pod-pid-namespace"
 
+	// PodUserNamespace, as the path of the user namespace of a container's spec, is the pod's
+	// user namespace (the CRI's user namespace mode POD, Kubernetes' hostUsers: false): the
+	// agent makes it at first use with the spec's linux.uidMappings and linux.gidMappings,
+	// which every container of the pod then gives alike, and has runc join it. The pod's PID
+	// namespace is made inside it. The shim names it where the host's spec joins another
+	// container's user namespace.
+	PodUserNamespace = "kvfs:pod-user-namespace"
+
 	// ContainersCgroup is the guest cgroup (below the cgroup2 root) that holds every
 	// container's, each at ContainersCgroup/ID: the agent makes it at boot, and its metrics
 	// are the pod's (Stats without a container id).
