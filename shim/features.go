@@ -11,15 +11,17 @@ import (
 // what does not reach the guest or has nothing there to act on:
 //
 //   - AppArmor and SELinux: the host's labels are dropped (AdaptSpec), the guest has neither;
-//   - idmapped mounts: the share's files keep the host's owners;
 //   - cgroup v1 and the systemd drivers: the guest has the cgroup v2 hierarchy and no systemd,
 //     and the shim puts every container under agent.ContainersCgroup itself;
 //   - Intel RDT and checkpointing: the guest has no resctrl and no CRIU.
 //
-// Mount options stay as runc has them: "rro" among them is what containerd's CRI reads to
-// offer recursive read-only mounts, which the shim also makes on the host's side of the share
-// (bindFlags). guest is not modified.
-func podFeatures(guest *features.Features) *features.Features {
+// Idmapped mounts are the shim's, on the host's side of the share (sandbox.BindIDMapped), so
+// they are on where the host's kernel makes them (idmapped is what containerd's overlay
+// snapshotter finds): with "user" among the namespaces, that is what containerd's CRI reads
+// to run user-namespaced pods. Mount options stay as runc has them: "rro" among them is what
+// the CRI reads to offer recursive read-only mounts, which the shim also makes on the host's
+// side (bindFlags). guest is not modified.
+func podFeatures(guest *features.Features, idmapped bool) *features.Features {
 	f := *guest
 	f.Annotations = maps.Clone(guest.Annotations)
 	delete(f.Annotations, "org.opencontainers.runc.checkpoint.enabled")
@@ -29,7 +31,7 @@ func podFeatures(guest *features.Features) *features.Features {
 		l.Apparmor = &features.Apparmor{Enabled: &off}
 		l.Selinux = &features.Selinux{Enabled: &off}
 		l.IntelRdt = &features.IntelRdt{Enabled: &off}
-		l.MountExtensions = &features.MountExtensions{IDMap: &features.IDMap{Enabled: &off}}
+		l.MountExtensions = &features.MountExtensions{IDMap: &features.IDMap{Enabled: &idmapped}}
 		if guest.Linux.Cgroup != nil {
 			v2 := guest.Linux.Cgroup.V2 != nil && *guest.Linux.Cgroup.V2
 			l.Cgroup = &features.Cgroup{V1: &off, V2: &v2, Systemd: &off, SystemdUser: &off}

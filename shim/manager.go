@@ -12,14 +12,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types"
-	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	cshim "github.com/containerd/containerd/v2/pkg/shim"
-	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 
@@ -249,18 +251,23 @@ func Cleanup(ctx context.Context, bundle string) error {
 // from, the answer has no features, and says why in the log.
 func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
 	info := &types.RuntimeInfo{Name: m.name, Version: &types.RuntimeVersion{Version: Version}}
-	opts, err := cshim.ReadRuntimeOptions[*runtimeoptions.Options](optionsR)
-	switch {
-	case errors.Is(err, errdefs.ErrNotFound):
-		opts = &runtimeoptions.Options{}
-	case err != nil:
-		return nil, fmt.Errorf("read the runtime options (runtimeoptions.v1.Options): %w", err)
-	default:
-		if info.Options, err = typeurl.MarshalAnyToProto(opts); err != nil {
-			return nil, err
-		}
+	data, err := io.ReadAll(optionsR)
+	if err != nil {
+		return nil, fmt.Errorf("read the runtime options: %w", err)
 	}
-	cfg, err := loadConfig(opts.GetConfigPath(), opts.GetConfigBody(), m.defaultConfig)
+	var opts *anypb.Any
+	if len(data) > 0 {
+		opts = &anypb.Any{}
+		if err := proto.Unmarshal(data, opts); err != nil {
+			return nil, fmt.Errorf("read the runtime options: %w", err)
+		}
+		info.Options = opts
+	}
+	path, body, err := ConfigSource(opts)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loadConfig(path, body, m.defaultConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +278,11 @@ func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 	case desc.Runc.Features == nil:
 		log.G(ctx).WithField("initrd", cfg.VM.Initrd).Warn("no features: the guest image does not say what its runc supports (an image built before kvfs recorded it)")
 	default:
-		if info.Features, err = typeurl.MarshalAnyToProto(podFeatures(desc.Runc.Features)); err != nil {
+		idmapped, err := overlayutils.SupportsIDMappedMounts()
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("no idmapped mounts: cannot tell whether the kernel makes them")
+		}
+		if info.Features, err = typeurl.MarshalAnyToProto(podFeatures(desc.Runc.Features, idmapped)); err != nil {
 			return nil, err
 		}
 	}

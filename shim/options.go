@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
+	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/proto"
@@ -46,7 +47,11 @@ func SandboxID(containerID string, annotations map[string]string) (string, error
 
 // ConfigSource decodes Create's options: a runtimeoptions.Options (what ctr
 // --runtime-config-path and CRI's ConfigPath send) gives the path of the sandbox
-// configuration, or its body. No options: both empty.
+// configuration, or its body. No options: both empty. runc's options with nothing but IoUid
+// and IoGid, which containerd's CRI gives a user-namespaced container's task when its runtime
+// handler has no options, are as none: the owner of the stdio they set is runc's shim's
+// concern, the kvfs shim's stdio is its own on the host. (containerd's Sandbox API adds
+// TaskApiAddress and TaskApiVersion to them, the sandbox's own task API, which is this shim.)
 func ConfigSource(opts *anypb.Any) (path string, body []byte, err error) {
 	if opts == nil || (opts.GetTypeUrl() == "" && len(opts.GetValue()) == 0) {
 		return "", nil, nil
@@ -54,6 +59,13 @@ func ConfigSource(opts *anypb.Any) (path string, body []byte, err error) {
 	v, err := typeurl.UnmarshalAny(opts)
 	if err != nil {
 		return "", nil, fmt.Errorf("runtime options (%s): %v", opts.GetTypeUrl(), err)
+	}
+	if rc, ok := v.(*runcoptions.Options); ok {
+		taken := &runcoptions.Options{IoUid: rc.GetIoUid(), IoGid: rc.GetIoGid(), TaskApiAddress: rc.GetTaskApiAddress(), TaskApiVersion: rc.GetTaskApiVersion()}
+		if !proto.Equal(rc, taken) {
+			return "", nil, fmt.Errorf("runc's runtime options %v: only IoUid and IoGid are taken (and ignored)", rc)
+		}
+		return "", nil, nil
 	}
 	ro, ok := v.(*runtimeoptions.Options)
 	if !ok {

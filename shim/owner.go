@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -34,6 +35,9 @@ type Pod interface {
 	Agent() agent.AgentService
 	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
 	Bind(src, name string, flags sandbox.BindFlags) error
+	// BindIDMapped is Bind through a mount idmapped by the user namespace userns
+	// (sandbox.BindIDMapped).
+	BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error
 	Unbind(name string) error
 	// Submounts lists the mount points below the bind name, relative to it
 	// (sandbox.Submounts).
@@ -118,6 +122,13 @@ type Options struct {
 // DefaultConfigPath is where the node's sandbox configuration is, if it has one.
 const DefaultConfigPath = "/etc/kvfs/configuration.toml"
 
+// ConfigFileEnv is the environment variable that names the sandbox configuration in place of
+// DefaultConfigPath, for a runtime handler without options: set in containerd's environment,
+// its shims inherit it. Such a handler is what runs user-namespaced CRI pods: containerd's
+// CRI (v2.4) gives their tasks runc's options (IoUid, IoGid), and fails on a handler whose
+// options are of another type, as ConfigPath's are.
+const ConfigFileEnv = "KVFS_CONFIG_FILE"
+
 // PodOwner owns the pod of one shim: its containers, its run (the VM, the door to its agent,
 // the failure policy), and the Sandbox API's sandbox. TaskService and SandboxService serve
 // containerd's calls on it. See the package documentation for the lock order and the threat
@@ -200,13 +211,20 @@ func (o *PodOwner) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
 }
 
 // loadConfig reads the sandbox configuration runtime options give (runtimeoptions'
-// ConfigBody, else ConfigPath), else defaultPath if it exists, else the defaults.
+// ConfigBody, else ConfigPath), else the file $KVFS_CONFIG_FILE names (ConfigFileEnv), else
+// defaultPath if it exists, else the defaults.
 func loadConfig(path string, body []byte, defaultPath string) (*sandbox.Config, error) {
 	switch {
 	case len(body) > 0:
 		return sandbox.ParseConfig(body)
 	case path != "":
 		return sandbox.LoadConfig(path)
+	}
+	if env := os.Getenv(ConfigFileEnv); env != "" {
+		if !filepath.IsAbs(env) {
+			return nil, fmt.Errorf("%s=%q: not an absolute path", ConfigFileEnv, env)
+		}
+		return sandbox.LoadConfig(env)
 	}
 	if _, err := os.Stat(defaultPath); err == nil {
 		return sandbox.LoadConfig(defaultPath)

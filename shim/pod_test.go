@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	runcopts "github.com/containerd/containerd/api/types/runc/options"
+
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	"github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -248,12 +250,25 @@ func TestManagerInfo(t *testing.T) {
 	switch {
 	case !slices.Contains(f.MountOptions, "rro") || !slices.Equal(l.Namespaces, []string{"mount", "user"}):
 		t.Errorf("features %+v: want runc's mount options and namespaces", f)
-	case *l.Apparmor.Enabled || *l.Selinux.Enabled || *l.IntelRdt.Enabled || *l.MountExtensions.IDMap.Enabled:
-		t.Errorf("features %+v: AppArmor, SELinux, RDT or idmapped mounts on", l)
+	case *l.Apparmor.Enabled || *l.Selinux.Enabled || *l.IntelRdt.Enabled:
+		t.Errorf("features %+v: AppArmor, SELinux or RDT on", l)
+	case !*l.MountExtensions.IDMap.Enabled:
+		// This host's kernel (6.x) makes idmapped mounts of overlayfs's layers and of the
+		// file systems binds come from.
+		t.Errorf("features %+v: idmapped mounts off", l)
 	case *l.Cgroup.V1 || !*l.Cgroup.V2 || *l.Cgroup.Systemd || *l.Cgroup.SystemdUser:
 		t.Errorf("cgroup features %+v: want v2 alone", l.Cgroup)
 	case f.Annotations["org.opencontainers.runc.checkpoint.enabled"] != "" || f.Annotations["org.opencontainers.runc.version"] != "1.1.5":
 		t.Errorf("annotations %v", f.Annotations)
+	}
+
+	// runc's options with IoUid and IoGid (what containerd's CRI gives a user-namespaced
+	// pod's tasks under a handler without options, and asks -info with): the node's
+	// configuration, as without options.
+	ra, _ := typeurl.MarshalAnyToProto(&runcopts.Options{IoUid: 100000, IoGid: 100000})
+	rb, _ := proto.Marshal(ra)
+	if info, err := m.Info(context.Background(), bytes.NewReader(rb)); err != nil || info.Features == nil {
+		t.Errorf("Info with runc's IoUid and IoGid: %+v, %v; want the features of the node's configuration", info, err)
 	}
 
 	// The options' configuration boots an image without a description: no features.

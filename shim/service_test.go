@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -751,6 +752,24 @@ func TestPodDeath(t *testing.T) {
 	}
 }
 
+// TestCreateRuncIOOptions: runc's options with nothing but IoUid and IoGid, what containerd's
+// CRI gives a user-namespaced container's task, are taken as no options: the pod boots with
+// the node's configuration.
+func TestCreateRuncIOOptions(t *testing.T) {
+	h := newHarness(t)
+	a, err := typeurl.MarshalAnyToProto(&runcopts.Options{IoUid: 100000, IoGid: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", nil), Options: a}); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.pods) != 1 {
+		t.Errorf("%d pods started, want 1", len(h.pods))
+	}
+	h.delete("c1", "")
+}
+
 // TestCreateFailures: bad configuration, a pod that cannot boot, a bad spec: Create fails
 // with an error naming the cause, and leaves nothing behind.
 func TestCreateFailures(t *testing.T) {
@@ -774,9 +793,18 @@ func TestCreateFailures(t *testing.T) {
 		{"bad body", opts(&runtimeoptions.Options{ConfigBody: []byte("[agent]\ntransport = \"tcp\"\n")}), []string{"agent.transport", `"tcp"`}},
 		{"missing file", opts(&runtimeoptions.Options{ConfigPath: bad + ".none"}), []string{bad + ".none", "no such file"}},
 		{"relative path", opts(&runtimeoptions.Options{ConfigPath: "kvfs.toml"}), []string{"ConfigPath", "not an absolute path"}},
-		{"other options", opts(&runcopts.Options{BinaryName: "runc"}), []string{"runtime options", "runtimeoptions"}},
+		{"runc's options", opts(&runcopts.Options{BinaryName: "runc", IoUid: 100000}), []string{"runc's runtime options", "only IoUid and IoGid"}},
+		{"other options", opts(&runcopts.CheckpointOptions{Exit: true}), []string{"runtime options", "runtimeoptions"}},
+		{"$KVFS_CONFIG_FILE", nil, []string{"vm.memroy", "unknown key", bad}},
+		{"relative $KVFS_CONFIG_FILE", nil, []string{"KVFS_CONFIG_FILE", "not an absolute path"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			switch tt.name {
+			case "$KVFS_CONFIG_FILE":
+				t.Setenv(ConfigFileEnv, bad)
+			case "relative $KVFS_CONFIG_FILE":
+				t.Setenv(ConfigFileEnv, "kvfs.toml")
+			}
 			_, err := h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: b, Options: tt.opts})
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Errorf("error %v, want InvalidArgument", err)
@@ -913,7 +941,7 @@ func TestRootfsMount(t *testing.T) {
 	}
 	binds := h.pod().bound()
 	name := "c1-0-" + filepath.Base(vol)
-	if binds["c1"].Source != filepath.Join(b, "rootfs") || binds[name] != (HostBind{Source: vol, Name: name, Flags: sandbox.BindRecursive | sandbox.BindReadOnly}) {
+	if binds["c1"].Source != filepath.Join(b, "rootfs") || !reflect.DeepEqual(binds[name], HostBind{Source: vol, Name: name, Flags: sandbox.BindRecursive | sandbox.BindReadOnly}) {
 		t.Errorf("binds %+v", binds)
 	}
 	h.start("c1", "")

@@ -124,13 +124,20 @@ func WriteCRIFiles(dir string, timeout time.Duration) error {
 // KvfsRuntime is the TOML of a CRI runtime handler for the kvfs shim (runtime_type
 // io.containerd.kvfs.v2) with the sandbox configuration at configPath and pods started by
 // sandboxer ("podsandbox" or "shim", which needs no pause image), for Config's extra TOML.
+// With configPath "", the handler has no options: the shim reads the configuration
+// $KVFS_CONFIG_FILE names in containerd's environment (shim.ConfigFileEnv), as it must for
+// containerd's CRI to run user-namespaced pods.
 func KvfsRuntime(handler, configPath, sandboxer string) string {
-	return fmt.Sprintf(`
+	s := fmt.Sprintf(`
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]
   runtime_type = 'io.containerd.kvfs.v2'
   sandboxer = %q
   disable_pause_image_pull = %v
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s.options]
+`, handler, sandboxer, sandboxer == "shim")
+	if configPath != "" {
+		s += fmt.Sprintf(`  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s.options]
     ConfigPath = %q
-`, handler, sandboxer, sandboxer == "shim", handler, configPath)
+`, handler, configPath)
+	}
+	return s
 }
