@@ -29,7 +29,8 @@
 #                                           PREFIX/share/kvfs/guest`: every key documented,
 #                                           the guest image the installed one
 #   SYSCONFDIR/containerd/conf.d/kvfs.toml  the CRI runtime handler "kvfs"
-#                                           (io.containerd.kvfs.v2, ConfigPath = the file above)
+#                                           (io.containerd.kvfs.v2; ConfigPath = the file
+#                                           above unless it is the shim's default)
 # and, when SYSCONFDIR/containerd/config.toml does not exist, a config.toml that imports
 # SYSCONFDIR/containerd/conf.d/*.toml (containerd reads drop-ins only through a config file's
 # imports). An existing config.toml is never rewritten: if its imports do not name the drop-in,
@@ -337,10 +338,19 @@ configure() {
 		  # The sandbox configuration's annotations (io.kvfs.config.*) reach the shim; which
 		  # of them a pod may set is the configuration's [annotations] enabled.
 		  pod_annotations = ['io.kvfs.config.*']
-
-		  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kvfs.options]
-		    ConfigPath = '$config'
 	EOF
+	# No options where the configuration is the shim's default: containerd's CRI (2.4) gives
+	# a user-namespaced pod's tasks runc's options, and fails on a handler whose options are
+	# of another type (ConfigPath's). Elsewhere ConfigPath names it, and such pods fail.
+	if [ "$config" != /etc/kvfs/configuration.toml ]; then
+		cat >>"$tmp/kvfs.toml" <<-EOF
+
+			  # The shim's default is /etc/kvfs/configuration.toml. With these options,
+			  # containerd's CRI cannot run user-namespaced pods (hostUsers: false) here.
+			  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kvfs.options]
+			    ConfigPath = '$config'
+		EOF
+	fi
 	put "$tmp/kvfs.toml" "$dropin" 0644
 
 	if [ ! -e "$destdir$ctrd_config" ] || [ -n "$(recorded f "$ctrd_config")" ]; then

@@ -67,7 +67,7 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 	*undo = append(*undo, func() { o.unbindAll(pod, c) })
 	recursive := []string{r.ID}
 	for _, b := range hostBinds {
-		if err := pod.Bind(b.Source, b.Name, b.Flags); err != nil {
+		if err := bindHost(pod, b); err != nil {
 			return nil, fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
 		}
 		c.binds = append(c.binds, b.Name)
@@ -89,6 +89,28 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 		return nil, fmt.Errorf("container %s: %d mounts below its root and volumes, more than %d: %w", r.ID, len(submounts), agent.MaxSubmounts, errdefs.ErrInvalidArgument)
 	}
 	return submounts, nil
+}
+
+// bindHost binds b into the pod's share, idmapped by a user namespace of its mappings if it
+// has them.
+func bindHost(pod Pod, b HostBind) error {
+	if b.UIDMappings == nil {
+		return pod.Bind(b.Source, b.Name, b.Flags)
+	}
+	userns, err := sandbox.UserNamespace(idMappings(b.UIDMappings), idMappings(b.GIDMappings))
+	if err != nil {
+		return fmt.Errorf("a user namespace for its idmapped mount: %w", err)
+	}
+	defer userns.Close()
+	return pod.BindIDMapped(b.Source, b.Name, b.Flags, userns)
+}
+
+func idMappings(m []specs.LinuxIDMapping) []sandbox.IDMapping {
+	out := make([]sandbox.IDMapping, len(m))
+	for i, e := range m {
+		out[i] = sandbox.IDMapping{ContainerID: e.ContainerID, HostID: e.HostID, Size: e.Size}
+	}
+	return out
 }
 
 func readSpec(bundle string) (*specs.Spec, error) {

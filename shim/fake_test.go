@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/core/events"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -378,6 +380,8 @@ type fakePod struct {
 	req    PodRequest
 	mu     sync.Mutex
 	binds  map[string]HostBind
+	// idmapped are the names bound by BindIDMapped.
+	idmapped []string
 	// mountsIn are the mounts below each bind source (by source), what Submounts answers.
 	mountsIn map[string][]string
 	stopped  int
@@ -402,6 +406,17 @@ func (p *fakePod) Bind(src, name string, flags sandbox.BindFlags) error {
 	}
 	p.binds[name] = HostBind{Source: src, Name: name, Flags: flags}
 	return nil
+}
+
+// BindIDMapped records the bind as Bind does, with a user namespace's descriptor open.
+func (p *fakePod) BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error {
+	if _, err := unix.FcntlInt(userns.Fd(), unix.F_GETFD, 0); err != nil {
+		return fmt.Errorf("bind %s: the user namespace's descriptor: %w", name, err)
+	}
+	p.mu.Lock()
+	p.idmapped = append(p.idmapped, name)
+	p.mu.Unlock()
+	return p.Bind(src, name, flags)
 }
 
 func (p *fakePod) Submounts(name string) ([]string, error) {

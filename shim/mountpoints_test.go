@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -112,7 +113,7 @@ func TestBindRootfs(t *testing.T) {
 		if readonly {
 			want.Flags |= sandbox.BindReadOnly
 		}
-		if got := pod.binds["c1"]; got != want {
+		if got := pod.binds["c1"]; !reflect.DeepEqual(got, want) {
 			t.Errorf("readonly %v: bind %+v, want %+v", readonly, got, want)
 		}
 		// runc in the guest makes the mount points of a read-write root itself.

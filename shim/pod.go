@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -283,6 +284,11 @@ func (p *VMPod) Agent() agent.AgentService { return p.agent }
 // Bind implements Pod.
 func (p *VMPod) Bind(src, name string, flags sandbox.BindFlags) error {
 	return p.sb.Bind(src, name, flags)
+}
+
+// BindIDMapped implements Pod.
+func (p *VMPod) BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error {
+	return p.sb.BindIDMapped(src, name, flags, userns)
 }
 
 // Unbind implements Pod.

@@ -182,6 +182,9 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	if err := hostNamespaces(nsOpts.GetPid() == criapi.NamespaceMode_NODE, nsOpts.GetIpc() == criapi.NamespaceMode_NODE); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
+	if err := checkCRIUserNamespace(nsOpts.GetUsernsOptions()); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
+	}
 	if err := network.CheckPodNetNS(r.NetnsPath); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
@@ -607,17 +610,50 @@ func writePodFiles(dir string, pc *criapi.PodSandboxConfig) error {
 	return nil
 }
 
+// checkCRIUserNamespace accepts the pod's user namespace options as checkUserNamespace takes
+// a container's: none, or mode NODE (the node's user namespace, as without one), or mode POD
+// with one uid and one gid mapping, each mapping container id 0.
+func checkCRIUserNamespace(o *criapi.UserNamespace) error {
+	switch o.GetMode() {
+	case criapi.NamespaceMode_NODE:
+		return nil
+	case criapi.NamespaceMode_POD:
+		if o == nil {
+			return nil
+		}
+	default:
+		return fmt.Errorf("user namespace mode %s: kvfs takes POD or NODE", o.GetMode())
+	}
+	ids := func(m []*criapi.IDMapping) []specs.LinuxIDMapping {
+		out := make([]specs.LinuxIDMapping, len(m))
+		for i, e := range m {
+			out[i] = specs.LinuxIDMapping{ContainerID: e.GetContainerId(), HostID: e.GetHostId(), Size: e.GetLength()}
+		}
+		return out
+	}
+	if err := checkIDMappings(ids(o.GetUids()), ids(o.GetGids())); err != nil {
+		return fmt.Errorf("user namespace: %w", err)
+	}
+	return nil
+}
+
 // withPodFiles adds to a container's spec a bind of each pod file in dir at its path, unless
 // the spec mounts something there already (the CRI's own mounts win); read-only with a
-// read-only root, as CRI binds them.
+// read-only root, and idmapped as the container's user namespace maps ids if it has one, as
+// CRI binds them.
 func withPodFiles(spec *specs.Spec, dir string) {
 	opts := []string{"rbind", "rprivate", "rw"}
 	if spec.Root != nil && spec.Root.Readonly {
 		opts = []string{"rbind", "rprivate", "ro"}
 	}
+	var uids, gids []specs.LinuxIDMapping
+	if hasNamespace(spec, specs.UserNamespace) {
+		uids, gids = spec.Linux.UIDMappings, spec.Linux.GIDMappings
+	}
 	for _, f := range podFiles {
 		if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return filepath.Clean(m.Destination) == f[0] }) {
-			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f[0], Type: "bind", Source: filepath.Join(dir, f[1]), Options: opts})
+			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: f[0], Type: "bind", Source: filepath.Join(dir, f[1]), Options: opts,
+				UIDMappings: uids, GIDMappings: gids})
 		}
 	}
 }

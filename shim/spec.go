@@ -16,11 +16,13 @@ import (
 )
 
 // HostBind is a host directory or file a container's spec mounts, to be bound into the pod's
-// share (sandbox.Bind(Source, Name, Flags)) so the guest finds it at agent.SharedDir/Name.
+// share (sandbox.Bind(Source, Name, Flags)) so the guest finds it at agent.SharedDir/Name;
+// idmapped (sandbox.BindIDMapped) if the mount has uidMappings and gidMappings.
 type HostBind struct {
-	Source string
-	Name   string
-	Flags  sandbox.BindFlags
+	Source                   string
+	Name                     string
+	Flags                    sandbox.BindFlags
+	UIDMappings, GIDMappings []specs.LinuxIDMapping
 }
 
 // GuestRoot is where the guest sees container id's root filesystem.
@@ -33,8 +35,13 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //   - namespaces joined by a host path are dropped (the guest cannot open host paths): the
 //     pod's containers share the guest's, as they share their sandbox's under runc, but for
 //     the PID namespace, which becomes the pod's own (agent.PodPIDNamespace), whose init is
-//     not the agent; the network namespace is dropped too: the containers share the VM's
-//     network;
+//     not the agent, and the user namespace, which becomes the pod's own
+//     (agent.PodUserNamespace) with the spec's mappings (checkUserNamespace); the network
+//     namespace is dropped too: the containers share the VM's network;
+//   - in a user namespace, whose container root has no privilege over the guest's network
+//     and IPC namespaces, the container's /sys is the guest's, bound read-only, and its
+//     /dev/mqueue the guest's (that of the IPC namespace it shares), rather than mounts of
+//     their own the kernel refuses there (userNamespaceMounts);
 //   - linux.devices (host device nodes) are dropped, but for those the guest's kernel has
 //     of its own under the same numbers (guestDevices: tun, FUSE), and so are AppArmor/SELinux
 //     labels (the host's policy);
@@ -48,7 +55,9 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //   - each bind mount's source, a host path, is bound into the share as <id>-<n>-<base> and
 //     the mount's source becomes its guest path; it is bound on the host as the mount's
 //     options say (bindFlags): read-only on the host what is read-only in the container, so
-//     that root in the guest cannot write there either.
+//     that root in the guest cannot write there either; a mount's uidMappings and
+//     gidMappings (an idmapped mount, which the guest's virtio-fs cannot make) idmap the
+//     host's bind instead.
 func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 	if s == nil {
 		return nil, nil, fmt.Errorf("container %s: no spec", id)
@@ -65,11 +74,16 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 	g.Process = adaptProcess(s.Process)
 	if s.Linux != nil {
 		l := *s.Linux
+		if err := checkUserNamespace(&l); err != nil {
+			return nil, nil, fmt.Errorf("container %s: %w", id, err)
+		}
 		l.Namespaces = nil
 		for _, ns := range s.Linux.Namespaces {
 			switch {
 			case ns.Type == specs.PIDNamespace && ns.Path != "":
 				ns.Path = agent.PodPIDNamespace
+			case ns.Type == specs.UserNamespace && ns.Path != "":
+				ns.Path = agent.PodUserNamespace
 			case ns.Path != "" || ns.Type == specs.NetworkNamespace:
 				continue
 			}
@@ -89,17 +103,95 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 	g.Mounts = make([]specs.Mount, 0, len(s.Mounts))
 	for _, m := range s.Mounts {
 		m.Options = slices.Clone(m.Options)
+		idmapped := len(m.UIDMappings) > 0 || len(m.GIDMappings) > 0
+		if idmapped && !isBind(m) {
+			return nil, nil, fmt.Errorf("container %s: mount at %s: uidMappings and gidMappings on a %q mount: only bind mounts are idmapped", id, m.Destination, m.Type)
+		}
 		if isBind(m) {
 			if !filepath.IsAbs(m.Source) {
 				return nil, nil, fmt.Errorf("container %s: bind mount of %q at %s: the source is not an absolute host path", id, m.Source, m.Destination)
 			}
 			name := fmt.Sprintf("%s-%d-%s", id, len(binds), baseName(m.Source))
-			binds = append(binds, HostBind{Source: m.Source, Name: name, Flags: bindFlags(m.Options)})
+			b := HostBind{Source: m.Source, Name: name, Flags: bindFlags(m.Options)}
+			if idmapped {
+				if err := checkIDMappings(m.UIDMappings, m.GIDMappings); err != nil {
+					return nil, nil, fmt.Errorf("container %s: bind mount of %s at %s: %w", id, m.Source, m.Destination, err)
+				}
+				b.UIDMappings, b.GIDMappings = m.UIDMappings, m.GIDMappings
+				m.UIDMappings, m.GIDMappings = nil, nil
+				m.Options = slices.DeleteFunc(m.Options, func(o string) bool { return o == "idmap" || o == "ridmap" })
+			}
+			binds = append(binds, b)
 			m.Source = path.Join(agent.SharedDir, name)
 		}
 		g.Mounts = append(g.Mounts, m)
 	}
+	if hasNamespace(&g, specs.UserNamespace) {
+		userNamespaceMounts(&g)
+	}
 	return &g, binds, nil
+}
+
+// checkUserNamespace accepts the user namespace of a container's spec l as the CRI has it
+// (Kubernetes' hostUsers: false), and as the agent makes the pod's: if l has one, exactly one
+// uid and one gid mapping, each mapping container id 0 (checkIDMappings).
+func checkUserNamespace(l *specs.Linux) error {
+	if !slices.ContainsFunc(l.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UserNamespace }) {
+		if len(l.UIDMappings) > 0 || len(l.GIDMappings) > 0 {
+			return fmt.Errorf("linux.uidMappings and gidMappings without a user namespace")
+		}
+		return nil
+	}
+	if err := checkIDMappings(l.UIDMappings, l.GIDMappings); err != nil {
+		return fmt.Errorf("user namespace: %w", err)
+	}
+	return nil
+}
+
+// checkIDMappings accepts uid and gid mappings a kvfs pod takes: one of each (as the CRI
+// takes them), each mapping container id 0 and at least one id, within 32 bits.
+func checkIDMappings(uids, gids []specs.LinuxIDMapping) error {
+	for _, m := range []struct {
+		what string
+		ids  []specs.LinuxIDMapping
+	}{{"uid", uids}, {"gid", gids}} {
+		if len(m.ids) != 1 {
+			return fmt.Errorf("%d %s mappings, want one", len(m.ids), m.what)
+		}
+		e := m.ids[0]
+		switch {
+		case e.ContainerID != 0:
+			return fmt.Errorf("the %s mapping %d:%d:%d does not map container id 0", m.what, e.ContainerID, e.HostID, e.Size)
+		case e.Size == 0 || uint64(e.HostID)+uint64(e.Size) > 1<<32:
+			return fmt.Errorf("the %s mapping %d:%d:%d: want a size of at least 1 that stays within 32-bit ids", m.what, e.ContainerID, e.HostID, e.Size)
+		}
+	}
+	return nil
+}
+
+// userNamespaceMounts adapts the mounts of g, a container in a user namespace, to the guest's
+// network and IPC namespaces it shares, which the user namespace does not own: the kernel
+// refuses it a sysfs or mqueue mount of its own. /sys becomes a read-only bind of the
+// guest's (what containerd gives a user-namespaced pod on the host's network), /dev/mqueue,
+// unless the container has an IPC namespace of its own, a bind of the guest's, the IPC
+// namespace's own (agent.MountSystem mounts it).
+func userNamespaceMounts(g *specs.Spec) {
+	ownIPC := hasNamespace(g, specs.IPCNamespace)
+	for i, m := range g.Mounts {
+		switch {
+		case m.Type == "sysfs":
+			g.Mounts[i] = specs.Mount{Destination: m.Destination, Type: "bind", Source: "/sys", Options: []string{"rbind", "rro", "nosuid", "nodev", "noexec"}}
+		case m.Type == "mqueue" && !ownIPC:
+			g.Mounts[i] = specs.Mount{Destination: m.Destination, Type: "bind", Source: "/dev/mqueue", Options: []string{"rbind", "nosuid", "nodev", "noexec"}}
+		}
+	}
+}
+
+// hasNamespace says whether the container of spec g has a namespace of type t of its own or
+// joined by path: for a host's spec (podsandbox's pause), one that is not the host's; for a
+// guest's, one that is not the guest's.
+func hasNamespace(g *specs.Spec, t specs.LinuxNamespaceType) bool {
+	return g.Linux != nil && slices.ContainsFunc(g.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == t })
 }
 
 // hostNamespaces refuses a pod that asks for the node's PID or IPC namespace (Kubernetes'
@@ -117,12 +209,6 @@ func hostNamespaces(hostPID, hostIPC bool) error {
 		return nil
 	}
 	return fmt.Errorf("the pod asks for the node's %s namespace: not supported, its containers run in a VM whose processes and IPC are not the host's", strings.Join(asked, " and "))
-}
-
-// sharesHost says whether a CRI sandbox container's spec s (podsandbox's pause) has no
-// namespace of type t of its own, that is, shares the host's.
-func sharesHost(s *specs.Spec, t specs.LinuxNamespaceType) bool {
-	return s.Linux == nil || !slices.ContainsFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == t })
 }
 
 // guestDevices are the device nodes a container's spec keeps in the guest (path: major,
@@ -151,7 +237,7 @@ func podSysctls(spec, guest *specs.Spec) map[string]string {
 	if guest == nil || guest.Linux == nil {
 		return maps.Clone(spec.Linux.Sysctl)
 	}
-	ownIPC := slices.ContainsFunc(guest.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.IPCNamespace })
+	ownIPC := hasNamespace(guest, specs.IPCNamespace)
 	vm, own := map[string]string{}, map[string]string{}
 	for k, v := range spec.Linux.Sysctl {
 		if ownIPC && (slices.Contains(ipcSysctls, k) || strings.HasPrefix(k, "fs.mqueue.")) {
@@ -172,7 +258,8 @@ func podSysctls(spec, guest *specs.Spec) map[string]string {
 // is read-only, unless rro or rrw, the last of which wins, is there: runc applies it to every
 // mount of the bind, the top one included, after ro or rw. The last propagation option says
 // whether the bind follows the host's mounts under its source: rslave, slave, rshared and
-// shared do (only from the host: the guest's mounts are the guest kernel's).
+// shared do (only from the host: the guest's mounts are the guest kernel's). ridmap idmaps
+// every mount of an idmapped bind.
 func bindFlags(opts []string) sandbox.BindFlags {
 	var f sandbox.BindFlags
 	ro, recursive, follow := false, "", false
@@ -184,6 +271,8 @@ func bindFlags(opts []string) sandbox.BindFlags {
 			ro = o == "ro"
 		case "rro", "rrw":
 			recursive = o
+		case "ridmap":
+			f |= sandbox.BindIDMapRecursive
 		case "rslave", "slave", "rshared", "shared":
 			follow = true
 		case "rprivate", "private", "runbindable", "unbindable":

@@ -3,6 +3,7 @@ package shim
 import (
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -175,6 +176,80 @@ func TestAdaptSpec(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "a user namespace joined by path becomes the pod's; its mounts of sysfs and mqueue binds of the guest's; idmapped binds are idmapped on the host",
+			modify: func(s *specs.Spec) {
+				s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: "/proc/42/ns/user"})
+				s.Linux.UIDMappings, s.Linux.GIDMappings = userMap(), userMap()
+				s.Mounts = append(s.Mounts, specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "ro"}},
+					specs.Mount{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue"})
+				s.Mounts[1].UIDMappings, s.Mounts[1].GIDMappings = userMap(), userMap()
+				s.Mounts[2].UIDMappings, s.Mounts[2].GIDMappings = userMap(), userMap()
+				s.Mounts[2].Options = append(s.Mounts[2].Options, "ridmap")
+			},
+			check: func(t *testing.T, g *specs.Spec, binds []HostBind) {
+				if i := slices.IndexFunc(g.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UserNamespace }); i < 0 || g.Linux.Namespaces[i].Path != agent.PodUserNamespace {
+					t.Errorf("namespaces %+v: want the pod's user namespace", g.Linux.Namespaces)
+				}
+				if !reflect.DeepEqual(g.Linux.UIDMappings, userMap()) || !reflect.DeepEqual(g.Linux.GIDMappings, userMap()) {
+					t.Errorf("the user namespace's mappings %+v %+v, want them kept", g.Linux.UIDMappings, g.Linux.GIDMappings)
+				}
+				for _, m := range g.Mounts {
+					if m.UIDMappings != nil || m.GIDMappings != nil || slices.Contains(m.Options, "ridmap") {
+						t.Errorf("guest mount %+v: idmapped, which the guest cannot make", m)
+					}
+				}
+				want := []specs.Mount{{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "rro", "nosuid", "nodev", "noexec"}},
+					{Destination: "/dev/mqueue", Type: "bind", Source: "/dev/mqueue", Options: []string{"rbind", "nosuid", "nodev", "noexec"}}}
+				if got := g.Mounts[len(g.Mounts)-2:]; !reflect.DeepEqual(got, want) {
+					t.Errorf("sysfs and mqueue mounts %+v, want %+v", got, want)
+				}
+				if !reflect.DeepEqual(binds[0].UIDMappings, userMap()) || binds[1].Flags&sandbox.BindIDMapRecursive == 0 || binds[2].UIDMappings != nil {
+					t.Errorf("binds %+v: want the first two idmapped, the second recursively", binds)
+				}
+			},
+		},
+		{
+			name: "a container with its own IPC namespace in a user namespace mounts its own mqueue",
+			modify: func(s *specs.Spec) {
+				s.Linux.Namespaces = []specs.LinuxNamespace{{Type: specs.UserNamespace}, {Type: specs.IPCNamespace}}
+				s.Linux.UIDMappings, s.Linux.GIDMappings = userMap(), userMap()
+				s.Mounts = []specs.Mount{{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue"}}
+			},
+			check: func(t *testing.T, g *specs.Spec, binds []HostBind) {
+				if want := []specs.LinuxNamespace{{Type: specs.UserNamespace}, {Type: specs.IPCNamespace}}; !reflect.DeepEqual(g.Linux.Namespaces, want) {
+					t.Errorf("namespaces %+v, want %+v", g.Linux.Namespaces, want)
+				}
+				if g.Mounts[0].Type != "mqueue" {
+					t.Errorf("mounts %+v: want its own mqueue", g.Mounts)
+				}
+			},
+		},
+		{name: "two uid mappings", modify: func(s *specs.Spec) {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+			s.Linux.UIDMappings = append(userMap(), specs.LinuxIDMapping{ContainerID: 65536, HostID: 300000, Size: 1})
+			s.Linux.GIDMappings = userMap()
+		}, wantError: "user namespace: 2 uid mappings, want one"},
+		{name: "no gid mapping", modify: func(s *specs.Spec) {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+			s.Linux.UIDMappings = userMap()
+		}, wantError: "user namespace: 0 gid mappings, want one"},
+		{name: "a mapping without container id 0", modify: func(s *specs.Spec) {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+			s.Linux.UIDMappings, s.Linux.GIDMappings = userMap(), []specs.LinuxIDMapping{{ContainerID: 1, HostID: 100000, Size: 65536}}
+		}, wantError: "the gid mapping 1:100000:65536 does not map container id 0"},
+		{name: "a mapping past 32 bits", modify: func(s *specs.Spec) {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+			s.Linux.UIDMappings, s.Linux.GIDMappings = []specs.LinuxIDMapping{{HostID: 1<<32 - 10, Size: 11}}, userMap()
+		}, wantError: "within 32-bit ids"},
+		{name: "mappings without a user namespace", modify: func(s *specs.Spec) { s.Linux.UIDMappings = userMap() },
+			wantError: "uidMappings and gidMappings without a user namespace"},
+		{name: "an idmapped tmpfs", modify: func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/t", Type: "tmpfs", Source: "tmpfs", UIDMappings: userMap(), GIDMappings: userMap()})
+		}, wantError: `mount at /t: uidMappings and gidMappings on a "tmpfs" mount`},
+		{name: "an idmapped bind with two mappings", modify: func(s *specs.Spec) {
+			s.Mounts[2].UIDMappings, s.Mounts[2].GIDMappings = userMap(), append(userMap(), userMap()...)
+		}, wantError: "bind mount of /srv/data at /data: 2 gid mappings, want one"},
 		{name: "relative bind source", modify: func(s *specs.Spec) { s.Mounts[2].Source = "data" }, wantError: `bind mount of "data" at /data`},
 		{name: "no process", modify: func(s *specs.Spec) { s.Process = nil }, wantError: "no process"},
 	}
@@ -279,4 +354,9 @@ func TestPodSysctls(t *testing.T) {
 	if vm := podSysctls(&specs.Spec{Linux: &specs.Linux{}}, nil); vm != nil {
 		t.Errorf("no sysctls: %v", vm)
 	}
+}
+
+// userMap is a CRI pod's user namespace mapping: container ids 0-65535 to host ids 100000-165535.
+func userMap() []specs.LinuxIDMapping {
+	return []specs.LinuxIDMapping{{ContainerID: 0, HostID: 100000, Size: 65536}}
 }

@@ -68,8 +68,13 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	var submounts []string
 	var hostBinds []HostBind
 	if isSandbox {
-		if err := hostNamespaces(sharesHost(spec, specs.PIDNamespace), sharesHost(spec, specs.IPCNamespace)); err != nil {
+		if err := hostNamespaces(!hasNamespace(spec, specs.PIDNamespace), !hasNamespace(spec, specs.IPCNamespace)); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
+		if spec.Linux != nil {
+			if err := checkUserNamespace(spec.Linux); err != nil {
+				return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+			}
 		}
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)

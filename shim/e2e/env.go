@@ -14,6 +14,7 @@ import (
 	"github.com/kvfs/kvfs/internal/ctrdtest"
 	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/shim"
 )
 
 // RuntimeType is what ctr and containerd's runtime classes name the kvfs shim by.
@@ -114,8 +115,11 @@ func StartWith(t *testing.T, extra, sandboxer string, imports []string) *Env {
 	opts := ctrdtest.Options{ShimDirs: []string{BinDir}, LeakDirs: []string{e.BaseDir}, Imports: imports}
 	cri := sandboxer != ""
 	if cri {
+		// The handler has no options, as the installed one: the shims find the
+		// configuration by $KVFS_CONFIG_FILE, which they inherit from the containerd.
 		opts.CRI = true
-		opts.Config = ctrdconf.KvfsRuntime(CRIHandler, e.Config, sandboxer)
+		opts.Config = ctrdconf.KvfsRuntime(CRIHandler, "", sandboxer)
+		opts.Env = append(opts.Env, shim.ConfigFileEnv+"="+e.Config)
 	}
 	e.C = ctrdtest.Start(t, opts)
 	// Registered after Start, so it runs before the containerd's cleanup stops the pods.
