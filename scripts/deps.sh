@@ -17,13 +17,20 @@
 #     go install into ${KVFS_CACHE:-/var/cache/kvfs}/bin (never on the machine's PATH, so a
 #     system containerd is not shadowed); internal/ctrdtest runs them from there. A stamp file
 #     there records the version, so a second run does nothing;
-#   - crictl of the version below (sigs.k8s.io/cri-tools), the same way.
+#   - crictl of the version below (sigs.k8s.io/cri-tools), the same way;
+#   - the Rust virtiofsd of the series below (Debian 13's package, what Kata ships), the
+#     reference server the tests also compare against: it needs trixie's C library, so its
+#     package and its libraries are downloaded with a private apt state (the machine's sources
+#     and packages untouched) and unpacked into ${KVFS_CACHE:-/var/cache/kvfs}/virtiofsd-rust,
+#     with bin/virtiofsd-rust there running it through that root's dynamic loader.
 set -euo pipefail
 
 # internal/ctrdtest.ContainerdVersion and CrictlVersion must name the same versions
 # (TestDepsVersion checks them).
 containerd_version=v2.4.2
 crictl_version=v1.37.0
+# The Rust virtiofsd: trixie's package, whatever its Debian revision, of this upstream series.
+rust_virtiofsd_series=1.13
 
 packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2"
 
@@ -95,4 +102,42 @@ if [ "$(cat "$crictl_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bin
 	trap - EXIT
 	echo "$crictl_version" >"$crictl_stamp"
 fi
-echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl $crictl_version in $bindir)"
+# The Rust virtiofsd: unpacked into a new root, renamed into place once it runs, the stamp last.
+rust_root=${KVFS_CACHE:-/var/cache/kvfs}/virtiofsd-rust
+rust_stamp=$rust_root/.version
+if ! grep -q "^virtiofsd $rust_virtiofsd_series\." "$rust_stamp" 2>/dev/null || [ ! -x "$bindir/virtiofsd-rust" ]; then
+	echo "deps.sh: installing the Rust virtiofsd $rust_virtiofsd_series (Debian trixie) into $rust_root"
+	mkdir -p "${rust_root%/*}"
+	tmp=$(mktemp -d "${rust_root%/*}/.rust-virtiofsd.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	mkdir -p "$tmp/apt/lists/partial" "$tmp/apt/cache/archives/partial" "$tmp/root"
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" >"$tmp/apt/sources.list"
+	apt_private=(-o "Dir::Etc::sourcelist=$tmp/apt/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$tmp/apt/lists"
+		-o "Dir::Cache=$tmp/apt/cache" -o APT::Sandbox::User=root)
+	apt-get -q "${apt_private[@]}" update >/dev/null
+	(cd "$tmp/apt/cache/archives" && apt-get -q "${apt_private[@]}" download virtiofsd libc6 libcap-ng0 libseccomp2 libgcc-s1 >/dev/null)
+	for deb in "$tmp"/apt/cache/archives/*.deb; do
+		dpkg-deb -x "$deb" "$tmp/root"
+	done
+	rm -rf "$rust_root"
+	mv "$tmp/root" "$rust_root"
+	rm -rf "$tmp"
+	trap - EXIT
+	mkdir -p "$bindir"
+	cat >"$bindir/virtiofsd-rust" <<-EOF
+		#!/bin/sh
+		# The Rust virtiofsd (Debian trixie's), with trixie's C library: written by scripts/deps.sh.
+		exec $rust_root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 --library-path $rust_root/usr/lib/x86_64-linux-gnu $rust_root/usr/libexec/virtiofsd "\$@"
+	EOF
+	chmod 755 "$bindir/virtiofsd-rust"
+	version=$("$bindir/virtiofsd-rust" --version)
+	case $version in
+	"virtiofsd $rust_virtiofsd_series".*) ;;
+	*)
+		echo "deps.sh: trixie's virtiofsd is $version, not $rust_virtiofsd_series" >&2
+		exit 1
+		;;
+	esac
+	echo "$version" >"$rust_stamp"
+fi
+echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl $crictl_version in $bindir; $(cat "$rust_stamp"))"
