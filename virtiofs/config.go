@@ -106,6 +106,10 @@ type Config struct {
 	// and chown to the server, and stops asking for security.capability before every write.
 	// Unset (nil) means on whenever extended attributes are (XattrEnabled).
 	KillprivV2 *bool
+	// TranslateUID and TranslateGID are virtiofsd's --translate-uid and --translate-gid: rules
+	// that translate user and group ids between the guest and the host
+	// (passthrough.IDTranslation). Not with PosixACL.
+	TranslateUID, TranslateGID []passthrough.IDRule
 	// PosixACL serves POSIX ACLs, stored as the host's system.posix_acl_* attributes: it
 	// implies Xattr and offers POSIX_ACL, DONT_MASK and SETXATTR_EXT, so the guest leaves its
 	// umask to the server, which ignores it in directories with a default ACL.
@@ -233,5 +237,28 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	if err := c.CheckIDTranslation(); err != nil {
+		return err
+	}
 	return c.DAX.Validate()
+}
+
+// CheckIDTranslation accepts TranslateUID and TranslateGID: rules whose ranges do not meet
+// in a direction, not with PosixACL.
+func (c *Config) CheckIDTranslation() error {
+	for _, t := range []struct {
+		what  string
+		rules []passthrough.IDRule
+	}{{"uid", c.TranslateUID}, {"gid", c.TranslateGID}} {
+		if len(t.rules) == 0 {
+			continue
+		}
+		if c.PosixACL {
+			return fmt.Errorf("%s translation and POSIX ACLs together: the ids inside ACLs would not be translated", t.what)
+		}
+		if _, err := passthrough.NewIDTranslation(t.rules); err != nil {
+			return fmt.Errorf("%s translation: %w", t.what, err)
+		}
+	}
+	return nil
 }

@@ -154,6 +154,12 @@ func passthroughOptions(cfg *Config) passthrough.Options {
 	if cfg.XattrMap != "" {
 		o.XattrMap, _ = passthrough.ParseXattrMap(cfg.XattrMap) // Validate accepted it
 	}
+	if len(cfg.TranslateUID) > 0 {
+		o.UIDs, _ = passthrough.NewIDTranslation(cfg.TranslateUID) // Validate accepted them
+	}
+	if len(cfg.TranslateGID) > 0 {
+		o.GIDs, _ = passthrough.NewIDTranslation(cfg.TranslateGID)
+	}
 	switch cfg.Cache {
 	case CacheNever:
 		o.DirectIO = true

@@ -119,7 +119,7 @@ func supervise(args []string, opts *cmdline.Options, stdout, stderr io.Writer) i
 		return exitCode(err)
 	}
 	defer f.Close()
-	status, err := confine.Supervise(args, f, os.Stdin, stdout, stderr)
+	status, err := confine.Supervise(args, f, opts.UserNamespace(), os.Stdin, stdout, stderr)
 	if err != nil {
 		log.L.WithError(err).Error("kvfsd failed")
 	}

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -82,6 +83,10 @@ type Options struct {
 	// Modcaps is --modcaps (-o modcaps=): changes to the capabilities a --sandbox=namespace
 	// server keeps (see ServerCapabilities).
 	Modcaps []confine.CapabilityChange
+	// UIDMap and GIDMap are --uid-map and --gid-map (each given as :INSIDE:OUTSIDE:COUNT:,
+	// repeatable): the mappings of a user namespace the --sandbox=namespace server runs in.
+	// Both or neither.
+	UIDMap, GIDMap []syscall.SysProcIDMap
 
 	// Foreground is -f. kvfsd always runs in the foreground; the flag is kept for compatibility.
 	Foreground bool
@@ -294,7 +299,42 @@ func (o *Options) check() error {
 	case o.Modcaps != nil && o.Sandbox != confine.SandboxNamespace:
 		return fmt.Errorf("--modcaps: kvfsd drops capabilities only with --sandbox=namespace (not %s)", o.Sandbox)
 	}
+	if err := o.Server.CheckIDTranslation(); err != nil {
+		return err
+	}
+	return o.checkUserNamespace()
+}
+
+// checkUserNamespace accepts --uid-map and --gid-map: both or neither, with
+// --sandbox=namespace, whose user namespace they map, and not with
+// --inode-file-handles=mandatory (open_by_handle_at needs CAP_DAC_READ_SEARCH in the host's
+// user namespace).
+func (o *Options) checkUserNamespace() error {
+	switch {
+	case o.UIDMap == nil && o.GIDMap == nil:
+		return nil
+	case o.UIDMap == nil || o.GIDMap == nil:
+		return errors.New("--uid-map and --gid-map go together: a user namespace needs both")
+	case o.Sandbox != confine.SandboxNamespace:
+		return fmt.Errorf("--uid-map and --gid-map map the user namespace of --sandbox=namespace, not --sandbox=%s", o.Sandbox)
+	case o.Server.InodeFileHandles == passthrough.FileHandlesMandatory:
+		return errors.New("--uid-map with --inode-file-handles=mandatory: opening file handles needs CAP_DAC_READ_SEARCH in the host's user namespace")
+	case !mapsZero(o.UIDMap) || !mapsZero(o.GIDMap):
+		return errors.New("--uid-map and --gid-map must each map id 0 inside: kvfsd runs as root of its user namespace")
+	}
 	return nil
+}
+
+func mapsZero(m []syscall.SysProcIDMap) bool {
+	return slices.ContainsFunc(m, func(e syscall.SysProcIDMap) bool { return e.ContainerID == 0 })
+}
+
+// UserNamespace is the user namespace --uid-map and --gid-map ask for, or nil.
+func (o *Options) UserNamespace() *confine.UserNamespace {
+	if o.UIDMap == nil {
+		return nil
+	}
+	return &confine.UserNamespace{UIDs: o.UIDMap, GIDs: o.GIDMap}
 }
 
 // ServerCapabilities are the capabilities the server of a --sandbox=namespace kvfsd keeps:
@@ -323,7 +363,6 @@ type option struct {
 // Reasons for refusing options, shared by both dialects' spellings.
 const (
 	whyDirectIO  = "kvfsd does not make O_DIRECT configurable"
-	whyIDMap     = "kvfsd does not map or translate user and group IDs"
 	whyMigration = "kvfsd does not support live migration"
 )
 
@@ -368,10 +407,10 @@ var longOptions = map[string]option{
 	"daemonize":                {refused: "kvfsd always runs in the foreground; let the caller (systemd, the Kata runtime) supervise it"},
 	"allow-direct-io":          {refused: whyDirectIO},
 	"modcaps":                  {value: "CAPS", apply: setModcaps},
-	"uid-map":                  {value: "MAP", refused: whyIDMap},
-	"gid-map":                  {value: "MAP", refused: whyIDMap},
-	"translate-uid":            {value: "MAP", refused: whyIDMap},
-	"translate-gid":            {value: "MAP", refused: whyIDMap},
+	"uid-map":                  {value: "MAP", apply: addIDMap(func(o *Options) *[]syscall.SysProcIDMap { return &o.UIDMap })},
+	"gid-map":                  {value: "MAP", apply: addIDMap(func(o *Options) *[]syscall.SysProcIDMap { return &o.GIDMap })},
+	"translate-uid":            {value: "MAP", apply: addIDRule(func(o *Options) *[]passthrough.IDRule { return &o.Server.TranslateUID })},
+	"translate-gid":            {value: "MAP", apply: addIDRule(func(o *Options) *[]passthrough.IDRule { return &o.Server.TranslateGID })},
 	"migration-mode":           {value: "MODE", refused: whyMigration},
 	"migration-on-error":       {value: "MODE", refused: whyMigration},
 	"migration-verify-handles": {refused: whyMigration},
@@ -576,4 +615,57 @@ func setTag(o *Options, v string) error {
 	}
 	o.Tag = v
 	return nil
+}
+
+// addIDRule appends a --translate-uid or --translate-gid rule to the list field names.
+func addIDRule(field func(*Options) *[]passthrough.IDRule) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		r, err := passthrough.ParseIDRule(v)
+		if err != nil {
+			return err
+		}
+		*field(o) = append(*field(o), r)
+		return nil
+	}
+}
+
+// addIDMap appends a --uid-map or --gid-map mapping to the list field names.
+func addIDMap(field func(*Options) *[]syscall.SysProcIDMap) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		m, err := parseIDMap(v)
+		if err != nil {
+			return err
+		}
+		*field(o) = append(*field(o), m)
+		return nil
+	}
+}
+
+// parseIDMap parses a mapping as virtiofsd takes it: INSIDE, OUTSIDE and COUNT, each preceded
+// by the same one-character delimiter, its first character, and followed by it
+// (":0:100000:65536:").
+func parseIDMap(v string) (syscall.SysProcIDMap, error) {
+	var m syscall.SysProcIDMap
+	if len(v) < 2 {
+		return m, fmt.Errorf("%q: want :INSIDE:OUTSIDE:COUNT:", v)
+	}
+	d := v[:1]
+	if !strings.HasSuffix(v, d) {
+		return m, fmt.Errorf("%q: want :INSIDE:OUTSIDE:COUNT: (the delimiter %q first and last)", v, d)
+	}
+	f := strings.Split(v[1:len(v)-1], d)
+	if len(f) != 3 {
+		return m, fmt.Errorf("%q: want :INSIDE:OUTSIDE:COUNT:", v)
+	}
+	var n [3]uint64
+	for i, x := range f {
+		var err error
+		if n[i], err = strconv.ParseUint(x, 10, 32); err != nil {
+			return m, fmt.Errorf("%q: %q is not an id or count (0 to %d)", v, x, uint32(math.MaxUint32))
+		}
+	}
+	if n[2] == 0 || n[0]+n[2] > 1<<32 || n[1]+n[2] > 1<<32 {
+		return m, fmt.Errorf("%q: want a count of at least 1 that stays within 32-bit ids", v)
+	}
+	return syscall.SysProcIDMap{ContainerID: int(n[0]), HostID: int(n[1]), Size: int(n[2])}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,6 +124,15 @@ func TestParse(t *testing.T) {
 		{name: "--allow-mmap", args: with("--allow-mmap"), want: func(o *Options) { o.Server.AllowMmap = true }},
 		{name: "--tag", args: with("--tag=myfs"), want: func(o *Options) { o.Tag = "myfs" }},
 		{name: "--preserve-noatime", args: with("--preserve-noatime"), want: func(o *Options) { o.Server.PreserveNoatime = true }},
+		{name: "--uid-map and --gid-map", args: with("--uid-map=:0:100000:65536:", "--uid-map", "/65536/5000/1/", "--gid-map=:0:200000:65536:"), want: func(o *Options) {
+			o.UIDMap = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}, {ContainerID: 65536, HostID: 5000, Size: 1}}
+			o.GIDMap = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 200000, Size: 65536}}
+		}},
+		{name: "--translate-uid and --translate-gid", args: with("--translate-uid=map:0:100000:65536", "--translate-uid", "forbid-guest:65536:100",
+			"--translate-gid=squash-host:0:0:1000", "--translate-gid=host:1000:1000:1"), want: func(o *Options) {
+			o.Server.TranslateUID = []passthrough.IDRule{{Kind: passthrough.IDMap, From: 0, To: 100000, Count: 65536}, {Kind: passthrough.IDForbidGuest, From: 65536, Count: 100}}
+			o.Server.TranslateGID = []passthrough.IDRule{{Kind: passthrough.IDSquashHost, From: 0, To: 0, Count: 1000}, {Kind: passthrough.IDHost, From: 1000, To: 1000, Count: 1}}
+		}},
 		{name: "-o xattr", args: with("-o", "xattr"), want: func(o *Options) { o.Server.Xattr = true }},
 		{name: "-o xattrmap", args: with("-o", "xattrmap=:prefix:all::user.virtiofs.::bad:all:::"), want: func(o *Options) {
 			o.Server.XattrMap = ":prefix:all::user.virtiofs.::bad:all:::"
@@ -292,15 +302,29 @@ func TestParseErrors(t *testing.T) {
 		{name: "-o dax_rules bad glob", args: with("-o", "dax_rules=on glob=["), want: []string{"-o dax_rules", "syntax error in pattern"}},
 		{name: "--daemonize", args: with("--daemonize"), want: []string{"--daemonize: not supported yet"}, is: ErrNotSupported},
 		{name: "--tag too long", args: with("--tag=" + strings.Repeat("t", 37)), want: []string{"invalid tag", "1 to 36 bytes"}},
-		{name: "--uid-map", args: with("--uid-map=:0:1000:1:"), want: []string{"--uid-map: not supported yet"}, is: ErrNotSupported},
-		{name: "--gid-map", args: with("--gid-map", ":0:1000:1:"), want: []string{"--gid-map: not supported yet"}, is: ErrNotSupported},
-		{name: "--translate-uid", args: with("--translate-uid=map:0:1000:1"), want: []string{"--translate-uid: not supported yet"}, is: ErrNotSupported},
-		{name: "--translate-gid", args: with("--translate-gid=map:0:1000:1"), want: []string{"--translate-gid: not supported yet"}, is: ErrNotSupported},
+		{name: "--uid-map alone", args: with("--uid-map=:0:1000:1:"), want: []string{"--uid-map and --gid-map go together"}},
+		{name: "--gid-map bad delimiters", args: with("--gid-map", ":0:1000:1/"), want: []string{"--gid-map", "the delimiter \":\" first and last"}},
+		{name: "--uid-map two fields", args: with("--uid-map", ":0:1000:", "--gid-map=:0:1:1:"), want: []string{"--uid-map", "want :INSIDE:OUTSIDE:COUNT:"}},
+		{name: "--uid-map zero count", args: with("--uid-map", ":0:1000:0:", "--gid-map=:0:1:1:"), want: []string{"--uid-map", "a count of at least 1"}},
+		{name: "--uid-map past 32 bits", args: with("--uid-map", ":0:4294967295:2:", "--gid-map=:0:1:1:"), want: []string{"--uid-map", "within 32-bit ids"}},
+		{name: "--uid-map without 0", args: with("--uid-map", ":1:1000:1:", "--gid-map=:0:1:1:"), want: []string{"must each map id 0 inside"}},
+		{name: "--uid-map with chroot", args: with("--uid-map=:0:1000:1:", "--gid-map=:0:1000:1:", "--sandbox=chroot"), want: []string{"not --sandbox=chroot"}},
+		{name: "--uid-map with mandatory handles", args: with("--uid-map=:0:1000:1:", "--gid-map=:0:1000:1:", "--inode-file-handles=mandatory"),
+			want: []string{"--inode-file-handles=mandatory"}},
+		{name: "--translate-uid unknown kind", args: with("--translate-uid=swap:0:1000:1"), want: []string{"--translate-uid", `unknown kind "swap"`}},
+		{name: "--translate-uid three fields", args: with("--translate-uid=map:0:1000"), want: []string{"--translate-uid", "want map:FROM:TO:COUNT"}},
+		{name: "--translate-gid forbid four fields", args: with("--translate-gid=forbid-guest:0:1:2"), want: []string{"--translate-gid", "want forbid-guest:FROM:COUNT"}},
+		{name: "--translate-uid not a number", args: with("--translate-uid=guest:0:x:1"), want: []string{"--translate-uid", `"x" is not an id or count`}},
+		{name: "--translate-uid overlap", args: with("--translate-uid=forbid-guest:0:1000", "--translate-uid=map:999:5000:2"),
+			want: []string{"uid translation", "map:999:5000:2: its range meets that of forbid-guest:0:1000"}},
+		{name: "--translate-gid past the last id", args: with("--translate-gid=guest:4294967295:0:2"), want: []string{"gid translation", "past the last id"}},
+		{name: "--translate-uid empty", args: with("--translate-uid=host:0:0:0"), want: []string{"uid translation", "an empty range"}},
+		{name: "--translate-uid with --posix-acl", args: with("--translate-uid=map:0:1000:1", "--posix-acl"), want: []string{"uid translation and POSIX ACLs together"}},
 		{name: "--migration-mode", args: with("--migration-mode=find-paths"), want: []string{"--migration-mode: not supported yet"}, is: ErrNotSupported},
 		{name: "--migration-on-error", args: with("--migration-on-error", "abort"), want: []string{"--migration-on-error: not supported yet"}, is: ErrNotSupported},
 		{name: "--migration-verify-handles", args: with("--migration-verify-handles"), want: []string{"--migration-verify-handles: not supported yet"}, is: ErrNotSupported},
 		{name: "--migration-confirm-paths", args: with("--migration-confirm-paths"), want: []string{"--migration-confirm-paths: not supported yet"}, is: ErrNotSupported},
-		{name: "refused even without its value", args: with("--uid-map"), want: []string{"--uid-map: not supported yet"}, is: ErrNotSupported},
+		{name: "refused even without its value", args: with("--migration-mode"), want: []string{"--migration-mode: not supported yet"}, is: ErrNotSupported},
 
 		// Invalid values.
 		{name: "--modcaps unknown", args: with("--modcaps=+sys_admin:+nope"), want: []string{`--modcaps: "+nope": no capability nope`}},

@@ -51,6 +51,20 @@ File system:
   --preserve-noatime    pass the guest's O_NOATIME on to the host's open; by
                         default it is dropped, as an open with it fails unless
                         the opener owns the file
+  --uid-map=:INSIDE:OUTSIDE:COUNT:, --gid-map=:INSIDE:OUTSIDE:COUNT:
+                        serve from a user namespace with these mappings
+                        (repeatable; both, each mapping id 0 inside;
+                        --sandbox=namespace; written by kvfsd, which needs
+                        CAP_SETUID and CAP_SETGID): the server's privileges
+                        reach only the files of ids they map
+  --translate-uid=KIND:FROM:TO:COUNT, --translate-gid=KIND:FROM:TO:COUNT
+                        translate user (group) ids between guest and host,
+                        virtiofsd's rules, repeatable: guest (guest ids to host
+                        ids), host (host to guest), squash-guest (guest ids all
+                        to the host id TO), squash-host (host ids all to the
+                        guest id TO), map (both ways), forbid-guest:FROM:COUNT
+                        (EPERM to a guest caller or chown of those ids); ids no
+                        rule covers stay as they are; not with --posix-acl
   --killpriv-v2, -o killpriv_v2
                         clear set-id bits and security.capability on the host
                         when a guest user writes, truncates or chowns, so the
@@ -160,8 +174,7 @@ Accepted, and what kvfsd does anyway:
 Not supported yet (refused with an error, never ignored):
   -o allow_direct_io, -o no_allow_direct_io,
   --allow-direct-io, -o allow_root,
-  -o max_idle_threads=, --daemonize, --uid-map, --gid-map,
-  --translate-uid, --translate-gid,
+  -o max_idle_threads=, --daemonize,
   --migration-mode, --migration-on-error, --migration-verify-handles,
   --migration-confirm-paths
 

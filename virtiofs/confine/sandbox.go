@@ -67,14 +67,23 @@ func Child() (listenFD int, ok bool) {
 	return childListenFD, true
 }
 
-// Supervise runs the current executable again with args in new namespaces (Namespaces), the
+// UserNamespace is a user namespace for the sandbox (virtiofsd's --uid-map and --gid-map):
+// its uid and gid mappings, each a line of /proc/PID/uid_map (ids inside, ids outside, count),
+// which must map the ids 0 inside: the sandbox runs as the namespace's root.
+type UserNamespace struct {
+	UIDs, GIDs []syscall.SysProcIDMap
+}
+
+// Supervise runs the current executable again with args in new namespaces (Namespaces, and a
+// user namespace with userns's mappings if it is not nil: the others are then that user
+// namespace's, and the server's capabilities reach only the files of ids it maps), the
 // listening socket l as its descriptor 3 and the given stdio, and waits for it. It forwards
 // SIGTERM, SIGINT and SIGHUP to the child, and returns the child's exit status, or 128 plus
 // the number of the signal that killed it, with an error saying so. The child gets SIGKILL
 // should the calling thread die (Pdeathsig): Supervise keeps its goroutine on that thread.
 //
 // The child must call Child first, then Setup, which starts the server.
-func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+func Supervise(args []string, l *os.File, userns *UserNamespace, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	// Pdeathsig follows the thread that forked, not the process: keep to it until the end.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -93,6 +102,16 @@ func Supervise(args []string, l *os.File, stdin io.Reader, stdout, stderr io.Wri
 	// A process group of its own: a terminal's ^C reaches the supervisor alone, which forwards
 	// it once.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: Namespaces, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if userns != nil {
+		// The maps are written by this process, which needs CAP_SETUID and CAP_SETGID for
+		// ids other than its own; setgroups stays denied in the namespace (kvfsd never
+		// calls it).
+		cmd.SysProcAttr.Cloneflags |= unix.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings, cmd.SysProcAttr.GidMappings = userns.UIDs, userns.GIDs
+		// Root of the namespace (which the maps must give an id), so that it keeps its
+		// capabilities there across the exec.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
+	}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)

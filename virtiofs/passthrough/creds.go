@@ -20,27 +20,40 @@ func setfsgid(gid uint32) uint32 {
 	return uint32(r)
 }
 
-// asCaller switches the current goroutine's OS thread to the caller's fsuid and fsgid, so that
-// what it creates next is owned by the caller and permission checks are the caller's. It
-// reports whether it switched; the caller then calls restoreCreds. Nothing is switched when the
-// caller's ids are ours already.
+// asCaller switches the current goroutine's OS thread to the caller's fsuid and fsgid (the
+// host's ids of the caller's, Options.UIDs and GIDs), so that what it creates next is owned by
+// the caller and permission checks are the caller's. It reports whether it switched; the
+// caller then calls restoreCreds. Nothing is switched when the caller's ids are ours already.
+// A caller whose id is forbidden gets EPERM.
 func (fs *FS) asCaller(ctx *fuse.Context) (switched bool, errno fuse.Errno) {
-	if ctx.UID == fs.uid && ctx.GID == fs.gid {
+	uid, uok := fs.opts.UIDs.ToHost(ctx.UID)
+	gid, gok := fs.opts.GIDs.ToHost(ctx.GID)
+	if !uok || !gok {
+		return false, unix.EPERM
+	}
+	if uid == fs.uid && gid == fs.gid {
 		return false, fuse.OK
 	}
 	runtime.LockOSThread()
 	// The group first: once the fsuid is not root, changing the fsgid may no longer be allowed.
-	setfsgid(ctx.GID)
-	if setfsgid(ctx.GID) != ctx.GID {
+	setfsgid(gid)
+	if setfsgid(gid) != gid {
 		fs.restoreCreds()
 		return false, unix.EPERM
 	}
-	setfsuid(ctx.UID)
-	if setfsuid(ctx.UID) != ctx.UID {
+	setfsuid(uid)
+	if setfsuid(uid) != uid {
 		fs.restoreCreds()
 		return false, unix.EPERM
 	}
 	return true, fuse.OK
+}
+
+// guestOwner translates the owner of attributes a, the host's, into the guest's
+// (Options.UIDs and GIDs).
+func (fs *FS) guestOwner(a *fuse.Attr) {
+	a.UID = fs.opts.UIDs.ToGuest(a.UID)
+	a.GID = fs.opts.GIDs.ToGuest(a.GID)
 }
 
 // restoreCreds switches the thread back to our own fsuid and fsgid and unlocks it. Should that

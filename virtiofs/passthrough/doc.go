@@ -38,6 +38,11 @@
 //     fsuid/fsgid on a locked OS thread, so files get the guest caller's owner and the host kernel
 //     checks permissions as that user. The process keeps running as its own user everywhere else:
 //     the guest mounts virtio-fs with default_permissions and checks permissions itself.
+//   - With id translation (Options.UIDs and GIDs, idmap.go) the caller's ids and a SETATTR's
+//     new owner are the host's translation of the guest's before anything is done: a forbidden
+//     one answers EPERM with nothing changed, so a guest caller can never be, or give a file
+//     to, a host id the rules keep from it. The owners in replies are translated back; the
+//     ids inside POSIX ACLs are not, so the two do not go together.
 //   - LINK of a directory is refused (EPERM); renames and links only ever name nodes we hold,
 //     which are all inside the share; RENAME2 flags other than NOREPLACE, EXCHANGE and WHITEOUT
 //     answer EINVAL.

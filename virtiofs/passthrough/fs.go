@@ -57,6 +57,11 @@ type Options struct {
 	// O_NOATIME fails with EPERM unless the opener owns the file or has CAP_FOWNER, which the
 	// guest's caller need not have on the host.
 	PreserveNoatime bool
+	// UIDs and GIDs, when set, translate user and group ids between the guest and the host
+	// (virtiofsd's --translate-uid and --translate-gid): the caller's ids and a SETATTR's
+	// new owner on their way in, the attributes' owners on their way out. Not with
+	// PosixACL: the ids inside ACLs are not translated.
+	UIDs, GIDs *IDTranslation
 	// ProcSelfFd is the path of the process's /proc/self/fd directory; empty means
 	// "/proc/self/fd". It is opened by New and, for extended attributes, which have only
 	// path-based calls, used as the prefix of "PATH/N": a relative path ("." with the working
@@ -107,6 +112,9 @@ func New(root string, opts Options) (*FS, error) {
 	dax, err := compileDAXPolicy(opts.DAX)
 	if err != nil {
 		return nil, fmt.Errorf("passthrough: %w", err)
+	}
+	if opts.PosixACL && !(opts.UIDs.Empty() && opts.GIDs.Empty()) {
+		return nil, fmt.Errorf("passthrough: POSIX ACLs and id translation together: the ids inside ACLs would not be translated")
 	}
 	procPath := opts.ProcSelfFd
 	if procPath == "" {
@@ -334,6 +342,7 @@ func (fs *FS) attrFlags(mode uint32, dax bool) uint32 {
 func (fs *FS) fillAttrOut(out *fuse.AttrOut, n *inode, fd int, st *unix.Statx_t) {
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
+	fs.guestOwner(&out.Attr)
 	out.Attr.Flags = fs.attrFlags(n.mode, fs.daxAttr(int32(fd), st))
 }
 

@@ -67,6 +67,7 @@ func (fs *FS) fillEntry(out *fuse.EntryOut, id uint64, mode uint32, dax bool, st
 	out.EntryValid, out.EntryValidNsec = fs.entrySec, fs.entryNsec
 	out.AttrValid, out.AttrValidNsec = fs.attrSec, fs.attrNsec
 	fillAttr(&out.Attr, st)
+	fs.guestOwner(&out.Attr)
 	out.Attr.Flags = fs.attrFlags(mode, dax)
 }
 

@@ -81,6 +81,23 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 	if e := fs.readOnly(); e != fuse.OK {
 		return e
 	}
+	// The new owner is the guest's: its host ids (Options.UIDs and GIDs), or EPERM before
+	// anything changes if one is forbidden.
+	uid, gid := -1, -1
+	if in.Valid&fuse.FattrUID != 0 {
+		id, ok := fs.opts.UIDs.ToHost(in.UID)
+		if !ok {
+			return unix.EPERM
+		}
+		uid = int(id)
+	}
+	if in.Valid&fuse.FattrGID != 0 {
+		id, ok := fs.opts.GIDs.ToHost(in.GID)
+		if !ok {
+			return unix.EPERM
+		}
+		gid = int(id)
+	}
 	n, e := fs.node(nodeID)
 	if e != fuse.OK {
 		return e
@@ -115,13 +132,6 @@ func (fs *FS) SetAttr(ctx *fuse.Context, nodeID uint64, in *fuse.SetattrIn, out 
 	}
 
 	if in.Valid&(fuse.FattrUID|fuse.FattrGID) != 0 {
-		uid, gid := -1, -1
-		if in.Valid&fuse.FattrUID != 0 {
-			uid = int(in.UID)
-		}
-		if in.Valid&fuse.FattrGID != 0 {
-			gid = int(in.GID)
-		}
 		if err := unix.Fchownat(nfd, "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return errno(err)
 		}
