@@ -25,12 +25,18 @@
 #    handlers kvfs and runc, interleaved: runp + create + start to the container's first log
 #    line, the memory and CPU of a running pod's host processes, stopp and rmp. Adds its section
 #    to docs/benchmarks.md; about 15 minutes under TCG. $CRI_ARGS are passed on to kvfspodbench.
+# 5. A user-namespaced pod's metadata cost (kvfspodbench -cri -userns): the same containerd, a
+#    kvfs pod with a user namespace and one without, a metadata workload run in each with crictl
+#    exec, interleaved. Adds its section to docs/benchmarks.md; about 5 minutes under TCG.
+#    $USERNS_ARGS are passed on to kvfspodbench.
 #
-# BENCH_ONLY=server, guest, pod or cri runs one part only; the others' sections stay as they are.
+# BENCH_ONLY=server, guest, pod, cri or userns runs one part only; the others' sections stay as
+# they are.
 #   BENCH_ONLY=guest GUEST_ARGS='-runs 1 -fio-runtime 1 -files 200' scripts/bench.sh   # a quick look
 #   BENCH_ONLY=guest GUEST_ARGS='-run luabuild -runs 5 -out /tmp/lua.md -chart /tmp/lua.png' scripts/bench.sh
 #   BENCH_ONLY=pod POD_ARGS='-runs 2' scripts/bench.sh
 #   BENCH_ONLY=cri CRI_ARGS='-runs 2' scripts/bench.sh
+#   BENCH_ONLY=userns USERNS_ARGS='-runs 3' scripts/bench.sh
 # Runs as root (both servers and the guest's 9p passthrough need it); scripts/deps.sh installs the
 # C virtiofsd, QEMU, fio, tcc and make.
 set -euo pipefail
@@ -61,15 +67,15 @@ rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 only=${BENCH_ONLY:-}
 case $only in
-"" | server | guest | pod | cri) ;;
+"" | server | guest | pod | cri | userns) ;;
 *)
-	echo "bench.sh: BENCH_ONLY must be server, guest, pod or cri, not $only" >&2
+	echo "bench.sh: BENCH_ONLY must be server, guest, pod, cri or userns, not $only" >&2
 	exit 1
 	;;
 esac
 
 # kvfsbench rewrites the whole document: with BENCH_ONLY=server keep the guest and pod sections
-# (always the last ones, in that order: guest, pod, CRI) and put them back after.
+# (always the last ones, in that order: guest, pod, CRI, user namespace) and put them back after.
 guest_section=
 if [ "$only" = server ] && [ -f docs/benchmarks.md ]; then
 	guest_section=$(sed -n '/^## Guest level: /,$p' docs/benchmarks.md)
@@ -124,4 +130,16 @@ if [ "$only" = "" ] || [ "$only" = cri ]; then
 	# shellcheck disable=SC2086 # CRI_ARGS is a list of arguments
 	bin/kvfspodbench -cri -invoked "$chow" -rev "$rev" -shim-dir bin -guest "$agent_guest" -probe-guest "$probe_guest" \
 		-runs 10 -mem 512M -vcpus 1 -settle 2s -idle 5s -out docs/benchmarks.md ${CRI_ARGS:-}
+fi
+
+if [ "$only" = "" ] || [ "$only" = userns ]; then
+	uhow=$how
+	[ -n "$only" ] && uhow="BENCH_ONLY=$only $uhow"
+	[ -n "${USERNS_ARGS:-}" ] && uhow="USERNS_ARGS='$USERNS_ARGS' $uhow"
+	[ -n "${AGENT_GUEST:-}" ] && uhow="AGENT_GUEST=$AGENT_GUEST $uhow"
+	packaging/guest/build.sh --agent "$agent_guest"
+	packaging/guest/build.sh "$probe_guest"
+	# shellcheck disable=SC2086 # USERNS_ARGS is a list of arguments
+	bin/kvfspodbench -cri -userns -invoked "$uhow" -rev "$rev" -shim-dir bin -guest "$agent_guest" -probe-guest "$probe_guest" \
+		-runs 5 -mem 512M -vcpus 1 -out docs/benchmarks.md ${USERNS_ARGS:-}
 fi

@@ -38,8 +38,8 @@ type containerd struct {
 // startContainerd starts containerd from binDir with shimDirs first on its PATH, and returns
 // once it answers. With cri, its CRI is on (see ctrdconf.Config). extra, if not nil, is
 // given the containerd's directory and returns TOML merged into its config (the CRI's
-// runtime handlers beside runc).
-func startContainerd(binDir string, shimDirs []string, cri bool, extra func(dir string) string) (*containerd, error) {
+// runtime handlers beside runc) and variables added to its environment (and its shims').
+func startContainerd(binDir string, shimDirs []string, cri bool, extra func(dir string) (string, []string)) (*containerd, error) {
 	// Short: the kvfs shim's sockets are in sandboxesDir/SANDBOX_ID, and the CRI's sandbox
 	// ids are 64 characters (a Unix socket's path holds 107 bytes).
 	dir, err := os.MkdirTemp("/tmp", "kvfspb-")
@@ -71,7 +71,9 @@ func startContainerd(binDir string, shimDirs []string, cri bool, extra func(dir 
 	}
 	more := ""
 	if extra != nil {
-		more = extra(dir)
+		var env []string
+		more, env = extra(dir)
+		c.env = append(c.env, env...)
 	}
 	cfg, err := ctrdconf.Config(dir, "info", cri, nil, more)
 	if err != nil {

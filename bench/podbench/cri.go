@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/ociimage"
+	"github.com/kvfs/kvfs/shim"
 )
 
 // The CRI runtime handlers the pods are run with (crictl runp --runtime HANDLER): kvfs's
@@ -86,13 +87,7 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 		rep.Machine.Crictl = "crictl unknown (" + err.Error() + ")"
 	}
 
-	// kvfs.toml's path goes into containerd's config; the file is written once the directory
-	// exists (the shim reads it at each pod's start).
-	kcfg := ""
-	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, true, func(dir string) string {
-		kcfg = filepath.Join(dir, "kvfs.toml")
-		return ctrdconf.KvfsRuntime(HandlerKvfs, kcfg, "podsandbox")
-	})
+	c, kcfg, err := startCRIContainerd(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +152,19 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 	rep.Machine.LoadAfter = loadAvg()
 	rep.Finished = time.Now()
 	return rep, nil
+}
+
+// startCRIContainerd starts the containerd of a CRI run, with the runtime handler HandlerKvfs
+// as the installed one (no options: the shim finds its configuration by $KVFS_CONFIG_FILE),
+// and returns it with the path of that configuration, to be written once the directory
+// exists (the shim reads it at each pod's start).
+func startCRIContainerd(cfg Config) (*containerd, string, error) {
+	kcfg := ""
+	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, true, func(dir string) (string, []string) {
+		kcfg = filepath.Join(dir, "kvfs.toml")
+		return ctrdconf.KvfsRuntime(HandlerKvfs, "", "podsandbox"), []string{shim.ConfigFileEnv + "=" + kcfg}
+	})
+	return c, kcfg, err
 }
 
 // importImage imports the busybox image as name into the ctr namespace, with cmd as its

@@ -31,6 +31,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Settle, "settle", 2*time.Second, "wait after a sleep container started before its memory is read")
 	fs.BoolVar(&cfg.CRI, "cri", false, "run pods through containerd's CRI with crictl (runtime handlers kvfs and runc) and write the CRI section, instead of ctr's")
 	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "with -cri: how long a running pod's CPU use is measured for")
+	userns := fs.Bool("userns", false, "with -cri: run a metadata workload in a kvfs pod with a user namespace and one without, and write the user-namespace section, instead of the CRI's")
 	fs.StringVar(&cfg.KeepLog, "keep-log", "", "copy containerd's log (its shims' lines included) here at the end")
 	fs.StringVar(&cfg.Invoked, "invoked", "", "how the benchmark was started, for the report")
 	fs.StringVar(&cfg.Rev, "rev", "", "kvfs's source revision, for the report")
@@ -56,15 +57,27 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *userns && !cfg.CRI {
+		fmt.Fprintln(stderr, "kvfspodbench: -userns needs -cri")
+		return 2
+	}
 	heading, section := SectionHeading, ""
-	if cfg.CRI {
+	switch {
+	case *userns:
+		rep, err := RunUserns(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
+			return 1
+		}
+		heading, section = UsernsSectionHeading, UsernsSection(rep)
+	case cfg.CRI:
 		rep, err := RunCRI(ctx, cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
 			return 1
 		}
 		heading, section = CRISectionHeading, CRISection(rep)
-	} else {
+	default:
 		rep, err := Run(ctx, cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
