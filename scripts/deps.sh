@@ -22,7 +22,10 @@
 #     reference server the tests also compare against: it needs trixie's C library, so its
 #     package and its libraries are downloaded with a private apt state (the machine's sources
 #     and packages untouched) and unpacked into ${KVFS_CACHE:-/var/cache/kvfs}/virtiofsd-rust,
-#     with bin/virtiofsd-rust there running it through that root's dynamic loader.
+#     with bin/virtiofsd-rust there running it through that root's dynamic loader;
+#   - QEMU 10 (bookworm-backports, what Kata pins beside the machine's 7.2), the same way into
+#     ${KVFS_CACHE:-/var/cache/kvfs}/qemu10, run by bin/qemu-system-x86_64-10 with its own
+#     firmware and modules.
 set -euo pipefail
 
 # internal/ctrdtest.ContainerdVersion and CrictlVersion must name the same versions
@@ -31,6 +34,8 @@ containerd_version=v2.4.2
 crictl_version=v1.37.0
 # The Rust virtiofsd: trixie's package, whatever its Debian revision, of this upstream series.
 rust_virtiofsd_series=1.13
+# QEMU 10: bookworm-backports' package, of this upstream series.
+qemu10_series=10.0
 
 packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2"
 
@@ -102,27 +107,47 @@ if [ "$(cat "$crictl_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bin
 	trap - EXIT
 	echo "$crictl_version" >"$crictl_stamp"
 fi
-# The Rust virtiofsd: unpacked into a new root, renamed into place once it runs, the stamp last.
+# unpack_debs SUITE ROOT PACKAGE...: downloads the packages of Debian's SUITE with a private apt
+# state (the machine's sources, lists and packages untouched) and unpacks them into ROOT, which
+# replaces what was there once all of them are unpacked.
+unpack_debs() {
+	local suite=$1 root=$2 tmp
+	shift 2
+	mkdir -p "${root%/*}"
+	tmp=$(mktemp -d "${root%/*}/.unpack.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	mkdir -p "$tmp/apt/lists/partial" "$tmp/apt/cache/archives/partial" "$tmp/root"
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" >"$tmp/apt/sources.list"
+	local apt_private=(-o "Dir::Etc::sourcelist=$tmp/apt/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$tmp/apt/lists"
+		-o "Dir::Cache=$tmp/apt/cache" -o APT::Sandbox::User=root)
+	apt-get -q "${apt_private[@]}" update >/dev/null
+	(cd "$tmp/apt/cache/archives" && apt-get -q "${apt_private[@]}" download "$@" >/dev/null)
+	for deb in "$tmp"/apt/cache/archives/*.deb; do
+		dpkg-deb -x "$deb" "$tmp/root"
+	done
+	rm -rf "$root"
+	mv "$tmp/root" "$root"
+	rm -rf "$tmp"
+	trap - EXIT
+}
+
+# check_version WHAT SERIES OUTPUT: fails unless OUTPUT (a --version's first line) names SERIES.
+check_version() {
+	case $3 in
+	*" $2".*) ;;
+	*)
+		echo "deps.sh: $1 is \"$3\", not $2" >&2
+		exit 1
+		;;
+	esac
+}
+
+# The Rust virtiofsd, run through its root's dynamic loader; the stamp last.
 rust_root=${KVFS_CACHE:-/var/cache/kvfs}/virtiofsd-rust
 rust_stamp=$rust_root/.version
 if ! grep -q "^virtiofsd $rust_virtiofsd_series\." "$rust_stamp" 2>/dev/null || [ ! -x "$bindir/virtiofsd-rust" ]; then
 	echo "deps.sh: installing the Rust virtiofsd $rust_virtiofsd_series (Debian trixie) into $rust_root"
-	mkdir -p "${rust_root%/*}"
-	tmp=$(mktemp -d "${rust_root%/*}/.rust-virtiofsd.XXXXXX")
-	trap 'rm -rf "$tmp"' EXIT
-	mkdir -p "$tmp/apt/lists/partial" "$tmp/apt/cache/archives/partial" "$tmp/root"
-	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" >"$tmp/apt/sources.list"
-	apt_private=(-o "Dir::Etc::sourcelist=$tmp/apt/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$tmp/apt/lists"
-		-o "Dir::Cache=$tmp/apt/cache" -o APT::Sandbox::User=root)
-	apt-get -q "${apt_private[@]}" update >/dev/null
-	(cd "$tmp/apt/cache/archives" && apt-get -q "${apt_private[@]}" download virtiofsd libc6 libcap-ng0 libseccomp2 libgcc-s1 >/dev/null)
-	for deb in "$tmp"/apt/cache/archives/*.deb; do
-		dpkg-deb -x "$deb" "$tmp/root"
-	done
-	rm -rf "$rust_root"
-	mv "$tmp/root" "$rust_root"
-	rm -rf "$tmp"
-	trap - EXIT
+	unpack_debs trixie "$rust_root" virtiofsd libc6 libcap-ng0 libseccomp2 libgcc-s1
 	mkdir -p "$bindir"
 	cat >"$bindir/virtiofsd-rust" <<-EOF
 		#!/bin/sh
@@ -131,13 +156,26 @@ if ! grep -q "^virtiofsd $rust_virtiofsd_series\." "$rust_stamp" 2>/dev/null || 
 	EOF
 	chmod 755 "$bindir/virtiofsd-rust"
 	version=$("$bindir/virtiofsd-rust" --version)
-	case $version in
-	"virtiofsd $rust_virtiofsd_series".*) ;;
-	*)
-		echo "deps.sh: trixie's virtiofsd is $version, not $rust_virtiofsd_series" >&2
-		exit 1
-		;;
-	esac
+	check_version "trixie's virtiofsd" "$rust_virtiofsd_series" "$version"
 	echo "$version" >"$rust_stamp"
 fi
-echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl $crictl_version in $bindir; $(cat "$rust_stamp"))"
+
+# QEMU 10 (bookworm-backports, whose dependencies are all bookworm's), with its firmware and
+# modules, beside the machine's 7.2; the stamp last.
+qemu10_root=${KVFS_CACHE:-/var/cache/kvfs}/qemu10
+qemu10_stamp=$qemu10_root/.version
+if ! grep -q "version $qemu10_series\." "$qemu10_stamp" 2>/dev/null || [ ! -x "$bindir/qemu-system-x86_64-10" ]; then
+	echo "deps.sh: installing QEMU $qemu10_series (Debian bookworm-backports) into $qemu10_root"
+	unpack_debs bookworm-backports "$qemu10_root" qemu-system-x86 qemu-system-common qemu-system-data
+	mkdir -p "$bindir"
+	cat >"$bindir/qemu-system-x86_64-10" <<-EOF
+		#!/bin/sh
+		# QEMU 10 (Debian bookworm-backports'), its firmware and modules its own: written by scripts/deps.sh.
+		QEMU_MODULE_DIR=$qemu10_root/usr/lib/x86_64-linux-gnu/qemu exec $qemu10_root/usr/bin/qemu-system-x86_64 -L $qemu10_root/usr/share/qemu "\$@"
+	EOF
+	chmod 755 "$bindir/qemu-system-x86_64-10"
+	version=$("$bindir/qemu-system-x86_64-10" --version | head -n1)
+	check_version "bookworm-backports' QEMU" "$qemu10_series" "$version"
+	echo "$version" >"$qemu10_stamp"
+fi
+echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl $crictl_version in $bindir; $(cat "$rust_stamp"); $(cat "$qemu10_stamp"))"

@@ -33,27 +33,29 @@ var guestChecks = []string{
 // defaults, and with the command line Kata passes (an inherited listening fd,
 // a thread pool of 1, submounts announced; --xattr as Kata adds it for guest
 // SELinux; and spelled out, the sandbox and seccomp filter of kvfsd's and
-// virtiofsd's defaults). A server given in $KVFS_SERVER runs with the C
-// virtiofsd's options.
+// virtiofsd's defaults), under QEMU 7.2 and again under QEMU 10. A server given
+// in $KVFS_SERVER runs with the C virtiofsd's options.
 func TestGuestConformance(t *testing.T) {
 	g := Image(t)
 	server := serverBinary(t)
 	type variant struct {
 		name      string
-		submounts bool // the server announces submounts
+		submounts bool   // the server announces submounts
+		qemu      string // "" for DefaultQEMU
 		start     func(t *testing.T, share string) string
 	}
-	variants := []variant{{"defaults", false, func(t *testing.T, share string) string {
+	variants := []variant{{"defaults", false, "", func(t *testing.T, share string) string {
 		socket, _ := StartServer(t, server, "-o", "source="+share, "-o", "cache=auto", "-o", "xattr")
 		return socket
 	}}}
 	if os.Getenv("KVFS_SERVER") == "" {
-		variants = append(variants, variant{"kata-argv", true, func(t *testing.T, share string) string {
+		kata := func(t *testing.T, share string) string {
 			socket, _ := StartServerWithListener(t, server, "--syslog", "--cache=auto", "--shared-dir="+share,
 				"--fd=3", "--thread-pool-size=1", "--announce-submounts", "--xattr",
 				"--sandbox=namespace", "--seccomp=kill")
 			return socket
-		}})
+		}
+		variants = append(variants, variant{"kata-argv", true, "", kata}, variant{"kata-argv-qemu10", true, QEMU10(t), kata})
 	}
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
@@ -66,7 +68,7 @@ func TestGuestConformance(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			runGuestChecks(t, g, share, v.start(t, share))
+			runGuestChecks(t, g, share, v.start(t, share), v.qemu)
 		})
 	}
 }
@@ -117,7 +119,9 @@ func checkBoot(t *testing.T, res *Result, err error, start time.Time) {
 	}
 }
 
-func runGuestChecks(t *testing.T, g Guest, share, socket string) {
+// runGuestChecks runs guestcheck.sh in a guest of g, booted by qemu ("" for DefaultQEMU),
+// with the server on socket serving share.
+func runGuestChecks(t *testing.T, g Guest, share, socket, qemu string) {
 	start := time.Now()
 	script, err := os.ReadFile("guestcheck.sh")
 	if err != nil {
@@ -127,8 +131,11 @@ func runGuestChecks(t *testing.T, g Guest, share, socket string) {
 		t.Fatal(err)
 	}
 
-	res, err := Boot(t.Context(), g, Options{Socket: socket, Run: "guestcheck.sh", Timeout: 5 * time.Minute})
+	res, err := Boot(t.Context(), g, Options{Socket: socket, Run: "guestcheck.sh", Timeout: 5 * time.Minute, QEMU: qemu})
 	checkBoot(t, res, err, start)
+	if qemu != "" {
+		t.Logf("under %s", qemuVersion(t, qemu))
+	}
 
 	rep := parseGuestChecks(res.Console)
 	t.Logf("check times (s): %s", rep.timesLine())
@@ -294,4 +301,14 @@ func verifySHA256File(sumFile, dir string) error {
 		}
 	}
 	return nil
+}
+
+// qemuVersion is the first line of qemu --version.
+func qemuVersion(t *testing.T, qemu string) string {
+	out, err := exec.Command(qemu, "--version").Output()
+	if err != nil {
+		t.Fatalf("%s --version: %v", qemu, err)
+	}
+	first, _, _ := strings.Cut(string(out), "\n")
+	return first
 }

@@ -2,14 +2,18 @@ package vmtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -22,6 +26,18 @@ const (
 	DefaultQueueSize = 1024
 	DefaultTimeout   = 5 * time.Minute
 )
+
+// QEMU10 returns QEMU 10, which scripts/deps.sh unpacks beside the machine's QEMU 7.2 (what
+// Kata pins), run by $KVFS_CACHE/bin/qemu-system-x86_64-10 (default /var/cache/kvfs/bin); a
+// machine without it fails the test, as one without QEMU 7.2 does.
+func QEMU10(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(cmp.Or(os.Getenv("KVFS_CACHE"), "/var/cache/kvfs"), "bin", "qemu-system-x86_64-10")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("QEMU 10: %v (scripts/deps.sh installs it)", err)
+	}
+	return p
+}
 
 // Accelerators Boot knows.
 const (

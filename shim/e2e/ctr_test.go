@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/vmtest"
 )
 
 // newEnv starts the containerd, without the CRI. extra is TOML added at the top of the kvfs
@@ -44,9 +45,14 @@ func wantResult(t *testing.T, what string, r ctrdtest.Result, code int, stdout s
 }
 
 // TestRun: a process's output and exit status, through ctr, from a VM. The kernel release
-// in the output is the guest's, not the host's: the process did run in the VM.
+// in the output is the guest's, not the host's: the process did run in the VM. It runs under
+// the machine's QEMU (Debian 12's 7.2) and again under QEMU 10.
 func TestRun(t *testing.T) {
-	e := newEnv(t, "")
+	t.Run("default-qemu", func(t *testing.T) { testRun(t, newEnv(t, "")) })
+	t.Run("qemu10", func(t *testing.T) { testRun(t, StartQEMU(t, vmtest.QEMU10(t))) })
+}
+
+func testRun(t *testing.T, e *Env) {
 	var host syscall.Utsname
 	if err := syscall.Uname(&host); err != nil {
 		t.Fatal(err)

@@ -89,6 +89,18 @@ func Start(t *testing.T, extra, sandboxer string) *Env {
 // runtime handler's base_runtime_spec, say.
 func StartWith(t *testing.T, extra, sandboxer string, imports []string) *Env {
 	t.Helper()
+	return start(t, extra, "", sandboxer, imports)
+}
+
+// StartQEMU is Start (without CRI) with the pods' VMs run by the QEMU binary qemu
+// (vm.qemu).
+func StartQEMU(t *testing.T, qemu string) *Env {
+	t.Helper()
+	return start(t, "", qemu, "", nil)
+}
+
+func start(t *testing.T, extra, qemu, sandboxer string, imports []string) *Env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("boots VMs under QEMU (-short)")
 	}
@@ -107,6 +119,9 @@ func StartWith(t *testing.T, extra, sandboxer string, imports []string) *Env {
 	// prints.
 	cfg := fmt.Sprintf("base_dir = %q\n%s\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = \"kvfs.debug=1\"\n",
 		e.BaseDir, extra, g.Kernel, g.Initrd, accel)
+	if qemu != "" {
+		cfg += fmt.Sprintf("qemu = %q\n", qemu)
+	}
 	if err := os.WriteFile(e.Config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
