@@ -19,20 +19,7 @@ import (
 // source afterwards stays out.
 func TestBindFlags(t *testing.T) {
 	requireRoot(t)
-	dir := t.TempDir()
-	for _, d := range []string{mountsName, sharedName} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := setupMounts(dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := teardown(dir); err != nil {
-			t.Error(err)
-		}
-	})
+	dir := bindDir(t)
 	// The source is a shared mount, as on a systemd host, where a bind would join its peer
 	// group unless made private.
 	src := t.TempDir()
@@ -178,20 +165,7 @@ func TestBindFlags(t *testing.T) {
 // maps back to. The tmpfs inside the source is idmapped only with BindIDMapRecursive.
 func TestBindIDMapped(t *testing.T) {
 	requireRoot(t)
-	dir := t.TempDir()
-	for _, d := range []string{mountsName, sharedName} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := setupMounts(dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := teardown(dir); err != nil {
-			t.Error(err)
-		}
-	})
+	dir := bindDir(t)
 	src := t.TempDir()
 	sub := filepath.Join(src, "sub")
 	if err := os.Mkdir(sub, 0o755); err != nil {
@@ -252,6 +226,27 @@ func TestBindIDMapped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// bindDir is a sandbox directory's mounts/ and shared/, set up as Create sets them up and
+// torn down at the end of the test.
+func bindDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{mountsName, sharedName} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := setupMounts(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := teardown(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
 }
 
 // optionalFields are the propagation fields of a mountinfo line (shared:N, master:N, ...).
