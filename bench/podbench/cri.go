@@ -87,7 +87,7 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 		rep.Machine.Crictl = "crictl unknown (" + err.Error() + ")"
 	}
 
-	c, kcfg, err := startCRIContainerd(cfg)
+	c, err := startCRIRun(ctx, cfg, p)
 	if err != nil {
 		return nil, err
 	}
@@ -96,16 +96,6 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 			retErr = fmt.Errorf("stopping containerd: %w", err)
 		}
 	}()
-	cfg.logf("CRI containerd in %s, network namespace %s", c.dir, c.namespace)
-	if err := os.WriteFile(kcfg, []byte(p.kvfsConfig(c.dir, cfg)), 0o644); err != nil {
-		return nil, err
-	}
-	if err := importImage(ctx, c, ctrdconf.PauseImage, []string{"sleep", "2147483647"}); err != nil {
-		return nil, err
-	}
-	if err := importImage(ctx, c, criImage, nil); err != nil {
-		return nil, err
-	}
 
 	// A first pod of each, not counted: the image's first unpack, page cache, binaries.
 	for _, h := range []string{HandlerKvfs, HandlerRunc} {
@@ -154,17 +144,30 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 	return rep, nil
 }
 
-// startCRIContainerd starts the containerd of a CRI run, with the runtime handler HandlerKvfs
-// as the installed one (no options: the shim finds its configuration by $KVFS_CONFIG_FILE),
-// and returns it with the path of that configuration, to be written once the directory
-// exists (the shim reads it at each pod's start).
-func startCRIContainerd(cfg Config) (*containerd, string, error) {
+// startCRIRun starts the containerd of a CRI run, with the runtime handler HandlerKvfs as the
+// installed one (no options: the shim finds its configuration by $KVFS_CONFIG_FILE, written
+// once the directory exists), and imports the pause and busybox images. The caller stops it.
+func startCRIRun(ctx context.Context, cfg Config, p prepared) (*containerd, error) {
 	kcfg := ""
 	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, true, func(dir string) (string, []string) {
 		kcfg = filepath.Join(dir, "kvfs.toml")
 		return ctrdconf.KvfsRuntime(HandlerKvfs, "", "podsandbox"), []string{shim.ConfigFileEnv + "=" + kcfg}
 	})
-	return c, kcfg, err
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("CRI containerd in %s, network namespace %s", c.dir, c.namespace)
+	err = os.WriteFile(kcfg, []byte(p.kvfsConfig(c.dir, cfg)), 0o644)
+	if err == nil {
+		err = importImage(ctx, c, ctrdconf.PauseImage, []string{"sleep", "2147483647"})
+	}
+	if err == nil {
+		err = importImage(ctx, c, criImage, nil)
+	}
+	if err != nil {
+		return nil, errors.Join(err, c.stop(""))
+	}
+	return c, nil
 }
 
 // importImage imports the busybox image as name into the ctr namespace, with cmd as its

@@ -85,7 +85,11 @@ func CRISection(rep *CRIReport) string {
 	if rep.Accel != "kvm" {
 		p("**Under TCG QEMU emulates the guest's CPU in software: the kernel's boot and the agent's start-up are far slower than under KVM; /dev/kvm would cut the VM boot 5–20×.** ")
 	}
-	p("The guest: vm.memory %s, %d vCPU(s) (the configuration's defaults: the pods ask for no resources), agent over virtio-serial.\n", cfg.Memory, cfg.VCPUs)
+	p("The guest: vm.memory %s, %d vCPU(s) (the configuration's defaults: the pods ask for no resources), agent over virtio-serial", cfg.Memory, cfg.VCPUs)
+	if cfg.VMTOML != "" {
+		p("; the configuration's [vm] also has `%s`", strings.ReplaceAll(strings.TrimSpace(cfg.VMTOML), "\n", "; "))
+	}
+	p(".\n")
 	p("- **Method:** %d rounds after one uncounted warm-up pod of each handler; in each round a kvfs pod then a runc pod (interleaved). ", cfg.Runs)
 	p("A pod is `crictl runp --runtime H pod.json`, `crictl create POD ctr.json pod.json`, `crictl start CTR` (each's wall time), then the container's CRI log file is polled every 10 ms until its first line, `%s` (the pod's start: from running `runp` to that line). ", readyLine)
 	p("%s after that, the memory of the pod's shim (the one containerd started for the sandbox, which runs its containers too) and of its descendants (kvfsd and QEMU for kvfs; pause and the container's process for runc) is read from /proc/PID/status (VmRSS) and /proc/PID/smaps_rollup (Rss, Pss), and their CPU time (utime+stime, and their waited-for children's, from /proc/PID/stat) at that moment and %s later; then `crictl stopp` and `crictl rmp` (wall time). ", cfg.Settle, cfg.Idle)

@@ -32,6 +32,9 @@ type Config struct {
 	Accel    string        // "" for what a probe boot of ProbeGuest finds (vmtest.Accel)
 	Memory   string        // the guest's memory (vm.memory)
 	VCPUs    int           // the guest's vCPUs (vm.vcpus)
+	// VMTOML is more of the kvfs configuration's [vm] table, as TOML lines
+	// ("free_page_reporting = false"), for comparisons of one setting.
+	VMTOML string
 	Settle   time.Duration // wait after a sleep container started before its memory is read
 	KeepLog  string        // where containerd's log is copied at the end; "" for nowhere
 	CRI      bool          // pods through the CRI (crictl) instead of ctr (RunCRI)
@@ -128,8 +131,8 @@ func prepare(ctx context.Context, cfg *Config, bins ...string) (prepared, error)
 // kvfsConfig is the kvfs shim's configuration for a containerd in dir: its sandboxes in
 // dir's sandboxesDir, the guest image, accelerator and size.
 func (p prepared) kvfsConfig(dir string, cfg Config) string {
-	return fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n",
-		filepath.Join(dir, sandboxesDir), p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs)
+	return fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n%s\n",
+		filepath.Join(dir, sandboxesDir), p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
 }
 
 // Run runs the benchmark through ctr.

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 )
 
 // UsernsSectionHeading starts the user-namespace section of docs/benchmarks.md.
@@ -68,7 +66,7 @@ func RunUserns(ctx context.Context, cfg Config) (_ *UsernsReport, retErr error) 
 	}
 	rep := &UsernsReport{Config: cfg, Started: time.Now(), Accel: p.accel, AccelWhy: p.accelWhy}
 	rep.Machine = describeMachine(cfg, p.kernel)
-	c, kcfg, err := startCRIContainerd(cfg)
+	c, err := startCRIRun(ctx, cfg, p)
 	if err != nil {
 		return nil, err
 	}
@@ -77,15 +75,6 @@ func RunUserns(ctx context.Context, cfg Config) (_ *UsernsReport, retErr error) 
 			retErr = fmt.Errorf("stopping containerd: %w", err)
 		}
 	}()
-	if err := os.WriteFile(kcfg, []byte(p.kvfsConfig(c.dir, cfg)), 0o644); err != nil {
-		return nil, err
-	}
-	if err := importImage(ctx, c, ctrdconf.PauseImage, []string{"sleep", "2147483647"}); err != nil {
-		return nil, err
-	}
-	if err := importImage(ctx, c, criImage, nil); err != nil {
-		return nil, err
-	}
 	ids := map[bool]string{}
 	for _, userns := range []bool{true, false} {
 		pod, ctr, err := usernsPod(ctx, c, userns)
