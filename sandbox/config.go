@@ -141,6 +141,11 @@ type VMConfig struct {
 	Initrd string `toml:"initrd" json:"initrd"`
 	// KernelParams are appended to the kernel command line DefaultVM builds.
 	KernelParams string `toml:"kernel_params" json:"kernel_params"`
+	// FreePageReporting gives the guest a virtio-balloon device with free page reporting: the
+	// guest kernel reports the memory it frees (in blocks of 2 MiB or more) and QEMU gives it
+	// back to the host, so the VM costs what its guest uses now rather than the most it ever
+	// touched.
+	FreePageReporting bool `toml:"free_page_reporting" json:"free_page_reporting"`
 }
 
 // AgentConfig is the [agent] table: how the shim reaches the guest agent.
@@ -188,15 +193,16 @@ func DefaultConfig() *Config {
 			NumRequestQueues: 1,
 		},
 		VM: VMConfig{
-			QEMU:            "qemu-system-x86_64",
-			Machine:         "q35",
-			CPU:             "max",
-			VCPUs:           1,
-			Memory:          "2G",
-			MemoryPlacement: PlacementNUMA,
-			HugepagePath:    "/dev/hugepages",
-			Kernel:          "/usr/share/kvfs/guest/vmlinuz",
-			Initrd:          "/usr/share/kvfs/guest/initramfs.gz",
+			QEMU:              "qemu-system-x86_64",
+			Machine:           "q35",
+			CPU:               "max",
+			VCPUs:             1,
+			Memory:            "2G",
+			MemoryPlacement:   PlacementNUMA,
+			HugepagePath:      "/dev/hugepages",
+			Kernel:            "/usr/share/kvfs/guest/vmlinuz",
+			Initrd:            "/usr/share/kvfs/guest/initramfs.gz",
+			FreePageReporting: true,
 		},
 		Agent: AgentConfig{
 			Transport: AgentSerial,
@@ -656,6 +662,10 @@ func allKeys() []configKey {
 		{
 			name: "vm.kernel_params", show: func(c *Config) string { return strconv.Quote(c.VM.KernelParams) },
 			check: func(c *Config) error { return checkNoNUL(c.VM.KernelParams) },
+		},
+		{
+			name: "vm.free_page_reporting", show: func(c *Config) string { return strconv.FormatBool(c.VM.FreePageReporting) },
+			check: func(*Config) error { return nil },
 		},
 		{
 			name: "agent.transport", show: func(c *Config) string { return strconv.Quote(c.Agent.Transport) },

@@ -28,6 +28,7 @@ const (
 	consoleID   = "kvfs-console0"
 	serialID    = "kvfs-serial0"
 	agentCharID = "kvfs-agent0"
+	balloonID   = "kvfs-balloon0"
 	// netdevID and nicID, followed by the NIC's index, name its tap back end and its device.
 	netdevID = "kvfs-net"
 	nicID    = "kvfs-nic"
@@ -73,6 +74,9 @@ type VM struct {
 	Console *os.File
 	// Agent is the channel to the guest agent; the zero value adds none.
 	Agent AgentDevice
+	// FreePageReporting adds a virtio-balloon device with free page reporting: QEMU gives the
+	// host back the guest memory the guest reports free.
+	FreePageReporting bool
 	// NICs are virtio-net NICs backed by taps whose descriptors QEMU inherits: NIC i's is
 	// descriptor 3+i (Files gives them in that order; the runner passes them).
 	NICs []NIC
@@ -220,6 +224,13 @@ func (vm *VM) Args() ([]string, error) {
 		)
 	case AgentVsock:
 		args = append(args, "-device", "vhost-vsock-pci,guest-cid="+strconv.FormatUint(uint64(vm.Agent.GuestCID), 10))
+	}
+	if vm.FreePageReporting {
+		dev := "virtio-balloon-pci,id=" + balloonID + ",free-page-reporting=on"
+		if isQ35(vm.Machine) {
+			dev += ",bus=pcie.0"
+		}
+		args = append(args, "-device", dev)
 	}
 	for i, n := range vm.NICs {
 		netdev := netdevID + strconv.Itoa(i)

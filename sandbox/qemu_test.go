@@ -84,6 +84,13 @@ func TestVMArgs(t *testing.T) {
 				dev("tag=kataShared,queue-size=128,num-request-queues=2,bus=pcie.0"), boot),
 		},
 		{
+			name:   "free page reporting: a balloon device on pcie.0",
+			modify: func(vm *VM) { vm.FreePageReporting = true },
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{"-device", "virtio-balloon-pci,id=kvfs-balloon0,free-page-reporting=on,bus=pcie.0"}, boot),
+		},
+		{
 			name:   "pc machine: no pcie bus",
 			modify: func(vm *VM) { vm.Machine = "pc" },
 			want: slices.Concat(head, cpu("pc,accel=tcg"), memfd, numa, chardev,

@@ -43,6 +43,7 @@ start), or the absolute path of a virtiofsd-compatible daemon, run as: DAEMON --
 	"vm.kernel":                 "The guest kernel of the kvfs guest image (packaging/guest/build.sh --agent).",
 	"vm.initrd":                 `The guest image's initramfs, whose /init is the agent; "": none.`,
 	"vm.kernel_params":          `Appended to: console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=<transport>; e.g. "kvfs.debug=1".`,
+	"vm.free_page_reporting":    "A virtio-balloon device with free page reporting: the memory the guest frees goes back to the host.",
 	"agent.transport":           "serial: virtio-serial port on <sandbox>/agent.sock; vsock: vhost-vsock-pci, port 1024 (needs /dev/vhost-vsock).",
 	"agent.boot_timeout":        "VM start to the agent's first answer (TCG boots are slow).",
 	"annotations.prefix":        "Every configuration annotation starts with this.",

@@ -316,8 +316,9 @@ func (s *Sandbox) DefaultVM() VM {
 	}
 	vm := VM{
 		Name: "kvfs-" + s.id, Machine: c.Machine, Accel: accel, CPU: c.CPU, VCPUs: c.VCPUs,
-		Memory: Memory{Size: c.Memory, Hugepages: c.Hugepages, Path: c.FileMemPath, Placement: c.MemoryPlacement},
-		FS:     s.fsDevice(),
+		Memory:            Memory{Size: c.Memory, Hugepages: c.Hugepages, Path: c.FileMemPath, Placement: c.MemoryPlacement},
+		FS:                s.fsDevice(),
+		FreePageReporting: c.FreePageReporting,
 	}
 	if c.Hugepages {
 		vm.Memory.Path = c.HugepagePath

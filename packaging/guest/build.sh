@@ -92,8 +92,8 @@ fi
 if [ -n "$agent" ]; then
 	# ip_tables and ip6_tables at boot too: legacy iptables finds its tables only once they
 	# are loaded (the kernel loads the tables themselves on demand), as on a node where
-	# they always are.
-	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net ip_tables ip6_tables"
+	# they always are. virtio_balloon: free page reporting (vm.free_page_reporting).
+	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net ip_tables ip6_tables virtio_balloon"
 	host_packages+=" runc xz-utils"
 	inputs=("$here/build.sh" "$here/pod-init.c")
 	repo=$(cd "$here/../.." && pwd)
