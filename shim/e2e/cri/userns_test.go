@@ -19,8 +19,9 @@ const usernsHostID = 100000
 // readable as the image says, /etc/hosts is root's (the CRI's idmapped bind), and what
 // container root writes lands on the host owned by the mapped id, in a volume and in the
 // container's own root file system; the second's root is the guest's and writes as host
-// root. Modes CONTAINER and TARGET, two mappings and a mapping without container id 0 are
-// refused with an error that says so and leave nothing. It runs under both sandboxers.
+// root. The second pod asks for mode NODE (no user namespace). Modes CONTAINER and TARGET,
+// two mappings and a mapping without container id 0 are refused with an error that says so
+// and leave nothing. It runs under both sandboxers.
 func TestCRIUserns(t *testing.T) {
 	for _, sb := range criSandboxers {
 		t.Run(sb, func(t *testing.T) { testCRIUserns(t, sb) })
@@ -38,7 +39,7 @@ func testCRIUserns(t *testing.T, sandboxer string) {
 		return map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{
 			"userns_options": map[string]any{"mode": mode, "uids": uids, "gids": gids}}}}
 	}
-	const modePOD, modeCONTAINER, modeTARGET = 0, 1, 3
+	const modePOD, modeCONTAINER, modeNODE, modeTARGET = 0, 1, 2, 3
 	dir := t.TempDir()
 	// The CRI refuses the first three itself (under the Sandbox API, the shim refuses the
 	// modes first); the shim refuses the last.
@@ -82,7 +83,7 @@ exec sleep 600`
 	for _, pc := range []struct {
 		name  string
 		linux map[string]any
-	}{{"u", userns(modePOD, mapping(0, usernsHostID), mapping(0, usernsHostID))}, {"n", nil}} {
+	}{{"u", userns(modePOD, mapping(0, usernsHostID), mapping(0, usernsHostID))}, {"n", userns(modeNODE, nil, nil)}} {
 		var extra map[string]any
 		if pc.linux != nil {
 			extra = map[string]any{"linux": pc.linux}
