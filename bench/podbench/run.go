@@ -25,20 +25,20 @@ const (
 
 // Config configures a run.
 type Config struct {
-	Runs     int           // rounds; each runs both runtimes, kvfs first
-	ShimDir  string        // holds containerd-shim-kvfs-v2
-	BinDir   string        // containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)
-	GuestDir string        // the agent guest image (packaging/guest/build.sh --agent)
-	Accel    string        // "" for what a probe boot of ProbeGuest finds (vmtest.Accel)
-	Memory   string        // the guest's memory (vm.memory)
-	VCPUs    int           // the guest's vCPUs (vm.vcpus)
+	Runs     int    // rounds; each runs both runtimes, kvfs first
+	ShimDir  string // holds containerd-shim-kvfs-v2
+	BinDir   string // containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)
+	GuestDir string // the agent guest image (packaging/guest/build.sh --agent)
+	Accel    string // "" for what a probe boot of ProbeGuest finds (vmtest.Accel)
+	Memory   string // the guest's memory (vm.memory)
+	VCPUs    int    // the guest's vCPUs (vm.vcpus)
 	// VMTOML is more of the kvfs configuration's [vm] table, as TOML lines
 	// ("free_page_reporting = false"), for comparisons of one setting.
-	VMTOML string
-	Settle   time.Duration // wait after a sleep container started before its memory is read
-	KeepLog  string        // where containerd's log is copied at the end; "" for nowhere
-	CRI      bool          // pods through the CRI (crictl) instead of ctr (RunCRI)
-	Idle     time.Duration // CRI: how long a running pod's CPU use is measured for
+	VMTOML  string
+	Settle  time.Duration // wait after a sleep container started before its memory is read
+	KeepLog string        // where containerd's log is copied at the end; "" for nowhere
+	CRI     bool          // pods through the CRI (crictl) instead of ctr (RunCRI)
+	Idle    time.Duration // CRI: how long a running pod's CPU use is measured for
 	// ProbeGuest is the test guest (packaging/guest/build.sh DIR) that, with Accel empty, a
 	// KVM boot is tried with: /dev/kvm can open on a host where KVM boots fail or hang.
 	ProbeGuest string
