@@ -213,11 +213,7 @@ func TestConfinedServer(t *testing.T) {
 	}
 
 	// The control API, as kvfsctl status, metrics, log-level and dax-policy use it.
-	m := NewManager()
-	if err := m.Add(s); err != nil {
-		t.Fatal(err)
-	}
-	svc := NewControlService(m)
+	svc := NewControlService(s)
 	status, err := svc.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: "conf"})
 	if err != nil {
 		t.Fatal(err)

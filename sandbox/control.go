@@ -2,12 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -22,22 +22,33 @@ import (
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
-// ControlService implements the control API (api/control/v1) over a Manager. Its methods
-// return errors of the kinds above; the ttrpc edge (ControlServer, or ErrorInterceptor for
-// another server) turns them into status codes.
+// ControlService implements the control API (api/control/v1) of one sandbox: its owner (a
+// shim) serves it on the sandbox's control.sock, where kvfsctl finds it. Once StopSandbox has
+// stopped the sandbox, the service has none: it lists nothing and answers NotFound. Its
+// methods return errors of the kinds above; the ttrpc edge (ControlServer, or
+// ErrorInterceptor for another server) turns them into status codes. Its lock guards only
+// which sandbox it has: it is never held while the sandbox is asked anything (Stats, Stop).
 type ControlService struct {
-	m *Manager
+	mu sync.Mutex
+	sb *Sandbox // guarded by mu; nil once stopped through StopSandbox
 }
 
 var _ control.ControlService = (*ControlService)(nil)
 
-// NewControlService returns the control service of m's sandboxes.
-func NewControlService(m *Manager) *ControlService { return &ControlService{m: m} }
+// NewControlService returns the control service of sb (nil: a service with no sandbox).
+func NewControlService(sb *Sandbox) *ControlService { return &ControlService{sb: sb} }
 
-// ListSandboxes lists the sandboxes, ordered by id.
+// sandbox is the service's sandbox, or nil.
+func (c *ControlService) sandbox() *Sandbox {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sb
+}
+
+// ListSandboxes lists the service's sandbox, if it has one.
 func (c *ControlService) ListSandboxes(ctx context.Context, _ *control.ListSandboxesRequest) (*control.ListSandboxesResponse, error) {
 	resp := &control.ListSandboxesResponse{}
-	for _, s := range c.m.List() {
+	if s := c.sandbox(); s != nil {
 		resp.Sandboxes = append(resp.Sandboxes, summary(s.Stats()))
 	}
 	return resp, nil
@@ -83,14 +94,10 @@ func (c *ControlService) SetLogLevel(ctx context.Context, req *control.SetLogLev
 		return nil, fmt.Errorf("log level %q: %v: %w", level, err, errdefs.ErrInvalidArgument)
 	}
 	log.G(ctx).WithField("previous", prev).Infof("log level set to %s", level)
-	var errs []error
-	for _, s := range c.m.List() {
+	if s := c.sandbox(); s != nil {
 		if err := s.SetServerLogLevel(ctx, level); err != nil {
-			errs = append(errs, err)
+			return nil, fmt.Errorf("log level set to %s in this process, not in its confined server: %w", level, err)
 		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("log level set to %s in this process, not in every confined server: %w", level, err)
 	}
 	return &control.SetLogLevelResponse{PreviousLevel: prev, Level: levelName(log.GetLevel())}, nil
 }
@@ -147,22 +154,36 @@ func (c *ControlService) UpdateDAXPolicy(ctx context.Context, req *control.Updat
 	return &control.UpdateDAXPolicyResponse{}, nil
 }
 
-// StopSandbox stops a sandbox and forgets it.
+// StopSandbox stops the sandbox and, once it is stopped, forgets it. A sandbox whose Stop
+// returns an error stays (in phase stopped, its failure visible in its status) until a later
+// StopSandbox, which returns nil for it, forgets it. Concurrent Stops are serialised by the
+// sandbox itself (Stop is idempotent).
 func (c *ControlService) StopSandbox(ctx context.Context, req *control.StopSandboxRequest) (*control.StopSandboxResponse, error) {
-	if err := checkRequestID(req.GetId()); err != nil {
+	s, err := c.get(req.GetId())
+	if err != nil {
 		return nil, err
 	}
-	if err := c.m.Stop(ctx, req.GetId()); err != nil {
-		return nil, err
+	if err := s.Stop(ctx); err != nil {
+		return nil, fmt.Errorf("stop sandbox %q: %w", s.ID(), err)
 	}
+	c.mu.Lock()
+	if c.sb == s {
+		c.sb = nil
+	}
+	c.mu.Unlock()
 	return &control.StopSandboxResponse{}, nil
 }
 
+// get returns the service's sandbox if its id is id: an id that is not one is
+// errdefs.ErrInvalidArgument, another sandbox's errdefs.ErrNotFound.
 func (c *ControlService) get(id string) (*Sandbox, error) {
 	if err := checkRequestID(id); err != nil {
 		return nil, err
 	}
-	return c.m.Get(id)
+	if s := c.sandbox(); s != nil && s.ID() == id {
+		return s, nil
+	}
+	return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 }
 
 func checkRequestID(id string) error {

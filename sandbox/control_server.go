@@ -14,10 +14,7 @@ import (
 	control "github.com/kvfs/kvfs/api/control/v1"
 )
 
-// DefaultControlSocket is where the control API is served by default.
-const DefaultControlSocket = "/run/kvfs/kvfs.sock"
-
-// ControlServer serves the control API of a Manager on a unix socket. The socket is mode 0600
+// ControlServer serves the control API of a sandbox on a unix socket. The socket is mode 0600
 // and, since a mode can be changed or a descriptor passed on, each connection's peer is also
 // checked (SO_PEERCRED): only root and the server's own effective uid are served; any other
 // connection is closed before a request is read.
@@ -28,11 +25,11 @@ type ControlServer struct {
 }
 
 // NewControlServer creates the socket at path (its directory made 0700 if missing; a stale
-// socket there is replaced, anything else is an error) and the server of m's control API on
-// it. Serve serves it; Close stops it and removes the socket.
-func NewControlServer(m *Manager, path string) (*ControlServer, error) {
+// socket there is replaced, anything else is an error) and the server of sb's control API on
+// it (NewControlService). Serve serves it; Close stops it and removes the socket.
+func NewControlServer(sb *Sandbox, path string) (*ControlServer, error) {
 	if path == "" {
-		path = DefaultControlSocket
+		return nil, errors.New("control socket: no path")
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
@@ -44,7 +41,7 @@ func NewControlServer(m *Manager, path string) (*ControlServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	control.RegisterControlService(srv, NewControlService(m))
+	control.RegisterControlService(srv, NewControlService(sb))
 	l, err := listen(path)
 	if err != nil {
 		srv.Close()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -65,7 +66,7 @@ func TestCheckPeer(t *testing.T) {
 }
 
 func TestControlValidation(t *testing.T) {
-	svc := NewControlService(NewManager())
+	svc := NewControlService(nil)
 	ctx := context.Background()
 	code := func(err error) codes.Code { return status.Code(toStatus(err)) }
 
@@ -122,7 +123,6 @@ func TestControlValidation(t *testing.T) {
 func TestUpdateDAXPolicy(t *testing.T) {
 	requireRoot(t)
 	base := testBase(t)
-	m := NewManager()
 	c := testConfig(base)
 	c.Server.Daemon = InProcessUnconfined
 	sb, err := Create(context.Background(), "dax", Options{Config: c})
@@ -130,18 +130,12 @@ func TestUpdateDAXPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, sb)
-	if err := m.Add(sb); err != nil {
-		t.Fatal(err)
-	}
 	ext, err := Create(context.Background(), "daxext", Options{Config: externalConfig(t, base)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, ext)
-	if err := m.Add(ext); err != nil {
-		t.Fatal(err)
-	}
-	svc := NewControlService(m)
+	svc, extSvc := NewControlService(sb), NewControlService(ext)
 	ctx := context.Background()
 	req := &control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_INODE,
 		Rules: []*control.DAXRule{{Glob: "*.so", Dax: true}, {MinSize: 1 << 20}}}
@@ -176,7 +170,11 @@ func TestUpdateDAXPolicy(t *testing.T) {
 		{&control.UpdateDAXPolicyRequest{Id: "daxext", Policy: control.DAXPolicy_DAX_POLICY_NEVER},
 			codes.FailedPrecondition, "external daemon"},
 	} {
-		_, err := svc.UpdateDAXPolicy(ctx, tc.req)
+		s := svc
+		if tc.req.GetId() == "daxext" {
+			s = extSvc
+		}
+		_, err := s.UpdateDAXPolicy(ctx, tc.req)
 		st, _ := status.FromError(toStatus(err))
 		if st.Code() != tc.want || !strings.Contains(st.Message(), tc.msg) {
 			t.Errorf("UpdateDAXPolicy(%v): %v, want %v with %q", tc.req, err, tc.want, tc.msg)
@@ -247,7 +245,7 @@ func TestErrorInterceptor(t *testing.T) {
 // without Serve) removes it.
 func TestControlServerSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run", "kvfs.sock")
-	cs, err := NewControlServer(NewManager(), path)
+	cs, err := NewControlServer(nil, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +268,80 @@ func TestControlServerSocket(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewControlServer(NewManager(), path); err == nil || !strings.Contains(err.Error(), "refusing to replace") {
+	if _, err := NewControlServer(nil, path); err == nil || !strings.Contains(err.Error(), "refusing to replace") {
 		t.Errorf("over a regular file: %v", err)
+	}
+}
+
+// TestControlServiceStop: the service answers for its sandbox alone (another id is
+// NotFound), and StopSandbox stops it and forgets it: it is no longer listed, and a second
+// StopSandbox is NotFound.
+func TestControlServiceStop(t *testing.T) {
+	requireRoot(t)
+	base := testBase(t)
+	sb, err := Create(context.Background(), "a", Options{Config: testConfig(base)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, sb)
+	svc := NewControlService(sb)
+	ctx := context.Background()
+	code := func(err error) codes.Code { return status.Code(toStatus(err)) }
+	if l, err := svc.ListSandboxes(ctx, nil); err != nil || len(l.GetSandboxes()) != 1 || l.GetSandboxes()[0].GetId() != "a" {
+		t.Errorf("ListSandboxes: %v, %v", l, err)
+	}
+	if _, err := svc.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: "b"}); code(err) != codes.NotFound {
+		t.Errorf("SandboxStatus(b): %v, want NotFound", err)
+	}
+	if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: "b"}); code(err) != codes.NotFound || sb.Phase() == PhaseStopped {
+		t.Errorf("StopSandbox(b): %v (a is %s), want NotFound and a untouched", err, sb.Phase())
+	}
+	if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if sb.Phase() != PhaseStopped {
+		t.Errorf("after StopSandbox: %s", sb.Phase())
+	}
+	if l, err := svc.ListSandboxes(ctx, nil); err != nil || len(l.GetSandboxes()) != 0 {
+		t.Errorf("ListSandboxes after the stop: %v, %v", l, err)
+	}
+	if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: "a"}); code(err) != codes.NotFound {
+		t.Errorf("StopSandbox again: %v, want NotFound", err)
+	}
+}
+
+// TestControlServiceConcurrent lists and stops the sandbox from many goroutines (for -race):
+// Stats and Stop are called without the service's lock.
+func TestControlServiceConcurrent(t *testing.T) {
+	requireRoot(t)
+	base := testBase(t)
+	sb, err := Create(context.Background(), "s", Options{Config: testConfig(base)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, sb)
+	svc := NewControlService(sb)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				_, _ = svc.ListSandboxes(context.Background(), nil)
+				_, _ = svc.SandboxStatus(context.Background(), &control.SandboxStatusRequest{Id: "s"})
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			// One of them stops it; the others find it stopped or gone.
+			_, err := svc.StopSandbox(context.Background(), &control.StopSandboxRequest{Id: "s"})
+			if err != nil && status.Code(toStatus(err)) != codes.NotFound {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if l, _ := svc.ListSandboxes(context.Background(), nil); len(l.GetSandboxes()) != 0 || sb.Phase() != PhaseStopped {
+		t.Errorf("left: %v, phase %s", l, sb.Phase())
 	}
 }

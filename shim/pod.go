@@ -89,11 +89,7 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			p.teardown(ctx)
 		}
 	}()
-	m := sandbox.NewManager()
-	if err := m.Add(sb); err != nil {
-		return nil, err
-	}
-	if p.ctl, err = sandbox.NewControlServer(m, filepath.Join(sb.Dir(), sandbox.ControlSocketName)); err != nil {
+	if p.ctl, err = sandbox.NewControlServer(sb, filepath.Join(sb.Dir(), sandbox.ControlSocketName)); err != nil {
 		return nil, err
 	}
 	go func() {

@@ -1,7 +1,7 @@
-// Command kvfsctl talks to the control sockets of kvfs processes (the daemon's and each shim's,
-// found without being told): it lists and stops sandboxes, shows their virtio-fs servers'
-// statistics (as tables, JSON or Prometheus text), and sets a process's log level. See
-// kvfsctl --help.
+// Command kvfsctl talks to the control sockets of the kvfs shims (each serving its pod's
+// sandbox, found without being told): it lists and stops sandboxes, shows their virtio-fs
+// servers' statistics (as tables, JSON or Prometheus text), and sets the shims' log level.
+// See kvfsctl --help.
 package main
 
 import (

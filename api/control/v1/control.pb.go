@@ -1,6 +1,7 @@
-// The control API of a kvfs process: what a node's administrator (kvfsctl) asks of the process
-// that owns the sandboxes. Served with ttrpc on a unix socket (default /run/kvfs/kvfs.sock,
-// mode 0600) that accepts only root or the owner's own uid (SO_PEERCRED).
+// The control API of a kvfs shim: what a node's administrator (kvfsctl) asks of the process
+// that owns a pod's sandbox. Served with ttrpc on a unix socket in the sandbox's directory
+// (<base_dir>/<id>/control.sock, mode 0600) that accepts only root or the owner's own uid
+// (SO_PEERCRED).
 //
 // Errors are gRPC status codes: NotFound (no such sandbox), InvalidArgument (a bad request),
 // FailedPrecondition (the sandbox cannot do it now), Unimplemented (a feature kvfs does not

@@ -23,9 +23,6 @@ import (
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
 
-// DefaultAddress is the control socket kvfsctl uses without --address.
-const DefaultAddress = "/run/kvfs/kvfs.sock"
-
 // Exit codes of Run.
 const (
 	exitOK    = 0
@@ -35,11 +32,10 @@ const (
 
 const usage = `Usage: kvfsctl [--address PATH | --base-dir DIR] [--json] [--timeout DURATION] COMMAND [ARGS]
 
-Without --address, kvfsctl talks to every kvfs process it finds: the daemon, at
-` + DefaultAddress + `, and each shim, at DIR/<id>/` + sandbox.ControlSocketName + ` (DIR: --base-dir).
-list merges their sandboxes; status, metrics, stop and dax-policy go to the one that has
-the sandbox; log-level goes to the daemon. A socket that does not answer is skipped with a
-note on stderr.
+Without --address, kvfsctl talks to every shim it finds, each serving its pod's sandbox at
+DIR/<id>/` + sandbox.ControlSocketName + ` (DIR: --base-dir). list merges their sandboxes;
+status, metrics, stop and dax-policy go to the one that has the sandbox; log-level goes to
+every one. A socket that does not answer is skipped with a note on stderr.
 
 Commands:
   list                              list the sandboxes
@@ -67,7 +63,6 @@ Options:
 type options struct {
 	address string // the one socket to talk to; "" to find them
 	baseDir string // where shims' sockets are found
-	daemon  string // the daemon's socket, found or not
 	json    bool
 	timeout time.Duration
 }
@@ -84,15 +79,9 @@ func usagef(format string, args ...any) error {
 // Run runs kvfsctl with args (without the program name) and returns the exit code: 0, 1 if
 // the call failed, 2 for bad arguments.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runWithDaemon(ctx, args, stdout, stderr, DefaultAddress)
-}
-
-// runWithDaemon is Run with the daemon's socket at daemon (tests put it in a temporary
-// directory).
-func runWithDaemon(ctx context.Context, args []string, stdout, stderr io.Writer, daemon string) int {
 	fs := flag.NewFlagSet("kvfsctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	opts := options{daemon: daemon}
+	var opts options
 	fs.StringVar(&opts.address, "address", "", "the one control socket to talk to (default: every one found)")
 	fs.StringVar(&opts.baseDir, "base-dir", DefaultBaseDir, "where to find the shims' sockets, DIR/<id>/"+sandbox.ControlSocketName)
 	fs.BoolVar(&opts.json, "json", false, "print JSON")
@@ -235,8 +224,8 @@ func run(ctx context.Context, opts options, args []string, w, stderr io.Writer) 
 		return cmd.run(ctx, e.client, opts, args, w)
 	case name == "list":
 		return printList(w, opts, listAll(ctx, opts, stderr))
-	default:
-		address = opts.daemon
+	case name == "log-level":
+		return logLevelAll(ctx, opts, args[0], w, stderr)
 	}
 	c, closer, err := dial(ctx, address)
 	if err != nil {

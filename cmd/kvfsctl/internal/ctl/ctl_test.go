@@ -44,12 +44,11 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-// env is a kvfs process in miniature: a Manager holding real sandboxes with their default
-// (confined) servers, served on a real control socket.
+// env is a node in miniature: real sandboxes with their default (confined) servers, each
+// served on its own control socket in its directory, as a shim serves its pod's.
 type env struct {
-	address string
-	sockDir string
-	m       *sandbox.Manager
+	base  string
+	boxes map[string]*sandbox.Sandbox
 	// afterStop runs once the sandboxes are stopped: closing a front-end before would end
 	// its server, a failure in a sandbox without a VM.
 	afterStop []func()
@@ -62,11 +61,7 @@ func newEnv(t *testing.T, ids ...string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sockDir, err := os.MkdirTemp("", "kvfs-ctl-sock-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{address: filepath.Join(sockDir, "kvfs.sock"), sockDir: sockDir, m: sandbox.NewManager()}
+	e := &env{base: base, boxes: map[string]*sandbox.Sandbox{}}
 	var made []*sandbox.Sandbox
 	t.Cleanup(func() {
 		for _, s := range made {
@@ -77,8 +72,13 @@ func newEnv(t *testing.T, ids ...string) *env {
 		for _, f := range e.afterStop {
 			f()
 		}
-		os.RemoveAll(sockDir)
-		if err := os.Remove(base); err != nil {
+		for _, s := range made {
+			if _, err := os.Lstat(s.Dir()); !os.IsNotExist(err) {
+				t.Errorf("cleanup: sandbox %s's directory is left: %v", s.ID(), err)
+			}
+		}
+		// What else is there is the test's own (stale sockets, say).
+		if err := os.RemoveAll(base); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
@@ -90,35 +90,45 @@ func newEnv(t *testing.T, ids ...string) *env {
 			t.Fatal(err)
 		}
 		made = append(made, s)
-		if err := e.m.Add(s); err != nil {
+		e.boxes[id] = s
+		path := filepath.Join(s.Dir(), sandbox.ControlSocketName)
+		cs, err := sandbox.NewControlServer(s, path)
+		if err != nil {
 			t.Fatal(err)
 		}
+		served := make(chan error, 1)
+		go func() { served <- cs.Serve(context.Background()) }()
+		// Registered after the sandbox's stop, so it runs before: the socket is in its
+		// directory.
+		t.Cleanup(func() {
+			if err := cs.Close(); err != nil {
+				t.Errorf("closing the control server: %v", err)
+			}
+			if err := <-served; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+			if _, err := os.Lstat(path); !os.IsNotExist(err) {
+				t.Errorf("the control socket is left after Close: %v", err)
+			}
+		})
 	}
-	cs, err := sandbox.NewControlServer(e.m, e.address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- cs.Serve(context.Background()) }()
-	t.Cleanup(func() {
-		if err := cs.Close(); err != nil {
-			t.Errorf("closing the control server: %v", err)
-		}
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		if _, err := os.Lstat(e.address); !os.IsNotExist(err) {
-			t.Errorf("the control socket is left after Close: %v", err)
-		}
-	})
 	return e
 }
 
-// ctl runs kvfsctl in-process against the environment's socket.
+// ctl runs kvfsctl in-process, finding the sandboxes' sockets in the environment's base
+// directory.
 func (e *env) ctl(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code = Run(context.Background(), append([]string{"--address", e.address}, args...), &out, &errOut)
+	code = Run(context.Background(), append([]string{"--base-dir", e.base}, args...), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// run runs kvfsctl in-process with exactly args.
+func (e *env) run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = Run(context.Background(), args, &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
@@ -127,10 +137,7 @@ func (e *env) ctl(t *testing.T, args ...string) (code int, stdout, stderr string
 // front-end stays connected until the sandbox stops.
 func driveFUSE(t *testing.T, e *env, id string) {
 	t.Helper()
-	s, err := e.m.Get(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := e.boxes[id]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	fe, err := frontend.Dial(ctx, s.SocketPath(), frontend.Options{})
@@ -265,14 +272,19 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("status pod-b: %d\n%s", code, out)
 	}
 
-	// log-level, human and JSON.
+	// log-level, human and JSON: every shim found answers (here, one process serves both).
 	code, out, errOut = e.ctl(t, "log-level", "debug")
-	if code != 0 || !strings.HasPrefix(out, "log level debug (was ") {
+	if code != 0 || !regexp.MustCompile(`^pod-a: log level debug \(was \w+\)\npod-b: log level debug \(was debug\)\n$`).MatchString(out) {
 		t.Errorf("log-level debug: %d %q %s", code, out, errOut)
 	}
 	code, out, _ = e.ctl(t, "--json", "log-level", "info")
-	if code != 0 || out != "{\n  \"previous_level\": \"debug\",\n  \"level\": \"info\"\n}\n" {
+	if code != 0 || !strings.Contains(out, "\"id\": \"pod-a\",\n    \"previous_level\": \"debug\",\n    \"level\": \"info\"") {
 		t.Errorf("log-level --json info: %d %q", code, out)
+	}
+	// With --address, the one socket's answer.
+	code, out, _ = e.run(t, "--address", filepath.Join(e.boxes["pod-a"].Dir(), sandbox.ControlSocketName), "--json", "log-level", "info")
+	if code != 0 || out != "{\n  \"previous_level\": \"info\",\n  \"level\": \"info\"\n}\n" {
+		t.Errorf("--address log-level --json info: %d %q", code, out)
 	}
 
 	// dax-policy: applied to the confined server over its channel; a window size cannot be changed.
@@ -286,7 +298,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	// stop pod-b: gone from the list, its directory removed.
-	b, _ := e.m.Get("pod-b")
+	b := e.boxes["pod-b"]
 	code, out, errOut = e.ctl(t, "--json", "stop", "pod-b")
 	if code != 0 || out != "{\n  \"id\": \"pod-b\",\n  \"stopped\": true\n}\n" {
 		t.Errorf("stop: %d %q %s", code, out, errOut)
@@ -490,9 +502,11 @@ func TestBadArguments(t *testing.T) {
 	}
 }
 
-// TestServerErrors: what the server refuses comes back with its status code.
+// TestServerErrors: what the server refuses comes back with its status code (asked through
+// its socket by --address, so that the server, not the search, answers).
 func TestServerErrors(t *testing.T) {
 	e := newEnv(t, "pod-e")
+	address := filepath.Join(e.boxes["pod-e"].Dir(), sandbox.ControlSocketName)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -504,7 +518,7 @@ func TestServerErrors(t *testing.T) {
 		{[]string{"dax-policy", "--window", "4096", "pod-e", "inode"}, "not a multiple of 2 MiB"},
 		{[]string{"dax-policy", "nope", "never"}, "(NotFound)"},
 	} {
-		code, out, errOut := e.ctl(t, tc.args...)
+		code, out, errOut := e.run(t, append([]string{"--address", address}, tc.args...)...)
 		if code != 1 || out != "" || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 1 and %q", tc.args, code, out, errOut, tc.want)
 		}
@@ -516,7 +530,8 @@ func TestServerErrors(t *testing.T) {
 // credentials, while root's same request succeeds.
 func TestPeerCredentials(t *testing.T) {
 	e := newEnv(t, "pod-p")
-	if fi, err := os.Stat(e.address); err != nil || fi.Mode().Perm() != 0o600 {
+	address := filepath.Join(e.boxes["pod-p"].Dir(), sandbox.ControlSocketName)
+	if fi, err := os.Stat(address); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("control socket: %v, %v; want mode 0600", fi, err)
 	}
 	// The helper binary and the socket's directory must be reachable by nobody.
@@ -531,7 +546,7 @@ func TestPeerCredentials(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(binDir) })
 	bin := filepath.Join(binDir, "kvfsctl.test")
 	copyFile(t, self, bin)
-	for _, p := range []string{binDir, e.sockDir} {
+	for _, p := range []string{binDir, e.base, e.boxes["pod-p"].Dir()} {
 		if err := os.Chmod(p, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -539,7 +554,7 @@ func TestPeerCredentials(t *testing.T) {
 	helper := func(cred *syscall.Credential) (int, string) {
 		var stdout, stderr bytes.Buffer
 		cmd := exec.Command(bin)
-		cmd.Env = []string{helperEnv + "=" + strings.Join([]string{"--address", e.address, "--timeout", "10s", "list"}, "\n")}
+		cmd.Env = []string{helperEnv + "=" + strings.Join([]string{"--address", address, "--timeout", "10s", "list"}, "\n")}
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 		err := cmd.Run()
@@ -556,7 +571,7 @@ func TestPeerCredentials(t *testing.T) {
 		t.Errorf("nobody, socket 0600: exit %d: %s", code, out)
 	}
 
-	if err := os.Chmod(e.address, 0o666); err != nil {
+	if err := os.Chmod(address, 0o666); err != nil {
 		t.Fatal(err)
 	}
 	code, out = helper(nobody)

@@ -27,15 +27,12 @@ var DefaultBaseDir = sandbox.DefaultConfig().BaseDir
 // answer within it is skipped.
 const probeTimeout = 5 * time.Second
 
-// sockets are the control sockets found without --address: the daemon's, if there is a
-// socket there, and BASE/<id>/control.sock for each sandbox directory that has one (a shim
-// serves its sandbox's control API there). first, if not empty, is put first when found:
-// the likely owner of a sandbox. A base directory that cannot be read is noted on stderr.
+// sockets are the control sockets found without --address: BASE/<id>/control.sock for each
+// sandbox directory that has one (a shim serves its sandbox's control API there). first, if
+// not empty, is put first when found: the likely owner of a sandbox. A base directory that
+// cannot be read is noted on stderr.
 func sockets(o options, first string, stderr io.Writer) []string {
 	var found []string
-	if isSocket(o.daemon) {
-		found = append(found, o.daemon)
-	}
 	ents, err := os.ReadDir(o.baseDir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(stderr, "kvfsctl: skipping the shims' sockets: %v\n", err)
@@ -61,7 +58,7 @@ func isSocket(p string) bool {
 
 // where says where kvfsctl looked, for messages.
 func where(o options) string {
-	return fmt.Sprintf("%s and %s", o.daemon, filepath.Join(o.baseDir, "*", sandbox.ControlSocketName))
+	return filepath.Join(o.baseDir, "*", sandbox.ControlSocketName)
 }
 
 // endpoint is a control socket connected to, with the sandboxes it has.
@@ -111,6 +108,47 @@ func listAll(ctx context.Context, o options, stderr io.Writer) *control.ListSand
 	}
 	slices.SortStableFunc(resp.Sandboxes, func(a, b *control.SandboxSummary) int { return strings.Compare(a.GetId(), b.GetId()) })
 	return resp
+}
+
+// logLevelAll sets the log level of every shim found (each its own process's and its
+// sandbox's server's) and prints each answer, named by its sandbox.
+func logLevelAll(ctx context.Context, o options, level string, w, stderr io.Writer) error {
+	found := sockets(o, "", stderr)
+	if len(found) == 0 {
+		return fmt.Errorf("no control socket found (looked at %s)", where(o))
+	}
+	var out []logLevelJSON
+	var errs []error
+	for _, a := range found {
+		e, err := probe(ctx, o, a)
+		if err != nil {
+			skip(stderr, a, err)
+			continue
+		}
+		resp, err := e.client.SetLogLevel(ctx, &control.SetLogLevelRequest{Level: level})
+		e.close()
+		name := a
+		if len(e.sandboxes) > 0 {
+			name = e.sandboxes[0].GetId()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		out = append(out, logLevelJSON{ID: name, PreviousLevel: resp.GetPreviousLevel(), Level: resp.GetLevel()})
+	}
+	if o.json {
+		if err := writeJSON(w, out); err != nil {
+			return err
+		}
+	} else {
+		for _, l := range out {
+			if _, err := fmt.Fprintf(w, "%s: log level %s (was %s)\n", l.ID, l.Level, l.PreviousLevel); err != nil {
+				return err
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // owner finds the socket that has sandbox id: its own shim's socket is asked first. The caller

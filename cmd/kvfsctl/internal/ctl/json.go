@@ -83,6 +83,8 @@ type stopJSON struct {
 }
 
 type logLevelJSON struct {
+	// ID names the sandbox whose shim answered, when kvfsctl asked every one it found.
+	ID            string `json:"id,omitempty"`
 	PreviousLevel string `json:"previous_level"`
 	Level         string `json:"level"`
 }
