@@ -171,10 +171,11 @@ func checkIDMappings(uids, gids []specs.LinuxIDMapping) error {
 
 // userNamespaceMounts adapts the mounts of g, a container in a user namespace, to the guest's
 // network and IPC namespaces it shares, which the user namespace does not own: the kernel
-// refuses it a sysfs or mqueue mount of its own. /sys becomes a read-only bind of the
-// guest's (what containerd gives a user-namespaced pod on the host's network), /dev/mqueue,
-// unless the container has an IPC namespace of its own, a bind of the guest's, the IPC
-// namespace's own (agent.MountSystem mounts it).
+// refuses it a sysfs or mqueue mount of its own there. /sys becomes a read-only bind of the
+// guest's (what containerd gives a user-namespaced pod on the host's network). /dev/mqueue
+// becomes a bind of the guest's (agent.MountSystem mounts it), which is the mqueue of the IPC
+// namespace the container shares; a container with an IPC namespace of its own mounts its
+// own.
 func userNamespaceMounts(g *specs.Spec) {
 	ownIPC := hasNamespace(g, specs.IPCNamespace)
 	for i, m := range g.Mounts {
