@@ -42,7 +42,10 @@
 // reparented, as any orphan, to the nearest child subreaper or to init, which must reap it (as
 // with virtiofsd, which forks into its sandbox the same way). Neither PID 1 nor the supervisor
 // carries the seccomp filter. kvfsd never forks once serving, so PID 1 has no orphans to reap.
-// The mode needs CAP_SYS_ADMIN (root): kvfsd does not map itself into a user namespace.
+// The mode needs CAP_SYS_ADMIN (root). With a UserNamespace (kvfsd's --uid-map and --gid-map)
+// the namespaces are those of a new user namespace of its mappings, which the supervisor
+// writes (so it needs CAP_SETUID and CAP_SETGID), and PID 1 and the server run as its root:
+// their capabilities then reach only the files of the ids it maps.
 //
 // Without CAP_SYS_ADMIN the server cannot read trusted.* attributes: the guest sees none even
 // with --xattr, and the DAX policy's trusted.kvfs.dax is not read (rules and FS_XFLAG_DAX still
