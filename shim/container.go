@@ -66,8 +66,16 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 	c.binds = append(c.binds, r.ID)
 	*undo = append(*undo, func() { o.unbindAll(pod, c) })
 	recursive := []string{r.ID}
+	// One user namespace per mapping the container's idmapped binds use (most often one,
+	// for /etc/hosts, hostname and resolv.conf alike), each made by a process of its own.
+	userns := map[string]*os.File{}
+	defer func() {
+		for _, f := range userns {
+			f.Close()
+		}
+	}()
 	for _, b := range hostBinds {
-		if err := bindHost(pod, b); err != nil {
+		if err := bindHost(pod, b, userns); err != nil {
 			return nil, fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
 		}
 		c.binds = append(c.binds, b.Name)
@@ -92,17 +100,21 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 }
 
 // bindHost binds b into the pod's share, idmapped by a user namespace of its mappings if it
-// has them.
-func bindHost(pod Pod, b HostBind) error {
+// has them: the one in userns (by the mappings) if there is one, else a new one it adds there.
+func bindHost(pod Pod, b HostBind, userns map[string]*os.File) error {
 	if b.UIDMappings == nil {
 		return pod.Bind(b.Source, b.Name, b.Flags)
 	}
-	userns, err := sandbox.UserNamespace(idMappings(b.UIDMappings), idMappings(b.GIDMappings))
-	if err != nil {
-		return fmt.Errorf("a user namespace for its idmapped mount: %w", err)
+	key := fmt.Sprint(b.UIDMappings, b.GIDMappings)
+	ns, ok := userns[key]
+	if !ok {
+		var err error
+		if ns, err = sandbox.UserNamespace(idMappings(b.UIDMappings), idMappings(b.GIDMappings)); err != nil {
+			return fmt.Errorf("a user namespace for its idmapped mount: %w", err)
+		}
+		userns[key] = ns
 	}
-	defer userns.Close()
-	return pod.BindIDMapped(b.Source, b.Name, b.Flags, userns)
+	return pod.BindIDMapped(b.Source, b.Name, b.Flags, ns)
 }
 
 func idMappings(m []specs.LinuxIDMapping) []sandbox.IDMapping {
