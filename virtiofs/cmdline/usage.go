@@ -26,7 +26,8 @@ File system:
   --cache=MODE, -o cache=MODE
                         never (alias none), metadata, auto or always
                         (default auto): how long the guest trusts what it
-                        cached about the host's files (README, "Cache modes")
+                        cached about the host's files (docs/kvfsd.md,
+                        "Cache modes")
   -o timeout=SECONDS    entry and attribute timeout, fractions allowed; replaces
                         the mode's (never 0, auto 1, metadata and always 86400)
   --writeback, -o writeback
