@@ -20,9 +20,9 @@ import (
 	"github.com/kvfs/kvfs/internal/procstatus"
 	"github.com/kvfs/kvfs/internal/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // kataFragment is the [hypervisor.qemu] table of the installed Kata fragment.

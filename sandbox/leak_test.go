@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // TestLeaks runs leakCycles sandbox lives in rounds of leakRound: leakLanes sandboxes side by

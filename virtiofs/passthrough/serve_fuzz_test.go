@@ -13,7 +13,7 @@ import (
 	"github.com/kvfs/kvfs/internal/fusecheck"
 	"github.com/kvfs/kvfs/internal/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )

@@ -21,8 +21,8 @@ import (
 
 	"github.com/kvfs/kvfs/sandbox"
 	"github.com/kvfs/kvfs/sandbox/confined"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // helperEnv makes the test binary run kvfsctl with the arguments in the variable (one per
