@@ -20,7 +20,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
-	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/testing/frontend"

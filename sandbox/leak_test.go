@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
 	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )

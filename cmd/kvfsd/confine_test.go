@@ -20,8 +20,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
-	"github.com/kvfs/kvfs/internal/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/testing/conformance"

@@ -81,5 +81,5 @@
 // to start when asked for a filter. The cmd/kvfsd tests
 // prove it: the whole conformance suite, locks, extended attributes and ACLs run against a
 // kvfsd with --seccomp=kill, with and without a thread pool, and so does a real guest
-// (internal/vmtest).
+// (internal/testing/vmtest).
 package confine

@@ -23,7 +23,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
 	"github.com/kvfs/kvfs/sandbox/confined"
 	"github.com/kvfs/kvfs/sandbox/network"
 	"github.com/kvfs/kvfs/shim/e2e"
