@@ -3,9 +3,9 @@
 // (--seccomp=kill|log|trap|none), and the capabilities a confined server keeps
 // ([ServerCapabilities], [StartWithCapabilities]). The library (package virtiofs) never uses it,
 // since confinement is for the whole process: the kvfsd command confines itself, and package
-// sandbox/confined confines the process a sandbox's default server runs in (the same namespaces,
-// [PrepareMounts] and [StartServing] in its PID 1, [EnterRoot] in its server, the same
-// allowlist, and only ServerCapabilities on every thread).
+// sandbox/serverproc confines the process a sandbox's default server runs in (the same
+// namespaces, [PrepareMounts] and [StartServing] in its PID 1, [EnterRoot] in its server, the
+// same allowlist, and only ServerCapabilities on every thread).
 //
 // # Threat model
 //
