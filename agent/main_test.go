@@ -4,12 +4,12 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
 )
 
 // TestMain lets the sandboxes of the VM tests start their confined servers, which are this
 // test binary run again.
 func TestMain(m *testing.M) {
-	confined.Init()
+	serverproc.Init()
 	os.Exit(m.Run())
 }

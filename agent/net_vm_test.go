@@ -16,8 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/nettest"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/sandbox"
 	"github.com/kvfs/kvfs/sandbox/network"
 )

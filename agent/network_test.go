@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/nettest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
 )
 
 // validNetRequest is a good request the cases below break one field of.

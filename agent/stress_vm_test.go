@@ -10,7 +10,7 @@ import (
 	"time"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/sandbox"
 )
 

@@ -14,7 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/sandbox"
 )
 

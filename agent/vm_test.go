@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/sandbox"
 )
 

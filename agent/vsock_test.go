@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/syncbuf"
-	"github.com/kvfs/kvfs/internal/threadcred"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/threadcred"
 )
 
 // TestCheckVsockPeer: only the host from a port up to 1023 passes.

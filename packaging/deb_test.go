@@ -17,10 +17,10 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/internal/guestimage"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/fstree"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // overlaid are the host's directories a Debian package test sees through an overlay: what

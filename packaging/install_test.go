@@ -13,7 +13,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/kvfs/kvfs/internal/fstree"
+	"github.com/kvfs/kvfs/internal/testing/fstree"
 	"github.com/kvfs/kvfs/sandbox"
 )
 

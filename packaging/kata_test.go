@@ -17,12 +17,12 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
-	"github.com/kvfs/kvfs/internal/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // kataFragment is the [hypervisor.qemu] table of the installed Kata fragment.

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/internal/guestimage"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/fstree"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // TestInstalledRuntime installs into a scratch root (PREFIX, SYSCONFDIR and LOCALSTATEDIR

@@ -22,8 +22,8 @@ import (
 const (
 	// Confined, the default, runs kvfsd in a process of its own started from the owner's
 	// executable and confined as kvfsd --sandbox=namespace --seccomp=kill is, with only the
-	// capabilities it needs (package sandbox/confined). The owning binary must call
-	// confined.Init first thing in main.
+	// capabilities it needs (package sandbox/serverproc). The owning binary must call
+	// serverproc.Init first thing in main.
 	Confined = "confined"
 	// InProcessUnconfined runs kvfsd inside the owning process as a library, with all of its
 	// privileges: an explicit opt-in, logged as a warning at every start.

@@ -20,11 +20,11 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
-	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/confine"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // confinedChild returns the serving process of a confined server whose supervisor is pid: its

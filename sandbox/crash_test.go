@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // crashGuest writes and fsyncs in a loop: for n = 1, 2, ... a new file w/f<n> of

@@ -143,7 +143,7 @@
 //	                        other sandboxes and the host are behind those walls. What it answers
 //	                        on its channel and leaves on its pipe is untrusted: bounded in size and
 //	                        time, decoded only into counters. Its log (server.log) is the one host
-//	                        file it holds, append-only. See package sandbox/confined.
+//	                        file it holds, append-only. See package sandbox/serverproc.
 //	in-process-unconfined   everything the owner can: the server is a library in the owner's
 //	                        process, as root, in the host's namespaces, without a filter. An
 //	                        explicit opt-in, logged as a warning at every start.

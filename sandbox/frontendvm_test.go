@@ -7,13 +7,13 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/kvfs/kvfs/virtiofs/frontend"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
-// frontendRunner is a VMRunner whose "VM" is the in-repo front-end (virtiofs/frontend), a fake
-// guest driver: Run connects it to the socket QEMU would be given, as QEMU's realize and start
-// do, and sends the guest kernel's FUSE INIT, then boot's requests. It stands in for a boot
+// frontendRunner is a VMRunner whose "VM" is the in-repo front-end (virtiofs/testing/frontend), a
+// fake guest driver: Run connects it to the socket QEMU would be given, as QEMU's realize and
+// start do, and sends the guest kernel's FUSE INIT, then boot's requests. It stands in for a boot
 // where hundreds of them are needed (a TCG boot takes 10-20 s here).
 type frontendRunner struct {
 	opts frontend.Options

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // TestLeaks runs leakCycles sandbox lives in rounds of leakRound: leakLanes sandboxes side by

@@ -16,9 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
-	"github.com/kvfs/kvfs/internal/vmtest"
-	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
 )
 
 // helperEnv makes the test binary act as a sandbox owner that exits without stopping its
@@ -26,7 +26,7 @@ import (
 const helperEnv = "KVFS_SANDBOX_TEST_HELPER"
 
 func TestMain(m *testing.M) {
-	confined.Init() // the sandboxes' confined servers are this test binary run again
+	serverproc.Init() // the sandboxes' confined servers are this test binary run again
 	// make test builds this binary with -race, and the race runtime sleeps a second at every
 	// exit (atexit_sleep_ms) for late reports: a confined server's supervisor and its serving
 	// process would each sleep, and every Stop would wait out serverStopGrace and SIGKILL them.
@@ -357,7 +357,7 @@ func reapSandboxedServers(t testing.TB) {
 		if err != nil {
 			continue
 		}
-		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.HasPrefix(string(cmd), confined.Argv0+"\x00") {
+		if cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.HasPrefix(string(cmd), serverproc.Argv0+"\x00") {
 			continue
 		}
 		if f := strings.Fields(s["NSpid"]); len(f) == 2 && f[1] == "1" {

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/nettest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
 )
 
 // TestQEMURunnerExtraFiles runs a shell in QEMU's place: the files of VMCommand.ExtraFiles are

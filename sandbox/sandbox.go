@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
@@ -609,7 +609,7 @@ func (s *Sandbox) startServer() (fsServer, error) {
 		l.Close()
 		return nil, err
 	}
-	spec := confined.Spec{Sandbox: s.id, Server: vcfg, LogLevel: levelName(log.GetLevel())}
+	spec := serverproc.Spec{Sandbox: s.id, Server: vcfg, LogLevel: levelName(log.GetLevel())}
 	return startConfined(s.ctx, spec, l, channel, s.channelPath(), filepath.Join(s.dir, serverLogName))
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
@@ -318,13 +318,13 @@ func (s *extServer) process() Process { return s.proc }
 const channelTimeout = 2 * time.Second
 
 // confinedServer is kvfsd in a confined process of its own, started from this executable
-// (package sandbox/confined) and reached over its channel.
+// (package sandbox/serverproc) and reached over its channel.
 type confinedServer struct {
 	ctx     context.Context // for logging
 	proc    Process
 	id      procID
 	started time.Time
-	channel confined.Client
+	channel serverproc.Client
 	// final is closed once finalStats, the counters the server left when it stopped serving,
 	// is written (nil if it left none); nil for an adopted server, whose pipe was its first
 	// owner's.
@@ -335,7 +335,7 @@ type confinedServer struct {
 // startConfined starts the confined server of spec on l, with its channel on channel and its
 // output appended to logPath, and returns once it says it is ready, or fails with the log's tail
 // if it exits first. l and channel are closed either way: the server holds the sockets.
-func startConfined(ctx context.Context, spec confined.Spec, l, channel *net.UnixListener, channelPath, logPath string) (*confinedServer, error) {
+func startConfined(ctx context.Context, spec serverproc.Spec, l, channel *net.UnixListener, channelPath, logPath string) (*confinedServer, error) {
 	lf, err := l.File()
 	l.Close()
 	cf, cerr := channel.File()
@@ -352,15 +352,15 @@ func startConfined(ctx context.Context, spec confined.Spec, l, channel *net.Unix
 		return nil, err
 	}
 	defer fw.Close()
-	s := &confinedServer{ctx: ctx, channel: confined.Client{Path: channelPath}, final: make(chan struct{})}
+	s := &confinedServer{ctx: ctx, channel: serverproc.Client{Path: channelPath}, final: make(chan struct{})}
 	go func() {
-		if st, err := confined.FinalStats(fr); err == nil {
+		if st, err := serverproc.FinalStats(fr); err == nil {
 			s.finalStats = &st
 		}
 		close(s.final)
 	}()
 	err = startServerProcess(logPath, func(out *os.File) (*exec.Cmd, error) {
-		return confined.Command(spec, lf, cf, fw, out)
+		return serverproc.Command(spec, lf, cf, fw, out)
 	}, func(p Process, id procID) {
 		s.proc, s.id, s.started = p, id, time.Now()
 	}, s.describe)
@@ -380,7 +380,7 @@ func adoptConfined(ctx context.Context, rec serverRecord, channelPath string) (*
 	if err != nil {
 		return nil, err
 	}
-	return &confinedServer{ctx: ctx, proc: p, id: *rec.Process, started: rec.Started, channel: confined.Client{Path: channelPath}}, nil
+	return &confinedServer{ctx: ctx, proc: p, id: *rec.Process, started: rec.Started, channel: serverproc.Client{Path: channelPath}}, nil
 }
 
 func (s *confinedServer) exited() <-chan struct{} { return s.proc.Exited() }
@@ -450,7 +450,7 @@ func (s *confinedServer) setDAXPolicy(ctx context.Context, p passthrough.DAXPoli
 	ctx, cancel := context.WithTimeout(ctx, channelTimeout)
 	defer cancel()
 	err := s.channel.SetDAXPolicy(ctx, p)
-	if errors.Is(err, confined.ErrRefused) {
+	if errors.Is(err, serverproc.ErrRefused) {
 		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return err

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // The soak's shape and bounds.

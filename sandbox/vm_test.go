@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // The guests below are vmtest's: /init mounts the virtio-fs tag from kvfs.tag= at /mnt and

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // consoleFloodFor is how long TestVMConsoleFlood lets the guest flood its console.

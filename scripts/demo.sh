@@ -143,10 +143,10 @@ accel = "$accel"
 memory = "512M"
 EOF
 
-# containerd's own config, as internal/ctrdtest's (package ctrdconf writes both): version 4,
+# containerd's own config, as internal/testing/ctrdtest's (package ctrdconf writes both): version 4,
 # every path under $ctrd, no NRI (its socket would be the machine's), the CRI on with the
 # runtime handler kvfs (this kvfs configuration) and a CNI bridge network, and crictl's config.
-go run ./internal/ctrdtest/ctrdconf/cmd/ctrdconf -dir "$ctrd" -cri -kvfs-config "$cfg"
+go run ./internal/testing/ctrdtest/ctrdconf/cmd/ctrdconf -dir "$ctrd" -cri -kvfs-config "$cfg"
 ip netns add "$ns"
 netns_made=1
 ip -n "$ns" link set lo up

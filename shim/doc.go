@@ -1,7 +1,8 @@
 // Package shim is containerd-shim-kvfs-v2 (runtime io.containerd.kvfs.v2): containerd's task
 // API (v3, over ttrpc) for the containers of one pod, run by the kvfs guest agent in the pod's
 // QEMU VM, their files served to the guest over virtio-fs by the sandbox's kvfsd, confined in
-// a process of its own (package sandbox/confined: the shim's main calls confined.Init first).
+// a process of its own (package sandbox/serverproc: the shim's main calls serverproc.Init
+// first).
 //
 // # Pieces
 //

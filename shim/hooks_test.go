@@ -17,7 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
 
-	"github.com/kvfs/kvfs/internal/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 )
 
 // hookTrace is one file that the agent's calls, the pod's unbinds, the events and the hook

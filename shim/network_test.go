@@ -10,7 +10,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/kvfs/kvfs/internal/nettest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
 	"github.com/kvfs/kvfs/sandbox/network"
 )
 

@@ -29,7 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/kvfs/kvfs/internal/nettest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
 )
 
 // sandboxBundle is the bundle containerd's shim sandbox controller makes for sandbox id (no

@@ -22,8 +22,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/nettest"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/sandbox/network"
 )
 

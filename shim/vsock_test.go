@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/threadcred"
+	"github.com/kvfs/kvfs/internal/testing/threadcred"
 )
 
 // TestBindPrivilegedVsock binds for real (nothing is sent): the highest free port up to 1023,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // ACL entry tags of the system.posix_acl_* value format (version 2).

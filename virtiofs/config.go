@@ -12,7 +12,7 @@ import (
 // so when a change made on the host reaches the guest. In every mode a file created on the host
 // is visible to the guest at once (a failed lookup is answered with ENOENT, never with a
 // cacheable negative entry), and a guest that drops its caches sees the host's files as they
-// are. internal/vmtest's TestGuestCacheModes checks these promises in a real guest.
+// are. internal/testing/vmtest's TestGuestCacheModes checks these promises in a real guest.
 type CacheMode int
 
 const (

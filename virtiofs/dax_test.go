@@ -17,10 +17,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/virtiofs"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // The DAX tests run the in-repo front-end as the DAX-capable QEMU Kata ships (a window of

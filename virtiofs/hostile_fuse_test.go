@@ -23,9 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/virtiofs"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/virtiofs"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
 	"github.com/kvfs/kvfs/virtiofs/vhostuser"
 )
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // fileCaps is a VFS_CAP_REVISION_2 security.capability value granting CAP_NET_RAW.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // BenchmarkThreadPool shows where --thread-pool-size pays and where it costs: 16 streams of

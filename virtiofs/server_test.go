@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/virtiofs"
-	"github.com/kvfs/kvfs/virtiofs/conformance"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
+	"github.com/kvfs/kvfs/virtiofs/testing/conformance"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/fstree"
+	"github.com/kvfs/kvfs/internal/testing/fstree"
 )
 
 func TestFetchPinned(t *testing.T) {

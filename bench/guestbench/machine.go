@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	sb "github.com/kvfs/kvfs/bench/serverbench"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // Machine describes where the benchmark ran and with what.

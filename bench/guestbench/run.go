@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	sb "github.com/kvfs/kvfs/bench/serverbench"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/cmdline"
 )

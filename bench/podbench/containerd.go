@@ -15,12 +15,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 )
 
 // containerd is the benchmark's private containerd: its own directory under /tmp (config,
 // log, root, state, sockets), namespace and mount namespace, its config and environment made
-// as internal/ctrdtest makes a test's (package ctrdconf); ctrdtest itself is built on
+// as internal/testing/ctrdtest makes a test's (package ctrdconf); ctrdtest itself is built on
 // testing.TB, so it is not linked here: this is the minimum the benchmark needs: start, ctr,
 // crictl, stop. With the CRI on, containerd runs in a network namespace of its own, named
 // after its namespace, where the CNI network's bridge is.

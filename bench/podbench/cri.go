@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/ociimage"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/shim"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 	"github.com/pelletier/go-toml/v2"
 )
 

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // Main is the command line of bench/cmd/kvfspodbench; it returns the exit status.

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
 )
 
 // Mem is one process's memory, in KiB: VmRSS from /proc/PID/status, Rss and Pss from
@@ -159,8 +159,8 @@ func processes() ([]proc, error) {
 }
 
 // isServer reports whether p is one of a sandbox's confined kvfsd processes (its supervisor
-// and server, started by the shim from its own executable as confined.Argv0).
-func isServer(p proc) bool { return len(p.cmdline) > 0 && p.cmdline[0] == confined.Argv0 }
+// and server, started by the shim from its own executable as serverproc.Argv0).
+func isServer(p proc) bool { return len(p.cmdline) > 0 && p.cmdline[0] == serverproc.Argv0 }
 
 // FindShim is the pid of the shim serving container id in namespace ns: a process whose
 // argv[0] ends in shimBinary and whose arguments are -namespace ns and -id id (as containerd

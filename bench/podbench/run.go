@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ociimage"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // The two runtimes, as ctr names them, and their shims' binaries.

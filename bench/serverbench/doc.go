@@ -1,8 +1,8 @@
 // Package serverbench measures kvfsd against the C virtiofsd at the server level: no guest, the
-// in-repo front-end (virtiofs/frontend) plays QEMU and the guest driver, and the FUSE client
-// (virtiofs/fuseclient) plays the guest's FUSE layer. Both servers run as separate processes on
-// the same shared directory, so the CPU time each spends per request is read from its own
-// /proc/PID/stat.
+// in-repo front-end (virtiofs/testing/frontend) plays QEMU and the guest driver, and the FUSE
+// client (virtiofs/testing/fuseclient) plays the guest's FUSE layer. Both servers run as separate
+// processes on the same shared directory, so the CPU time each spends per request is read from
+// its own /proc/PID/stat.
 //
 // Method. Every server configuration (kvfsd with thread pool 0 and 4, cache auto and none; the C
 // virtiofsd with the same settings where it can run) is started once, probed, and kept

@@ -145,8 +145,8 @@ func Report(res *Results, chart string) string {
 		return b.String()
 	}
 	p("## Server level: kvfsd against the C virtiofsd\n\n")
-	p("No guest: the in-repo front-end (`virtiofs/frontend`) plays QEMU 7.2 and the guest's virtio-fs driver, ")
-	p("and the FUSE client (`virtiofs/fuseclient`) plays the guest kernel's FUSE layer. kvfsd and the C virtiofsd ")
+	p("No guest: the in-repo front-end (`virtiofs/testing/frontend`) plays QEMU 7.2 and the guest's virtio-fs driver, ")
+	p("and the FUSE client (`virtiofs/testing/fuseclient`) plays the guest kernel's FUSE layer. kvfsd and the C virtiofsd ")
 	p("run as separate processes on the same shared directory, each started as Kata starts virtiofsd ")
 	p("(`--socket-path=S -o source=DIR -o cache=MODE [--thread-pool-size=N]`).\n\n")
 	if cfg.Invoked != "" {

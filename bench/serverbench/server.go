@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 	"github.com/kvfs/kvfs/virtiofs/virtq"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"

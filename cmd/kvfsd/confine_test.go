@@ -20,13 +20,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/procstatus"
-	"github.com/kvfs/kvfs/internal/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/procstatus"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs/confine"
-	"github.com/kvfs/kvfs/virtiofs/conformance"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/conformance"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // kvfsdBin is ./cmd/kvfsd, built once by TestMain.

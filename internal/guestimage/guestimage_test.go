@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // mkInitramfs packs files (name → contents) into a gzip-compressed newc archive with the

@@ -37,7 +37,7 @@
 #
 # --agent-faults is --agent with kvfs-agent built with the kvfsfaults tag: its test
 # fault modes (agent/fault.go) are chosen by kvfs.fault= on the kernel command line.
-# For the tests of the host against a hostile guest only (internal/vmtest
+# For the tests of the host against a hostile guest only (internal/testing/vmtest
 # FaultsAgentImage), into an OUTDIR of its own; no make target ships it. Its
 # image.json says "tags": "kvfsfaults" in "agent".
 set -euo pipefail

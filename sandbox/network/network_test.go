@@ -15,7 +15,7 @@ import (
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/nettest"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
 )
 
 func needRoot(t *testing.T) {

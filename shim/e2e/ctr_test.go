@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // newEnv starts the containerd, without the CRI. extra is TOML added at the top of the kvfs

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/shim"
 )
 

@@ -19,8 +19,8 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/vmtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // The bounds the shim keeps with a hostile guest agent, under TCG (issue 20).

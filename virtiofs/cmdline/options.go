@@ -102,8 +102,8 @@ type Options struct {
 // DefaultSandbox and DefaultSeccomp are what kvfsd does without --sandbox and --seccomp: the
 // defaults of the C and Rust virtiofsd (namespace, kill), which is what Kata gets when it starts
 // virtiofsd (it passes neither option), and which the tests prove for kvfsd (cmd/kvfsd, and the
-// guest checks of internal/vmtest). The seccomp default is none on architectures kvfsd has no
-// allowlist for (all but amd64).
+// guest checks of internal/testing/vmtest). The seccomp default is none on architectures kvfsd
+// has no allowlist for (all but amd64).
 const (
 	DefaultSandbox = confine.SandboxNamespace
 	DefaultSeccomp = confine.DefaultAction

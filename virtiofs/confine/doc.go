@@ -3,9 +3,9 @@
 // (--seccomp=kill|log|trap|none), and the capabilities a confined server keeps
 // ([ServerCapabilities], [StartWithCapabilities]). The library (package virtiofs) never uses it,
 // since confinement is for the whole process: the kvfsd command confines itself, and package
-// sandbox/confined confines the process a sandbox's default server runs in (the same namespaces,
-// [PrepareMounts] and [StartServing] in its PID 1, [EnterRoot] in its server, the same
-// allowlist, and only ServerCapabilities on every thread).
+// sandbox/serverproc confines the process a sandbox's default server runs in (the same
+// namespaces, [PrepareMounts] and [StartServing] in its PID 1, [EnterRoot] in its server, the
+// same allowlist, and only ServerCapabilities on every thread).
 //
 // # Threat model
 //
@@ -81,5 +81,5 @@
 // to start when asked for a filter. The cmd/kvfsd tests
 // prove it: the whole conformance suite, locks, extended attributes and ACLs run against a
 // kvfsd with --seccomp=kill, with and without a thread pool, and so does a real guest
-// (internal/vmtest).
+// (internal/testing/vmtest).
 package confine

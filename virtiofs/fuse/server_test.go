@@ -12,10 +12,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvfs/kvfs/internal/fusecheck"
-	"github.com/kvfs/kvfs/internal/fuzzseed"
+	"github.com/kvfs/kvfs/internal/testing/fusecheck"
+	"github.com/kvfs/kvfs/internal/testing/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )

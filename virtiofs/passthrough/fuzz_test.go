@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvfs/kvfs/internal/fuzzseed"
+	"github.com/kvfs/kvfs/internal/testing/fuzzseed"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"golang.org/x/sys/unix"
 )

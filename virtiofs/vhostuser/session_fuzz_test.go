@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/fuzzseed"
+	"github.com/kvfs/kvfs/internal/testing/fuzzseed"
 )
 
 // FuzzSession plays a front-end whose messages are the fuzz input against a Backend serving

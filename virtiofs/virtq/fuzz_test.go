@@ -8,7 +8,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/kvfs/kvfs/internal/fuzzseed"
+	"github.com/kvfs/kvfs/internal/testing/fuzzseed"
 )
 
 // Fuzz input layout (missing bytes are zero):

@@ -1,6 +1,6 @@
 /*
  * kvfs-mmap: a small static helper for the guest conformance suite
- * (internal/vmtest/guestcheck.sh). Busybox has no way to drive mmap(2) or
+ * (internal/testing/vmtest/guestcheck.sh). Busybox has no way to drive mmap(2) or
  * fsync(2) on a chosen file, so this does it.
  *
  *   kvfs-mmap mmap    FILE SIZE  create FILE, grow it to SIZE, fill it through a

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/fstree"
+	"github.com/kvfs/kvfs/internal/testing/fstree"
 	"github.com/kvfs/kvfs/packaging/kubernetes/deploy"
 )
 

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/internal/fstree"
 	"github.com/kvfs/kvfs/internal/ociimage"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/fstree"
 	"github.com/kvfs/kvfs/packaging/kubernetes/deploy"
 )
 

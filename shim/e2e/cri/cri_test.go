@@ -23,9 +23,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest"
-	"github.com/kvfs/kvfs/sandbox/confined"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
 	"github.com/kvfs/kvfs/sandbox/network"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
 	"github.com/kvfs/kvfs/shim/e2e"
 )
 
@@ -639,7 +639,7 @@ func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
 		switch {
 		case strings.Contains(pr.Cmdline, "qemu-system"):
 			qemu = append(qemu, pr)
-		case strings.HasPrefix(pr.Cmdline, confined.Argv0):
+		case strings.HasPrefix(pr.Cmdline, serverproc.Argv0):
 			kvfsd = append(kvfsd, pr)
 		}
 	}
@@ -834,7 +834,7 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 		switch {
 		case strings.Contains(pr.Cmdline, "containerd-shim-kvfs-v2 -namespace"):
 			shim = append(shim, pr)
-		case strings.Contains(pr.Cmdline, "qemu-system"), strings.HasPrefix(pr.Cmdline, confined.Argv0):
+		case strings.Contains(pr.Cmdline, "qemu-system"), strings.HasPrefix(pr.Cmdline, serverproc.Argv0):
 			pod = append(pod, pr)
 		}
 	}

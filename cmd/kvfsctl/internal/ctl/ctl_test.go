@@ -20,9 +20,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/sandbox"
-	"github.com/kvfs/kvfs/sandbox/confined"
-	"github.com/kvfs/kvfs/virtiofs/frontend"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/sandbox/serverproc"
+	"github.com/kvfs/kvfs/virtiofs/testing/frontend"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 )
 
 // helperEnv makes the test binary run kvfsctl with the arguments in the variable (one per
@@ -30,7 +30,7 @@ import (
 const helperEnv = "KVFSCTL_TEST_HELPER"
 
 func TestMain(m *testing.M) {
-	confined.Init() // the sandboxes' confined servers are this test binary run again
+	serverproc.Init() // the sandboxes' confined servers are this test binary run again
 	if args := os.Getenv(helperEnv); args != "" {
 		os.Exit(Run(context.Background(), strings.Split(args, "\n"), os.Stdout, os.Stderr))
 	}

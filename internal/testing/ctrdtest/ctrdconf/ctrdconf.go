@@ -1,6 +1,6 @@
 // Package ctrdconf writes the files a private containerd runs from, every path of it kept in
 // one directory: its config.toml, its environment and, with the CRI on, the CNI test network
-// and crictl's config. internal/ctrdtest starts such a containerd for tests, bench/podbench
+// and crictl's config. internal/testing/ctrdtest starts such a containerd for tests, bench/podbench
 // for the pod benchmarks; this package needs no testing.TB, so a benchmark binary can link
 // it.
 package ctrdconf

@@ -6,7 +6,7 @@ import (
 	"os"
 
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 	"golang.org/x/sys/unix"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/ociimage"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 )
 
 // The CRI test network (see ctrdconf): a CNI bridge network whose bridge is in the

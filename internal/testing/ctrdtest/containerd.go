@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 )
 
 // Options configure a test containerd.

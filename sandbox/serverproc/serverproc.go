@@ -1,8 +1,9 @@
-// Package confined runs a sandbox's virtio-fs server in a process of its own, started from the
-// owner's own executable (as runc starts its init) and confined as kvfsd --sandbox=namespace
-// --seccomp=kill confines itself, with fewer capabilities still. Package sandbox uses it for its
-// default server (server.daemon = "confined"); a binary that creates sandboxes calls Init first
-// thing in main, and a test package that creates them calls it first thing in TestMain.
+// Package serverproc runs a sandbox's virtio-fs server in a process of its own, started from
+// the owner's own executable (as runc starts its init) and confined as kvfsd
+// --sandbox=namespace --seccomp=kill confines itself, with fewer capabilities still. Package
+// sandbox uses it for its default server (server.daemon = "confined"); a binary that creates
+// sandboxes calls Init first thing in main, and a test package that creates them calls it first
+// thing in TestMain.
 //
 // # The server process
 //
@@ -56,7 +57,7 @@
 //
 // The data path is the in-process server's code, unchanged: a request costs nothing more. The
 // channel is used only when asked (kvfsctl status, metrics, log-level, dax-policy).
-package confined
+package serverproc
 
 import (
 	"context"

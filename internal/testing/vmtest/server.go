@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 )
 
 // serverStartTimeout bounds the wait for the server's socket.

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/virtiofs/fuse"
-	"github.com/kvfs/kvfs/virtiofs/fuseclient"
+	"github.com/kvfs/kvfs/virtiofs/testing/fuseclient"
 	"golang.org/x/sys/unix"
 )
 

@@ -1,4 +1,4 @@
-package confined
+package serverproc
 
 import (
 	"bufio"

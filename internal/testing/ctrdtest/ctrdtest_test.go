@@ -20,13 +20,13 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
-	"github.com/kvfs/kvfs/internal/syncbuf"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 )
 
 // TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
 func TestDepsVersion(t *testing.T) {
-	b, err := os.ReadFile("../../scripts/deps.sh")
+	b, err := os.ReadFile("../../../scripts/deps.sh")
 	if err != nil {
 		t.Fatal(err)
 	}

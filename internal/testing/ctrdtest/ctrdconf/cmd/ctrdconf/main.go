@@ -1,7 +1,7 @@
 // Command ctrdconf writes the config of a private containerd whose every path is under one
 // directory (package ctrdconf, as the tests' containerd has it), for scripts (make demo):
 //
-//	go run ./internal/ctrdtest/ctrdconf/cmd/ctrdconf -dir DIR [-cri] [-kvfs-config FILE]
+//	go run ./internal/testing/ctrdtest/ctrdconf/cmd/ctrdconf -dir DIR [-cri] [-kvfs-config FILE]
 //
 // It writes DIR/config.toml; with -cri the CRI is on, and the CNI network's config and
 // crictl's config (DIR/crictl.yaml) are written too (containerd must then run in a network
@@ -17,7 +17,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ctrdtest/ctrdconf"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 )
 
 func main() {
