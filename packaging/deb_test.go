@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/fstree"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
@@ -114,7 +115,7 @@ func TestDebianPackage(t *testing.T) {
 	}
 
 	// containerd and its shims run in the namespace, where the package is installed.
-	c := ctrdtest.Start(t, ctrdtest.Options{
+	c := ctrdtest.Start(t, ctrd.Options{
 		ShimDirs: []string{"/usr/bin"},
 		Imports:  []string{"/etc/containerd/conf.d/*.toml"},
 		Wrapper:  []string{"nsenter", "-t", strconv.Itoa(ns.pid()), "-m", "--"},

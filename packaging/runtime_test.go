@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/fstree"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
@@ -35,7 +36,7 @@ func TestInstalledRuntime(t *testing.T) {
 	installer(t, append([]string{"install", "--bin", bins, "--guest", filepath.Dir(g.Kernel)}, layout...)...)
 
 	config := filepath.Join(root, "etc/kvfs/configuration.toml")
-	c := ctrdtest.Start(t, ctrdtest.Options{
+	c := ctrdtest.Start(t, ctrd.Options{
 		ShimDirs: []string{filepath.Join(root, "usr/bin")},
 		Imports:  []string{filepath.Join(root, "etc/containerd/conf.d/*.toml")},
 		CRI:      true,

@@ -15,7 +15,7 @@
 #   - a Go toolchain new enough for go.mod;
 #   - containerd, ctr and containerd-shim-runc-v2 of the version below, built with
 #     go install into ${KVFS_CACHE:-/var/cache/kvfs}/bin (never on the machine's PATH, so a
-#     system containerd is not shadowed); internal/testing/ctrdtest runs them from there. A
+#     system containerd is not shadowed); internal/testing/ctrdtest/ctrd runs them from there. A
 #     stamp file there records the version, so a second run does nothing;
 #   - crictl of the version below (sigs.k8s.io/cri-tools), the same way;
 #   - the Rust virtiofsd of the series below (Debian 13's package, what Kata ships), the
@@ -28,7 +28,7 @@
 #     firmware and modules.
 set -euo pipefail
 
-# internal/testing/ctrdtest.ContainerdVersion and CrictlVersion must name the same versions
+# internal/testing/ctrdtest/ctrd's ContainerdVersion and CrictlVersion must name the same versions
 # (TestDepsVersion checks them).
 containerd_version=v2.4.2
 crictl_version=v1.37.0

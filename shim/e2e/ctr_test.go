@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -26,7 +26,7 @@ func newEnv(t *testing.T, extra string) *Env {
 
 // run is `ctr run --runtime io.containerd.kvfs.v2 --runtime-config-path CONFIG flags... IMAGE
 // ID args...`.
-func (e *Env) run(t *testing.T, flags []string, id string, args ...string) ctrdtest.Result {
+func (e *Env) run(t *testing.T, flags []string, id string, args ...string) ctrd.Result {
 	t.Helper()
 	return e.C.RunCtr(t, e.runArgs(flags, id, args...)...)
 }
@@ -37,7 +37,7 @@ func (e *Env) runArgs(flags []string, id string, args ...string) []string {
 	return append(a, args...)
 }
 
-func wantResult(t *testing.T, what string, r ctrdtest.Result, code int, stdout string) {
+func wantResult(t *testing.T, what string, r ctrd.Result, code int, stdout string) {
 	t.Helper()
 	if r.ExitCode != code || r.Stdout != stdout {
 		t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit %d, stdout %q", what, r.ExitCode, r.Stdout, r.Stderr, code, stdout)
@@ -283,7 +283,7 @@ func TestTasks(t *testing.T) {
 	// t2's shim SIGKILLed: containerd runs its delete action, which stops t2's VM and
 	// kvfsd and removes its sandbox, and drops the task (as for a dead runc shim: ctr task ls
 	// no longer lists it); its container is removed with ctr c rm.
-	var shim, pod []ctrdtest.Process
+	var shim, pod []ctrd.Process
 	for _, p := range e.C.Snapshot(t).Processes {
 		switch {
 		case strings.Contains(p.Cmdline, "containerd-shim-kvfs-v2 -namespace") && strings.Contains(p.Cmdline, "-id t2"):

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/shim"
@@ -85,7 +86,7 @@ func Start(t *testing.T, extra, sandboxer string) *Env {
 	return StartWith(t, extra, sandboxer, nil)
 }
 
-// StartWith is Start with drop-ins of containerd's config (ctrdtest.Options.Imports): a CRI
+// StartWith is Start with drop-ins of containerd's config (ctrd.Options.Imports): a CRI
 // runtime handler's base_runtime_spec, say.
 func StartWith(t *testing.T, extra, sandboxer string, imports []string) *Env {
 	t.Helper()
@@ -127,7 +128,7 @@ func start(t *testing.T, extra, qemu, sandboxer string, imports []string) *Env {
 	}
 	// Registered before Start, so it runs after the containerd's own cleanup (its leak check).
 	t.Cleanup(func() { checkBaseDirEmpty(t, e.BaseDir) })
-	opts := ctrdtest.Options{ShimDirs: []string{BinDir}, LeakDirs: []string{e.BaseDir}, Imports: imports}
+	opts := ctrd.Options{ShimDirs: []string{BinDir}, LeakDirs: []string{e.BaseDir}, Imports: imports}
 	cri := sandboxer != ""
 	if cri {
 		// The handler has no options, as the installed one: the shims find the
@@ -191,8 +192,8 @@ func ShellQuote(args []string) string {
 }
 
 // Alive are the processes of ps that still run (the same pid and start time, not a zombie).
-func Alive(ps []ctrdtest.Process) []ctrdtest.Process {
-	var out []ctrdtest.Process
+func Alive(ps []ctrd.Process) []ctrd.Process {
+	var out []ctrd.Process
 	for _, p := range ps {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID))
 		if err != nil {

@@ -19,7 +19,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -91,7 +91,7 @@ func (h *hostile) configFor(t *testing.T, g vmtest.Guest, mode, name string) str
 
 // start begins a part of the test: a snapshot of what containerd holds, and a cleanup that,
 // if the part failed, kills what it left and removes its tasks and containers.
-func (h *hostile) start(t *testing.T, ids ...string) ctrdtest.Snapshot {
+func (h *hostile) start(t *testing.T, ids ...string) ctrd.Snapshot {
 	t.Helper()
 	before := h.C.Snapshot(t)
 	t.Cleanup(func() {
@@ -102,7 +102,7 @@ func (h *hostile) start(t *testing.T, ids ...string) ctrdtest.Snapshot {
 		// The pods' shims first, as a crash would end them: containerd then runs its cleanup
 		// of a dead shim (the shim binary's delete action), which is let finish before
 		// whatever remains is killed.
-		h.C.KillSince(t, before, func(p ctrdtest.Process) bool {
+		h.C.KillSince(t, before, func(p ctrd.Process) bool {
 			f := strings.Fields(p.Cmdline)
 			i := slices.Index(f, "-id")
 			return len(f) > 0 && filepath.Base(f[0]) == "containerd-shim-kvfs-v2" && f[len(f)-1] != "delete" &&
@@ -139,7 +139,7 @@ func (h *hostile) start(t *testing.T, ids ...string) ctrdtest.Snapshot {
 
 // ctr runs ctr, killed if it has not returned within limit (err says so), and answers how long
 // it took.
-func (h *hostile) ctr(limit time.Duration, args ...string) (ctrdtest.Result, time.Duration, error) {
+func (h *hostile) ctr(limit time.Duration, args ...string) (ctrd.Result, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
@@ -148,7 +148,7 @@ func (h *hostile) ctr(limit time.Duration, args ...string) (ctrdtest.Result, tim
 	start := time.Now()
 	err := cmd.Run()
 	took := time.Since(start)
-	r := ctrdtest.Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: -1}
+	r := ctrd.Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: -1}
 	if cmd.ProcessState != nil {
 		r.ExitCode = cmd.ProcessState.ExitCode()
 	}
@@ -164,7 +164,7 @@ func (h *hostile) ctr(limit time.Duration, args ...string) (ctrdtest.Result, tim
 
 // ctrResult is what h.ctr answered, for a ctr run in the background.
 type ctrResult struct {
-	r    ctrdtest.Result
+	r    ctrd.Result
 	took time.Duration
 	err  error
 }
@@ -258,7 +258,7 @@ func (h *hostile) remove(t *testing.T, id string) {
 	t.Helper()
 	start := time.Now()
 	deadline := start.Add(killBound)
-	step := func(args ...string) (ctrdtest.Result, time.Duration) {
+	step := func(args ...string) (ctrd.Result, time.Duration) {
 		t.Helper()
 		r, took, err := h.ctr(max(time.Until(deadline), 0), args...)
 		if err != nil {
@@ -305,7 +305,7 @@ func (h *hostile) removeContainer(t *testing.T, id string) {
 // waitGone waits until every process containerd holds now and before did not hold has gone,
 // and every sandbox directory made since, until deadline; it fails the test with what is
 // left then.
-func (h *hostile) waitGone(t *testing.T, before ctrdtest.Snapshot, deadline time.Time, what string) {
+func (h *hostile) waitGone(t *testing.T, before ctrd.Snapshot, deadline time.Time, what string) {
 	t.Helper()
 	for {
 		procs, entries := h.since(t, before)
@@ -321,11 +321,11 @@ func (h *hostile) waitGone(t *testing.T, before ctrdtest.Snapshot, deadline time
 
 // since answers the processes containerd holds that before did not, and the sandbox
 // directories made since.
-func (h *hostile) since(t *testing.T, before ctrdtest.Snapshot) (procs []ctrdtest.Process, entries []string) {
+func (h *hostile) since(t *testing.T, before ctrd.Snapshot) (procs []ctrd.Process, entries []string) {
 	t.Helper()
 	now := h.C.Snapshot(t)
 	for _, p := range Alive(now.Processes) {
-		if !slices.ContainsFunc(before.Processes, func(q ctrdtest.Process) bool { return q.PID == p.PID && q.Start == p.Start }) {
+		if !slices.ContainsFunc(before.Processes, func(q ctrd.Process) bool { return q.PID == p.PID && q.Start == p.Start }) {
 			procs = append(procs, p)
 		}
 	}

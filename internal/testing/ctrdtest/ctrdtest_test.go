@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,25 +19,10 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 )
-
-// TestDepsVersion: scripts/deps.sh installs the containerd the tests want.
-func TestDepsVersion(t *testing.T) {
-	b, err := os.ReadFile("../../../scripts/deps.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^containerd_version=(\S+)$`).FindSubmatch(b)
-	if m == nil || string(m[1]) != ContainerdVersion {
-		t.Fatalf("scripts/deps.sh installs containerd %q; ContainerdVersion is %s", m, ContainerdVersion)
-	}
-	m = regexp.MustCompile(`(?m)^crictl_version=(\S+)$`).FindSubmatch(b)
-	if m == nil || string(m[1]) != CrictlVersion {
-		t.Fatalf("scripts/deps.sh installs crictl %q; CrictlVersion is %s", m, CrictlVersion)
-	}
-}
 
 // requireContainerd skips the tests that run a containerd where they cannot or should not
 // run: as another user than root, and with -short (make test-unit, which does not run
@@ -56,7 +40,7 @@ func requireContainerd(t *testing.T) {
 // TestRuncShim runs busybox through containerd's own runc shim: the harness's end-to-end proof.
 func TestRuncShim(t *testing.T) {
 	requireContainerd(t)
-	c := Start(t, Options{})
+	c := Start(t, ctrd.Options{})
 	image := ImportBusybox(t, c)
 
 	// The CRI and NRI are off.
@@ -95,7 +79,7 @@ func TestRuncShim(t *testing.T) {
 // file system's mount, its cgroups, runc's state), and once it is deleted none remain.
 func TestLeakCheck(t *testing.T) {
 	requireContainerd(t)
-	c := Start(t, Options{})
+	c := Start(t, ctrd.Options{})
 	image := ImportBusybox(t, c)
 	before := c.Snapshot(t)
 	c.Ctr(t, "run", "--detach", image, "sleeper", "sleep", "600")
@@ -104,7 +88,7 @@ func TestLeakCheck(t *testing.T) {
 	// "runc init" for a moment.
 	var leaks string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		leaks = strings.Join(diff(before, c.Snapshot(t)), "\n")
+		leaks = strings.Join(ctrd.Diff(before, c.Snapshot(t)), "\n")
 		if strings.Contains(leaks, "(sleep 600)") || time.Now().After(deadline) {
 			break
 		}
@@ -122,14 +106,12 @@ func TestLeakCheck(t *testing.T) {
 	}
 
 	// The root file system is mounted in containerd's mount namespace, not the test's.
-	host, err := mountPoints("/proc/self/mountinfo")
+	host, err := ctrd.OwnMounts(c.Dir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range host {
-		if under(m.point, c.Dir()) {
-			t.Errorf("%s is mounted in the test's mount namespace", m.point)
-		}
+		t.Errorf("%s is mounted in the test's mount namespace", m)
 	}
 
 	// A sandbox directory left in SandboxBaseDir is a leak too.
@@ -137,7 +119,7 @@ func TestLeakCheck(t *testing.T) {
 	if err := os.Mkdir(pod, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if l := diff(before, c.Snapshot(t)); !slices.Contains(l, "entry "+pod) {
+	if l := ctrd.Diff(before, c.Snapshot(t)); !slices.Contains(l, "entry "+pod) {
 		t.Errorf("leaks %q: no entry %s", l, pod)
 	}
 	if err := os.Remove(pod); err != nil {
@@ -156,14 +138,14 @@ func TestCleanupRemovesLeftovers(t *testing.T) {
 	requireContainerd(t)
 	var (
 		dir  string
-		left []Process
+		left []ctrd.Process
 	)
 	t.Run("leave a container", func(t *testing.T) {
-		c := Start(t, Options{})
+		c := Start(t, ctrd.Options{})
 		image := ImportBusybox(t, c)
 		c.Ctr(t, "run", "--detach", image, "left", "sleep", "600")
 		dir = c.Dir()
-		sleeping := func(p Process) bool { return p.Cmdline == "sleep 600" }
+		sleeping := func(p ctrd.Process) bool { return p.Cmdline == "sleep 600" }
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 			left = c.Snapshot(t).Processes
 			if len(left) == 2 && slices.ContainsFunc(left, sleeping) || time.Now().After(deadline) {
@@ -175,7 +157,7 @@ func TestCleanupRemovesLeftovers(t *testing.T) {
 		}
 	})
 	for _, p := range left {
-		if q, err := readProcess(p.PID); err == nil && q.Start == p.Start && q.State != 'Z' {
+		if p.Alive() {
 			t.Errorf("%s outlived the cleanup", p)
 		}
 	}
@@ -224,7 +206,7 @@ func TestCleanupReclaimsLeaks(t *testing.T) {
 	}
 	defer os.RemoveAll(leakDir)
 	r := &recorder{TB: t}
-	c := Start(r, Options{LeakDirs: []string{leakDir}})
+	c := Start(r, ctrd.Options{LeakDirs: []string{leakDir}})
 
 	// A process naming the directory, with a child, as a VM of a sandbox there would be.
 	marker := filepath.Join(leakDir, "vm")
@@ -265,14 +247,12 @@ func TestCleanupReclaimsLeaks(t *testing.T) {
 		t.Errorf("the leaked process: %v, want killed", err)
 	}
 	// The mount went with containerd's namespace: it never was in the test's.
-	ms, err := mountPoints("/proc/self/mountinfo")
+	ms, err := ctrd.OwnMounts(mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range ms {
-		if m.point == mnt {
-			t.Errorf("%s is mounted in the test's namespace", mnt)
-		}
+	if len(ms) > 0 {
+		t.Errorf("%s is mounted in the test's namespace", mnt)
 	}
 	if _, err := os.Stat(c.Dir()); !os.IsNotExist(err) {
 		t.Errorf("%s: %v after the cleanup", c.Dir(), err)
@@ -292,7 +272,7 @@ func TestCleanupCatchesOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &recorder{TB: t}
-	c := Start(r, Options{ShimDirs: []string{dir}})
+	c := Start(r, ctrd.Options{ShimDirs: []string{dir}})
 	cleaned := false
 	defer func() {
 		if !cleaned { // the test failed before it checked the cleanup
@@ -303,7 +283,7 @@ func TestCleanupCatchesOrphans(t *testing.T) {
 	if res := c.RunCtr(t, "run", "--runtime", "io.containerd.orphan.v2", image, "o1", "true"); res.ExitCode == 0 {
 		t.Fatalf("ctr run with the orphaning shim succeeded: %+v", res)
 	}
-	var orphan Process
+	var orphan ctrd.Process
 	for deadline := time.Now().Add(10 * time.Second); orphan.PID == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		for _, p := range c.Snapshot(t).Processes {
 			if p.Cmdline == "sleep 607" {
@@ -325,76 +305,15 @@ func TestCleanupCatchesOrphans(t *testing.T) {
 		t.Errorf("the cleanup did not report the orphan %s:\n%s", orphan, errs)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		q, err := readProcess(orphan.PID)
-		if err != nil || q.Start != orphan.Start || q.State == 'Z' {
+		if !orphan.Alive() {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s outlived the cleanup", orphan)
 		}
 	}
-	if _, err := os.Stat(filepath.Dir(c.cgroup)); !os.IsNotExist(err) {
-		t.Errorf("the containerd's cgroup %s: %v after the cleanup", filepath.Dir(c.cgroup), err)
-	}
-}
-
-// TestSweepDeadOwners: what the containerd of a test binary that died before its cleanup left
-// in its cgroups is killed by the next Start, and the cgroups removed.
-func TestSweepDeadOwners(t *testing.T) {
-	root, err := cgroup2Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A dead owner: a process that has exited, with its pid and start time.
-	dead := exec.Command("true")
-	if err := dead.Start(); err != nil {
-		t.Fatal(err)
-	}
-	owner, err := readProcess(dead.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead.Wait()
-	ns := namespaceFor(t)
-	cg := filepath.Join(root, ns, fmt.Sprintf("%s%d-%d", cgroupPrefix, owner.PID, owner.Start))
-	if err := os.MkdirAll(cg, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer removeCgroupTree(filepath.Join(root, ns))
-	fd, err := os.Open(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	left := exec.Command("sleep", "608")
-	left.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
-	err = left.Start()
-	fd.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer left.Process.Kill()
-	// A live owner's (this test binary's) is left alone.
-	self, err := readProcess(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	liveNS := namespaceFor(t)
-	live := filepath.Join(root, liveNS, fmt.Sprintf("%s%d-%d", cgroupPrefix, self.PID, self.Start))
-	if err := os.MkdirAll(live, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	defer removeCgroupTree(filepath.Join(root, liveNS))
-
-	r := &recorder{TB: t}
-	sweepDeadOwners(r)
-	if err := left.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Errorf("the dead owner's process: %v, want killed", err)
-	}
-	if _, err := os.Stat(filepath.Join(root, ns)); !os.IsNotExist(err) {
-		t.Errorf("the dead owner's cgroup: %v, want it removed", err)
-	}
-	if _, err := os.Stat(live); err != nil {
-		t.Errorf("the live owner's cgroup: %v, want it kept", err)
+	if _, err := os.Stat(filepath.Dir(c.Cgroup())); !os.IsNotExist(err) {
+		t.Errorf("the containerd's cgroup %s: %v after the cleanup", filepath.Dir(c.Cgroup()), err)
 	}
 }
 
@@ -402,7 +321,7 @@ func TestSweepDeadOwners(t *testing.T) {
 // stdin and exits only when CloseIO closes it.
 func TestClientCloseIO(t *testing.T) {
 	requireContainerd(t)
-	c := Start(t, Options{})
+	c := Start(t, ctrd.Options{})
 	name := ImportBusybox(t, c)
 	cl := c.Client(t)
 	ctx := context.Background()
@@ -468,7 +387,7 @@ func TestClientCloseIO(t *testing.T) {
 // apart, even with the same container ID: runc's state and the cgroups are per namespace.
 func TestTwoContainerds(t *testing.T) {
 	requireContainerd(t)
-	a, b := Start(t, Options{}), Start(t, Options{})
+	a, b := Start(t, ctrd.Options{}), Start(t, ctrd.Options{})
 	if a.Namespace() == b.Namespace() || a.Dir() == b.Dir() {
 		t.Fatalf("both in %s, %s", a.Namespace(), a.Dir())
 	}
@@ -500,85 +419,11 @@ func TestTwoContainerds(t *testing.T) {
 	a.Ctr(t, "containers", "delete", "same")
 	// b's container is untouched by a's deletion of the same ID.
 	b.CheckNoLeaks(t, before)
-	if l := diff(b.Snapshot(t), before); len(l) != 0 {
+	if l := ctrd.Diff(b.Snapshot(t), before); len(l) != 0 {
 		t.Errorf("b lost: %q", l)
 	}
 	b.Ctr(t, "tasks", "delete", "--force", "same")
 	b.Ctr(t, "containers", "delete", "same")
-}
-
-func TestDiff(t *testing.T) {
-	before := Snapshot{
-		Processes: []Process{{PID: 10, Start: 100, Cmdline: "shim a"}},
-		Mounts:    []string{"/tmp/ctrd-1/m"},
-		Cgroups:   []string{"/sys/fs/cgroup/memory/ns/a"},
-		Entries:   []string{"/tmp/sb/a"},
-		FDs:       map[string]int{"socket": 3, "/tmp/ctrd-1/root": 1},
-	}
-	if l := diff(before, before); len(l) != 0 {
-		t.Errorf("a snapshot differs from itself: %q", l)
-	}
-	now := Snapshot{
-		Processes: []Process{
-			{PID: 10, Start: 100, Cmdline: "shim a"},
-			{PID: 10, Start: 200, Cmdline: "qemu reused pid"}, // the pid names another process now
-			{PID: 11, Start: 300, Cmdline: "qemu"},
-		},
-		Mounts:  []string{"/tmp/ctrd-1/m", "/tmp/sb/b/mounts"},
-		Cgroups: []string{"/sys/fs/cgroup/memory/ns/b"},
-		Entries: []string{"/tmp/sb/a", "/tmp/sb/b"},
-		FDs:     map[string]int{"socket": 4, "/tmp/ctrd-1/root": 1, "pipe": 1},
-	}
-	want := []string{
-		"process pid 10 (qemu reused pid)",
-		"process pid 11 (qemu)",
-		"mount /tmp/sb/b/mounts",
-		"cgroup or runc state /sys/fs/cgroup/memory/ns/b",
-		"entry /tmp/sb/b",
-		"containerd's descriptors to pipe: 1, were 0",
-		"containerd's descriptors to socket: 4, were 3",
-	}
-	if got := diff(before, now); !slices.Equal(got, want) {
-		t.Errorf("diff:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-	// What went away is no leak; descriptors are not compared once containerd has exited.
-	if l := diff(now, Snapshot{}); len(l) != 0 {
-		t.Errorf("fewer things held: %q", l)
-	}
-}
-
-func TestUnescapeMount(t *testing.T) {
-	for in, want := range map[string]string{
-		`/plain`:            "/plain",
-		`/with\040space`:    "/with space",
-		`/tab\011and\012nl`: "/tab\tand\nnl",
-		`/back\134slash`:    `/back\slash`,
-		`/short\04`:         `/short\04`,
-		`/not\999octal`:     `/not\999octal`,
-	} {
-		if got := unescapeMount(in); got != want {
-			t.Errorf("unescapeMount(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestNames(t *testing.T) {
-	for _, tc := range []struct {
-		cmdline string
-		want    bool
-	}{
-		{"shim -address /tmp/ctrd-12/containerd.sock", true},
-		{"kvfs --base-dir /tmp/ctrd-12", true},
-		{"qemu -chardev socket,path=/tmp/ctrd-12/sb/x.sock,id=c", true},
-		{"shim -address /tmp/ctrd-123/containerd.sock", false},
-		{"cp /tmp/ctrd-12.bak /tmp/ctrd-12_x", false},
-		{"/tmp/ctrd-123 /tmp/ctrd-12:x", true},
-		{"sleep 600", false},
-	} {
-		if got := names(tc.cmdline, "/tmp/ctrd-12"); got != tc.want {
-			t.Errorf("names(%q) = %v, want %v", tc.cmdline, got, tc.want)
-		}
-	}
 }
 
 // TestShimDirs: a shim in Options.ShimDirs is found before the installed one, and the
@@ -591,7 +436,7 @@ func TestShimDirs(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "containerd-shim-runc-v2"), []byte(wrapper), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c := Start(t, Options{ShimDirs: []string{dir}, Env: []string{"KVFS_TEST_MARK=marked"}})
+	c := Start(t, ctrd.Options{ShimDirs: []string{dir}, Env: []string{"KVFS_TEST_MARK=marked"}})
 	image := ImportBusybox(t, c)
 	if out := c.Ctr(t, "run", "--rm", image, "t1", "echo", "hello"); out != "hello\n" {
 		t.Errorf("echo hello: %q", out)
@@ -610,7 +455,7 @@ func TestShimDirs(t *testing.T) {
 // kvfs pods are measured against.
 func TestCRIRunc(t *testing.T) {
 	requireContainerd(t)
-	c := Start(t, Options{CRI: true})
+	c := Start(t, ctrd.Options{CRI: true})
 	image := ImportImage(t, c, "localhost/busybox:cri")
 	before := c.Snapshot(t)
 
@@ -643,7 +488,7 @@ func TestCRIRunc(t *testing.T) {
 	}
 	m := regexp.MustCompile(`inet (10\.99\.0\.\d+)/24`).FindStringSubmatch(logs)
 	if m == nil {
-		t.Fatalf("no address from %s in the log: %q", PodSubnet, logs)
+		t.Fatalf("no address from %s in the log: %q", ctrd.PodSubnet, logs)
 	}
 	// The pod answers from the containerd's network namespace, beside its veth.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -676,7 +521,7 @@ func writeJSON(t *testing.T, path string, v any) {
 // shim, the task runs on and takes an exec, a kill and a delete, and nothing is left.
 func TestRestart(t *testing.T) {
 	requireContainerd(t)
-	c := Start(t, Options{})
+	c := Start(t, ctrd.Options{})
 	image := ImportBusybox(t, c)
 	before := c.Snapshot(t)
 	c.Ctr(t, "run", "-d", "--runtime", "io.containerd.runc.v2", image, "r1", "sleep", "600")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/ociimage"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/fstree"
 	"github.com/kvfs/kvfs/packaging/kubernetes/deploy"
 )
@@ -24,7 +25,7 @@ func TestImageCtr(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts containerd (-short)")
 	}
-	c := ctrdtest.Start(t, ctrdtest.Options{})
+	c := ctrdtest.Start(t, ctrd.Options{})
 	const name = "localhost/kvfs-deploy:test"
 	// Written by the built kvfs-deploy's image command, as make deploy-image does (outside the
 	// race detector, which makes gzip of its 45 MiB slow).

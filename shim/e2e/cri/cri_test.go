@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/sandbox/network"
 	"github.com/kvfs/kvfs/sandbox/serverproc"
 	"github.com/kvfs/kvfs/shim/e2e"
@@ -43,8 +44,8 @@ var criSandboxers = []string{podSandboxer, shimSandboxer}
 // container (with the pause image) under "podsandbox", none under "shim".
 func checkNoPause(t *testing.T, e *e2e.Env, sandboxer, podID string) {
 	t.Helper()
-	out := e.C.Ctr(t, "--namespace", ctrdtest.CRINamespace, "containers", "ls")
-	pause := strings.Contains(out, podID) || strings.Contains(out, ctrdtest.PauseImage)
+	out := e.C.Ctr(t, "--namespace", ctrd.CRINamespace, "containers", "ls")
+	pause := strings.Contains(out, podID) || strings.Contains(out, ctrd.PauseImage)
 	if want := sandboxer == podSandboxer; pause != want {
 		t.Errorf("sandboxer %s: a pause container %v, want %v; containerd's containers:\n%s", sandboxer, pause, want, out)
 	}
@@ -535,7 +536,7 @@ wait
 		t.Fatal(err)
 	}
 	// containerd's default spec, as the CRI makes it without a base spec, with the hook.
-	spec, err := oci.GenerateSpec(namespaces.WithNamespace(context.Background(), ctrdtest.CRINamespace), nil, &containers.Container{ID: "base"})
+	spec, err := oci.GenerateSpec(namespaces.WithNamespace(context.Background(), ctrd.CRINamespace), nil, &containers.Container{ID: "base"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +635,7 @@ func cgroupDirs(t *testing.T, path string) []string {
 // guest booted under TCG) and memory as much as the guest's RAM QEMU holds.
 func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
 	t.Helper()
-	var qemu, kvfsd []ctrdtest.Process
+	var qemu, kvfsd []ctrd.Process
 	for _, pr := range e.C.Snapshot(t).Processes {
 		switch {
 		case strings.Contains(pr.Cmdline, "qemu-system"):
@@ -688,7 +689,7 @@ func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
 // tap is, and not in containerd's (where the shim runs).
 func checkQEMUNetNS(t *testing.T, e *e2e.Env, id string) {
 	t.Helper()
-	var qemu []ctrdtest.Process
+	var qemu []ctrd.Process
 	for _, pr := range e.C.Snapshot(t).Processes {
 		if strings.Contains(pr.Cmdline, "qemu-system") {
 			qemu = append(qemu, pr)
@@ -829,7 +830,7 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	// The pod's shim SIGKILLed under the running pod: containerd sees it die and runs the
 	// shim binary's delete action, which stops the VM and the pod's kvfsd and removes the
 	// sandbox; the container is reported exited, and stopp and rmp remove the rest.
-	var shim, pod []ctrdtest.Process
+	var shim, pod []ctrd.Process
 	for _, pr := range e.C.Snapshot(t).Processes {
 		switch {
 		case strings.Contains(pr.Cmdline, "containerd-shim-kvfs-v2 -namespace"):

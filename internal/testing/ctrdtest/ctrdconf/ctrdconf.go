@@ -1,8 +1,8 @@
 // Package ctrdconf writes the files a private containerd runs from, every path of it kept in
 // one directory: its config.toml, its environment and, with the CRI on, the CNI test network
-// and crictl's config. internal/testing/ctrdtest starts such a containerd for tests, bench/podbench
-// for the pod benchmarks; this package needs no testing.TB, so a benchmark binary can link
-// it.
+// and crictl's config. Package ctrd (internal/testing/ctrdtest/ctrd) starts such a containerd, for
+// tests and for the pod benchmarks; scripts/demo.sh writes its containerd's files with
+// cmd/ctrdconf.
 package ctrdconf
 
 import (

@@ -1,28 +1,29 @@
-package ctrdtest
+package ctrd
 
 import (
+	"context"
 	"path/filepath"
-	"testing"
 
 	"github.com/kvfs/kvfs/internal/ociimage"
 )
 
 // ImportBusybox imports the busybox test image (ociimage.Busybox, from Debian's
-// busybox-static) into c's namespace as ociimage.BusyboxName, unpacked for the default
-// snapshotter, and returns that name.
-func ImportBusybox(t testing.TB, c *Containerd) string {
-	t.Helper()
+// busybox-static) into the containerd's namespace as ociimage.BusyboxName, unpacked for the
+// default snapshotter, and returns that name.
+func (c *Containerd) ImportBusybox() (string, error) {
 	if c.image == "" {
 		img, err := ociimage.Busybox(ociimage.BusyboxName, ociimage.BusyboxPath)
 		if err != nil {
-			t.Fatal(err)
+			return "", err
 		}
 		archive := filepath.Join(c.dir, "busybox.tar")
 		if err := img.WriteFile(archive); err != nil {
-			t.Fatal(err)
+			return "", err
 		}
 		c.image = archive
 	}
-	c.Ctr(t, "images", "import", c.image)
-	return ociimage.BusyboxName
+	if _, err := c.Ctr(context.Background(), "images", "import", c.image); err != nil {
+		return "", err
+	}
+	return ociimage.BusyboxName, nil
 }

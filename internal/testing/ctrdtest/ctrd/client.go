@@ -1,27 +1,21 @@
-package ctrdtest
+package ctrd
 
 import (
+	"fmt"
 	"path/filepath"
-	"testing"
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
 )
 
 // Client is a Go client of the containerd, in its namespace by default, for what ctr cannot
-// do (closing a process's stdin, say). It is closed at the end of the test.
-func (c *Containerd) Client(t testing.TB) *client.Client {
-	t.Helper()
+// do (closing a process's stdin, say). The caller closes it.
+func (c *Containerd) Client() (*client.Client, error) {
 	cl, err := client.New(c.Address(), client.WithDefaultNamespace(c.namespace), client.WithTimeout(10*time.Second))
 	if err != nil {
-		t.Fatalf("ctrdtest: connecting to containerd: %v", err)
+		return nil, fmt.Errorf("connecting to containerd: %w", err)
 	}
-	t.Cleanup(func() {
-		if err := cl.Close(); err != nil {
-			t.Errorf("ctrdtest: closing the client: %v", err)
-		}
-	})
-	return cl
+	return cl, nil
 }
 
 // FIFODir is a directory for the fifos of a client's tasks (cio.WithFIFODir), inside the

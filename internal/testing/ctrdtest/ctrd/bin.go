@@ -1,10 +1,10 @@
-package ctrdtest
+package ctrd
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"testing"
 )
 
 // ContainerdVersion is the containerd the tests run and CrictlVersion their crictl, installed
@@ -28,16 +28,18 @@ type Bins struct {
 	Crictl     string
 }
 
-// Binaries returns the installed containerd binaries. When they are missing or of another
-// version it fails the test, saying which command installs them: make test runs that command
-// first, so in CI they are there.
-func Binaries(t testing.TB) Bins {
-	t.Helper()
-	cache := os.Getenv("KVFS_CACHE")
-	if cache == "" {
-		cache = DefaultCacheDir
+// Binaries returns the containerd binaries installed in dir, or with dir empty in
+// ${KVFS_CACHE:-/var/cache/kvfs}/bin. When they are missing or of another version its error
+// says which command installs them: make test runs that command first, so in CI they are
+// there.
+func Binaries(dir string) (Bins, error) {
+	if dir == "" {
+		cache := os.Getenv("KVFS_CACHE")
+		if cache == "" {
+			cache = DefaultCacheDir
+		}
+		dir = filepath.Join(cache, "bin")
 	}
-	dir := filepath.Join(cache, "bin")
 	b := Bins{
 		Dir:        dir,
 		Containerd: filepath.Join(dir, "containerd"),
@@ -47,22 +49,22 @@ func Binaries(t testing.TB) Bins {
 	}
 	stamp, err := os.ReadFile(filepath.Join(dir, ".containerd-version"))
 	if err != nil {
-		t.Fatalf("ctrdtest: containerd %s is not installed in %s (%v): run scripts/deps.sh", ContainerdVersion, dir, err)
+		return b, fmt.Errorf("containerd %s is not installed in %s (%v): run scripts/deps.sh", ContainerdVersion, dir, err)
 	}
 	if v := strings.TrimSpace(string(stamp)); v != ContainerdVersion {
-		t.Fatalf("ctrdtest: %s holds containerd %s, the tests want %s: run scripts/deps.sh", dir, v, ContainerdVersion)
+		return b, fmt.Errorf("%s holds containerd %s, the tests want %s: run scripts/deps.sh", dir, v, ContainerdVersion)
 	}
 	stamp, err = os.ReadFile(filepath.Join(dir, ".crictl-version"))
 	if err != nil {
-		t.Fatalf("ctrdtest: crictl %s is not installed in %s (%v): run scripts/deps.sh", CrictlVersion, dir, err)
+		return b, fmt.Errorf("crictl %s is not installed in %s (%v): run scripts/deps.sh", CrictlVersion, dir, err)
 	}
 	if v := strings.TrimSpace(string(stamp)); v != CrictlVersion {
-		t.Fatalf("ctrdtest: %s holds crictl %s, the tests want %s: run scripts/deps.sh", dir, v, CrictlVersion)
+		return b, fmt.Errorf("%s holds crictl %s, the tests want %s: run scripts/deps.sh", dir, v, CrictlVersion)
 	}
 	for _, p := range []string{b.Containerd, b.Ctr, b.RuncShim, b.Crictl} {
 		if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
-			t.Fatalf("ctrdtest: %s is missing or not executable (%v): run scripts/deps.sh", p, err)
+			return b, fmt.Errorf("%s is missing or not executable (%v): run scripts/deps.sh", p, err)
 		}
 	}
-	return b
+	return b, nil
 }

@@ -1,31 +1,33 @@
-package ctrdtest
+package ctrd
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"slices"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// logTail is how much of containerd's log a failed test prints.
-const logTail = 64 << 10
-
-// cleanup ends the containerd at the end of the test (see Start).
-func (c *Containerd) cleanup(t testing.TB) {
-	t.Helper()
-	var reported []string
+// Stop ends the containerd: it removes what was left in it (the CRI's pods, tasks killed and
+// deleted, containers), each with a note to Options.Logf, and stops containerd. Then it finds
+// what leaked: what the containerd holds now that it did not hold when Start returned (what
+// goes away by itself is given 10 seconds to go: a shim exits shortly after its last task is
+// deleted). It returns that, and takes it back: it kills the processes, unmounts the mounts,
+// and removes the namespace's cgroups and runc state directory. Remove then removes the
+// containerd's directory; its log can be read until then.
+func (c *Containerd) Stop() (leaks []string, err error) {
+	var errs []error
 	select {
 	case <-c.exited:
-		t.Errorf("ctrdtest: containerd exited during the test: %v", c.waitErr)
+		errs = append(errs, fmt.Errorf("containerd exited before Stop: %v", c.waitErr))
 	default:
-		c.removeLeftovers(t)
+		errs = append(errs, c.removeLeftovers())
 		// Shims exit shortly after their last task is deleted.
 		deadline := time.Now().Add(10 * time.Second)
 		for time.Now().Before(deadline) {
@@ -37,37 +39,30 @@ func (c *Containerd) cleanup(t testing.TB) {
 		}
 		// Mounts in containerd's namespace are seen only while it runs (and go with it).
 		if pre, err := c.snapshot(); err != nil {
-			t.Errorf("ctrdtest: cleanup: %v", err)
+			errs = append(errs, err)
 		} else {
 			for _, m := range pre.Mounts {
 				if !slices.Contains(c.start.Mounts, m) {
-					reported = append(reported, "mount "+m)
+					leaks = append(leaks, "mount "+m)
 				}
 			}
 		}
-		c.stop(t)
+		errs = append(errs, c.stop())
 	}
 	now, err := c.snapshot()
-	if err != nil {
-		t.Errorf("ctrdtest: cleanup: %v", err)
-	}
-	for _, l := range diff(c.start, now) {
-		if !slices.Contains(reported, l) {
-			reported = append(reported, l)
+	errs = append(errs, err)
+	for _, l := range Diff(c.start, now) {
+		if !slices.Contains(leaks, l) {
+			leaks = append(leaks, l)
 		}
 	}
-	for _, l := range reported {
-		t.Errorf("ctrdtest: leak after the test: %s", l)
-	}
-	c.reclaim(t, now)
+	errs = append(errs, c.reclaim(now))
+	return leaks, errors.Join(errs...)
+}
 
-	if t.Failed() {
-		log := c.Log()
-		if len(log) > logTail {
-			log = "...\n" + log[len(log)-logTail:]
-		}
-		t.Logf("ctrdtest: containerd's log (%s):\n%s", c.logPath, log)
-	}
+// Remove removes the containerd's directory once Stop has stopped it, unless mounts are left
+// under it.
+func (c *Containerd) Remove() error {
 	mounts, err := c.mounts()
 	var left []string
 	for _, m := range mounts {
@@ -76,60 +71,51 @@ func (c *Containerd) cleanup(t testing.TB) {
 		}
 	}
 	if err != nil || len(left) > 0 {
-		t.Errorf("ctrdtest: %s is kept: mounts are left under it (%q) or unknown (%v)", c.dir, left, err)
-		return
+		return fmt.Errorf("%s is kept: mounts are left under it (%q) or unknown (%v)", c.dir, left, err)
 	}
-	if err := os.RemoveAll(c.dir); err != nil {
-		t.Errorf("ctrdtest: cleanup: %v", err)
-	}
+	return os.RemoveAll(c.dir)
 }
 
-// removeLeftovers deletes, in every namespace, the tasks (killed first) and containers the
-// test left, each with a note in the test's log.
-func (c *Containerd) removeLeftovers(t testing.TB) {
-	t.Helper()
+// removeLeftovers deletes, in every namespace, the tasks (killed first) and containers left
+// in the containerd, each with a note to Options.Logf.
+func (c *Containerd) removeLeftovers() error {
+	var errs []error
 	if c.opts.CRI {
 		// The CRI's pods first: with their containers, network namespaces and shm mounts.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		out, err := c.CrictlCmd(ctx, "pods", "--quiet").Output()
 		for _, id := range strings.Fields(string(out)) {
-			t.Logf("ctrdtest: cleanup: removing pod %s left by the test", id)
+			c.opts.Logf("removing pod %s, left behind", id)
 			if out, err := c.CrictlCmd(ctx, "rmp", "--force", id).CombinedOutput(); err != nil {
-				t.Errorf("ctrdtest: cleanup: crictl rmp --force %s: %v: %s", id, err, out)
+				errs = append(errs, fmt.Errorf("crictl rmp --force %s: %v: %s", id, err, out))
 			}
 		}
 		cancel()
 		if err != nil {
-			t.Errorf("ctrdtest: cleanup: crictl pods: %v", err)
+			errs = append(errs, fmt.Errorf("crictl pods: %w", err))
 		}
 	}
 	nss, err := c.ctrIn("", "namespaces", "list", "--quiet")
 	if err != nil {
-		t.Errorf("ctrdtest: cleanup: %v", err)
-		return
+		return errors.Join(append(errs, err)...)
 	}
 	for _, ns := range strings.Fields(nss) {
 		tasks, err := c.ctrIn(ns, "tasks", "list", "--quiet")
-		if err != nil {
-			t.Errorf("ctrdtest: cleanup: %v", err)
-		}
+		errs = append(errs, err)
 		for _, id := range strings.Fields(tasks) {
-			t.Logf("ctrdtest: cleanup: deleting task %s/%s left by the test", ns, id)
-			if _, err := c.ctrIn(ns, "tasks", "delete", "--force", id); err != nil {
-				t.Errorf("ctrdtest: cleanup: %v", err)
-			}
+			c.opts.Logf("deleting task %s/%s, left behind", ns, id)
+			_, err := c.ctrIn(ns, "tasks", "delete", "--force", id)
+			errs = append(errs, err)
 		}
 		ctrs, err := c.ctrIn(ns, "containers", "list", "--quiet")
-		if err != nil {
-			t.Errorf("ctrdtest: cleanup: %v", err)
-		}
+		errs = append(errs, err)
 		for _, id := range strings.Fields(ctrs) {
-			t.Logf("ctrdtest: cleanup: deleting container %s/%s left by the test", ns, id)
-			if _, err := c.ctrIn(ns, "containers", "delete", id); err != nil {
-				t.Errorf("ctrdtest: cleanup: %v", err)
-			}
+			c.opts.Logf("deleting container %s/%s, left behind", ns, id)
+			_, err := c.ctrIn(ns, "containers", "delete", id)
+			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // ctrIn runs ctr in namespace ns (the containerd's when empty) for cleanup, with a timeout.
@@ -160,93 +146,91 @@ func (e *ctrError) Error() string {
 }
 
 // stop stops containerd: SIGTERM, and SIGKILL if it has not exited 10 seconds later.
-func (c *Containerd) stop(t testing.TB) {
-	t.Helper()
+func (c *Containerd) stop() error {
+	var errs []error
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Errorf("ctrdtest: stopping containerd: %v", err)
+		errs = append(errs, fmt.Errorf("stopping containerd: %w", err))
 	}
 	select {
 	case <-c.exited:
-		return
+		return errors.Join(errs...)
 	case <-time.After(10 * time.Second):
 	}
-	t.Logf("ctrdtest: containerd did not exit within 10 s of SIGTERM; killing it")
+	c.opts.Logf("containerd did not exit within 10 s of SIGTERM; killing it")
 	if err := c.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Errorf("ctrdtest: killing containerd: %v", err)
+		errs = append(errs, fmt.Errorf("killing containerd: %w", err))
 	}
 	<-c.exited
+	return errors.Join(errs...)
 }
 
 // reclaim takes back what the containerd left, as now found it: it kills its processes,
 // unmounts its mounts, and removes the namespace's cgroups and runc state directory.
-func (c *Containerd) reclaim(t testing.TB, now Snapshot) {
-	t.Helper()
-	killAll(t, newProcesses(c.start, now))
+func (c *Containerd) reclaim(now Snapshot) error {
+	errs := []error{killAll(newProcesses(c.start, now))}
 	for _, m := range now.Mounts {
 		if !slices.Contains(c.start.Mounts, m) {
 			if err := unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
-				t.Errorf("ctrdtest: unmounting %s: %v", m, err)
+				errs = append(errs, fmt.Errorf("unmounting %s: %w", m, err))
 			}
 		}
 	}
 	// Deepest first: a container's cgroup, then the namespace's.
 	for _, d := range now.Cgroups {
 		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("ctrdtest: removing %s: %v", d, err)
+			errs = append(errs, err)
 		}
 	}
 	if err := os.Remove(c.cgroup); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("ctrdtest: removing the containerd's cgroup: %v", err)
+		errs = append(errs, fmt.Errorf("removing the containerd's cgroup: %w", err))
 	}
 	dirs, err := c.namespaceDirs()
-	if err != nil {
-		t.Errorf("ctrdtest: cleanup: %v", err)
-	}
+	errs = append(errs, err)
 	for _, d := range dirs {
 		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("ctrdtest: removing %s: %v", d, err)
+			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // KillSince kills the containerd's processes that before did not have (its shims, their VMs,
-// a ctr still waiting), those match accepts (all with a nil match), and waits for them to go:
-// what a failed part of a test left running, so that the next part does not meet it.
-// containerd itself goes on; it runs a dead shim's cleanup as usual.
-func (c *Containerd) KillSince(t testing.TB, before Snapshot, match func(Process) bool) {
-	t.Helper()
+// a ctr still waiting), those match accepts (all with a nil match), each with a note to
+// Options.Logf, and waits for them to go: what a failed part of a test left running, so that
+// the next part does not meet it. containerd itself goes on; it runs a dead shim's cleanup as
+// usual.
+func (c *Containerd) KillSince(before Snapshot, match func(Process) bool) error {
+	now, err := c.snapshot()
+	if err != nil {
+		return err
+	}
 	var left []Process
-	for _, p := range newProcesses(before, c.Snapshot(t)) {
+	for _, p := range newProcesses(before, now) {
 		if match == nil || match(p) {
-			t.Logf("ctrdtest: killing %s", p)
+			c.opts.Logf("killing %s", p)
 			left = append(left, p)
 		}
 	}
-	killAll(t, left)
+	return killAll(left)
 }
 
 // killAll sends SIGKILL to each process and waits up to 5 seconds for them to have gone.
-func killAll(t testing.TB, left []Process) {
-	t.Helper()
+func killAll(left []Process) error {
+	var errs []error
 	for _, p := range left {
 		if err := kill(p); err != nil {
-			t.Errorf("ctrdtest: killing %s: %v", p, err)
+			errs = append(errs, fmt.Errorf("killing %s: %w", p, err))
 		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(left) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		var still []Process
-		for _, p := range left {
-			if q, err := readProcess(p.PID); err == nil && q.Start == p.Start && q.State != 'Z' {
-				still = append(still, p)
-			}
-		}
-		left = still
+		left = slices.DeleteFunc(left, func(p Process) bool { return !p.Alive() })
 	}
 	for _, p := range left {
-		t.Errorf("ctrdtest: %s survived SIGKILL", p)
+		errs = append(errs, fmt.Errorf("%s survived SIGKILL", p))
 	}
+	return errors.Join(errs...)
 }
 
 // newProcesses are the processes of now that before did not have.

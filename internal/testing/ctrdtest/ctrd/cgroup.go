@@ -1,4 +1,4 @@
-package ctrdtest
+package ctrd
 
 import (
 	"errors"
@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 )
 
@@ -20,10 +19,10 @@ import (
 // which is why the containerd's cgroup is a child of that one: the leak check takes every
 // process of the subtree /NAMESPACE as the containerd's (Snapshot.Processes).
 //
-// The cgroup's name records the test binary that made it (its pid and start time): a test
-// binary killed before its cleanup ran (go test's -timeout, say) leaves the containerd's
-// processes running with nobody to report them, and the next Start on the machine kills
-// them (sweepDeadOwners) and logs what it killed.
+// The cgroup's name records the process that made it (its pid and start time): a test binary
+// killed before its cleanup ran (go test's -timeout, say) leaves the containerd's processes
+// running with nobody to report them, and the next Start on the machine kills them
+// (sweepDeadOwners) and logs what it killed.
 
 // cgroupPrefix starts the name of a containerd's cgroup in its namespace's.
 const cgroupPrefix = "containerd-of-"
@@ -123,10 +122,9 @@ func removeCgroupTree(dir string) error {
 	return errors.Join(errs...)
 }
 
-// sweepDeadOwners kills what containerds of test binaries that are gone left running (their
-// cgroups' processes) and removes their cgroups, with a line in t's log for each process.
-func sweepDeadOwners(t testing.TB) {
-	t.Helper()
+// sweepDeadOwners kills what containerds of processes that are gone left running (their
+// cgroups' processes) and removes their cgroups, with a line to logf for each process.
+func sweepDeadOwners(logf func(string, ...any)) {
 	root, err := cgroup2Root()
 	if err != nil {
 		return // Start fails on it
@@ -139,19 +137,19 @@ func sweepDeadOwners(t testing.TB) {
 			continue
 		}
 		if p, err := readProcess(owner); err == nil && p.Start == start {
-			continue // its test binary runs
+			continue // its owner runs
 		}
 		nsDir := filepath.Dir(cg)
 		pids, err := cgroupPIDs(nsDir)
 		if err != nil {
-			t.Logf("ctrdtest: the cgroup %s of a test binary that is gone: %v", nsDir, err)
+			logf("the cgroup %s of a process that is gone: %v", nsDir, err)
 			continue
 		}
 		for _, pid := range pids {
 			if p, err := readProcess(pid); err == nil {
-				t.Logf("ctrdtest: killing %s, left in %s by test binary pid %d, which died before its cleanup", p, nsDir, owner)
+				logf("killing %s, left in %s by pid %d, which died before it stopped its containerd", p, nsDir, owner)
 				if err := kill(p); err != nil {
-					t.Logf("ctrdtest: killing %s: %v", p, err)
+					logf("killing %s: %v", p, err)
 				}
 			}
 		}
@@ -161,7 +159,7 @@ func sweepDeadOwners(t testing.TB) {
 			}
 		}
 		if err := removeCgroupTree(nsDir); err != nil {
-			t.Logf("ctrdtest: removing the cgroups of a test binary that is gone: %v", err)
+			logf("removing the cgroups of a process that is gone: %v", err)
 		}
 	}
 }

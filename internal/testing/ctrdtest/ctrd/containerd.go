@@ -1,4 +1,4 @@
-package ctrdtest
+package ctrd
 
 import (
 	"bytes"
@@ -13,16 +13,15 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 )
 
-// Options configure a test containerd.
+// Options configure a containerd.
 type Options struct {
 	// ShimDirs go first on containerd's PATH, in this order, before the directory of the
-	// installed binaries (Bins.Dir) and the test's own PATH: containerd finds a runtime's
+	// installed binaries (Bins.Dir) and the caller's own PATH: containerd finds a runtime's
 	// shim binary there (containerd-shim-kvfs-v2 for io.containerd.kvfs.v2), and the shims
 	// inherit the PATH.
 	ShimDirs []string
@@ -54,6 +53,12 @@ type Options struct {
 	// own mount namespace; `nsenter -t PID -m --`, say, runs containerd and its shims in the
 	// mount namespace of process PID, where a package under test is installed.
 	Wrapper []string
+	// BinDir holds the containerd binaries (Binaries); ${KVFS_CACHE:-/var/cache/kvfs}/bin when
+	// empty.
+	BinDir string
+	// Logf, if not nil, is given notes: what Start's sweep killed (see cgroup.go), what Stop
+	// removed, what KillSince killed.
+	Logf func(format string, args ...any)
 }
 
 // Containerd is a private containerd: its own directory, config, sockets and namespace.
@@ -67,7 +72,7 @@ type Containerd struct {
 	cmd       *exec.Cmd
 	exited    chan struct{} // closed when cmd has been waited for
 	waitErr   error         // cmd.Wait's result, set before exited is closed
-	start     Snapshot      // taken once containerd answers: cleanup checks against it
+	start     Snapshot      // taken once containerd answers: Stop checks against it
 	image     string        // the busybox archive, once built
 }
 
@@ -75,83 +80,95 @@ type Containerd struct {
 // bytes, and a test's own t.TempDir() can be longer than that.
 const shortTempDir = "/tmp"
 
-// Start starts a containerd for the test and returns once it answers. The test's cleanup
-// removes what the test left (tasks are killed and deleted, containers removed, with a
-// note in the log), stops containerd, and then fails the test for any process of it that
-// outlived that (a shim, a VM, a container's process: they are killed), any mount left under
-// its directory or Options.LeakDirs (unmounted), and any cgroup or runc state left in its
-// namespace; and removes the directory. containerd's log is printed when the test failed.
-func Start(t testing.TB, opts Options) *Containerd {
-	t.Helper()
-	bins := Binaries(t)
-	sweepDeadOwners(t)
+// Start starts a containerd and returns once it answers. Stop ends it; when Start fails, it
+// has ended it.
+func Start(opts Options) (*Containerd, error) {
+	bins, err := Binaries(opts.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	sweepDeadOwners(opts.Logf)
 	if opts.LogLevel == "" {
 		opts.LogLevel = "info"
 	}
 	if opts.CtrTimeout == 0 {
 		opts.CtrTimeout = 3 * time.Minute
 	}
+	namespace, err := newNamespace()
+	if err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp(shortTempDir, "ctrd-")
 	if err != nil {
-		t.Fatalf("ctrdtest: %v", err)
+		return nil, err
 	}
 	c := &Containerd{
 		bins:      bins,
 		opts:      opts,
 		dir:       dir,
-		namespace: namespaceFor(t),
+		namespace: namespace,
 		logPath:   filepath.Join(dir, "containerd.log"),
 	}
-	// Processes in containers not running as root still reach their bundle through it.
-	if err := os.Chmod(dir, 0o711); err != nil {
+	if err := c.prepare(); err != nil {
 		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
-	}
-	cfg, err := ctrdconf.Config(dir, opts.LogLevel, opts.CRI, opts.Imports, opts.Config)
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: Options.Config: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.toml"), cfg, 0o600); err != nil {
-		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
-	}
-	for _, d := range []string{"tmp", sandboxesDir} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			os.RemoveAll(dir)
-			t.Fatalf("ctrdtest: %v", err)
-		}
-	}
-	c.opts.LeakDirs = append(append([]string{}, opts.LeakDirs...), c.SandboxBaseDir())
-	if opts.CRI {
-		// The CRI's per-pod directories and network namespace files.
-		for _, d := range []string{"root", "state"} {
-			c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(dir, d, "io.containerd.grpc.v1.cri", "sandboxes"))
-		}
-		c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(dir, "state", "io.containerd.grpc.v1.cri", "netns"))
-		if err := ctrdconf.WriteCRIFiles(dir, opts.CtrTimeout); err != nil {
-			os.RemoveAll(dir)
-			t.Fatalf("ctrdtest: %v", err)
-		}
+		return nil, err
 	}
 	if c.cgroup, err = c.makeCgroup(); err != nil {
 		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
+		return nil, err
 	}
 	if err := c.launch("", ""); err != nil {
 		removeCgroupTree(filepath.Dir(c.cgroup))
 		os.RemoveAll(dir)
-		t.Fatalf("ctrdtest: %v", err)
+		return nil, err
 	}
-	t.Cleanup(func() { c.cleanup(t) })
-	if err := c.waitReady(30 * time.Second); err != nil {
-		t.Fatalf("ctrdtest: %v", err)
+	err = c.waitReady(30 * time.Second)
+	if err == nil && opts.CRI {
+		err = c.importPause()
 	}
-	if opts.CRI {
-		c.importPause(t)
+	if err == nil {
+		c.start, err = c.snapshot()
 	}
-	c.start = c.Snapshot(t)
-	return c
+	if err != nil {
+		err = fmt.Errorf("%w\ncontainerd's log:\n%s", err, c.LogTail())
+		_, serr := c.Stop()
+		return nil, errors.Join(err, serr, c.Remove())
+	}
+	return c, nil
+}
+
+// prepare fills the containerd's directory: its config, the directories it is given, and with
+// the CRI crictl's config and the CNI network's.
+func (c *Containerd) prepare() error {
+	// Processes in containers not running as root still reach their bundle through it.
+	if err := os.Chmod(c.dir, 0o711); err != nil {
+		return err
+	}
+	cfg, err := ctrdconf.Config(c.dir, c.opts.LogLevel, c.opts.CRI, c.opts.Imports, c.opts.Config)
+	if err != nil {
+		return fmt.Errorf("Options.Config: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(c.dir, "config.toml"), cfg, 0o600); err != nil {
+		return err
+	}
+	for _, d := range []string{"tmp", sandboxesDir} {
+		if err := os.Mkdir(filepath.Join(c.dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	c.opts.LeakDirs = append(slices.Clone(c.opts.LeakDirs), c.SandboxBaseDir())
+	if !c.opts.CRI {
+		return nil
+	}
+	// The CRI's per-pod directories and network namespace files.
+	for _, d := range []string{"root", "state"} {
+		c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(c.dir, d, "io.containerd.grpc.v1.cri", "sandboxes"))
+	}
+	c.opts.LeakDirs = append(c.opts.LeakDirs, filepath.Join(c.dir, "state", "io.containerd.grpc.v1.cri", "netns"))
+	return ctrdconf.WriteCRIFiles(c.dir, c.opts.CtrTimeout)
 }
 
 // launch starts containerd on the config in c.dir, in its cgroup (which its processes
@@ -199,8 +216,8 @@ func (c *Containerd) launch(mountNS, netNS string) error {
 	// Its own mount namespace (private: nothing propagates either way), so that what it and
 	// its shims mount (containers' root file systems, sandboxes' binds) stays out of the
 	// machine's mount table, where other tests count mounts, and goes with the last of its
-	// processes. Its own process group, so that a ^C to the test does not reach it first; and
-	// killed if the test binary dies.
+	// processes. Its own process group, so that a ^C to its user does not reach it first; and
+	// killed if its user dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  newNet,
 		Setpgid:     true,
@@ -230,11 +247,10 @@ func (c *Containerd) launch(mountNS, netNS string) error {
 // answers (with the CRI on, its CRI too). The descriptor counts of a Snapshot taken before are
 // not compared with those after (they are another process's). Not to be called at the same
 // time as the containerd's other methods.
-func (c *Containerd) Restart(t testing.TB) {
-	t.Helper()
+func (c *Containerd) Restart() error {
 	select {
 	case <-c.exited:
-		t.Fatalf("ctrdtest: restart: containerd has exited: %v", c.waitErr)
+		return fmt.Errorf("restart: containerd has exited: %v", c.waitErr)
 	default:
 	}
 	// Held open, the namespaces outlive containerd even with no shim left in them.
@@ -244,40 +260,49 @@ func (c *Containerd) Restart(t testing.TB) {
 			f.Close()
 		}
 	}()
-	held := func(kind string) string {
+	held := func(kind string) (string, error) {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", c.PID(), kind))
 		if err != nil {
-			t.Fatalf("ctrdtest: restart: %v", err)
+			return "", err
 		}
 		files = append(files, f)
-		return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+		return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), nil
 	}
-	mountNS, netNS := held("mnt"), ""
+	mountNS, err := held("mnt")
+	if err != nil {
+		return fmt.Errorf("restart: %w", err)
+	}
+	netNS := ""
 	if c.opts.CRI {
-		netNS = held("net")
+		if netNS, err = held("net"); err != nil {
+			return fmt.Errorf("restart: %w", err)
+		}
 	}
-	c.stop(t)
+	if err := c.stop(); err != nil {
+		return fmt.Errorf("restart: %w", err)
+	}
 	if err := c.launch(mountNS, netNS); err != nil {
-		t.Fatalf("ctrdtest: restart: %v", err)
+		return fmt.Errorf("restart: %w", err)
 	}
 	if err := c.waitReady(30 * time.Second); err != nil {
-		t.Fatalf("ctrdtest: restart: %v", err)
+		return fmt.Errorf("restart: %w", err)
 	}
+	return nil
 }
 
-// namespaceFor is a containerd namespace for the test, unique on the machine: runc keeps its
-// state in /run/containerd/runc/NAMESPACE and ctr puts containers in the cgroup
-// /NAMESPACE/ID, both shared by every containerd on the machine.
-func namespaceFor(t testing.TB) string {
+// newNamespace is a containerd namespace unique on the machine: runc keeps its state in
+// /run/containerd/runc/NAMESPACE and ctr puts containers in the cgroup /NAMESPACE/ID, both
+// shared by every containerd on the machine.
+func newNamespace() (string, error) {
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatalf("ctrdtest: %v", err)
+		return "", err
 	}
-	return "kvfstest-" + hex.EncodeToString(b[:])
+	return "kvfstest-" + hex.EncodeToString(b[:]), nil
 }
 
 // environ is the environment of containerd, ctr and crictl (ctrdconf.Environ): PATH made of
-// Options.ShimDirs, the installed binaries and the test's PATH.
+// Options.ShimDirs, the installed binaries and the caller's PATH.
 func (c *Containerd) environ() []string {
 	return ctrdconf.Environ(c.dir, append(slices.Clone(c.opts.ShimDirs), c.bins.Dir))
 }
@@ -327,19 +352,35 @@ const sandboxesDir = "sandboxes"
 func (c *Containerd) SandboxBaseDir() string { return filepath.Join(c.dir, sandboxesDir) }
 
 // Dir is the containerd's directory: config.toml, containerd.log, root/, state/, the sockets.
-// Files a test makes for it (runtime configs, image archives) can go here too.
+// Files its user makes for it (runtime configs, image archives) can go here too.
 func (c *Containerd) Dir() string { return c.dir }
 
 // PID is containerd's process ID.
 func (c *Containerd) PID() int { return c.cmd.Process.Pid }
 
-// Log is containerd's log so far.
-func (c *Containerd) Log() string {
+// Cgroup is the containerd's cgroup (v2), which every process it starts inherits (see
+// cgroup.go).
+func (c *Containerd) Cgroup() string { return c.cgroup }
+
+// Log is containerd's log so far (its shims' lines included).
+func (c *Containerd) Log() (string, error) {
 	b, err := os.ReadFile(c.logPath)
+	return string(b), err
+}
+
+// logTailSize is how much of containerd's log LogTail gives.
+const logTailSize = 64 << 10
+
+// LogTail is the end of containerd's log, for a failure's report.
+func (c *Containerd) LogTail() string {
+	log, err := c.Log()
 	if err != nil {
 		return fmt.Sprintf("(containerd's log: %v)", err)
 	}
-	return string(b)
+	if len(log) > logTailSize {
+		log = "...\n" + log[len(log)-logTailSize:]
+	}
+	return log
 }
 
 // CtrCmd is the command `ctr --address ADDRESS --namespace NAMESPACE args...`, with the
@@ -358,34 +399,36 @@ type Result struct {
 	ExitCode int
 }
 
-// RunCtr runs ctr with args and returns its output and exit status. It fails the test if
-// ctr cannot be started, is killed by a signal, or outlasts Options.CtrTimeout.
-func (c *Containerd) RunCtr(t testing.TB, args ...string) Result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.CtrTimeout)
+// RunCtr runs ctr with args and returns its output and exit status. Its error says when ctr
+// cannot be started, is killed by a signal, or outlasts ctx or Options.CtrTimeout.
+func (c *Containerd) RunCtr(ctx context.Context, args ...string) (Result, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.opts.CtrTimeout)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := c.CtrCmd(ctx, args...)
+	cmd := c.CtrCmd(tctx, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("ctrdtest: ctr %s: timed out after %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), c.opts.CtrTimeout, &stdout, &stderr)
+		return Result{}, fmt.Errorf("ctr %s: %w", strings.Join(args, " "), ctx.Err())
+	case tctx.Err() != nil:
+		return Result{}, fmt.Errorf("ctr %s: timed out after %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), c.opts.CtrTimeout, &stdout, &stderr)
 	case errors.As(err, &ee) && ee.ExitCode() >= 0:
 	case err != nil:
-		t.Fatalf("ctrdtest: ctr %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, &stdout, &stderr)
+		return Result{}, fmt.Errorf("ctr %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, &stdout, &stderr)
 	}
-	return Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: cmd.ProcessState.ExitCode()}
+	return Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: cmd.ProcessState.ExitCode()}, nil
 }
 
-// Ctr runs ctr with args and returns its standard output; it fails the test unless ctr
-// exits 0.
-func (c *Containerd) Ctr(t testing.TB, args ...string) string {
-	t.Helper()
-	r := c.RunCtr(t, args...)
-	if r.ExitCode != 0 {
-		t.Fatalf("ctrdtest: ctr %s: exit status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.ExitCode, r.Stdout, r.Stderr)
+// Ctr runs ctr with args and returns its standard output; it is an error unless ctr exits 0.
+func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
+	r, err := c.RunCtr(ctx, args...)
+	if err != nil {
+		return "", err
 	}
-	return r.Stdout
+	if r.ExitCode != 0 {
+		return r.Stdout, fmt.Errorf("ctr %s: exit status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return r.Stdout, nil
 }

@@ -1,4 +1,4 @@
-package ctrdtest
+package ctrd
 
 import (
 	"errors"
@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +23,7 @@ type Snapshot struct {
 	// itself is not among them.
 	Processes []Process
 	// Mounts are the mount points under the containerd's directory and the LeakDirs, in the
-	// test's mount namespace and in containerd's.
+	// caller's mount namespace and in containerd's.
 	Mounts []string
 	// Cgroups are the cgroups in the containerd's namespace (ctr makes /NAMESPACE/ID in each
 	// hierarchy), but for the containerd's own there (cgroup.go), and the runc state
@@ -50,44 +49,37 @@ type Process struct {
 
 func (p Process) String() string { return fmt.Sprintf("pid %d (%s)", p.PID, p.Cmdline) }
 
+// Alive reports whether p still runs: its pid names the same process (by its start time),
+// and that is not a zombie.
+func (p Process) Alive() bool {
+	q, err := readProcess(p.PID)
+	return err == nil && q.Start == p.Start && q.State != 'Z'
+}
+
 // Snapshot takes a snapshot of the containerd.
-func (c *Containerd) Snapshot(t testing.TB) Snapshot {
-	t.Helper()
-	s, err := c.snapshot()
-	if err != nil {
-		t.Fatalf("ctrdtest: %v", err)
-	}
-	return s
-}
+func (c *Containerd) Snapshot() (Snapshot, error) { return c.snapshot() }
 
-// CheckNoLeaks fails the test for each thing the containerd holds now that it did not hold at
-// before: a process, a mount, a cgroup or runc state directory, an entry of a LeakDir, or
-// more open descriptors of a kind. What goes away by itself is given 10 seconds to go (a shim
-// exits shortly after its last task is deleted).
-func (c *Containerd) CheckNoLeaks(t testing.TB, before Snapshot) {
-	t.Helper()
-	for _, l := range c.leaks(t, before, 10*time.Second) {
-		t.Errorf("ctrdtest: leak: %s", l)
-	}
-}
-
-// leaks polls until nothing is held that before did not hold, or timeout passes, and returns
-// what is still held then.
-func (c *Containerd) leaks(t testing.TB, before Snapshot, timeout time.Duration) []string {
-	t.Helper()
+// Leaks is what the containerd holds now that it did not hold at before: a process, a mount,
+// a cgroup or runc state directory, an entry of a LeakDir, or more open descriptors of a kind
+// (Diff). What goes away by itself is given timeout to go (a shim exits shortly after its
+// last task is deleted).
+func (c *Containerd) Leaks(before Snapshot, timeout time.Duration) ([]string, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		now := c.Snapshot(t)
-		l := diff(before, now)
+		now, err := c.snapshot()
+		if err != nil {
+			return nil, err
+		}
+		l := Diff(before, now)
 		if len(l) == 0 || time.Now().After(deadline) {
-			return l
+			return l, nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-// diff describes what now holds and before did not.
-func diff(before, now Snapshot) []string {
+// Diff describes what now holds and before did not, a line for each thing.
+func Diff(before, now Snapshot) []string {
 	var out []string
 	for _, p := range newProcesses(before, now) {
 		out = append(out, "process "+p.String())
@@ -302,8 +294,24 @@ func readProcess(pid int) (Process, error) {
 	}, nil
 }
 
-// mounts lists the mount points under the watched directories, deepest first: the test's own
-// (its mount namespace) and, while containerd runs, those in containerd's mount namespace,
+// OwnMounts lists the mount points under dir in the caller's own mount namespace, where
+// containerd's mounts do not show (they are in its own).
+func OwnMounts(dir string) ([]string, error) {
+	all, err := mountPoints("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, mp := range all {
+		if under(mp.point, dir) {
+			out = append(out, mp.point)
+		}
+	}
+	return out, nil
+}
+
+// mounts lists the mount points under the watched directories, deepest first: the caller's
+// own (its mount namespace) and, while containerd runs, those in containerd's mount namespace,
 // where its shims mount.
 func (c *Containerd) mounts() ([]string, error) {
 	all, err := mountPoints("/proc/self/mountinfo")

@@ -1,4 +1,4 @@
-package ctrdtest
+package ctrd
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ociimage"
@@ -35,7 +34,7 @@ const PauseImage = ctrdconf.PauseImage
 // NetNS is the path of the containerd's network namespace, with CRI, while containerd runs
 // (/proc/PID/ns/net: the namespace has no name, and goes with the containerd's last process):
 // the test network's bridge is there, and the pods' veths have their host ends there.
-// Commands run in it with InNetNS. Empty without CRI (containerd then runs in the test's
+// Commands run in it with InNetNS. Empty without CRI (containerd then runs in the caller's
 // network namespace).
 func (c *Containerd) NetNS() string {
 	if !c.opts.CRI {
@@ -53,34 +52,35 @@ func (c *Containerd) InNetNS(ctx context.Context, name string, args ...string) *
 }
 
 // importPause imports PauseImage into CRINamespace.
-func (c *Containerd) importPause(t testing.TB) {
-	t.Helper()
+func (c *Containerd) importPause() error {
 	img, err := ociimage.Busybox(PauseImage, ociimage.BusyboxPath)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	img.Config.Cmd = []string{"sleep", "2147483647"}
 	archive := filepath.Join(c.dir, "pause.tar")
 	if err := img.WriteFile(archive); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	c.Ctr(t, "--namespace", CRINamespace, "images", "import", archive)
+	_, err = c.Ctr(context.Background(), "--namespace", CRINamespace, "images", "import", archive)
+	return err
 }
 
 // ImportImage imports the busybox test image into CRINamespace as name, for the CRI
-// (ImportBusybox imports it into the ctr namespace).
-func ImportImage(t testing.TB, c *Containerd, name string) string {
-	t.Helper()
+// (ImportBusybox imports it into the ctr namespace), and returns name.
+func (c *Containerd) ImportImage(name string) (string, error) {
 	img, err := ociimage.Busybox(name, ociimage.BusyboxPath)
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	archive := filepath.Join(c.dir, strings.NewReplacer("/", "_", ":", "_").Replace(name)+".tar")
 	if err := img.WriteFile(archive); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	c.Ctr(t, "--namespace", CRINamespace, "images", "import", archive)
-	return name
+	if _, err := c.Ctr(context.Background(), "--namespace", CRINamespace, "images", "import", archive); err != nil {
+		return "", err
+	}
+	return name, nil
 }
 
 // CrictlCmd is `crictl --config CONFIG args...` on the containerd's CRI, run in NetNS (the
@@ -89,34 +89,38 @@ func (c *Containerd) CrictlCmd(ctx context.Context, args ...string) *exec.Cmd {
 	return c.InNetNS(ctx, c.bins.Crictl, append([]string{"--config", ctrdconf.CrictlConfig(c.dir)}, args...)...)
 }
 
-// RunCrictl runs crictl with args and returns its output and exit status. It fails the test if
-// crictl cannot be started, is killed by a signal, or outlasts Options.CtrTimeout.
-func (c *Containerd) RunCrictl(t testing.TB, args ...string) Result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.CtrTimeout+10*time.Second)
+// RunCrictl runs crictl with args and returns its output and exit status. Its error says when
+// crictl cannot be started, is killed by a signal, or outlasts ctx or Options.CtrTimeout (and
+// 10 seconds: crictl's own calls are bounded by it).
+func (c *Containerd) RunCrictl(ctx context.Context, args ...string) (Result, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.opts.CtrTimeout+10*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := c.CrictlCmd(ctx, args...)
+	cmd := c.CrictlCmd(tctx, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("ctrdtest: crictl %s: timed out\nstdout: %s\nstderr: %s", strings.Join(args, " "), &stdout, &stderr)
+		return Result{}, fmt.Errorf("crictl %s: %w", strings.Join(args, " "), ctx.Err())
+	case tctx.Err() != nil:
+		return Result{}, fmt.Errorf("crictl %s: timed out\nstdout: %s\nstderr: %s", strings.Join(args, " "), &stdout, &stderr)
 	case errors.As(err, &ee) && ee.ExitCode() >= 0:
 	case err != nil:
-		t.Fatalf("ctrdtest: crictl %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, &stdout, &stderr)
+		return Result{}, fmt.Errorf("crictl %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, &stdout, &stderr)
 	}
-	return Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: cmd.ProcessState.ExitCode()}
+	return Result{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: cmd.ProcessState.ExitCode()}, nil
 }
 
-// Crictl runs crictl with args and returns its standard output; it fails the test unless
-// crictl exits 0.
-func (c *Containerd) Crictl(t testing.TB, args ...string) string {
-	t.Helper()
-	r := c.RunCrictl(t, args...)
-	if r.ExitCode != 0 {
-		t.Fatalf("ctrdtest: crictl %s: exit status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.ExitCode, r.Stdout, r.Stderr)
+// Crictl runs crictl with args and returns its standard output; it is an error unless crictl
+// exits 0.
+func (c *Containerd) Crictl(ctx context.Context, args ...string) (string, error) {
+	r, err := c.RunCrictl(ctx, args...)
+	if err != nil {
+		return "", err
 	}
-	return r.Stdout
+	if r.ExitCode != 0 {
+		return r.Stdout, fmt.Errorf("crictl %s: exit status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return r.Stdout, nil
 }
