@@ -10,9 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvfs/kvfs/internal/ociimage"
-	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
-	"github.com/kvfs/kvfs/shim"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 )
 
 // The CRI runtime handlers the pods are run with (crictl runp --runtime HANDLER): kvfs's
@@ -23,7 +21,7 @@ const (
 )
 
 // criImage is the busybox image the CRI pods' containers run; the pause image is
-// ctrdconf.PauseImage, busybox sleeping.
+// ctrd.PauseImage, busybox sleeping.
 const criImage = "localhost/busybox:podbench"
 
 // readyLine is what a pod's container prints first; its appearance in the container's CRI
@@ -74,7 +72,7 @@ type CRIReport struct {
 // RunCRI runs the CRI benchmark: in each round a pod through HandlerKvfs, then one through
 // HandlerRunc.
 func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
-	p, err := prepare(ctx, &cfg, "crictl")
+	p, err := prepare(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +85,7 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 		rep.Machine.Crictl = "crictl unknown (" + err.Error() + ")"
 	}
 
-	c, err := startCRIRun(ctx, cfg, p)
+	c, err := startCRIRun(cfg, p)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +117,7 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 		}
 	}
 	// The second readings, from containerd's log.
-	log, err := c.log()
+	log, err := c.Log()
 	if err != nil {
 		return nil, err
 	}
@@ -144,48 +142,18 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 	return rep, nil
 }
 
-// startCRIRun starts the containerd of a CRI run, with the runtime handler HandlerKvfs as the
-// installed one (no options: the shim finds its configuration by $KVFS_CONFIG_FILE, written
-// once the directory exists), and imports the pause and busybox images. The caller stops it.
-func startCRIRun(ctx context.Context, cfg Config, p prepared) (*containerd, error) {
-	kcfg := ""
-	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, true, func(dir string) (string, []string) {
-		kcfg = filepath.Join(dir, "kvfs.toml")
-		return ctrdconf.KvfsRuntime(HandlerKvfs, "", "podsandbox"), []string{shim.ConfigFileEnv + "=" + kcfg}
-	})
+// startCRIRun starts the containerd of a CRI run and imports the busybox image its pods run.
+// The caller stops it.
+func startCRIRun(cfg Config, p prepared) (*containerd, error) {
+	c, err := startContainerd(cfg, p, true)
 	if err != nil {
 		return nil, err
 	}
-	cfg.logf("CRI containerd in %s, network namespace %s", c.dir, c.namespace)
-	err = os.WriteFile(kcfg, []byte(p.kvfsConfig(c.dir, cfg)), 0o644)
-	if err == nil {
-		err = importImage(ctx, c, ctrdconf.PauseImage, []string{"sleep", "2147483647"})
-	}
-	if err == nil {
-		err = importImage(ctx, c, criImage, nil)
-	}
-	if err != nil {
+	cfg.logf("CRI containerd in %s, namespace %s", c.Dir(), c.Namespace())
+	if _, err := c.ImportImage(criImage); err != nil {
 		return nil, errors.Join(err, c.stop(""))
 	}
 	return c, nil
-}
-
-// importImage imports the busybox image as name into the ctr namespace, with cmd as its
-// command if not nil.
-func importImage(ctx context.Context, c *containerd, name string, cmd []string) error {
-	img, err := ociimage.Busybox(name, ociimage.BusyboxPath)
-	if err != nil {
-		return err
-	}
-	if cmd != nil {
-		img.Config.Cmd = cmd
-	}
-	archive := filepath.Join(c.dir, strings.NewReplacer("/", "_", ":", "_").Replace(name)+".tar")
-	if err := img.WriteFile(archive); err != nil {
-		return err
-	}
-	_, err = c.ctr(ctx, "images", "import", archive)
-	return err
 }
 
 func writeJSON(path string, v any) error {
@@ -201,7 +169,7 @@ func writeJSON(path string, v any) error {
 // pod's shim and its descendants, and their CPU over cfg.Idle; then stopp and rmp, timed.
 func criRound(ctx context.Context, c *containerd, cfg Config, handler, name string) (CRIRound, error) {
 	r := CRIRound{pod: name}
-	dir := filepath.Join(c.dir, "pods", name)
+	dir := filepath.Join(c.Dir(), "pods", name)
 	logDir := filepath.Join(dir, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return r, err
@@ -211,7 +179,7 @@ func criRound(ctx context.Context, c *containerd, cfg Config, handler, name stri
 		"metadata":      map[string]any{"name": name, "namespace": "default", "uid": name},
 		"log_directory": logDir,
 		// runc's cgroups under the benchmark's own parent, removed at the end.
-		"linux": map[string]any{"cgroup_parent": "/" + c.namespace},
+		"linux": map[string]any{"cgroup_parent": "/" + c.Namespace()},
 	}); err != nil {
 		return r, err
 	}
@@ -225,7 +193,7 @@ func criRound(ctx context.Context, c *containerd, cfg Config, handler, name stri
 	}
 	timed := func(d *time.Duration, args ...string) (string, error) {
 		t := time.Now()
-		out, err := c.crictl(ctx, args...)
+		out, err := c.Crictl(ctx, args...)
 		*d = time.Since(t)
 		return strings.TrimSpace(out), err
 	}
@@ -238,7 +206,7 @@ func criRound(ctx context.Context, c *containerd, cfg Config, handler, name stri
 	removed := false
 	defer func() {
 		if !removed {
-			c.crictl(context.WithoutCancel(ctx), "rmp", "-f", podID)
+			c.Crictl(context.WithoutCancel(ctx), "rmp", "-f", podID)
 		}
 	}()
 	if r.ctr, err = timed(&r.Create, "create", podID, ctrJSON, podJSON); err != nil {
@@ -300,7 +268,7 @@ func (r *CRIRound) readPod(ctx context.Context, c *containerd, cfg Config, handl
 		bin = shimKvfs
 	}
 	// The CRI runs a pod's containers in the shim started for its sandbox: -id POD_ID.
-	shim, err := FindShim(procs, bin, ctrdconf.CRINamespace, podID)
+	shim, err := FindShim(procs, bin, ctrd.CRINamespace, podID)
 	if err != nil {
 		return err
 	}

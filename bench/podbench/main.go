@@ -22,7 +22,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	cfg := Config{Command: strings.Join(args, " ")}
 	fs.IntVar(&cfg.Runs, "runs", 10, "rounds; each runs kvfs then runc")
 	fs.StringVar(&cfg.ShimDir, "shim-dir", "bin", "directory holding containerd-shim-kvfs-v2")
-	fs.StringVar(&cfg.BinDir, "bin-dir", "/var/cache/kvfs/bin", "containerd, ctr and containerd-shim-runc-v2 (scripts/deps.sh)")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "/var/cache/kvfs/bin", "containerd, ctr, containerd-shim-runc-v2 and crictl (scripts/deps.sh)")
 	fs.StringVar(&cfg.GuestDir, "guest", "/var/cache/kvfs/agent-guest", "the agent guest image (packaging/guest/build.sh --agent)")
 	fs.StringVar(&cfg.Accel, "accel", "", "QEMU accelerator: kvm, tcg, or empty for kvm if a probe boot of -probe-guest under KVM works")
 	fs.StringVar(&cfg.ProbeGuest, "probe-guest", vmtest.DefaultCacheDir, "the test guest (packaging/guest/build.sh DIR) the KVM probe boots")

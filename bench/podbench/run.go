@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/ociimage"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -95,9 +96,9 @@ type prepared struct {
 }
 
 // prepare makes cfg's directories absolute (containerd runs in its own directory), checks
-// that the guest image, the shims and the binaries of binDir named in bins are there, and
-// picks the accelerator.
-func prepare(ctx context.Context, cfg *Config, bins ...string) (prepared, error) {
+// that the guest image, the kvfs shim and the containerd binaries (ctrd.Binaries) are there,
+// and picks the accelerator.
+func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 	for _, d := range []*string{&cfg.ShimDir, &cfg.BinDir, &cfg.GuestDir} {
 		abs, err := filepath.Abs(*d)
 		if err != nil {
@@ -106,14 +107,13 @@ func prepare(ctx context.Context, cfg *Config, bins ...string) (prepared, error)
 		*d = abs
 	}
 	p := prepared{kernel: filepath.Join(cfg.GuestDir, "vmlinuz"), initrd: filepath.Join(cfg.GuestDir, "initramfs.gz")}
-	files := []string{p.kernel, p.initrd, filepath.Join(cfg.ShimDir, shimKvfs), filepath.Join(cfg.BinDir, shimRunc)}
-	for _, b := range bins {
-		files = append(files, filepath.Join(cfg.BinDir, b))
-	}
-	for _, f := range files {
+	for _, f := range []string{p.kernel, p.initrd, filepath.Join(cfg.ShimDir, shimKvfs)} {
 		if _, err := os.Stat(f); err != nil {
 			return prepared{}, err
 		}
+	}
+	if _, err := ctrd.Binaries(cfg.BinDir); err != nil {
+		return prepared{}, err
 	}
 	p.accel, p.accelWhy = cfg.Accel, "set with -accel"
 	if p.accel == "" {
@@ -128,11 +128,11 @@ func prepare(ctx context.Context, cfg *Config, bins ...string) (prepared, error)
 	return p, nil
 }
 
-// kvfsConfig is the kvfs shim's configuration for a containerd in dir: its sandboxes in
-// dir's sandboxesDir, the guest image, accelerator and size.
-func (p prepared) kvfsConfig(dir string, cfg Config) string {
+// kvfsConfig is the kvfs shim's configuration: its sandboxes in baseDir, the guest image,
+// accelerator and size.
+func (p prepared) kvfsConfig(baseDir string, cfg Config) string {
 	return fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n%s\n",
-		filepath.Join(dir, sandboxesDir), p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
+		baseDir, p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
 }
 
 // Run runs the benchmark through ctr.
@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 	rep := &Report{Config: cfg, Started: time.Now(), Rounds: map[string][]Round{}, Accel: p.accel, AccelWhy: p.accelWhy}
 	rep.Machine = describeMachine(cfg, p.kernel)
 
-	c, err := startContainerd(cfg.BinDir, []string{cfg.ShimDir}, false, nil)
+	c, err := startContainerd(cfg, p, false)
 	if err != nil {
 		return nil, err
 	}
@@ -153,17 +153,13 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 			retErr = fmt.Errorf("stopping containerd: %w", err)
 		}
 	}()
-	cfg.logf("containerd in %s, namespace %s", c.dir, c.namespace)
+	cfg.logf("containerd in %s, namespace %s", c.Dir(), c.Namespace())
 
-	if err := importImage(ctx, c, ociimage.BusyboxName, nil); err != nil {
-		return nil, err
-	}
-	kcfg := filepath.Join(c.dir, "kvfs.toml")
-	if err := os.WriteFile(kcfg, []byte(p.kvfsConfig(c.dir, cfg)), 0o644); err != nil {
+	if _, err := c.ImportBusybox(); err != nil {
 		return nil, err
 	}
 	runtimeArgs := map[string][]string{
-		RuntimeKvfs: {"--runtime", RuntimeKvfs, "--runtime-config-path", kcfg},
+		RuntimeKvfs: {"--runtime", RuntimeKvfs, "--runtime-config-path", c.kvfsConfig},
 		RuntimeRunc: {"--runtime", RuntimeRunc},
 	}
 
@@ -185,7 +181,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 		}
 	}
 	// The second readings, from containerd's log.
-	log, err := c.log()
+	log, err := c.Log()
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +229,7 @@ func memID(rt string, i int) string { return fmt.Sprintf("mem-%s-%d", short(rt),
 func runTrue(ctx context.Context, c *containerd, rtArgs []string, id string) (time.Duration, error) {
 	args := append(append([]string{"run", "--rm"}, rtArgs...), ociimage.BusyboxName, id, "true")
 	t0 := time.Now()
-	_, err := c.ctr(ctx, args...)
+	_, err := c.Ctr(ctx, args...)
 	return time.Since(t0), err
 }
 
@@ -246,7 +242,7 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 	id := memID(rt, i)
 	args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
 	t0 := time.Now()
-	if _, err := c.ctr(ctx, args...); err != nil {
+	if _, err := c.Ctr(ctx, args...); err != nil {
 		return r, err
 	}
 	r.Detached = time.Since(t0)
@@ -270,7 +266,7 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 	if rt == RuntimeKvfs {
 		bin = shimKvfs
 	}
-	shim, err := FindShim(procs, bin, c.namespace, id)
+	shim, err := FindShim(procs, bin, c.Namespace(), id)
 	if err != nil {
 		return r, err
 	}
@@ -318,7 +314,7 @@ func teardown(ctx context.Context, c *containerd, id string, vmm []int) error {
 	try := func(args ...string) error {
 		tctx, cancel := context.WithTimeout(ctx, deleteTimeout)
 		defer cancel()
-		_, err := c.ctr(tctx, args...)
+		_, err := c.Ctr(tctx, args...)
 		if tctx.Err() == context.DeadlineExceeded {
 			return fmt.Errorf("ctr %s: no answer within %v", strings.Join(args, " "), deleteTimeout)
 		}

@@ -60,13 +60,13 @@ type UsernsReport struct {
 // metadata workload in one pod then the other, after one uncounted round (the copy-ups, the
 // caches).
 func RunUserns(ctx context.Context, cfg Config) (_ *UsernsReport, retErr error) {
-	p, err := prepare(ctx, &cfg, "crictl")
+	p, err := prepare(ctx, &cfg)
 	if err != nil {
 		return nil, err
 	}
 	rep := &UsernsReport{Config: cfg, Started: time.Now(), Accel: p.accel, AccelWhy: p.accelWhy}
 	rep.Machine = describeMachine(cfg, p.kernel)
-	c, err := startCRIRun(ctx, cfg, p)
+	c, err := startCRIRun(cfg, p)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,7 @@ func RunUserns(ctx context.Context, cfg Config) (_ *UsernsReport, retErr error) 
 	for _, userns := range []bool{true, false} {
 		pod, ctr, err := usernsPod(ctx, c, userns)
 		if pod != "" {
-			defer c.crictl(context.WithoutCancel(ctx), "rmp", "-f", pod)
+			defer c.Crictl(context.WithoutCancel(ctx), "rmp", "-f", pod)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("the pod (user namespace %v): %w", userns, err)
@@ -114,7 +114,7 @@ func RunUserns(ctx context.Context, cfg Config) (_ *UsernsReport, retErr error) 
 // returns their ids.
 func usernsPod(ctx context.Context, c *containerd, userns bool) (pod, ctr string, err error) {
 	name := "plain"
-	linux := map[string]any{"cgroup_parent": "/" + c.namespace}
+	linux := map[string]any{"cgroup_parent": "/" + c.Namespace()}
 	sc := map[string]any{}
 	if userns {
 		name = "userns"
@@ -122,7 +122,7 @@ func usernsPod(ctx context.Context, c *containerd, userns bool) (pod, ctr string
 		sc["namespace_options"] = map[string]any{"userns_options": map[string]any{"mode": 0, "uids": m, "gids": m}}
 		linux["security_context"] = sc
 	}
-	dir := filepath.Join(c.dir, "pods", name)
+	dir := filepath.Join(c.Dir(), "pods", name)
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return "", "", err
 	}
@@ -135,16 +135,16 @@ func usernsPod(ctx context.Context, c *containerd, userns bool) (pod, ctr string
 		"command": []string{"sleep", "3600"}, "log_path": "c.log", "linux": map[string]any{"security_context": sc}}); err != nil {
 		return "", "", err
 	}
-	out, err := c.crictl(ctx, "runp", "--runtime", HandlerKvfs, podJSON)
+	out, err := c.Crictl(ctx, "runp", "--runtime", HandlerKvfs, podJSON)
 	if err != nil {
 		return "", "", err
 	}
 	pod = strings.TrimSpace(out)
-	if out, err = c.crictl(ctx, "create", pod, ctrJSON, podJSON); err != nil {
+	if out, err = c.Crictl(ctx, "create", pod, ctrJSON, podJSON); err != nil {
 		return pod, "", err
 	}
 	ctr = strings.TrimSpace(out)
-	if _, err := c.crictl(ctx, "start", ctr); err != nil {
+	if _, err := c.Crictl(ctx, "start", ctr); err != nil {
 		return pod, "", err
 	}
 	// The workload runs as the container's root: check what it is.
@@ -152,7 +152,7 @@ func usernsPod(ctx context.Context, c *containerd, userns bool) (pod, ctr string
 	if userns {
 		want = fmt.Sprintf("0 %d 65536", usernsHostID)
 	}
-	if out, err = c.crictl(ctx, "exec", "--sync", ctr, "cat", "/proc/self/uid_map"); err != nil || strings.Join(strings.Fields(out), " ") != want {
+	if out, err = c.Crictl(ctx, "exec", "--sync", ctr, "cat", "/proc/self/uid_map"); err != nil || strings.Join(strings.Fields(out), " ") != want {
 		return pod, "", fmt.Errorf("the container's uid_map %q (%v), want %q", out, err, want)
 	}
 	return pod, ctr, nil
@@ -162,7 +162,7 @@ func usernsPod(ctx context.Context, c *containerd, userns bool) (pod, ctr string
 // crictl exec's wall time.
 func runWorkload(ctx context.Context, c *containerd, ctr string) (guest, exec time.Duration, err error) {
 	t := time.Now()
-	out, err := c.crictl(ctx, "exec", "--sync", "--timeout", "600", ctr, "sh", "-c", usernsWorkload)
+	out, err := c.Crictl(ctx, "exec", "--sync", "--timeout", "600", ctr, "sh", "-c", usernsWorkload)
 	exec = time.Since(t)
 	if err != nil {
 		return 0, 0, err
