@@ -5,13 +5,13 @@ import (
 	"path/filepath"
 	"strings"
 
-	sb "github.com/kvfs/kvfs/bench/serverbench"
+	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // Machine describes where the benchmark ran and with what.
 type Machine struct {
-	sb.Host
+	report.Host
 	LoadBefore, LoadAfter  string
 	QEMU, Kvfsd, Virtiofsd string
 	Fio, Tcc, Make         string
@@ -19,20 +19,20 @@ type Machine struct {
 }
 
 func describeMachine(cfg Config, g vmtest.Guest) Machine {
-	m := Machine{Host: sb.DescribeHost(), LoadBefore: sb.LoadAvg()}
+	m := Machine{Host: report.DescribeHost(), LoadBefore: report.LoadAvg()}
 	qemu := cfg.QEMU
 	if qemu == "" {
 		qemu = vmtest.DefaultQEMU
 	}
-	m.QEMU = sb.FirstLine(qemu, "--version")
-	m.Kvfsd = sb.FirstLine(cfg.Kvfsd, "--version")
+	m.QEMU = report.FirstLine(qemu, "--version")
+	m.Kvfsd = report.FirstLine(cfg.Kvfsd, "--version")
 	if cfg.Rev != "" {
 		m.Kvfsd += " (source " + cfg.Rev + ")"
 	}
-	m.Virtiofsd = sb.FirstLine(cfg.Virtiofsd, "--version")
-	m.Fio = sb.FirstLine("fio", "--version")
-	m.Tcc = sb.FirstLine("tcc", "-v")
-	m.Make = sb.FirstLine("make", "--version")
+	m.Virtiofsd = report.FirstLine(cfg.Virtiofsd, "--version")
+	m.Fio = report.FirstLine("fio", "--version")
+	m.Tcc = report.FirstLine("tcc", "-v")
+	m.Make = report.FirstLine("make", "--version")
 	if b, err := os.ReadFile(filepath.Join(filepath.Dir(g.Kernel), "kernel-version")); err == nil {
 		m.GuestKernel = "Linux " + strings.TrimSpace(string(b))
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/containerd/log"
 	"github.com/sirupsen/logrus"
+
+	"github.com/kvfs/kvfs/bench/report"
 )
 
 // Main is the command line of bench/cmd/kvfsguestbench; it returns the exit status.
@@ -138,18 +140,5 @@ func write(rep *Report, out, chart string, stdout io.Writer) error {
 			}
 		}
 	}
-	section := Section(rep, rel)
-	if out == "-" {
-		_, err := io.WriteString(stdout, section)
-		return err
-	}
-	doc, err := os.ReadFile(out)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, []byte(Splice(string(doc), section)), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, out)
+	return report.WriteSection(out, SectionHeading, Section(rep, rel), stdout)
 }

@@ -5,10 +5,12 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/kvfs/kvfs/bench/report"
 )
 
-// SectionHeading starts the guest-level section of docs/benchmarks.md; Splice replaces what
-// follows it.
+// SectionHeading starts the guest-level section of docs/benchmarks.md; report.Splice replaces
+// what follows it.
 const SectionHeading = "## Guest level: kvfsd, the C virtiofsd and 9p in a QEMU guest"
 
 func nan() float64 { return math.NaN() }
@@ -34,15 +36,9 @@ func Section(rep *Report, chart string) string {
 		p(", and two more kvfsd shares with xattrs for the KILLPRIV_V2 comparison")
 	}
 	p(". fio, tcc, make and dd run in the guest.\n\n")
-	if cfg.Invoked != "" {
-		p("- **Command:** `%s`, which ran `%s`\n", cfg.Invoked, cfg.Command)
-	} else {
-		p("- **Command:** `%s`\n", cfg.Command)
-	}
-	p("- **Date:** %s (the run took %s, the guest %s)\n", rep.Started.UTC().Format("2006-01-02 15:04 MST"),
-		rep.Finished.Sub(rep.Started).Round(time.Second), rep.Boot.Round(time.Second))
-	p("- **Machine:** %d CPUs (nproc), %s, %s RAM, %s; load average %s before the run and %s after it (a shared machine: other jobs were running)\n",
-		m.CPUs, m.CPUModel, m.MemTotal, m.Kernel, m.LoadBefore, m.LoadAfter)
+	b.WriteString(report.Command(cfg.Invoked, cfg.Command))
+	b.WriteString(report.Date(rep.Started, rep.Finished, ", the guest "+rep.Boot.Round(time.Second).String()))
+	b.WriteString(report.Machine(m.Host, m.LoadBefore, m.LoadAfter, ": other jobs were running"))
 	p("- **Guest:** accelerator %s; %d vCPUs, %s of memory (memfd, share=on); %s\n", rep.Accel, cfg.SMP, cfg.MemSize, m.QEMU)
 	p("- **Versions:** kvfsd: %s; C virtiofsd: %s; %s; %s; %s\n", m.Kvfsd, m.Virtiofsd, m.Fio, m.Tcc, m.Make)
 	p("- **Shares:** each server its own fresh directory on one host tmpfs (so the host side never waits for a disk, and \"cold\" means the guest's caches only). ")
@@ -209,25 +205,4 @@ func ratioNum(v float64) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f", v)
-}
-
-// Splice puts section into doc: in place of an existing guest-level section (from its heading
-// to the next "## " heading, the pod-level section's, or the end), or appended.
-func Splice(doc, section string) string {
-	tail := ""
-	if i := strings.Index(doc, "\n"+SectionHeading+"\n"); i >= 0 || strings.HasPrefix(doc, SectionHeading+"\n") {
-		start := i + 1 // 0 when the document starts with the heading
-		rest := doc[start+len(SectionHeading)+1:]
-		if j := strings.Index(rest, "\n## "); j >= 0 {
-			tail = rest[j+1:]
-		}
-		doc = doc[:start]
-	}
-	if doc != "" && !strings.HasSuffix(doc, "\n\n") {
-		doc = strings.TrimRight(doc, "\n") + "\n\n"
-	}
-	if tail != "" && !strings.HasSuffix(section, "\n\n") {
-		section = strings.TrimRight(section, "\n") + "\n\n"
-	}
-	return doc + section + tail
 }

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvfs/kvfs/bench/serverbench"
+	"github.com/kvfs/kvfs/bench/report"
 )
 
 // Results are what the guest reported: every value by mount, test and run.
@@ -108,7 +108,7 @@ func (r *Results) Median(mount, test string) (float64, int) {
 	for _, v := range vs {
 		xs = append(xs, v)
 	}
-	return serverbench.Median(xs), len(xs)
+	return report.Median(xs), len(xs)
 }
 
 // Ratio is the median of per-run ratios and their range over the runs.
@@ -157,5 +157,5 @@ func (r *Results) Speedup(a, b string, t Test) Ratio {
 	if len(xs) == 0 {
 		return Ratio{Med: math.NaN(), Lo: math.NaN(), Hi: math.NaN()}
 	}
-	return Ratio{Med: serverbench.Median(xs), Lo: slices.Min(xs), Hi: slices.Max(xs), N: len(xs)}
+	return Ratio{Med: report.Median(xs), Lo: slices.Min(xs), Hi: slices.Max(xs), N: len(xs)}
 }

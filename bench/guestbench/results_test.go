@@ -140,30 +140,6 @@ func TestKillprivPerWrite(t *testing.T) {
 	}
 }
 
-func TestSplice(t *testing.T) {
-	server := "# Benchmarks\n\n## Server level\n\ntext\n"
-	sec := SectionHeading + "\n\nnew\n"
-	once := Splice(server, sec)
-	if once != server+"\n"+sec {
-		t.Errorf("appended:\n%q", once)
-	}
-	old := server + "\n" + SectionHeading + "\n\nold\n"
-	if got := Splice(old, sec); got != once {
-		t.Errorf("replaced:\n%q\nwant\n%q", got, once)
-	}
-	if got := Splice("", sec); got != sec {
-		t.Errorf("into nothing: %q", got)
-	}
-	// The pod-level section (bench/podbench) follows it and stays.
-	pod := "## Pod level: x\n\npod\n"
-	if got, want := Splice(old+"\n"+pod, sec), once+"\n"+pod; got != want {
-		t.Errorf("before the pod section:\n%q\nwant\n%q", got, want)
-	}
-	if got, want := Splice(SectionHeading+"\n\nold\n\n"+pod, sec), sec+"\n"+pod; got != want {
-		t.Errorf("at the start:\n%q\nwant\n%q", got, want)
-	}
-}
-
 // TestCSources compiles and runs the C build workload's program on the host with gcc: the
 // sources must build and the program must find its own checksum.
 func TestCSources(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	sb "github.com/kvfs/kvfs/bench/serverbench"
+	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/cmdline"
@@ -247,7 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Killpriv[m] = KillprivCounts{Writes: st["WRITE"].Count - before.Writes, Getxattrs: st["GETXATTR"].Count - before.Getxattrs}
 	}
 	rep.Finished = time.Now()
-	rep.Machine.LoadAfter = sb.LoadAvg()
+	rep.Machine.LoadAfter = report.LoadAvg()
 	if res != nil {
 		rep.Accel, rep.Boot = res.Accel+" ("+res.AccelReason+")", res.Duration
 	}

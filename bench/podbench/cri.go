@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 )
 
@@ -137,7 +138,7 @@ func RunCRI(ctx context.Context, cfg Config) (_ *CRIReport, retErr error) {
 			rs[i].LogLine = rs[i].lineStamp.Sub(t0)
 		}
 	}
-	rep.Machine.LoadAfter = loadAvg()
+	rep.Machine.LoadAfter = report.LoadAvg()
 	rep.Finished = time.Now()
 	return rep, nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrdconf"
 	"github.com/pelletier/go-toml/v2"
 )
@@ -161,8 +162,8 @@ func TestCRISection(t *testing.T) {
 		}
 	}
 	// The CRI section and the ctr section replace only themselves.
-	doc := Splice(Splice("# Benchmarks\n", SectionHeading, SectionHeading+"\n\nctr\n"), CRISectionHeading, s)
-	if again := Splice(doc, CRISectionHeading, s); again != doc || !strings.Contains(doc, SectionHeading+"\n\nctr\n\n"+CRISectionHeading) {
+	doc := report.Splice(report.Splice("# Benchmarks\n", SectionHeading, SectionHeading+"\n\nctr\n"), CRISectionHeading, s)
+	if again := report.Splice(doc, CRISectionHeading, s); again != doc || !strings.Contains(doc, SectionHeading+"\n\nctr\n\n"+CRISectionHeading) {
 		t.Errorf("spliced:\n%s", again)
 	}
 }

@@ -2,16 +2,15 @@ package podbench
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -86,25 +85,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		section = Section(rep)
 	}
-	if err := write(heading, section, *out, stdout); err != nil {
+	if err := report.WriteSection(*out, heading, section, stdout); err != nil {
 		fmt.Fprintf(stderr, "kvfspodbench: %v\n", err)
 		return 1
 	}
 	return 0
-}
-
-func write(heading, section, out string, stdout io.Writer) error {
-	if out == "-" {
-		_, err := io.WriteString(stdout, section)
-		return err
-	}
-	doc, err := os.ReadFile(out)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, []byte(Splice(string(doc), heading, section)), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, out)
 }

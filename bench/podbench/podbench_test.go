@@ -155,25 +155,6 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
-func TestSplice(t *testing.T) {
-	head := "# Benchmarks\n\n## Server level\n\ntext\n"
-	sec := SectionHeading + "\n\nnew\n"
-	once := Splice(head, SectionHeading, sec)
-	if once != head+"\n"+sec {
-		t.Errorf("appended:\n%q", once)
-	}
-	if got := Splice(head+"\n"+SectionHeading+"\n\nold\nlines\n", SectionHeading, sec); got != once {
-		t.Errorf("replaced:\n%q\nwant\n%q", got, once)
-	}
-	after := "## Later\n\nx\n"
-	if got, want := Splice(head+"\n"+SectionHeading+"\n\nold\n\n"+after, SectionHeading, sec), once+"\n"+after; got != want {
-		t.Errorf("replaced before another section:\n%q\nwant\n%q", got, want)
-	}
-	if got := Splice("", SectionHeading, sec); got != sec {
-		t.Errorf("into nothing: %q", got)
-	}
-}
-
 func TestSection(t *testing.T) {
 	boot := map[string]time.Duration{"total": 20 * time.Second, "qemu": 12 * time.Second, "kernel": 7 * time.Second, "agent": time.Second}
 	rep := &Report{

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/ociimage"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
@@ -215,7 +216,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 			}
 		}
 	}
-	rep.Machine.LoadAfter = loadAvg()
+	rep.Machine.LoadAfter = report.LoadAvg()
 	rep.Finished = time.Now()
 	return rep, nil
 }

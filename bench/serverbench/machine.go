@@ -1,56 +1,14 @@
 package serverbench
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
-	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/kvfs/kvfs/bench/report"
 )
-
-// Host is what the benchmarks (this one and bench/guestbench) record of the machine they ran
-// on.
-type Host struct {
-	CPUs     int
-	CPUModel string
-	Kernel   string // uname: system, release, machine
-	MemTotal string
-}
-
-// DescribeHost reads the host's description from /proc and uname.
-func DescribeHost() Host {
-	h := Host{CPUs: runtime.NumCPU(), CPUModel: "unknown"}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				h.CPUModel = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	var u unix.Utsname
-	if unix.Uname(&u) == nil {
-		h.Kernel = unix.ByteSliceToString(u.Sysname[:]) + " " + unix.ByteSliceToString(u.Release[:]) +
-			" " + unix.ByteSliceToString(u.Machine[:])
-	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				if kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64); err == nil {
-					h.MemTotal = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
-				}
-			}
-		}
-	}
-	return h
-}
 
 // Machine describes where the benchmark ran.
 type Machine struct {
-	Host
+	report.Host
 	Go         string
 	Virtiofsd  string // first line of --version
 	Kvfsd      string
@@ -60,35 +18,11 @@ type Machine struct {
 }
 
 func describeMachine(cfg *Config, sh *share) Machine {
-	m := Machine{Host: DescribeHost(), Go: runtime.Version(), FSType: sh.fsType, LoadBefore: LoadAvg()}
-	m.Virtiofsd = FirstLine(cfg.Virtiofsd, "--version")
-	m.Kvfsd = FirstLine(cfg.Kvfsd, "--version")
+	m := Machine{Host: report.DescribeHost(), Go: runtime.Version(), FSType: sh.fsType, LoadBefore: report.LoadAvg()}
+	m.Virtiofsd = report.FirstLine(cfg.Virtiofsd, "--version")
+	m.Kvfsd = report.FirstLine(cfg.Kvfsd, "--version")
 	if cfg.Rev != "" {
 		m.Kvfsd += " (source " + cfg.Rev + ")"
 	}
 	return m
-}
-
-// FirstLine runs bin with args and returns the first line of its output (a version), or
-// "unknown (why)".
-func FirstLine(bin string, args ...string) string {
-	out, err := exec.Command(bin, args...).CombinedOutput()
-	if err != nil && len(out) == 0 {
-		return "unknown (" + err.Error() + ")"
-	}
-	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
-	return line
-}
-
-// LoadAvg is the host's load average over 1, 5 and 15 minutes, as /proc/loadavg gives it.
-func LoadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/kvfs/kvfs/bench/report"
 )
 
 // tie is the band around 1 within which a ratio is reported as no difference.
@@ -37,7 +39,7 @@ func reading(res *Results, rs []row) []string {
 	ops := func(r row) ratio { return r.ops }
 	s := fmt.Sprintf("Throughput: of the %s where both servers ran the same configuration, kvfsd had more ops/s than the C virtiofsd in every round in %s%s, and fewer in every round in %s%s; in the other %d the rounds disagree or the median is within ±%.0f%%: no difference this run can show. The median ops/s ratio over the %s is %.2f.",
 		nRows(len(direct)), nRows(len(faster)), colonList(faster, ops), nRows(len(slower)), colonList(slower, ops),
-		len(direct)-len(faster)-len(slower), 100*tie, nRows(len(direct)), Median(meds))
+		len(direct)-len(faster)-len(slower), 100*tie, nRows(len(direct)), report.Median(meds))
 	out = append(out, s)
 	var spreads []float64
 	for _, r := range direct {
@@ -47,7 +49,7 @@ func reading(res *Results, rs []row) []string {
 	}
 	if len(spreads) > 0 {
 		out = append(out, fmt.Sprintf("Noise: the per-round ops/s ratios of a row lie within ±%.0f%% of their median for the typical row, ±%.0f%% for the worst.",
-			100*Median(spreads), 100*slices.Max(spreads)))
+			100*report.Median(spreads), 100*slices.Max(spreads)))
 	}
 
 	var cpus []float64
@@ -67,7 +69,7 @@ func reading(res *Results, rs []row) []string {
 	if len(cpus) > 0 {
 		cpu := func(r row) ratio { return r.cpu }
 		out = append(out, fmt.Sprintf("Server CPU per operation: kvfsd used less than the C virtiofsd in every round in %s%s, and more in every round in %s%s; the median ratio over the %s is %.2f.",
-			nRows(len(lessCPU)), colonList(lessCPU, cpu), nRows(len(moreCPU)), colonList(moreCPU, cpu), nRows(len(cpus)), Median(cpus)))
+			nRows(len(lessCPU)), colonList(lessCPU, cpu), nRows(len(moreCPU)), colonList(moreCPU, cpu), nRows(len(cpus)), report.Median(cpus)))
 	}
 
 	out = append(out, switchEffect(res, direct)...)
@@ -240,7 +242,7 @@ func busy(ss []Sample) (frontend, server float64) {
 	if len(fe) == 0 {
 		return math.NaN(), math.NaN()
 	}
-	return Median(fe), Median(srv)
+	return report.Median(fe), report.Median(srv)
 }
 
 // systemShare is the median over the rounds of the system part of the server's CPU.
@@ -254,7 +256,7 @@ func systemShare(ss []Sample) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}
-	return Median(xs)
+	return report.Median(xs)
 }
 
 // floorBound is the share of the floor row that a server of no cost of its own, and a front-end
@@ -412,7 +414,7 @@ func floorShare(res *Results, rs []row) []string {
 	}
 	return []string{fmt.Sprintf("The floor, a two-process eventfd ping-pong, made %s round trips per second in this run (median over its measurements). Share of it reached by kvfsd and the C virtiofsd on the single-request rows, 4 KiB at queue depth 1 (pool 0): %s. "+
 		"The other queue-depth-1 rows are several requests per operation (LOOKUP+GETATTR, CREATE+RELEASE+UNLINK, READDIRPLUS), each with its own two wake-ups, or a 1 MiB copy: their shares are in the ratio table.",
-		num(Median(ops)), strings.Join(parts, "; "))}
+		num(report.Median(ops)), strings.Join(parts, "; "))}
 }
 
 func nRows(n int) string {

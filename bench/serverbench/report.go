@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvfs/kvfs/bench/report"
 )
 
 // figures are the medians over the rounds of one workload on one setup.
@@ -24,7 +26,7 @@ func summarize(ss []Sample) figures {
 		for i, s := range ss {
 			xs[i] = f(s)
 		}
-		return Median(xs)
+		return report.Median(xs)
 	}
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	return figures{
@@ -55,7 +57,7 @@ func pairedRatio(a, b []Sample, f func(Sample) float64) ratio {
 	if len(xs) == 0 {
 		return ratio{med: math.NaN(), lo: math.NaN(), hi: math.NaN()}
 	}
-	r := ratio{med: Median(xs), n: len(xs)}
+	r := ratio{med: report.Median(xs), n: len(xs)}
 	r.lo, r.hi = span(xs)
 	return r
 }
@@ -149,14 +151,9 @@ func Report(res *Results, chart string) string {
 	p("and the FUSE client (`virtiofs/testing/fuseclient`) plays the guest kernel's FUSE layer. kvfsd and the C virtiofsd ")
 	p("run as separate processes on the same shared directory, each started as Kata starts virtiofsd ")
 	p("(`--socket-path=S -o source=DIR -o cache=MODE [--thread-pool-size=N]`).\n\n")
-	if cfg.Invoked != "" {
-		p("- **Command:** `%s`, which ran `%s`\n", cfg.Invoked, cfg.Command)
-	} else {
-		p("- **Command:** `%s`\n", cfg.Command)
-	}
-	p("- **Date:** %s (the run took %s)\n", res.Started.UTC().Format("2006-01-02 15:04 MST"), res.Finished.Sub(res.Started).Round(time.Second))
-	p("- **Machine:** %d CPUs (nproc), %s, %s RAM, %s; load average %s before the run and %s after it (a shared machine: other jobs were running)\n",
-		m.CPUs, m.CPUModel, m.MemTotal, m.Kernel, m.LoadBefore, m.LoadAfter)
+	b.WriteString(report.Command(cfg.Invoked, cfg.Command))
+	b.WriteString(report.Date(res.Started, res.Finished, ""))
+	b.WriteString(report.Machine(m.Host, m.LoadBefore, m.LoadAfter, ": other jobs were running"))
 	p("- **Versions:** %s; kvfsd: %s; C virtiofsd: %s\n", m.Go, m.Kvfsd, m.Virtiofsd)
 	p("- **Shared directory:** %s; %d empty files in one directory, %d in another (the held files); one %d MiB data file\n", m.FSType, cfg.Files, heldFiles, cfg.DataSize>>20)
 	p("- **Method:** every server configuration is started once and stays connected. %d rounds; in each round every workload runs on every configuration for %v after a %v warm-up, ",

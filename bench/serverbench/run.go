@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvfs/kvfs/bench/report"
 )
 
 // Setup is one server configuration, or the host ("limit").
@@ -203,7 +205,7 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 		}
 		if len(res.Workloads) == 0 {
 			res.Finished = time.Now()
-			res.Machine.LoadAfter = LoadAvg()
+			res.Machine.LoadAfter = report.LoadAvg()
 			return res, nil
 		}
 	}
@@ -266,7 +268,7 @@ func Run(ctx context.Context, cfg *Config) (*Results, error) {
 		}
 	}
 	res.Finished = time.Now()
-	res.Machine.LoadAfter = LoadAvg()
+	res.Machine.LoadAfter = report.LoadAvg()
 	return res, nil
 }
 

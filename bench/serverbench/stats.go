@@ -6,21 +6,6 @@ import (
 	"time"
 )
 
-// Median returns the median of xs: the middle value, or the mean of the two middle values for an
-// even count. It returns NaN for no values and leaves xs unchanged.
-func Median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
-
 // Percentile returns the p-th percentile (0 < p <= 100) of sorted by the nearest-rank method:
 // the smallest sample with at least p% of the samples at or below it. It returns 0 for no
 // samples.

@@ -1,35 +1,9 @@
 package serverbench
 
 import (
-	"math"
 	"testing"
 	"time"
 )
-
-func TestMedian(t *testing.T) {
-	for _, tc := range []struct {
-		in   []float64
-		want float64
-	}{
-		{[]float64{3}, 3},
-		{[]float64{5, 1, 3}, 3},
-		{[]float64{4, 1, 3, 2}, 2.5},
-		{[]float64{1, 1, 100, 1, 1}, 1},
-	} {
-		in := append([]float64(nil), tc.in...)
-		if got := Median(in); got != tc.want {
-			t.Errorf("Median(%v) = %v, want %v", tc.in, got, tc.want)
-		}
-		for i := range in {
-			if in[i] != tc.in[i] {
-				t.Fatalf("Median reordered its input: %v", in)
-			}
-		}
-	}
-	if got := Median(nil); !math.IsNaN(got) {
-		t.Errorf("Median(nil) = %v, want NaN", got)
-	}
-}
 
 func TestPercentile(t *testing.T) {
 	hundred := make([]time.Duration, 100)
