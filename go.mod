@@ -22,7 +22,6 @@ require (
 	github.com/containerd/plugin v1.1.0
 	github.com/containerd/ttrpc v1.2.10
 	github.com/containerd/typeurl/v2 v2.3.0
-	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/mdlayher/socket v0.6.0
 	github.com/mdlayher/vsock v1.3.0
 	github.com/opencontainers/go-digest v1.0.0

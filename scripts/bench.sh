@@ -56,8 +56,9 @@ if [ ! -x "$virtiofsd" ]; then
 fi
 
 mkdir -p bin docs
-go build -o bin/ ./cmd/kvfsd ./cmd/containerd-shim-kvfs-v2 ./bench/cmd/kvfsbench ./bench/cmd/kvfsguestbench \
-	./bench/cmd/kvfspodbench
+go build -o bin/ ./cmd/kvfsd ./cmd/containerd-shim-kvfs-v2
+# The benchmarks are a module of their own, in bench/.
+(cd bench && go build -o ../bin/ ./cmd/kvfsbench ./cmd/kvfsguestbench ./cmd/kvfspodbench)
 
 # What the report records: how the benchmark was started, and kvfsd's source revision.
 how=scripts/bench.sh

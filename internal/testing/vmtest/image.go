@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -166,24 +167,25 @@ func cacheDir() string {
 	return filepath.Join(os.TempDir(), "kvfs-guest")
 }
 
-// RepoRoot returns the directory holding go.mod, found by walking up from
-// the working directory (a package directory under go test).
+// RepoRoot returns the directory holding the go.mod of module github.com/kvfs/kvfs (not
+// bench/'s, a module of its own), found by walking up from the working directory (a package
+// directory under go test).
 func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		_, err := os.Stat(filepath.Join(dir, "go.mod"))
-		if err == nil {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && slices.Contains(strings.Split(string(b), "\n"), "module github.com/kvfs/kvfs") {
 			return dir, nil
 		}
-		if !errors.Is(err, os.ErrNotExist) {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return "", err
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
+			return "", fmt.Errorf("no go.mod of github.com/kvfs/kvfs above the working directory")
 		}
 		dir = parent
 	}
