@@ -113,6 +113,15 @@ func Section(rep *Report) string {
 	}
 	p("\n")
 
+	p("### Pod start against its floor\n\n")
+	p("The floor is the same QEMU booting the same kernel as the kvfs VM (same machine, memory and command line) to an `/init` that powers off at once, timed around QEMU just before each round's kvfs run: what no pod start with this kernel can go under.\n\n")
+	p("| | s | ÷ floor |\n|---|---|---|\n")
+	floor := report.Seconds(kv, func(r Round) time.Duration { return r.Floor })
+	p("| floor: QEMU + kernel → `/init` → power off | %s | 1 |\n", Summarize(floor).Format("%.3f"))
+	runs := report.Seconds(kv, func(r Round) time.Duration { return r.Run })
+	p("| kvfs `ctr run --rm … true` | %s | %s |\n", Summarize(runs).Format("%.3f"), Summarize(Ratios(runs, floor)).Format("%.1f"))
+	p("\n")
+
 	p("### Memory per pod (one container running `sleep`), MiB\n\n")
 	p("The kvfs guest has vm.memory %s: QEMU's RSS is what of it the guest has touched, plus QEMU itself; the container's processes are inside it. For runc the container's processes are on the host and counted in their own row.\n\n", cfg.Memory)
 	p("| | kvfs | runc | kvfs ÷ runc |\n|---|---|---|---|\n")

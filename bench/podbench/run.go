@@ -59,6 +59,9 @@ type Round struct {
 	VMM       Mem           // QEMU (kvfs); zero for runc
 	Container Mem           // the shim's other descendants: the container's processes (runc)
 	Boot      map[string]time.Duration
+	// Floor (kvfs) is the round's boot of the same QEMU and kernel to an /init that powers off
+	// at once (floorBoot), measured just before the kvfs run.
+	Floor time.Duration
 	// StartedAt is when `ctr run -d` returned (wall clock, as containerd's log); CreateStart
 	// is from the detached run's shim connection to then, in containerd's log, and
 	// AnswerToStarted (kvfs) from its agent's answer to then: Create's rest and Start.
@@ -170,12 +173,23 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 			return nil, err
 		}
 	}
+	floorInitrd := filepath.Join(c.Dir(), "floor-initramfs.gz")
+	if err := writeFloorInitrd(floorInitrd); err != nil {
+		return nil, err
+	}
 	for i := 1; i <= cfg.Runs; i++ {
 		for _, rt := range []string{RuntimeKvfs, RuntimeRunc} {
+			var floor time.Duration
+			if rt == RuntimeKvfs {
+				if floor, err = floorBoot(ctx, cfg, p.accel, p.kernel, floorInitrd, c.Dir()); err != nil {
+					return nil, fmt.Errorf("round %d: %w", i, err)
+				}
+			}
 			r, err := round(ctx, c, cfg, rt, runtimeArgs[rt], i, rep)
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %s: %w", i, rt, err)
 			}
+			r.Floor = floor
 			rep.Rounds[rt] = append(rep.Rounds[rt], r)
 			cfg.logf("round %d %s: run %v, detached start %v, shim %d KiB, vmm %d KiB, container %d KiB, boot %v",
 				i, short(rt), r.Run.Round(time.Millisecond), r.Detached.Round(time.Millisecond), r.Shim.RSS, r.VMM.RSS, r.Container.RSS, r.Boot)
