@@ -5,6 +5,8 @@
 #     reference server the tests compare against;
 #   - busybox-static, cpio, kmod, gcc, libc6-dev: the guest image (packaging/guest/build.sh);
 #     busybox-static is also the containers' test image (internal/ociimage);
+#   - flex, bison, bc, libelf-dev: the pod VM's guest kernel (packaging/guest/kernel/build.sh,
+#     which downloads its source itself);
 #   - fio, tcc, make: the guest benchmark's image (packaging/guest/build.sh --bench copies them
 #     in), and make for its test that builds the Lua source with tcc on the host;
 #   - protobuf-compiler: protoc, for the control API's drift check (scripts/gen-api.sh installs
@@ -37,7 +39,7 @@ rust_virtiofsd_series=1.13
 # QEMU 10: bookworm-backports' package, of this upstream series.
 qemu10_series=10.0
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev flex bison bc libelf-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2"
 
 missing=()
 for p in $packages; do
@@ -107,29 +109,9 @@ if [ "$(cat "$crictl_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bin
 	trap - EXIT
 	echo "$crictl_version" >"$crictl_stamp"
 fi
-# unpack_debs SUITE ROOT PACKAGE...: downloads the packages of Debian's SUITE with a private apt
-# state (the machine's sources, lists and packages untouched) and unpacks them into ROOT, which
-# replaces what was there once all of them are unpacked.
-unpack_debs() {
-	local suite=$1 root=$2 tmp
-	shift 2
-	mkdir -p "${root%/*}"
-	tmp=$(mktemp -d "${root%/*}/.unpack.XXXXXX")
-	trap 'rm -rf "$tmp"' EXIT
-	mkdir -p "$tmp/apt/lists/partial" "$tmp/apt/cache/archives/partial" "$tmp/root"
-	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" >"$tmp/apt/sources.list"
-	local apt_private=(-o "Dir::Etc::sourcelist=$tmp/apt/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$tmp/apt/lists"
-		-o "Dir::Cache=$tmp/apt/cache" -o APT::Sandbox::User=root)
-	apt-get -q "${apt_private[@]}" update >/dev/null
-	(cd "$tmp/apt/cache/archives" && apt-get -q "${apt_private[@]}" download "$@" >/dev/null)
-	for deb in "$tmp"/apt/cache/archives/*.deb; do
-		dpkg-deb -x "$deb" "$tmp/root"
-	done
-	rm -rf "$root"
-	mv "$tmp/root" "$root"
-	rm -rf "$tmp"
-	trap - EXIT
-}
+# debian_download and unpack_debs: packages of other Debian suites, the machine's apt untouched.
+# shellcheck source=packaging/debian-apt.sh
+. "$(dirname "$0")/../packaging/debian-apt.sh"
 
 # check_version WHAT SERIES OUTPUT: fails unless OUTPUT (a --version's first line) names SERIES.
 check_version() {
