@@ -72,8 +72,8 @@ func writeNewc(w io.Writer, ino int, name string, mode uint32, data []byte) erro
 	return err
 }
 
-// floorBoot boots kernel in QEMU as the kvfs shim's VM is booted (the default machine and CPU,
-// cfg's memory and vCPUs, the guest's RAM a shared memfd, the same kernel command line) with
+// floorBoot boots kernel in cfg's QEMU as the kvfs shim's VM is booted (the default machine and
+// CPU, cfg's memory and vCPUs, the guest's RAM a shared memfd, the same kernel command line) with
 // initrd, whose /init powers off at once, and answers QEMU's wall time: what no pod start with
 // that QEMU and kernel can go under. The console is kept in dir.
 func floorBoot(ctx context.Context, cfg Config, accel, kernel, initrd, dir string) (time.Duration, error) {
@@ -87,7 +87,7 @@ func floorBoot(ctx context.Context, cfg Config, accel, kernel, initrd, dir strin
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	start := time.Now()
-	out, err := exec.CommandContext(ctx, vm.QEMU, args...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, cfg.QEMU, args...).CombinedOutput()
 	took := time.Since(start)
 	if err != nil {
 		return 0, fmt.Errorf("the floor boot: %v: %s", err, out)

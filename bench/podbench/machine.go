@@ -19,7 +19,7 @@ type Machine struct {
 
 func describeMachine(cfg Config, kernel string) Machine {
 	m := Machine{Host: report.DescribeHost(), LoadBefore: report.LoadAvg()}
-	m.QEMU = report.FirstLine("qemu-system-x86_64", "--version")
+	m.QEMU = report.FirstLine(cfg.QEMU, "--version")
 	m.Containerd = report.FirstLine(filepath.Join(cfg.BinDir, "containerd"), "--version")
 	m.Runc = report.FirstLine("runc", "--version")
 	if b, err := os.ReadFile(filepath.Join(filepath.Dir(kernel), "kernel-version")); err == nil {

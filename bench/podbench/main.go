@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfs/kvfs/bench/report"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 // Main is the command line of bench/cmd/kvfspodbench; it returns the exit status.
@@ -27,6 +28,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.ProbeGuest, "probe-guest", vmtest.DefaultCacheDir, "the test guest (packaging/guest/build.sh DIR) the KVM probe boots")
 	fs.StringVar(&cfg.Memory, "mem", "512M", "the guest's memory (vm.memory)")
 	fs.IntVar(&cfg.VCPUs, "vcpus", 1, "the guest's vCPUs (vm.vcpus)")
+	fs.StringVar(&cfg.QEMU, "qemu", sandbox.DefaultConfig().VM.QEMU, "the QEMU binary the pods and the floor boot run (vm.qemu)")
 	fs.StringVar(&cfg.VMTOML, "vm-toml", "", "TOML lines added to the kvfs configuration's [vm] table, e.g. 'free_page_reporting = false'")
 	fs.DurationVar(&cfg.Settle, "settle", 2*time.Second, "wait after a sleep container started before its memory is read")
 	fs.BoolVar(&cfg.CRI, "cri", false, "run pods through containerd's CRI with crictl (runtime handlers kvfs and runc) and write the CRI section, instead of ctr's")

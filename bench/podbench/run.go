@@ -33,6 +33,7 @@ type Config struct {
 	GuestDir string // the agent guest image (packaging/guest/build.sh --agent)
 	Accel    string // "" for what a probe boot of ProbeGuest finds (vmtest.Accel)
 	Memory   string // the guest's memory (vm.memory)
+	QEMU     string // the emulator (vm.qemu), for the pods and the floor
 	VCPUs    int    // the guest's vCPUs (vm.vcpus)
 	// VMTOML is more of the kvfs configuration's [vm] table, as TOML lines
 	// ("free_page_reporting = false"), for comparisons of one setting.
@@ -135,8 +136,8 @@ func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 // kvfsConfig is the kvfs shim's configuration: its sandboxes in baseDir, the guest image,
 // accelerator and size.
 func (p prepared) kvfsConfig(baseDir string, cfg Config) string {
-	return fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n%s\n",
-		baseDir, p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
+	return fmt.Sprintf("base_dir = %q\n[vm]\nqemu = %q\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n%s\n",
+		baseDir, cfg.QEMU, p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
 }
 
 // Run runs the benchmark through ctr.
