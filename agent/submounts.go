@@ -23,9 +23,9 @@ import (
 // CONFIG_BUG_ON_DATA_CORRUPTION): the exiting process never finishes, its container never
 // reports the exit (TestCRIPod saw it in CI). In a guest of 2 vCPUs, a loop of mount
 // namespaces that each read and write a file on a submount and exit stopped the kernel within
-// 2 to 36 rounds in every run (docs/reliability.md); with the parent namespace holding the
-// submount, and unmounting it after each child had exited, 100 rounds ran clean, and 150 with
-// the parent holding it throughout.
+// 2 to 36 rounds in every run (docs/measurements/reliability.md); with the parent namespace
+// holding the submount, and unmounting it after each child had exited, 100 rounds ran clean, and
+// 150 with the parent holding it throughout.
 //
 // submounts is the agent's cure: before runc runs, the agent walks into the container's
 // submounts itself, so that its own namespace holds them; it unmounts them when the last

@@ -76,7 +76,7 @@ type GuestLimits struct {
 // DefaultGuestLimits are the limits of the shipped shim. With them, under TCG: a query answers
 // or fails within 10 s, a SIGKILLed container is stopped within 30 s, a Create whose agent
 // goes silent fails within 90 s, and at most one OOM event per container per second reaches
-// containerd (docs/reliability.md).
+// containerd (docs/measurements/reliability.md).
 var DefaultGuestLimits = GuestLimits{
 	Query:       5 * time.Second,
 	Signal:      5 * time.Second,

@@ -138,8 +138,8 @@ type Config struct {
 	// the guest's kicks suppressed, for a window that adapts to how soon requests come and never
 	// exceeds PollMax, before it sleeps (vhostuser.WithAdaptivePolling; QEMU's iothread
 	// poll-max-ns). It trades CPU for the wake-up a request costs, which pays only on a host
-	// with a CPU to spare for it (docs/performance.md). 0, the default, never polls. The
-	// high-priority queue never polls: nobody waits for the FORGETs it carries.
+	// with a CPU to spare for it (docs/measurements/performance.md). 0, the default, never polls.
+	// The high-priority queue never polls: nobody waits for the FORGETs it carries.
 	PollMax time.Duration
 	// Writeback offers the guest a writeback cache (FUSE_WRITEBACK_CACHE): writes collect in the
 	// guest's page cache and reach the host later, in pages, and the guest keeps file sizes and

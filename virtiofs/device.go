@@ -249,7 +249,7 @@ const yieldBatch = 16
 // signals the guest after each completion (if the guest asked to be told, by EVENT_IDX or the
 // NO_INTERRUPT flag): signalling once per 16 completions at queue depth 16 saved call-eventfd
 // writes but cost a fifth to a third of the throughput, as the driver then reaps in bursts
-// (docs/performance.md, "Notifications at QD16").
+// (docs/measurements/performance.md, "Notifications at QD16").
 func (d *device) serveInline(idx int, vr *vhostuser.Vring, qs *queueState, max int) (int, error) {
 	q, c := vr.Queue(), &qs.chain
 	for n := 0; n < max; n++ {

@@ -21,7 +21,8 @@ import (
 // the queue goroutine makes one host call at a time, so 16 fsyncs wait one after the other; a
 // pool has several in the host at once, and the file system can commit them together. The
 // share is under $TMPDIR (ext4 on the test machines; on tmpfs fsync costs nothing and the pool
-// cannot pay). One op is one stream's WRITE (and FSYNC). docs/performance.md has results.
+// cannot pay). One op is one stream's WRITE (and FSYNC). docs/measurements/performance.md has
+// results.
 //
 //	go test -run '^$' -bench ThreadPool -benchtime 3s ./virtiofs/
 func BenchmarkThreadPool(b *testing.B) {

@@ -75,7 +75,8 @@ func NewServer(cfg Config) (*Server, error) {
 	var bopts []vhostuser.Option
 	if cfg.ThreadPoolSize == 0 {
 		// The rings serve the requests themselves: see WithRingProcs. With a pool, the
-		// workers would run on the extra Ps and wake more threads (docs/performance.md).
+		// workers would run on the extra Ps and wake more threads
+		// (docs/measurements/performance.md).
 		bopts = append(bopts, vhostuser.WithRingProcs())
 	}
 	if cfg.PollMax > 0 {

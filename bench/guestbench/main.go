@@ -43,8 +43,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Timeout, "timeout", 30*time.Minute, "limit for the guest")
 	fs.StringVar(&cfg.Invoked, "invoked", "", "how the benchmark was started, for the report")
 	fs.StringVar(&cfg.Rev, "rev", "", "kvfsd's source revision, for the report")
-	out := fs.String("out", "docs/benchmarks.md", "document whose guest-level section is written (replaced, or appended); - for stdout")
-	chart := fs.String("chart", "docs/benchmarks-guest.png", "chart PNG; empty for none")
+	out := fs.String("out", "docs/measurements/benchmarks.md", "document whose guest-level section is written (replaced, or appended); - for stdout")
+	chart := fs.String("chart", "docs/measurements/benchmarks-guest.png", "chart PNG; empty for none")
 	quiet := fs.Bool("q", false, "do not print the guest's result lines as they arrive")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2

@@ -9,8 +9,8 @@ import (
 	"github.com/kvfs/kvfs/bench/report"
 )
 
-// SectionHeading starts the guest-level section of docs/benchmarks.md; report.Splice replaces
-// what follows it.
+// SectionHeading starts the guest-level section of docs/measurements/benchmarks.md; report.Splice
+// replaces what follows it.
 const SectionHeading = "## Guest level: kvfsd, the C virtiofsd and 9p in a QEMU guest"
 
 func nan() float64 { return math.NaN() }
@@ -143,7 +143,7 @@ func reading(rep *Report) []string {
 	if behind[MountVirtiofsd]+behind[Mount9p] == 0 {
 		out = append(out, "Goal (no guest-level median of kvfsd below the C virtiofsd's or 9p's): met in this run.")
 	} else {
-		out = append(out, fmt.Sprintf("Goal (no guest-level median of kvfsd below the C virtiofsd's or 9p's): not met in this run: below the C virtiofsd in %d workloads, below 9p in %d (listed next). Why, from kvfsd's CPU profile over a whole guest run and two runs compared: docs/performance.md, \"The guest level\".",
+		out = append(out, fmt.Sprintf("Goal (no guest-level median of kvfsd below the C virtiofsd's or 9p's): not met in this run: below the C virtiofsd in %d workloads, below 9p in %d (listed next). Why, from kvfsd's CPU profile over a whole guest run and two runs compared: docs/measurements/performance.md, \"The guest level\".",
 			behind[MountVirtiofsd], behind[Mount9p]))
 	}
 	for _, other := range []struct{ mount, name string }{{MountVirtiofsd, "the C virtiofsd"}, {Mount9p, "9p"}} {

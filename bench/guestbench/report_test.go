@@ -82,6 +82,9 @@ func TestSectionGoalNotMet(t *testing.T) {
 	if !strings.Contains(s, "in every run in 1 of these (C build with tcc, cold)") {
 		t.Errorf("section does not say the build was behind in every run:\n%s", s)
 	}
+	if !strings.Contains(s, `docs/measurements/performance.md, "The guest level"`) {
+		t.Errorf("section does not point at the experiments behind the goal:\n%s", s)
+	}
 }
 
 // TestSectionLuaBuildOnly is a report of kvfsguestbench -run luabuild: the Lua build's row with

@@ -8,7 +8,7 @@ import (
 	"github.com/kvfs/kvfs/bench/report"
 )
 
-// CRISectionHeading starts the CRI pod section of docs/benchmarks.md.
+// CRISectionHeading starts the CRI pod section of docs/measurements/benchmarks.md.
 const CRISectionHeading = "## Pod level through the CRI: crictl pods, kvfs against runc"
 
 // criRow is a row of a CRI table: a figure of each round, kvfs's and runc's.

@@ -14,7 +14,7 @@
 // agent start-up (the agent's Ping times, guest CLOCK_BOOTTIME). Before each kvfs run, the
 // floor (floor.go): the same QEMU and kernel booted to an /init that powers off at once, timed
 // around QEMU. Section renders medians, ranges and per-round ratios kvfs ÷ runc and kvfs ÷
-// floor as the pod-level section of docs/benchmarks.md.
+// floor as the pod-level section of docs/measurements/benchmarks.md.
 //
 // With Config.CRI (RunCRI, CRISection) the containerd has its CRI on, in a network namespace
 // of its own with a CNI bridge, and each round runs a pod through crictl with the runtime

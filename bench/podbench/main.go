@@ -37,7 +37,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.KeepLog, "keep-log", "", "copy containerd's log (its shims' lines included) here at the end")
 	fs.StringVar(&cfg.Invoked, "invoked", "", "how the benchmark was started, for the report")
 	fs.StringVar(&cfg.Rev, "rev", "", "kvfs's source revision, for the report")
-	out := fs.String("out", "docs/benchmarks.md", "document whose pod-level section (ctr's, or with -cri the CRI's) is written (replaced, or appended); - for stdout")
+	out := fs.String("out", "docs/measurements/benchmarks.md", "document whose pod-level section (ctr's, or with -cri the CRI's) is written (replaced, or appended); - for stdout")
 	quiet := fs.Bool("q", false, "do not print each round's figures")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2

@@ -10,8 +10,8 @@ import (
 	"github.com/kvfs/kvfs/bench/report"
 )
 
-// SectionHeading starts the pod-level section of docs/benchmarks.md; report.Splice replaces
-// it.
+// SectionHeading starts the pod-level section of docs/measurements/benchmarks.md; report.Splice
+// replaces it.
 const SectionHeading = "## Pod level: containerd's kvfs shim (a QEMU VM per pod) against its runc shim"
 
 // sharedNote is what the Machine line of the ctr and CRI sections says of the machine's

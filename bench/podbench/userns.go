@@ -12,7 +12,7 @@ import (
 	"github.com/kvfs/kvfs/bench/report"
 )
 
-// UsernsSectionHeading starts the user-namespace section of docs/benchmarks.md.
+// UsernsSectionHeading starts the user-namespace section of docs/measurements/benchmarks.md.
 const UsernsSectionHeading = "## Pod level through the CRI: a user-namespaced pod's metadata cost"
 
 // usernsHostID is where the user-namespaced pod maps its container ids 0-65535.

@@ -1,7 +1,7 @@
 // Package report holds what the benchmarks' reports (bench/serverbench, bench/guestbench,
 // bench/podbench) share: the machine they ran on (Host), the lines every report starts with,
-// medians, figures in seconds and MiB, a section spliced into docs/benchmarks.md, and the
-// chart of ratios (RatioChart, drawn with gonum.org/v1/plot).
+// medians, figures in seconds and MiB, a section spliced into docs/measurements/benchmarks.md, and
+// the chart of ratios (RatioChart, drawn with gonum.org/v1/plot).
 package report
 
 import (

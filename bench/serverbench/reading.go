@@ -463,7 +463,7 @@ func profileWhy(res *Results, p *Profile) string {
 	}
 	return s + fmt.Sprintf(" In the rounds one operation took %s µs (p50) from the front-end's submission to its reply through kvfsd, which spent %s µs of CPU on it (the C virtiofsd: %s µs and %s µs), while the host's own system calls take %s µs: "+
 		"the server's CPU is a fraction of the latency, and the rest is the round trip through the virtqueue, the front-end process's own work, and the wake-ups of the two processes' threads on each kick and each interrupt, which both servers pay alike. "+
-		"kvfsd's own code with allocation and GC (%.0f%% of its CPU, %s µs per operation) is %.0f%% of that latency: %s. What remains is the round trip; fewer wake-ups per request are what a polling server or front-end buys with a CPU of its own, and this %d-CPU machine has none to spare (the experiments are in docs/performance.md).",
+		"kvfsd's own code with allocation and GC (%.0f%% of its CPU, %s µs per operation) is %.0f%% of that latency: %s. What remains is the round trip; fewer wake-ups per request are what a polling server or front-end buys with a CPU of its own, and this %d-CPU machine has none to spare (the experiments are in docs/measurements/performance.md).",
 		num(kf.p50), num(kf.cpu), num(vf.p50), num(vf.cpu), num(lf.p50), 100*own, num(own*kf.cpu), 100*share, verdict, res.Machine.CPUs)
 }
 
@@ -479,5 +479,5 @@ func schedulerNote(res *Results) string {
 		return ""
 	}
 	return " kvfsd's CPU profiles (below) put this share of its CPU in Go's scheduler (entering and leaving system calls, sysmon, waking and parking threads), work the C virtiofsd's plain threads do not do: " +
-		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking wait of the ring's own was tried and cost more CPU and more switches per operation (docs/performance.md)."
+		strings.Join(parts, ", ") + ". Waiting for kicks in Go's netpoller instead of a blocking wait of the ring's own was tried and cost more CPU and more switches per operation (docs/measurements/performance.md)."
 }

@@ -92,6 +92,21 @@ func TestReport(t *testing.T) {
 	}
 }
 
+// TestChartRef: the report links the chart relative to itself, as scripts/bench.sh writes both
+// into docs/measurements.
+func TestChartRef(t *testing.T) {
+	for _, c := range []struct{ out, chart, want string }{
+		{"docs/measurements/benchmarks.md", "docs/measurements/benchmarks-server.png", "benchmarks-server.png"},
+		{"report.md", "docs/measurements/benchmarks-server.png", "docs/measurements/benchmarks-server.png"},
+		{"", "docs/measurements/benchmarks-server.png", "docs/measurements/benchmarks-server.png"},
+		{"docs/measurements/benchmarks.md", "", ""},
+	} {
+		if got := chartRef(&Config{Out: c.out, Chart: c.chart}); got != c.want {
+			t.Errorf("chartRef(out %q, chart %q) = %q, want %q", c.out, c.chart, got, c.want)
+		}
+	}
+}
+
 func TestReadingFloor(t *testing.T) {
 	// READ 4 KiB QD1 (i = 1 in fakeResults: 2000 ops/s for the C virtiofsd, 4000 for kvfsd,
 	// 8000 for the floor) and READ 4 KiB QD16, which the floor does not run.

@@ -13,7 +13,7 @@ const nameMax = 255
 // entryName is one entry's name NUL-terminated for an *at() system call, in the caller's
 // (stack) buffer. The x/sys wrappers copy a string argument to the heap (BytePtrFromString) on
 // every call: one allocation per LOOKUP, CREATE, UNLINK, MKDIR... and per entry of a
-// READDIRPLUS (docs/performance.md, "Names without copies").
+// READDIRPLUS (docs/measurements/performance.md, "Names without copies").
 type entryName [nameMax + 1]byte
 
 // of returns name NUL-terminated in b. A name that no single entry may have, too long or with a

@@ -16,8 +16,8 @@ import (
 // queue on 2 CPUs) that is always the case, so every wake-up found its P gone, and sysmon
 // handing it to a spinning thread cost futex wake-ups and context switches the request did not
 // need (strace -c, LOOKUP+GETATTR+FORGET: 1.94 futex calls per operation, 0.10 with the spare
-// Ps; docs/performance.md). With one P per ring on top, an idle P always remains and sysmon
-// leaves a waiting ring's P alone. The extra Ps run nothing unless there is Go code to run.
+// Ps; docs/measurements/performance.md). With one P per ring on top, an idle P always remains and
+// sysmon leaves a waiting ring's P alone. The extra Ps run nothing unless there is Go code to run.
 // This is a process-wide setting: the last ring to stop puts back the value found.
 func WithRingProcs() Option {
 	return func(b *Backend) { b.ringProcs = true }
@@ -59,9 +59,9 @@ const yieldEvery = 5 * time.Millisecond
 // is woken and starts again at its shortest period. Traced with perf probes (READ 1 MiB
 // sequential QD16, 5 000 requests): sysmon called preemptone 1 074 times and handed off a
 // P 990 times; per READ 1 MiB at QD1, 0.7–1.0 nanosleep and 0.6–0.7 futex calls, which the C
-// virtiofsd does not make (docs/performance.md, step 2). A Gosched on every wake-up instead
-// costs more than it saves: it puts the goroutine on the global run queue and wakes a thread
-// for an idle P (1.9 futex calls per READ 4 KiB at QD1).
+// virtiofsd does not make (docs/measurements/performance.md, step 2). A Gosched on every wake-up
+// instead costs more than it saves: it puts the goroutine on the global run queue and wakes a
+// thread for an idle P (1.9 futex calls per READ 4 KiB at QD1).
 func (v *Vring) Yield() {
 	if time.Since(v.yielded) < yieldEvery {
 		return

@@ -191,8 +191,8 @@ func (v *Vring) closeFDs() {
 //
 // The factors are fixed rather than options: growth by 2 reaches any limit in a few batches,
 // and dropping to 0 in one step is what bounds the cost of polling where it does not help (on
-// a machine without a CPU to spare, docs/performance.md): once the guest's requests come
-// further apart than pollMax, the ring spins for at most one window more and then sleeps at
+// a machine without a CPU to spare, docs/measurements/performance.md): once the guest's requests
+// come further apart than pollMax, the ring spins for at most one window more and then sleeps at
 // once after every batch, as without polling, until requests come closer together again.
 //
 // Threat model: the guest decides when requests come, so it decides how much of pollMax is
