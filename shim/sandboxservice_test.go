@@ -528,6 +528,9 @@ func TestSandboxAPIStopWhileStarting(t *testing.T) {
 			}
 			h.createSandbox("sbx", ns, &criapi.PodSandboxConfig{})
 			wait := h.waitSandbox("sbx")
+			// WaitSandbox must have found the sandbox before the shutdown below can end it and
+			// forget it (a later one answers NotFound): give its goroutine that moment.
+			time.Sleep(50 * time.Millisecond)
 			startErr := make(chan error, 1)
 			go func() {
 				_, err := h.svc.StartSandbox(h.ctx, &sandboxAPI.StartSandboxRequest{SandboxID: "sbx"})
