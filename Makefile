@@ -15,13 +15,18 @@ SYSCONFDIR ?= /etc
 LOCALSTATEDIR ?= /var
 LAYOUT = --destdir "$(DESTDIR)" --prefix "$(PREFIX)" --sysconfdir "$(SYSCONFDIR)" --localstatedir "$(LOCALSTATEDIR)"
 
-.PHONY: all build deps test test-unit fuzz soak demo bench vet fmt-check clean generate check-generate \
+.PHONY: all build deps guest-kernel test test-unit fuzz soak demo bench vet fmt-check clean generate check-generate \
 	guest-image install uninstall deb deploy-image
 
 all: build
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/...
+
+# The pod VM's guest kernel (packaging/guest/kernel), built once and cached by its inputs: the
+# guest images take it from there. make test builds it first, before its tests run side by side.
+guest-kernel:
+	packaging/guest/kernel/build.sh $(or $(KVFS_CACHE),/var/cache/kvfs)/guest-kernel
 
 # The pod VM's guest image (vmlinuz, initramfs.gz, image.json, SHA256SUMS), reproducible.
 guest-image:
@@ -69,7 +74,7 @@ FUZZTIME ?= 2m
 # The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
 # real guests under QEMU, and the agent's test fault modes (built only with -tags kvfsfaults);
 # then every fuzz target for 20 s.
-test: deps fmt-check vet
+test: deps guest-kernel fmt-check vet
 	$(GO) test -race -count=1 -timeout 40m ./...
 	cd bench && $(GO) test -race -count=1 -timeout 40m ./...
 	$(GO) test -race -count=1 -tags kvfsfaults -run TestFault ./agent/

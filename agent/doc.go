@@ -1,11 +1,11 @@
 // Package agent is kvfs-agent, the init of a kvfs pod's VM: it serves the agent API
-// (api/agent/v1) to the host's shim over ttrpc and runs the pod's containers with runc in the
+// (api/agent/v1) to the host's shim over ttrpc and runs the pod's containers with crun in the
 // guest.
 //
 // # What it does
 //
-// As PID 1 (Main) it leaves the initramfs for a bind mount of it (runc's pivot_root refuses
-// the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
+// As PID 1 (Main) it leaves the initramfs for a bind mount of it (the runtime's pivot_root
+// refuses the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
 // /dev/shm, /dev/mqueue, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller
 // enabled for the containers, loads the modules in /etc/kvfs/modules (finit_module), mounts
 // the virtio-fs tag of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up
@@ -15,12 +15,12 @@
 // leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a
 // child subreaper, so the container processes still come back to it).
 //
-// [Service] implements the API on a [Runtime] ([RuncRuntime]: runc create, start, exec, kill,
+// [Service] implements the API on a [Runtime] ([OCIRuntime]: crun create, start, exec, kill,
 // delete, ps, pause, resume, update through go-runc) and [Cgroups] ([Cgroup2]: metrics and OOM
 // kills from the container's cgroup). Each container's bundle is
 // /run/kvfs/containers/<id>/config.json, written from the request's spec. A process's stdio
 // are pipes the agent holds the other ends of, /dev/null for a stream the host did not ask for,
-// or a pty whose master runc passes back over a console socket. Its output is read into a
+// or a pty whose master the runtime passes back over a console socket. Its output is read into a
 // bounded buffer (1 MiB; past it the process blocks on write) that ReadStdout and ReadStderr
 // drain, so what a process wrote is still there after it exited: WaitProcess answers after the
 // exit, the reads answer the rest and then eof. A pipe that a child left behind still holds
@@ -28,14 +28,14 @@
 // runc shim waits as long for an exec's output), so the host's wait for eof ends; a pty is
 // not (its end comes when the last process holding the terminal goes).
 //
-// Before runc creates a container, the agent walks into the share's submounts the container's
+// Before the runtime creates a container, the agent walks into the share's submounts the container's
 // root and binds cross, and those the host names below them, so that its own mount namespace
 // holds them until the last container using them is deleted (submounts.go): the exit of a
 // container's last process then never tears a virtio-fs superblock down, which Debian's 6.1
 // kernel can do with an inode still busy and stop on, and a bind carries the host's mounts
 // inside it with their own flags. A spec whose PID namespace is apiv1.PodPIDNamespace joins
 // the pod's shared one, and one whose user namespace is apiv1.PodUserNamespace the pod's user
-// namespace, both made at first use with an init of their own, kvfs-pod-init (podns.go). A kill that runc refuses because the init has exited, not yet reaped,
+// namespace, both made at first use with an init of their own, kvfs-pod-init (podns.go). A kill that the runtime refuses because the init has exited, not yet reaped,
 // answers NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host

@@ -122,7 +122,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 	reaper := NewReaper()
 	runc.Monitor = reaper
 	svc, err := NewService(Config{
-		Runtime: &RuncRuntime{BundleDir: DefaultStateDir},
+		Runtime: &OCIRuntime{BundleDir: DefaultStateDir},
 		Cgroups: Cgroup2{Root: DefaultCgroupRoot, Log: log},
 		Version: Version,
 		Started: booted,

@@ -9,8 +9,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// Runtime runs containers: runc in the guest ([RuncRuntime]), a fake in the service's tests.
-// Every method may be slow (it runs a runc command); the service calls none of them with its
+// Runtime runs containers: crun in the guest ([OCIRuntime]), a fake in the service's tests.
+// Every method may be slow (it runs a runtime command); the service calls none of them with its
 // lock held. Exits of the processes a Runtime starts are reported to
 // [Service.ProcessExited] by whoever reaps them, not by the Runtime.
 type Runtime interface {

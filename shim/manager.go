@@ -275,14 +275,14 @@ func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 	switch {
 	case err != nil:
 		log.G(ctx).WithError(err).Warn("no features: cannot read the guest image's description")
-	case desc.Runc.Features == nil:
-		log.G(ctx).WithField("initrd", cfg.VM.Initrd).Warn("no features: the guest image does not say what its runc supports (an image built before kvfs recorded it)")
+	case desc.Runtime.Features == nil:
+		log.G(ctx).WithField("initrd", cfg.VM.Initrd).Warn("no features: the guest image does not say what its runtime supports (an image built before kvfs recorded it)")
 	default:
 		idmapped, err := overlayutils.SupportsIDMappedMounts()
 		if err != nil {
 			log.G(ctx).WithError(err).Warn("no idmapped mounts: cannot tell whether the kernel makes them")
 		}
-		if info.Features, err = typeurl.MarshalAnyToProto(podFeatures(desc.Runc.Features, idmapped)); err != nil {
+		if info.Features, err = typeurl.MarshalAnyToProto(podFeatures(desc.Runtime.Features, idmapped)); err != nil {
 			return nil, err
 		}
 	}

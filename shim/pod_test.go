@@ -227,11 +227,12 @@ func TestManagerInfo(t *testing.T) {
 		}
 		return p
 	}
-	runc := `{"ociVersionMin": "1.0.0", "mountOptions": ["bind", "ro", "rro", "rbind"], "hooks": ["prestart"],
+	crun := `{"ociVersionMin": "1.0.0", "mountOptions": ["bind", "ro", "rro", "rbind"], "hooks": ["prestart"],
 		"linux": {"namespaces": ["mount", "user"], "cgroup": {"v1": true, "v2": true, "systemd": true, "systemdUser": true},
 			"apparmor": {"enabled": true}, "selinux": {"enabled": true}},
-		"annotations": {"org.opencontainers.runc.version": "1.1.5", "org.opencontainers.runc.checkpoint.enabled": "true"}}`
-	desc := `{"kvfs_version": "devel", "runc": {"package_version": "1.1.5", "features": ` + runc + `}}`
+		"annotations": {"run.oci.crun.version": "1.21", "org.opencontainers.runc.checkpoint.enabled": "true",
+			"run.oci.crun.checkpoint.enabled": "true", "run.oci.crun.wasm": "true"}}`
+	desc := `{"kvfs_version": "devel", "runtime": {"name": "crun", "package_version": "1.21-1", "features": ` + crun + `}}`
 	if err := os.WriteFile(filepath.Join(image, guestimage.DescriptionFile), []byte(desc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +250,7 @@ func TestManagerInfo(t *testing.T) {
 	l := f.Linux
 	switch {
 	case !slices.Contains(f.MountOptions, "rro") || !slices.Equal(l.Namespaces, []string{"mount", "user"}):
-		t.Errorf("features %+v: want runc's mount options and namespaces", f)
+		t.Errorf("features %+v: want crun's mount options and namespaces", f)
 	case *l.Apparmor.Enabled || *l.Selinux.Enabled || *l.IntelRdt.Enabled:
 		t.Errorf("features %+v: AppArmor, SELinux or RDT on", l)
 	case !*l.MountExtensions.IDMap.Enabled:
@@ -258,7 +259,7 @@ func TestManagerInfo(t *testing.T) {
 		t.Errorf("features %+v: idmapped mounts off", l)
 	case *l.Cgroup.V1 || !*l.Cgroup.V2 || *l.Cgroup.Systemd || *l.Cgroup.SystemdUser:
 		t.Errorf("cgroup features %+v: want v2 alone", l.Cgroup)
-	case f.Annotations["org.opencontainers.runc.checkpoint.enabled"] != "" || f.Annotations["org.opencontainers.runc.version"] != "1.1.5":
+	case len(f.Annotations) != 1 || f.Annotations["run.oci.crun.version"] != "1.21":
 		t.Errorf("annotations %v", f.Annotations)
 	}
 

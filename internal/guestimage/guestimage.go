@@ -51,12 +51,14 @@ type Description struct {
 		// "kvfsfaults"); a shipped image has none.
 		Tags string `json:"tags,omitempty"`
 	} `json:"agent"`
-	Runc struct {
+	// Runtime is the container runtime in the guest (crun).
+	Runtime struct {
+		Name           string `json:"name"`
 		PackageVersion string `json:"package_version"`
-		// Features is what `runc features` says of the image's runc; nil in an image built
-		// before build.sh recorded it.
+		// Features is what `crun features` says of the image's runtime; nil in an image
+		// built before build.sh recorded it.
 		Features *features.Features `json:"features,omitempty"`
-	} `json:"runc"`
+	} `json:"runtime"`
 	Busybox struct {
 		PackageVersion string `json:"package_version"`
 	} `json:"busybox"`

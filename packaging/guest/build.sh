@@ -17,21 +17,27 @@
 # the shared libraries they load, glibc's headers, start files and libm for tcc,
 # and the static helpers in bench/*.c. The default image does not change.
 #
-# --agent builds the pod VM's image, into an OUTDIR of its own: the same kernel,
-# the virtio, virtio-fs, virtio-serial, vsock and virtio-net guest modules
-# (listed in /etc/kvfs/modules, with their dependencies), the modules the guest
-# kernel loads on demand through busybox's modprobe (networking, netfilter and
-# overlayfs: see ondemand below), static busybox with its applets in /bin, Debian's
-# runc with the shared libraries and dynamic loader it needs, pod-init.c built static
+# --agent builds the pod VM's image, into an OUTDIR of its own: kvfs's guest kernel
+# (packaging/guest/kernel: everything the pod needs built in, no modules; built
+# once into $KVFS_CACHE/guest-kernel, default /var/cache/kvfs/guest-kernel, and
+# copied here as vmlinuz), static busybox with its applets in /bin, the container
+# runtime crun (Debian trixie's, downloaded with a private apt state into
+# OUTDIR/runtime-debs and kept there) with the shared libraries and dynamic loader
+# it needs, trixie's, pod-init.c built static
 # as /bin/kvfs-pod-init (the init of a pod's shared PID namespace), and kvfs-agent built
 # from this repository (CGO_ENABLED=0 go build -trimpath) as /init. Neither init
-# nor tools/*.c go in. It is rebuilt when the contents of build.sh, pod-init.c,
-# the agent binary, the runc package's version or the kernel package change (the check
+# nor tools/*.c go in. With KVFS_GUEST_KERNEL=debian the kernel is Debian's, as
+# for the test guest, with the virtio, virtio-fs, virtio-serial, vsock, virtio-net
+# and balloon modules loaded at boot (listed in /etc/kvfs/modules, with their
+# dependencies) and the modules the guest kernel loads on demand through busybox's
+# modprobe (networking, netfilter and overlayfs: see ondemand below). It is rebuilt
+# when the contents of build.sh, pod-init.c, the agent binary, crun's packages
+# or the kernel (its inputs, or Debian's package) change (the check
 # builds the agent first: go's build cache makes that quick). The archive is
 # reproducible: every file's time is SOURCE_DATE_EPOCH (default 0), cpio's input
 # sorted and --reproducible, gzip -n. The image describes itself in
-# /etc/kvfs/image.json (kernel, agent, runc and busybox versions, what the runc
-# supports (runc features), KVFS_VERSION, default "devel"), also written beside
+# /etc/kvfs/image.json (kernel, agent, runtime and busybox versions, what the
+# runtime supports (crun features), KVFS_VERSION, default "devel"), also written beside
 # it as OUTDIR/image.json, and OUTDIR/SHA256SUMS holds the checksums of vmlinuz,
 # initramfs.gz and image.json (sha256sum -c SHA256SUMS; kvfsctl image info).
 #
@@ -55,6 +61,7 @@ say() {
 bench=
 agent=
 agent_tags=
+kernel=debian
 case ${1:-} in
 --bench)
 	bench=1
@@ -73,6 +80,8 @@ esac
 [ $# -eq 1 ] || die "usage: $0 [--bench|--agent|--agent-faults] OUTDIR"
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=packaging/debian-apt.sh
+. "$here/../debian-apt.sh"
 mkdir -p "$1" || die "cannot create output directory $1"
 out=$(cd "$1" && pwd)
 
@@ -94,8 +103,18 @@ if [ -n "$agent" ]; then
 	# are loaded (the kernel loads the tables themselves on demand), as on a node where
 	# they always are. virtio_balloon: free page reporting (vm.free_page_reporting).
 	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net ip_tables ip6_tables virtio_balloon"
-	host_packages+=" runc xz-utils"
+	host_packages+=" xz-utils binutils"
+	# The guest's container runtime and what it loads, from trixie: crun 1.21 starts a
+	# container in a fraction of runc's time under emulation (docs/measurements/benchmarks.md).
+	runtime_packages="crun libc6 libcap2 libseccomp2 libsystemd0 libyajl2"
+	runtime_debs=$out/runtime-debs
 	inputs=("$here/build.sh" "$here/pod-init.c")
+	kernel=${KVFS_GUEST_KERNEL:-kvfs}
+	case $kernel in
+	kvfs) kernel_dir=${KVFS_CACHE:-/var/cache/kvfs}/guest-kernel ;;
+	debian) ;;
+	*) die "KVFS_GUEST_KERNEL=$kernel: want kvfs (the default) or debian" ;;
+	esac
 	repo=$(cd "$here/../.." && pwd)
 	epoch=${SOURCE_DATE_EPOCH:-0}
 	[[ $epoch =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$epoch is not a number of seconds"
@@ -111,9 +130,14 @@ inputs_hash() {
 		[ -z "$bench" ] || echo bench
 		if [ -n "$agent" ]; then
 			echo "agent $(sha256sum <"$agent_bin" | cut -d' ' -f1)"
-			dpkg-query -W -f='${Package} ${Version}\n' runc busybox-static
-			# The kernel packages in use: their file names carry their versions.
-			(cd "$out/debs" 2>/dev/null && compgen -G 'linux-image-*.deb' | LC_ALL=C sort) || echo "no kernel yet"
+			dpkg-query -W -f='${Package} ${Version}\n' busybox-static
+			(cd "$runtime_debs" && compgen -G '*.deb' | LC_ALL=C sort)
+			if [ "$kernel" = kvfs ]; then
+				echo "kvfs kernel $(cat "$kernel_dir/inputs.sha256")"
+			else
+				# The kernel packages in use: their file names carry their versions.
+				(cd "$out/debs" 2>/dev/null && compgen -G 'linux-image-*.deb' | LC_ALL=C sort) || echo "no kernel yet"
+			fi
 			echo "epoch $epoch version $kvfs_version"
 		fi
 	} | sha256sum | cut -d' ' -f1
@@ -123,7 +147,7 @@ up_to_date() {
 	local f newer=1
 	[ -s "$out/vmlinuz" ] && [ -s "$out/initramfs.gz" ] || return 1
 	[ -z "$agent" ] || { [ -s "$out/image.json" ] && [ -s "$out/SHA256SUMS" ]; } || return 1
-	# The agent image also depends on the agent's sources and the runc package, which
+	# The agent image also depends on the agent's sources and the runtime's packages, which
 	# have no single file to compare times with: only its hash decides.
 	[ -z "$agent" ] || newer=
 	for f in "${inputs[@]}"; do
@@ -193,14 +217,25 @@ if [ -n "$agent" ]; then
 	gobin=$(command -v go || true)
 	[ -n "$gobin" ] || [ ! -x /usr/local/go/bin/go ] || gobin=/usr/local/go/bin/go
 	[ -n "$gobin" ] || die "go is not installed (needed to build kvfs-agent)"
-	runc_bin=$(command -v runc || true)
-	[ -n "$runc_bin" ] || runc_bin=/usr/sbin/runc
-	[ -x "$runc_bin" ] || die "the runc package is installed but no runc binary was found"
+	if ! compgen -G "$runtime_debs/crun_*.deb" >/dev/null; then
+		say "downloading $runtime_packages (trixie)"
+		rm -rf "$runtime_debs"
+		mkdir -p "$runtime_debs"
+		debian_download trixie "$runtime_debs" $runtime_packages ||
+			die "cannot download $runtime_packages from trixie"
+	fi
 	agent_bin=$out/kvfs-agent
 	say "building kvfs-agent${agent_tags:+ with the tags $agent_tags}"
 	(cd "$repo" && CGO_ENABLED=0 "$gobin" build -trimpath -buildvcs=false -tags "$agent_tags" -o "$agent_bin.tmp" ./cmd/kvfs-agent) >&2 ||
 		die "go build ./cmd/kvfs-agent failed"
 	mv -f "$agent_bin.tmp" "$agent_bin"
+	if [ "$kernel" = kvfs ]; then
+		# Up to date in a moment when it is; its inputs' hash is one of the image's. Built at
+		# the default SOURCE_DATE_EPOCH whatever the image's, so that one kernel serves every
+		# image.
+		env -u SOURCE_DATE_EPOCH "$here/kernel/build.sh" "$kernel_dir" ||
+			die "cannot build the guest kernel into $kernel_dir"
+	fi
 fi
 
 if up_to_date; then
@@ -210,115 +245,125 @@ fi
 
 # --- kernel packages --------------------------------------------------------
 
-debs=$out/debs
-mkdir -p "$debs"
-
-# download PKG[=VERSION] into $debs unless a matching .deb is already there.
-download() {
-	local name=${1%%=*} have
-	have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)
-	if [ -n "$have" ]; then
-		echo "$have"
-		return 0
-	fi
-	say "apt-get download $1"
-	(cd "$debs" && apt_run -o APT::Sandbox::User=root download "$1") ||
-		die "apt-get download $1 failed"
-	have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)
-	[ -n "$have" ] || die "apt-get download $1 left no ${name}_*.deb in $debs"
-	echo "$have"
-}
-
-# versioned_dep META.deb prints linux-image-6.1.0-NN-amd64=VERSION from the
-# Depends of the linux-image-amd64 package.
-versioned_dep() {
-	dpkg-deb -f "$1" Depends | tr ',' '\n' |
-		sed -n 's/^ *\(linux-image-[0-9][^ ]*-amd64\) *(= *\([^)]*\)).*/\1=\2/p' | head -n 1
-}
-
-meta=$(download linux-image-amd64)
-dep=$(versioned_dep "$meta")
-[ -n "$dep" ] || die "cannot find the versioned kernel package in the Depends of $meta"
-if ! kdeb=$(download "$dep"); then
-	# The cached linux-image-amd64 may name a kernel the archive no longer
-	# has: fetch the current one and try once more.
-	say "retrying with a fresh linux-image-amd64"
-	rm -f "$debs"/linux-image-amd64_*.deb
-	meta=$(download linux-image-amd64)
-	dep=$(versioned_dep "$meta")
-	[ -n "$dep" ] || die "cannot find the versioned kernel package in the Depends of $meta"
-	kdeb=$(download "$dep")
-fi
-
-# --- unpack and pick modules ------------------------------------------------
-
 work=$out/work
 rm -rf "$work"
 mkdir -p "$work"
-say "unpacking $(basename "$kdeb")"
-dpkg-deb -x "$kdeb" "$work/kernel" || die "dpkg-deb -x $kdeb failed"
 
-kver=$(ls "$work/kernel/lib/modules")
-if [ -z "$kver" ] || [ "$(echo "$kver" | wc -l)" != 1 ]; then
-	die "expected one kernel version in $kdeb, found: $kver"
-fi
-vmlinuz=$work/kernel/boot/vmlinuz-$kver
-[ -f "$vmlinuz" ] || die "$kdeb has no boot/vmlinuz-$kver"
-moddir=$work/kernel/lib/modules/$kver
-depmod -b "$work/kernel" "$kver" || die "depmod -b failed"
+# The kvfs kernel has everything built in; Debian's comes with the modules picked below.
+if [ "$kernel" = kvfs ]; then
+	kver=$(cat "$kernel_dir/kernel-version")
+	vmlinuz=$kernel_dir/bzImage
+	order=
+	ondemand=
+else
 
-# resolve MODULES prints the modules named and their dependencies, dependencies
-# first, as paths relative to $moddir. Built-in modules are left out.
-resolve() {
-	awk -v want="$1" '
-	function norm(p) {
-		sub(/.*\//, "", p); sub(/\.ko(\.[a-z]+)?$/, "", p); gsub(/-/, "_", p)
-		return p
-	}
-	function visit(m,    n, i, d) {
-		if (m in done || m in builtin) return
-		if (m in active) { print "dependency cycle at " m > "/dev/stderr"; bad = 1; return }
-		if (!(m in path)) { print "module " m " not found" > "/dev/stderr"; bad = 1; return }
-		active[m] = 1
-		n = split(deps[m], d, " ")
-		for (i = 1; i <= n; i++) visit(norm(d[i]))
-		delete active[m]
-		done[m] = 1
-		print path[m]
-	}
-	FILENAME ~ /modules\.builtin$/ { builtin[norm($0)] = 1; next }
-	{
-		p = $1; sub(/:$/, "", p)
-		m = norm(p); path[m] = p
-		$1 = ""; deps[m] = $0
-	}
-	END {
-		n = split(want, w, " ")
-		for (i = 1; i <= n; i++) visit(w[i])
-		exit bad
-	}' "$moddir/modules.builtin" "$moddir/modules.dep"
-}
-order=$(resolve "$modules") || die "cannot resolve modules ($modules) from $moddir/modules.dep"
+	debs=$out/debs
+	mkdir -p "$debs"
 
-# The agent image's modules loaded on demand: the guest kernel asks /sbin/modprobe
-# (busybox's) for them when a container first uses what they provide. They are what
-# a privileged container may use in its own kernel: bridges, veth, tun, dummy,
-# macvlan, ipvlan, VLANs, VXLAN, WireGuard, overlayfs, and netfilter (nftables,
-# iptables' tables, matches and targets, ebtables, ipset, IPVS). Kept
-# xz-compressed; not loaded at boot.
-ondemand=
-if [ -n "$agent" ]; then
-	ondemand_dirs="kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter kernel/net/bridge kernel/net/8021q kernel/drivers/net/ipvlan kernel/drivers/net/vxlan kernel/drivers/net/wireguard kernel/fs/overlayfs"
-	# crc32c: nf_tables' libcrc32c asks the crypto API for it, which asks modprobe.
-	ondemand_names="veth tun dummy macvlan crc32c_generic crc32c_intel"
-	for d in $ondemand_dirs; do
-		[ -d "$moddir/$d" ] || die "$kdeb has no $d"
-		ondemand_names+=" $(cd "$moddir" && find "$d" -name '*.ko*' -printf '%f\n' | sed 's/\.ko.*//; s/-/_/g' | LC_ALL=C sort | tr '\n' ' ')"
-	done
-	all=$(resolve "$modules $ondemand_names") || die "cannot resolve the on-demand modules from $moddir/modules.dep"
-	for m in $all; do
-		echo "$order" | grep -qxF "$m" || ondemand+="$m "
-	done
+	# download PKG[=VERSION] into $debs unless a matching .deb is already there.
+	download() {
+		local name=${1%%=*} have
+		have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)
+		if [ -n "$have" ]; then
+			echo "$have"
+			return 0
+		fi
+		say "apt-get download $1"
+		(cd "$debs" && apt_run -o APT::Sandbox::User=root download "$1") ||
+			die "apt-get download $1 failed"
+		have=$(compgen -G "$debs/${name}_*.deb" | head -n 1 || true)
+		[ -n "$have" ] || die "apt-get download $1 left no ${name}_*.deb in $debs"
+		echo "$have"
+	}
+
+	# versioned_dep META.deb prints linux-image-6.1.0-NN-amd64=VERSION from the
+	# Depends of the linux-image-amd64 package.
+	versioned_dep() {
+		dpkg-deb -f "$1" Depends | tr ',' '\n' |
+			sed -n 's/^ *\(linux-image-[0-9][^ ]*-amd64\) *(= *\([^)]*\)).*/\1=\2/p' | head -n 1
+	}
+
+	meta=$(download linux-image-amd64)
+	dep=$(versioned_dep "$meta")
+	[ -n "$dep" ] || die "cannot find the versioned kernel package in the Depends of $meta"
+	if ! kdeb=$(download "$dep"); then
+		# The cached linux-image-amd64 may name a kernel the archive no longer
+		# has: fetch the current one and try once more.
+		say "retrying with a fresh linux-image-amd64"
+		rm -f "$debs"/linux-image-amd64_*.deb
+		meta=$(download linux-image-amd64)
+		dep=$(versioned_dep "$meta")
+		[ -n "$dep" ] || die "cannot find the versioned kernel package in the Depends of $meta"
+		kdeb=$(download "$dep")
+	fi
+
+	# --- unpack and pick modules ------------------------------------------------
+
+	say "unpacking $(basename "$kdeb")"
+	dpkg-deb -x "$kdeb" "$work/kernel" || die "dpkg-deb -x $kdeb failed"
+
+	kver=$(ls "$work/kernel/lib/modules")
+	if [ -z "$kver" ] || [ "$(echo "$kver" | wc -l)" != 1 ]; then
+		die "expected one kernel version in $kdeb, found: $kver"
+	fi
+	vmlinuz=$work/kernel/boot/vmlinuz-$kver
+	[ -f "$vmlinuz" ] || die "$kdeb has no boot/vmlinuz-$kver"
+	moddir=$work/kernel/lib/modules/$kver
+	depmod -b "$work/kernel" "$kver" || die "depmod -b failed"
+
+	# resolve MODULES prints the modules named and their dependencies, dependencies
+	# first, as paths relative to $moddir. Built-in modules are left out.
+	resolve() {
+		awk -v want="$1" '
+		function norm(p) {
+			sub(/.*\//, "", p); sub(/\.ko(\.[a-z]+)?$/, "", p); gsub(/-/, "_", p)
+			return p
+		}
+		function visit(m,    n, i, d) {
+			if (m in done || m in builtin) return
+			if (m in active) { print "dependency cycle at " m > "/dev/stderr"; bad = 1; return }
+			if (!(m in path)) { print "module " m " not found" > "/dev/stderr"; bad = 1; return }
+			active[m] = 1
+			n = split(deps[m], d, " ")
+			for (i = 1; i <= n; i++) visit(norm(d[i]))
+			delete active[m]
+			done[m] = 1
+			print path[m]
+		}
+		FILENAME ~ /modules\.builtin$/ { builtin[norm($0)] = 1; next }
+		{
+			p = $1; sub(/:$/, "", p)
+			m = norm(p); path[m] = p
+			$1 = ""; deps[m] = $0
+		}
+		END {
+			n = split(want, w, " ")
+			for (i = 1; i <= n; i++) visit(w[i])
+			exit bad
+		}' "$moddir/modules.builtin" "$moddir/modules.dep"
+	}
+	order=$(resolve "$modules") || die "cannot resolve modules ($modules) from $moddir/modules.dep"
+
+	# The agent image's modules loaded on demand: the guest kernel asks /sbin/modprobe
+	# (busybox's) for them when a container first uses what they provide. They are what
+	# a privileged container may use in its own kernel: bridges, veth, tun, dummy,
+	# macvlan, ipvlan, VLANs, VXLAN, WireGuard, overlayfs, and netfilter (nftables,
+	# iptables' tables, matches and targets, ebtables, ipset, IPVS). Kept
+	# xz-compressed; not loaded at boot.
+	ondemand=
+	if [ -n "$agent" ]; then
+		ondemand_dirs="kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter kernel/net/bridge kernel/net/8021q kernel/drivers/net/ipvlan kernel/drivers/net/vxlan kernel/drivers/net/wireguard kernel/fs/overlayfs"
+		# crc32c: nf_tables' libcrc32c asks the crypto API for it, which asks modprobe.
+		ondemand_names="veth tun dummy macvlan crc32c_generic crc32c_intel"
+		for d in $ondemand_dirs; do
+			[ -d "$moddir/$d" ] || die "$kdeb has no $d"
+			ondemand_names+=" $(cd "$moddir" && find "$d" -name '*.ko*' -printf '%f\n' | sed 's/\.ko.*//; s/-/_/g' | LC_ALL=C sort | tr '\n' ' ')"
+		done
+		all=$(resolve "$modules $ondemand_names") || die "cannot resolve the on-demand modules from $moddir/modules.dep"
+		for m in $all; do
+			echo "$order" | grep -qxF "$m" || ondemand+="$m "
+		done
+	fi
 fi
 
 # --- bench image additions -------------------------------------------------
@@ -370,10 +415,35 @@ add_bench_tools() {
 	done
 }
 
+# add_runtime unpacks crun's packages and copies crun, the libraries it needs (its NEEDED
+# entries, and theirs) and the dynamic loader into the initramfs tree.
+add_runtime() {
+	local deb lib todo f
+	runtime_root=$work/runtime
+	mkdir -p "$runtime_root" "$root/lib/x86_64-linux-gnu" "$root/lib64"
+	for deb in "$runtime_debs"/*.deb; do
+		dpkg-deb -x "$deb" "$runtime_root" || die "cannot unpack $deb"
+	done
+	install -m 0755 "$runtime_root/usr/bin/crun" "$root/bin/crun"
+	cp -L "$runtime_root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$root/lib64/" ||
+		die "trixie's libc6 has no ld-linux-x86-64.so.2"
+	todo=("$runtime_root/usr/bin/crun")
+	while [ ${#todo[@]} -gt 0 ]; do
+		f=${todo[0]}
+		todo=("${todo[@]:1}")
+		for lib in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+			[ ! -e "$root/lib/x86_64-linux-gnu/$lib" ] || continue
+			[ -e "$runtime_root/usr/lib/x86_64-linux-gnu/$lib" ] || die "crun needs $lib, which its packages do not have"
+			cp -L "$runtime_root/usr/lib/x86_64-linux-gnu/$lib" "$root/lib/x86_64-linux-gnu/$lib"
+			todo+=("$runtime_root/usr/lib/x86_64-linux-gnu/$lib")
+		done
+	done
+}
+
 # --- initramfs tree ---------------------------------------------------------
 
 root=$work/root
-mkdir -p "$root"/{bin,dev,etc/kvfs,mnt,proc,run,sys,tmp,usr} "$root/lib/modules/$kver"
+mkdir -p "$root"/{bin,dev,etc/kvfs,mnt,proc,run,sys,tmp,usr}
 ln -s bin "$root/sbin"
 ln -s ../bin "$root/usr/bin"
 ln -s ../bin "$root/usr/sbin"
@@ -388,8 +458,7 @@ if [ -n "$agent" ]; then
 	install -m 0755 "$agent_bin" "$root/init"
 	gcc -static -Os -s -Wall -Wextra -Werror -o "$root/bin/kvfs-pod-init" "$here/pod-init.c" ||
 		die "cannot build pod-init.c (gcc -static)"
-	say "adding $runc_bin and its libraries"
-	copy_with_libs "$runc_bin"
+	add_runtime
 else
 	install -m 0755 "$here/init" "$root/init"
 
@@ -420,8 +489,11 @@ for m in $ondemand; do
 	*) die "unsupported module file $m" ;;
 	esac
 done
-cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$moddir/modules.order" "$root/lib/modules/$kver/" 2>/dev/null || true
-depmod -b "$root" "$kver" || die "depmod -b on the initramfs tree failed"
+if [ "$kernel" = debian ]; then
+	mkdir -p "$root/lib/modules/$kver"
+	cp "$moddir/modules.builtin" "$moddir/modules.builtin.modinfo" "$moddir/modules.order" "$root/lib/modules/$kver/" 2>/dev/null || true
+	depmod -b "$root" "$kver" || die "depmod -b on the initramfs tree failed"
+fi
 
 if [ -n "$bench" ]; then
 	add_bench_tools
@@ -429,10 +501,16 @@ fi
 
 # image_json prints the agent image's description: what it was built from.
 image_json() {
-	local kpkg tags_json= runc_features
-	# What the image's runc supports (the shim's -info answers from it), on one line.
-	runc_features=$("$runc_bin" features | tr '\n' ' ' | tr -s ' ') || die "$runc_bin features failed"
-	kpkg=$(basename "$kdeb" .deb)
+	local kpkg tags_json= runtime_features
+	# What the image's runtime supports (the shim's -info answers from it), on one line: run
+	# here by trixie's dynamic loader, with trixie's libraries.
+	runtime_features=$("$runtime_root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "$runtime_root/usr/lib/x86_64-linux-gnu" \
+		"$runtime_root/usr/bin/crun" features | tr '\n' ' ' | tr -s ' ') || die "crun features failed"
+	if [ "$kernel" = kvfs ]; then
+		kpkg=$(cat "$kernel_dir/source")
+	else
+		kpkg=$(basename "$kdeb" .deb)
+	fi
 	[ -z "$agent_tags" ] || tags_json=", \"tags\": \"$agent_tags\""
 	cat <<-EOF
 		{
@@ -440,7 +518,7 @@ image_json() {
 		  "source_date_epoch": $epoch,
 		  "kernel": {"version": "$kver", "package": "${kpkg%%_*}", "package_version": "$(echo "$kpkg" | cut -d_ -f2)", "sha256": "$(sha256sum <"$vmlinuz" | cut -d' ' -f1)"},
 		  "agent": {"sha256": "$(sha256sum <"$agent_bin" | cut -d' ' -f1)", "go": "$("$gobin" env GOVERSION)"$tags_json},
-		  "runc": {"package_version": "$(dpkg-query -W -f='${Version}' runc)", "features": $runc_features},
+		  "runtime": {"name": "crun", "package_version": "$(dpkg-deb -f "$runtime_debs"/crun_*.deb Version)", "features": $runtime_features},
 		  "busybox": {"package_version": "$(dpkg-query -W -f='${Version}' busybox-static)"},
 		  "modules": [$(sed 's/.*\///; s/\.ko$//; s/.*/"&"/' "$root/etc/kvfs/modules" | paste -sd, | sed 's/,/, /g')]
 		}

@@ -58,26 +58,30 @@ func AgentImage(t testing.TB) Guest {
 // kvfsfaults tag, whose fault modes kvfs.fault= on the kernel command line
 // chooses (agent/fault.go): built with "packaging/guest/build.sh --agent-faults"
 // into $KVFS_CACHE/agent-guest-faults (default
-// /var/cache/kvfs/agent-guest-faults), reusing the kernel packages AgentImage
-// downloaded. Only tests build it; nothing ships it. Like Image, it fails the
+// /var/cache/kvfs/agent-guest-faults), with the kernel AgentImage's build made
+// and reusing the runtime packages it downloaded. Only tests build it; nothing ships it. Like Image, it fails the
 // test when the guest cannot be built.
 func FaultsAgentImage(t testing.TB) Guest {
 	t.Helper()
 	dir := faultsCacheDir()
-	linkKernelDebs(t, dir)
+	linkRuntimeDebs(t, dir)
 	return build(t, dir, "--agent-faults")
 }
 
-// linkKernelDebs links the kernel packages AgentImage downloaded into dir/debs, but
-// for those dir has, so that a build there downloads only on a machine without them.
-func linkKernelDebs(t testing.TB, dir string) {
+// linkRuntimeDebs links the container runtime's packages AgentImage downloaded (crun and
+// its libraries, trixie's) into dir/runtime-debs, when dir has none, so that a build there
+// downloads only on a machine without them.
+func linkRuntimeDebs(t testing.TB, dir string) {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Join(dir, "debs"), 0o755); err != nil {
+	if have, _ := filepath.Glob(filepath.Join(dir, "runtime-debs", "*.deb")); len(have) > 0 {
+		return
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "runtime-debs"), 0o755); err != nil {
 		t.Fatalf("vmtest: %v", err)
 	}
-	debs, _ := filepath.Glob(filepath.Join(agentCacheDir(), "debs", "*.deb"))
+	debs, _ := filepath.Glob(filepath.Join(agentCacheDir(), "runtime-debs", "*.deb"))
 	for _, d := range debs {
-		dest := filepath.Join(dir, "debs", filepath.Base(d))
+		dest := filepath.Join(dir, "runtime-debs", filepath.Base(d))
 		if _, err := os.Lstat(dest); err == nil {
 			continue
 		}
@@ -88,12 +92,12 @@ func linkKernelDebs(t testing.TB, dir string) {
 }
 
 // BuildAgentImage builds the pod VM's guest afresh into dir, an empty directory, with env
-// added to build.sh's environment (SOURCE_DATE_EPOCH, KVFS_VERSION). The kernel packages
-// AgentImage downloaded are linked into dir/debs first, so that only a machine without them
-// downloads.
+// added to build.sh's environment (SOURCE_DATE_EPOCH, KVFS_VERSION). The runtime packages
+// AgentImage downloaded are linked into dir/runtime-debs first, so that only a machine
+// without them downloads; the kernel is the one AgentImage's build made.
 func BuildAgentImage(t testing.TB, dir string, env ...string) Guest {
 	t.Helper()
-	linkKernelDebs(t, dir)
+	linkRuntimeDebs(t, dir)
 	return buildEnv(t, dir, env, "--agent")
 }
 

@@ -343,7 +343,7 @@ echo "later $(cat /follow/later/file 2>&1)"; echo h-done`,
 
 	// A privileged container uses its own kernel's networking as on a host: a bridge, a veth,
 	// a tun device, a VXLAN, an nftables NAT chain and legacy iptables' filter table; the
-	// guest's kernel loads each module when first asked.
+	// guest's kernel has each built in.
 	nLog := p.waitLog(t, p.containerWith(t, "n", `try() { what=$1; shift; if out=$("$@" 2>&1); then echo "$what ok"; else echo "$what failed: $out"; fi; }
 try bridge brctl addbr kvfsbr0
 try veth ip link add kvfsv0 type veth

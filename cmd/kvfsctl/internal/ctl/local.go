@@ -133,7 +133,7 @@ func printImage(w io.Writer, info *guestimage.Info) error {
 	fmt.Fprintf(tw, "  sha256\t%s %s\n", info.Initrd.SHA256, check(info.Initrd))
 	if d := info.Description; d != nil {
 		fmt.Fprintf(tw, "kvfs version\t%s\n", d.KVFSVersion)
-		fmt.Fprintf(tw, "built from\t%s %s, runc %s, busybox %s\n", d.Kernel.Package, d.Kernel.PackageVersion, d.Runc.PackageVersion, d.Busybox.PackageVersion)
+		fmt.Fprintf(tw, "built from\t%s %s, %s %s, busybox %s\n", d.Kernel.Package, d.Kernel.PackageVersion, d.Runtime.Name, d.Runtime.PackageVersion, d.Busybox.PackageVersion)
 		fmt.Fprintf(tw, "agent\tsha256 %s (%s)\n", d.Agent.SHA256, d.Agent.Go)
 		if d.Agent.Tags != "" {
 			fmt.Fprintf(tw, "  build tags\t%s (a test image: not for production)\n", d.Agent.Tags)

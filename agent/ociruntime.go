@@ -16,32 +16,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Defaults of RuncRuntime.
+// Defaults of OCIRuntime.
 const (
-	DefaultRuncRoot    = "/run/runc"
-	DefaultRuncCommand = "runc"
+	DefaultRuntimeRoot    = "/run/crun"
+	DefaultRuntimeCommand = "crun"
 )
 
-// RuncRuntime is the Runtime of the guest: Debian's runc, driven through go-runc. Its
+// OCIRuntime is the Runtime of the guest: an OCI runtime with runc's command line, the
+// image's crun (packaging/guest/build.sh says why not runc), driven through go-runc. Its
 // commands are started and waited for by go-runc's Monitor, which must be the agent's
 // [Reaper] (set runc.Monitor) when the agent reaps every child.
-type RuncRuntime struct {
-	// Command is the runc binary (default DefaultRuncCommand, found in PATH).
+type OCIRuntime struct {
+	// Command is the runtime's binary (default DefaultRuntimeCommand, found in PATH).
 	Command string
-	// Root is runc's state directory (--root; default DefaultRuncRoot).
+	// Root is the runtime's state directory (--root; default DefaultRuntimeRoot).
 	Root string
-	// BundleDir holds the containers' bundles (the service's StateDir); runc's log of each
-	// container is BundleDir/<id>/log.json.
+	// BundleDir holds the containers' bundles (the service's StateDir); the runtime's log of
+	// each container is BundleDir/<id>/log.json.
 	BundleDir string
 }
 
-func (r *RuncRuntime) runc(id string) *runc.Runc {
+// cli is go-runc's client of the runtime, logging to the container's log.json.
+func (r *OCIRuntime) cli(id string) *runc.Runc {
 	cmd, root := r.Command, r.Root
 	if cmd == "" {
-		cmd = DefaultRuncCommand
+		cmd = DefaultRuntimeCommand
 	}
 	if root == "" {
-		root = DefaultRuncRoot
+		root = DefaultRuntimeRoot
 	}
 	return &runc.Runc{
 		Command:   cmd,
@@ -51,23 +53,24 @@ func (r *RuncRuntime) runc(id string) *runc.Runc {
 	}
 }
 
-func (r *RuncRuntime) logPath(id string) string {
+func (r *OCIRuntime) logPath(id string) string {
 	return filepath.Join(r.BundleDir, id, "log.json")
 }
 
-// failed adds runc's last error message from its log to err.
-func (r *RuncRuntime) failed(id string, err error) error {
+// failed adds the runtime's last error message from its log to err.
+func (r *OCIRuntime) failed(id string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if msg := lastRuncError(r.logPath(id)); msg != "" {
+	if msg := lastRuntimeError(r.logPath(id)); msg != "" {
 		return fmt.Errorf("%w: %s", err, msg)
 	}
 	return err
 }
 
-// lastRuncError answers the message of the last error in runc's JSON log, or "".
-func lastRuncError(path string) string {
+// lastRuntimeError answers the message of the last error in the runtime's JSON log (runc's
+// format, which crun writes too), or "".
+func lastRuntimeError(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
@@ -88,7 +91,7 @@ func lastRuncError(path string) string {
 	return last
 }
 
-// fileIO hands a ProcessIO's files to a runc command.
+// fileIO hands a ProcessIO's files to a runtime command.
 type fileIO struct{ p ProcessIO }
 
 func (f fileIO) Close() error          { return nil }
@@ -99,8 +102,8 @@ func (f fileIO) Set(cmd *exec.Cmd) {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = f.p.Stdin, f.p.Stdout, f.p.Stderr
 }
 
-// Create runs runc create with the process's stdio or a console socket for its pty.
-func (r *RuncRuntime) Create(ctx context.Context, id, bundle string, stdio ProcessIO) (Created, error) {
+// Create runs the runtime's create with the process's stdio or a console socket for its pty.
+func (r *OCIRuntime) Create(ctx context.Context, id, bundle string, stdio ProcessIO) (Created, error) {
 	pidFile := filepath.Join(bundle, "init.pid")
 	opts := &runc.CreateOpts{PidFile: pidFile}
 	var sock *runc.Socket
@@ -114,18 +117,18 @@ func (r *RuncRuntime) Create(ctx context.Context, id, bundle string, stdio Proce
 	} else {
 		opts.IO = fileIO{stdio}
 	}
-	if err := r.runc(id).Create(ctx, id, bundle, opts); err != nil {
+	if err := r.cli(id).Create(ctx, id, bundle, opts); err != nil {
 		return Created{}, r.failed(id, err)
 	}
 	cr, err := created(pidFile, sock)
 	if err != nil {
-		// runc made the container: do not leave it behind unknown.
-		_ = r.runc(id).Delete(context.Background(), id, &runc.DeleteOpts{Force: true})
+		// The runtime made the container: do not leave it behind unknown.
+		_ = r.cli(id).Delete(context.Background(), id, &runc.DeleteOpts{Force: true})
 	}
 	return cr, err
 }
 
-// created reads the pid runc wrote and receives the pty master of a terminal process.
+// created reads the pid the runtime wrote and receives the pty master of a terminal process.
 func created(pidFile string, sock *runc.Socket) (Created, error) {
 	pid, err := runc.ReadPidFile(pidFile)
 	if err != nil {
@@ -142,13 +145,13 @@ func created(pidFile string, sock *runc.Socket) (Created, error) {
 	return cr, nil
 }
 
-// Start runs runc start.
-func (r *RuncRuntime) Start(ctx context.Context, id string) error {
-	return r.failed(id, r.runc(id).Start(ctx, id))
+// Start runs the runtime's start.
+func (r *OCIRuntime) Start(ctx context.Context, id string) error {
+	return r.failed(id, r.cli(id).Start(ctx, id))
 }
 
-// Exec runs runc exec --detach.
-func (r *RuncRuntime) Exec(ctx context.Context, id, execID string, p *specs.Process, stdio ProcessIO) (Created, error) {
+// Exec runs the runtime's exec --detach.
+func (r *OCIRuntime) Exec(ctx context.Context, id, execID string, p *specs.Process, stdio ProcessIO) (Created, error) {
 	dir, err := os.MkdirTemp(filepath.Join(r.BundleDir, id), "exec-")
 	if err != nil {
 		return Created{}, err
@@ -166,7 +169,7 @@ func (r *RuncRuntime) Exec(ctx context.Context, id, execID string, p *specs.Proc
 	} else {
 		opts.IO = fileIO{stdio}
 	}
-	if err := r.runc(id).Exec(ctx, id, *p, opts); err != nil {
+	if err := r.cli(id).Exec(ctx, id, *p, opts); err != nil {
 		return Created{}, r.failed(id, fmt.Errorf("exec %s: %w", execID, err))
 	}
 	cr, err := created(pidFile, sock)
@@ -176,38 +179,38 @@ func (r *RuncRuntime) Exec(ctx context.Context, id, execID string, p *specs.Proc
 	return cr, nil
 }
 
-// Kill runs runc kill [--all].
-func (r *RuncRuntime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	return r.failed(id, r.runc(id).Kill(ctx, id, int(sig), &runc.KillOpts{All: all}))
+// Kill runs the runtime's kill [--all].
+func (r *OCIRuntime) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
+	return r.failed(id, r.cli(id).Kill(ctx, id, int(sig), &runc.KillOpts{All: all}))
 }
 
 // Signal signals an exec by pid, as containerd's runc shim does.
-func (r *RuncRuntime) Signal(pid int, sig syscall.Signal) error {
+func (r *OCIRuntime) Signal(pid int, sig syscall.Signal) error {
 	return unix.Kill(pid, sig)
 }
 
-// Delete runs runc delete [--force].
-func (r *RuncRuntime) Delete(ctx context.Context, id string, force bool) error {
-	return r.failed(id, r.runc(id).Delete(ctx, id, &runc.DeleteOpts{Force: force}))
+// Delete runs the runtime's delete [--force].
+func (r *OCIRuntime) Delete(ctx context.Context, id string, force bool) error {
+	return r.failed(id, r.cli(id).Delete(ctx, id, &runc.DeleteOpts{Force: force}))
 }
 
-// Ps runs runc ps.
-func (r *RuncRuntime) Ps(ctx context.Context, id string) ([]int, error) {
-	pids, err := r.runc(id).Ps(ctx, id)
+// Ps runs the runtime's ps.
+func (r *OCIRuntime) Ps(ctx context.Context, id string) ([]int, error) {
+	pids, err := r.cli(id).Ps(ctx, id)
 	return pids, r.failed(id, err)
 }
 
-// Pause runs runc pause.
-func (r *RuncRuntime) Pause(ctx context.Context, id string) error {
-	return r.failed(id, r.runc(id).Pause(ctx, id))
+// Pause runs the runtime's pause.
+func (r *OCIRuntime) Pause(ctx context.Context, id string) error {
+	return r.failed(id, r.cli(id).Pause(ctx, id))
 }
 
-// Resume runs runc resume.
-func (r *RuncRuntime) Resume(ctx context.Context, id string) error {
-	return r.failed(id, r.runc(id).Resume(ctx, id))
+// Resume runs the runtime's resume.
+func (r *OCIRuntime) Resume(ctx context.Context, id string) error {
+	return r.failed(id, r.cli(id).Resume(ctx, id))
 }
 
-// Update runs runc update.
-func (r *RuncRuntime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
-	return r.failed(id, r.runc(id).Update(ctx, id, res))
+// Update runs the runtime's update.
+func (r *OCIRuntime) Update(ctx context.Context, id string, res *specs.LinuxResources) error {
+	return r.failed(id, r.cli(id).Update(ctx, id, res))
 }
