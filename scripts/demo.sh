@@ -237,7 +237,7 @@ echo "kvfs configuration (--runtime-config-path $cfg):"
 sed 's/^/    /' "$cfg"
 
 host_release=$(uname -r)
-say "ctr run --rm: a container in a VM (host kernel $host_release; VM boots take 10-30 s under TCG)"
+say "ctr run --rm: a container in a VM (host kernel $host_release; VM boots take a few seconds under TCG)"
 t0=$(now)
 ctr run --rm --fifo-dir "$ctrd/fifo" --runtime io.containerd.kvfs.v2 --runtime-config-path "$cfg" "$image" demo1 \
 	sh -c 'echo hello from $(uname -r) in a VM; grep virtiofs /proc/mounts; echo "cpus: $(nproc), memory: $(free -m | awk "/^Mem:/ {print \$2}") MiB"; echo "the root: $(ls / | tr "\n" " ")"' |
