@@ -1,7 +1,51 @@
-# Debian packages of another suite (trixie, bookworm-backports) without touching the
-# machine's apt: sourced by scripts/deps.sh, packaging/guest/build.sh and
-# packaging/guest/kernel/build.sh. The machine's sources, lists and installed packages stay
-# as they are; the packages are only downloaded or unpacked.
+# Debian packages: the machine's own (apt_run, install_missing), and another suite's
+# (trixie, bookworm-backports) without touching the machine's apt (debian_download,
+# unpack_debs: the machine's sources, lists and installed packages stay as they are; the
+# packages are only downloaded or unpacked). Sourced by scripts/deps.sh,
+# packaging/guest/build.sh and packaging/guest/kernel/build.sh.
+
+apt_lists_present() {
+	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null
+}
+
+apt_updated=
+apt_update() {
+	[ -z "$apt_updated" ] || return 0
+	echo "apt-get update" >&2
+	apt-get update -q >&2 || return 1
+	apt_updated=1
+}
+
+# apt_run ARGS... runs the machine's apt-get ARGS, refreshing the package lists first when
+# there are none and once more when the command fails.
+apt_run() {
+	apt_lists_present || apt_update || return 1
+	if ! DEBIAN_FRONTEND=noninteractive apt-get -q "$@" >&2; then
+		[ -z "$apt_updated" ] || return 1
+		apt_update || return 1
+		DEBIAN_FRONTEND=noninteractive apt-get -q "$@" >&2
+	fi
+}
+
+# install_missing PROG PACKAGE...: installs those of the packages the machine lacks (as root),
+# or exits naming them, PROG first.
+install_missing() {
+	local prog=$1 p missing=()
+	shift
+	for p in "$@"; do
+		[ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] || missing+=("$p")
+	done
+	[ ${#missing[@]} -gt 0 ] || return 0
+	if [ "$(id -u)" != 0 ]; then
+		echo "$prog: error: missing packages ${missing[*]}; run as root or install them" >&2
+		exit 1
+	fi
+	echo "$prog: installing ${missing[*]}" >&2
+	if ! apt_run install -y --no-install-recommends "${missing[@]}"; then
+		echo "$prog: error: apt-get install ${missing[*]} failed" >&2
+		exit 1
+	fi
+}
 
 # debian_download SUITE DIR PACKAGE...: downloads the packages of Debian's SUITE into DIR
 # with a private apt state, made for the call and removed after it.

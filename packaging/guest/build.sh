@@ -168,41 +168,7 @@ fi
 
 # --- host tools -------------------------------------------------------------
 
-apt_lists_present() {
-	compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null
-}
-
-apt_updated=
-apt_update() {
-	[ -z "$apt_updated" ] || return 0
-	say "apt-get update"
-	apt-get update -q >&2 || die "apt-get update failed"
-	apt_updated=1
-}
-
-# apt_run ARGS... runs apt-get ARGS, refreshing the package lists first when
-# there are none and once more when the command fails.
-apt_run() {
-	apt_lists_present || apt_update
-	if ! DEBIAN_FRONTEND=noninteractive apt-get -q "$@" >&2; then
-		[ -z "$apt_updated" ] || return 1
-		apt_update
-		DEBIAN_FRONTEND=noninteractive apt-get -q "$@" >&2
-	fi
-}
-
-missing=()
-for p in $host_packages; do
-	if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then
-		missing+=("$p")
-	fi
-done
-if [ ${#missing[@]} -gt 0 ]; then
-	[ "$(id -u)" = 0 ] || die "missing packages ${missing[*]}; run as root or install them"
-	say "installing ${missing[*]}"
-	apt_run install -y --no-install-recommends "${missing[@]}" ||
-		die "apt-get install ${missing[*]} failed"
-fi
+install_missing "$prog" $host_packages
 
 busybox=
 for b in /bin/busybox /usr/bin/busybox; do

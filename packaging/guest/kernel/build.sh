@@ -46,17 +46,7 @@ exec 9>"$out/.lock"
 flock 9
 
 host_packages="flex bison bc libelf-dev gcc make xz-utils"
-missing=()
-for p in $host_packages; do
-	[ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-	[ "$(id -u)" = 0 ] || die "missing packages ${missing[*]}; run as root or install them"
-	say "installing ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends "${missing[@]}" >&2 ||
-		{ apt-get -q update >&2 && DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends "${missing[@]}" >&2; } ||
-		die "apt-get install ${missing[*]} failed"
-fi
+install_missing "$prog" $host_packages
 
 # The source package: the one in OUTDIR/debs, else the suite's current one.
 debs=$out/debs
