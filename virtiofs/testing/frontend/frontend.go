@@ -486,6 +486,13 @@ func (f *Frontend) start() error {
 			return err
 		}
 	}
+	// A round trip before the guest may kick: the back-end has then handled SET_VRING_ENABLE and
+	// SET_VRING_CALL. A back-end whose rings run on threads of their own (the Rust virtiofsd) can
+	// otherwise take the first kick on a ring it has not enabled yet, drop it, and never answer.
+	// QEMU 7.2 does not wait; QEMU 10 sends SET_VRING_ENABLE synchronously for the same reason.
+	if _, err := c.GetFeatures(); err != nil {
+		return err
+	}
 	f.running = true
 	return nil
 }
