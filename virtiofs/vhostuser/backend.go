@@ -205,8 +205,9 @@ type session struct {
 
 	rings []*Vring
 
-	// memMu: the message loop takes it for writing to change mem or a ring's queue; ring
-	// goroutines take it for reading while they touch guest memory.
+	// memMu: the message loop takes it for writing to change mem or a ring's queue, and to wait
+	// out a batch when it disables a ring; ring goroutines take it for reading while they touch
+	// guest memory.
 	memMu sync.RWMutex
 	mem   *guestmem.Memory // guarded by memMu; written only by the message loop
 }

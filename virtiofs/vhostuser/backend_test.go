@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -541,6 +542,63 @@ func TestBackendEnable(t *testing.T) {
 	tr2 := r2.newRing(0, true)
 	r2.startRing(tr2, 0, false)
 	r2.roundTrip(tr2)
+}
+
+// TestBackendDisableWaitsForBatch: SET_VRING_ENABLE(0) is handled only once a batch the device
+// is in has ended, and no chain is taken from the ring after it, not even by that batch: the
+// front-end may count on a disabled ring from the moment it sees the message handled.
+func TestBackendDisableWaitsForBatch(t *testing.T) {
+	checkNoLeak(t)
+	r := newRig(t)
+	c := r.c
+	r.realize(qemuProtocol)
+	must(t, c.SetFeatures(guestAcked))
+	must(t, c.AddMemReg(r.region(), r.memfd))
+	tr := r.newRing(1, true)
+	r.startRing(tr, 0, true)
+	release := sync.OnceFunc(func() { close(r.dev.hold) })
+	t.Cleanup(release) // before the rig's: Serve cannot return while the device holds
+
+	const holdGPA, holdResp = 3 << 20, 3<<20 + 4096
+	copy(r.mapping[holdGPA:], "HOLD")
+	if _, err := tr.drv.Add([]virtq.Buf{{Addr: holdGPA, Len: 4}}, []virtq.Buf{{Addr: holdResp, Len: 4}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	kick(t, tr.kick)
+	select {
+	case <-r.dev.holding:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the device never took the HOLD chain")
+	}
+	must(t, c.SetVringEnable(1, false))
+	handled := make(chan error, 1)
+	go func() { _, err := c.GetFeatures(); handled <- err }() // answered after SET_VRING_ENABLE
+	select {
+	case err := <-handled:
+		t.Fatalf("SET_VRING_ENABLE(0) handled (GET_FEATURES after it: %v) while the device is in a batch", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	select {
+	case err := <-handled:
+		must(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("SET_VRING_ENABLE(0) not handled after the batch ended")
+	}
+	waitEvent(t, tr.call, true) // the HOLD chain, published before the disable, is answered
+	if _, written, ok := tr.drv.PopUsed(); !ok || written != 4 {
+		t.Fatalf("HOLD chain: used %v, written %d", ok, written)
+	}
+	tr.drv.EnableInterrupts()
+
+	want := r.publishEcho(tr, 100, false, 1<<20, 2<<20)
+	kick(t, tr.kick)
+	waitEvent(t, tr.call, false)
+	if _, _, ok := tr.drv.PopUsed(); ok {
+		t.Fatal("a chain published after SET_VRING_ENABLE(0) was handled was taken from the disabled ring")
+	}
+	must(t, c.SetVringEnable(1, true))
+	r.expectEcho(tr, want, 2<<20)
 }
 
 func TestBackendDeviceFailure(t *testing.T) {

@@ -17,20 +17,24 @@ import (
 )
 
 // fakeDevice echoes: it copies each chain's readable bytes into its writable buffers. It records
-// HandleQueue calls, with the ring and its poll window at the call. A chain whose data starts with "FAIL" or "PANIC" makes it return an error or
-// panic.
+// HandleQueue calls, with the ring and its poll window at the call. A chain whose data starts
+// with "FAIL" or "PANIC" makes it return an error or panic; one that starts with "HOLD" is
+// answered only after the test closes hold (holding tells the test that the device waits).
 type fakeDevice struct {
-	queues int
-	calls  [8]atomic.Int64
-	vrings [8]atomic.Pointer[Vring]
-	window [8]atomic.Int64 // Vring.pollWindow at the last call
-	busy   [8]atomic.Bool  // in HandleQueue
-	resets atomic.Int64
-	called chan int
+	queues  int
+	calls   [8]atomic.Int64
+	vrings  [8]atomic.Pointer[Vring]
+	window  [8]atomic.Int64 // Vring.pollWindow at the last call
+	busy    [8]atomic.Bool  // in HandleQueue
+	resets  atomic.Int64
+	called  chan int
+	hold    chan struct{}
+	holding chan struct{}
 }
 
 func newFakeDevice(queues int) *fakeDevice {
-	return &fakeDevice{queues: queues, called: make(chan int, 1024)}
+	return &fakeDevice{queues: queues, called: make(chan int, 1024), hold: make(chan struct{}),
+		holding: make(chan struct{}, 1)}
 }
 
 func (d *fakeDevice) NumQueues() int   { return d.queues }
@@ -64,6 +68,10 @@ func (d *fakeDevice) HandleQueue(idx int, vr *Vring) (bool, error) {
 			}
 			if len(c.In) > 0 && bytes.HasPrefix(c.In[0], []byte("PANIC")) {
 				panic("device bug")
+			}
+			if len(c.In) > 0 && bytes.HasPrefix(c.In[0], []byte("HOLD")) {
+				d.holding <- struct{}{}
+				<-d.hold
 			}
 			q.Complete(c.Head, uint32(copyIovecs(c.Out, c.In)))
 		}

@@ -103,10 +103,20 @@ func signal(fd int) error {
 	return err
 }
 
+// setEnabled handles SET_VRING_ENABLE. Disabling a running ring waits for a batch the ring
+// goroutine may be in to end (the memory write lock): once the message loop moves on, no chain is
+// taken from the ring, and a chain the driver publishes after the front-end saw this message
+// handled stays there until the ring is enabled again. process checks enabled under the read lock.
+// The wait is the one a memory update or GET_VRING_BASE has too: a batch held up by a back-end
+// request holds it up for at most the back-end timeout.
 func (v *Vring) setEnabled(on bool) {
 	v.enabled.Store(on)
-	if on && v.running {
+	switch {
+	case on && v.running:
 		v.wake() // kicks that arrived while disabled were dropped
+	case !on && v.running:
+		v.s.memMu.Lock()
+		v.s.memMu.Unlock() // nothing to guard: only to wait out the batch
 	}
 }
 
@@ -359,7 +369,7 @@ func (v *Vring) process() (more, popped bool, err error) {
 	v.Yield()
 	v.s.memMu.RLock()
 	defer v.s.memMu.RUnlock()
-	if v.q == nil || v.broken.Load() {
+	if v.q == nil || v.broken.Load() || !v.enabled.Load() {
 		return false, false, nil
 	}
 	if v.pollMax > 0 {
