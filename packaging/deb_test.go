@@ -138,7 +138,7 @@ func TestDebianPackage(t *testing.T) {
 		t.Errorf("dpkg left %v", m)
 	}
 
-	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinuz"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
+	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinux"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
 	if err != nil {
 		t.Fatal(err)
 	}

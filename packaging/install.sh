@@ -14,7 +14,7 @@
 #   --localstatedir DIR LOCALSTATEDIR (default /var)
 #
 # install copies the binaries in --bin (containerd-shim-kvfs-v2, kvfsd, kvfsctl) to
-# PREFIX/bin, the guest image in --guest (vmlinuz, initramfs.gz, image.json, SHA256SUMS, as
+# PREFIX/bin, the guest image in --guest (vmlinux, initramfs.gz, image.json, SHA256SUMS, as
 # packaging/guest/build.sh --agent writes them, checked with sha256sum -c) to
 # PREFIX/share/kvfs/guest, this script to PREFIX/share/kvfs/install.sh and the Kata Containers
 # fragment (below) to PREFIX/share/kvfs/kata/kvfsd.toml; then configures.
@@ -126,7 +126,7 @@ destdir=${destdir%/}
 	die "--destdir $destdir: no such directory"
 
 binaries="containerd-shim-kvfs-v2 kvfsd kvfsctl"
-guest_files="vmlinuz initramfs.gz image.json SHA256SUMS"
+guest_files="vmlinux initramfs.gz image.json SHA256SUMS"
 share=$prefix/share/kvfs
 guest_dir=$share/guest
 config=$sysconfdir/kvfs/configuration.toml

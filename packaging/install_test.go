@@ -43,12 +43,12 @@ func TestMain(m *testing.M) {
 func fakeGuest(t *testing.T, version string) string {
 	t.Helper()
 	dir := t.TempDir()
-	for _, f := range []string{"vmlinuz", "initramfs.gz", "image.json"} {
+	for _, f := range []string{"vmlinux", "initramfs.gz", "image.json"} {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte(f+" "+version), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("sh", "-c", "sha256sum vmlinuz initramfs.gz image.json >SHA256SUMS")
+	cmd := exec.Command("sh", "-c", "sha256sum vmlinux initramfs.gz image.json >SHA256SUMS")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -116,7 +116,7 @@ func TestInstallDestdir(t *testing.T) {
 
 	for _, p := range []string{
 		"opt/kvfs/bin/containerd-shim-kvfs-v2", "opt/kvfs/bin/kvfsd", "opt/kvfs/bin/kvfsctl",
-		"opt/kvfs/share/kvfs/guest/vmlinuz", "opt/kvfs/share/kvfs/guest/initramfs.gz",
+		"opt/kvfs/share/kvfs/guest/vmlinux", "opt/kvfs/share/kvfs/guest/initramfs.gz",
 		"opt/kvfs/share/kvfs/guest/image.json", "opt/kvfs/share/kvfs/guest/SHA256SUMS",
 		"opt/kvfs/share/kvfs/install.sh", "opt/kvfs/share/kvfs/kata/kvfsd.toml", "etc/kvfs/configuration.toml",
 		"etc/containerd/conf.d/kvfs.toml", "etc/containerd/config.toml",
@@ -138,7 +138,7 @@ func TestInstallDestdir(t *testing.T) {
 	cfgPath := filepath.Join(dest, "etc/kvfs/configuration.toml")
 	cfgData, _ := os.ReadFile(cfgPath)
 	want := sandbox.DefaultConfig()
-	want.VM.Kernel = "/opt/kvfs/share/kvfs/guest/vmlinuz"
+	want.VM.Kernel = "/opt/kvfs/share/kvfs/guest/vmlinux"
 	want.VM.Initrd = "/opt/kvfs/share/kvfs/guest/initramfs.gz"
 	if string(cfgData) != string(sandbox.RenderConfig(want)) {
 		t.Errorf("configuration.toml is not RenderConfig(DefaultConfig with the installed image):\n%s", cfgData)
@@ -261,14 +261,14 @@ func TestInstallUpgrade(t *testing.T) {
 		!strings.Contains(out, cfg+".new") {
 		t.Errorf("no configuration.toml.new, or not said:\n%s", out)
 	}
-	for _, p := range []string{"usr/local/bin/kvfsd", "usr/local/share/kvfs/guest/vmlinuz"} {
+	for _, p := range []string{"usr/local/bin/kvfsd", "usr/local/share/kvfs/guest/vmlinux"} {
 		if !strings.Contains(out, "updated "+filepath.Join(dest, p)) {
 			t.Errorf("%s not updated:\n%s", p, out)
 		}
 	}
-	v, _ := os.ReadFile(filepath.Join(dest, "usr/local/share/kvfs/guest/vmlinuz"))
-	if string(v) != "vmlinuz 2" {
-		t.Errorf("vmlinuz is %q after the upgrade", v)
+	v, _ := os.ReadFile(filepath.Join(dest, "usr/local/share/kvfs/guest/vmlinux"))
+	if string(v) != "vmlinux 2" {
+		t.Errorf("vmlinux is %q after the upgrade", v)
 	}
 
 	out = installer(t, append([]string{"uninstall"}, layout...)...)
@@ -350,7 +350,7 @@ func TestInstallBadArguments(t *testing.T) {
 	}
 	// A guest image that does not match its checksums is refused.
 	g := fakeGuest(t, "1")
-	os.WriteFile(filepath.Join(g, "vmlinuz"), []byte("tampered"), 0o644)
+	os.WriteFile(filepath.Join(g, "vmlinux"), []byte("tampered"), 0o644)
 	cmd := exec.Command("bash", "install.sh", "install", "--bin", bins, "--guest", g, "--destdir", t.TempDir())
 	cmd.Env = withoutLayoutEnv()
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "does not match its SHA256SUMS") {

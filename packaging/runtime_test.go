@@ -68,7 +68,7 @@ func TestInstalledRuntime(t *testing.T) {
 
 	// ctr run through the installed shim, on the installed configuration: the guest is the
 	// installed image.
-	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinuz"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
+	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinux"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -200,7 +200,7 @@ func DefaultConfig() *Config {
 			Memory:            "2G",
 			MemoryPlacement:   PlacementNUMA,
 			HugepagePath:      "/dev/hugepages",
-			Kernel:            "/usr/share/kvfs/guest/vmlinuz",
+			Kernel:            "/usr/share/kvfs/guest/vmlinux",
 			Initrd:            "/usr/share/kvfs/guest/initramfs.gz",
 			FreePageReporting: true,
 		},

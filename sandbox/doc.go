@@ -193,7 +193,7 @@
 // # The guest agent
 //
 // DefaultVM boots vm.kernel and vm.initrd (the kvfs guest image, whose /init is the agent;
-// defaults /usr/share/kvfs/guest/vmlinuz and initramfs.gz) with the command line
+// defaults /usr/share/kvfs/guest/vmlinux and initramfs.gz) with the command line
 // "console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial" (or
 // kvfs.agent=vsock:1024) followed by vm.kernel_params, and gives it the agent channel of
 // agent.transport: a virtio-serial port named io.kvfs.agent.0 whose host side is agent.sock

@@ -59,7 +59,7 @@ func TestRenderConfigDefaults(t *testing.T) {
 		t.Errorf("rendered defaults, uncommented, load as %+v", c)
 	}
 	if !strings.Contains(string(out), "\n# The guest kernel of the kvfs guest image") ||
-		!strings.Contains(string(out), "\n# kernel = \"/usr/share/kvfs/guest/vmlinuz\"\n") {
+		!strings.Contains(string(out), "\n# kernel = \"/usr/share/kvfs/guest/vmlinux\"\n") {
 		t.Errorf("vm.kernel not documented with its default:\n%s", out)
 	}
 }

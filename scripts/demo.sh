@@ -82,7 +82,7 @@ qemu-system-x86_64 -nodefaults -no-user-config -nographic -no-reboot \
 	-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
 	-chardev socket,id=vfs,path="$sock" \
 	-device vhost-user-fs-pci,chardev=vfs,tag=kvfs,queue-size=1024 \
-	-kernel "$cache/vmlinuz" -initrd "$cache/initramfs.gz" \
+	-kernel "$cache/vmlinux" -initrd "$cache/initramfs.gz" \
 	-append "console=ttyS0 quiet panic=-1 kvfs.tag=kvfs kvfs.run=demo.sh" \
 	-serial stdio | tee "$work/console.log" |
 	sed -u -e 's/\x1b[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g' | grep --line-buffered -v -e '^\[' -e SeaBIOS -e 'Booting from' || true
@@ -137,7 +137,7 @@ cat >"$cfg" <<EOF
 base_dir = "$base"
 
 [vm]
-kernel = "$agentcache/vmlinuz"
+kernel = "$agentcache/vmlinux"
 initrd = "$agentcache/initramfs.gz"
 accel = "$accel"
 memory = "512M"

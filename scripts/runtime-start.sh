@@ -16,7 +16,7 @@ set -euo pipefail
 
 qemu=qemu-system-x86_64
 cache=${KVFS_CACHE:-/var/cache/kvfs}
-kernel=$cache/agent-guest/vmlinuz
+kernel=$cache/agent-guest/vmlinux
 rounds=8
 while getopts q:k:r: opt; do
 	case $opt in

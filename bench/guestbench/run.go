@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/bench/report"
+	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 	"github.com/kvfs/kvfs/virtiofs"
 	"github.com/kvfs/kvfs/virtiofs/cmdline"
@@ -320,7 +321,7 @@ func buildImage(root, dir string) (vmtest.Guest, error) {
 	if err != nil {
 		return vmtest.Guest{}, fmt.Errorf("building the bench image (bash %s --bench %s): %v\n%s", script, dir, err, out)
 	}
-	return vmtest.Guest{Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initramfs.gz")}, nil
+	return vmtest.Guest{Kernel: filepath.Join(dir, guestimage.KernelFile), Initrd: filepath.Join(dir, guestimage.InitrdFile)}, nil
 }
 
 // watcher receives the console, passes result lines on to progress and calls onReady at the

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/bench/report"
+	"github.com/kvfs/kvfs/internal/guestimage"
 	"github.com/kvfs/kvfs/internal/ociimage"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
@@ -100,6 +101,18 @@ type prepared struct {
 	accel, accelWhy string
 }
 
+// imageKernel is the kernel of the guest image in dir: its ELF vmlinux, or the bzImage of an
+// image built before build.sh shipped the ELF (an older image compared against the new one).
+func imageKernel(dir string) string {
+	k := filepath.Join(dir, guestimage.KernelFile)
+	if _, err := os.Stat(k); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, "vmlinuz")); err == nil {
+			return filepath.Join(dir, "vmlinuz")
+		}
+	}
+	return k
+}
+
 // prepare makes cfg's directories absolute (containerd runs in its own directory), checks
 // that the guest image, the kvfs shim and the containerd binaries (ctrd.Binaries) are there,
 // and picks the accelerator.
@@ -111,7 +124,7 @@ func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 		}
 		*d = abs
 	}
-	p := prepared{kernel: filepath.Join(cfg.GuestDir, "vmlinuz"), initrd: filepath.Join(cfg.GuestDir, "initramfs.gz")}
+	p := prepared{kernel: imageKernel(cfg.GuestDir), initrd: filepath.Join(cfg.GuestDir, guestimage.InitrdFile)}
 	for _, f := range []string{p.kernel, p.initrd, filepath.Join(cfg.ShimDir, shimKvfs)} {
 		if _, err := os.Stat(f); err != nil {
 			return prepared{}, err
@@ -122,7 +135,7 @@ func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 	}
 	p.accel, p.accelWhy = cfg.Accel, "set with -accel"
 	if p.accel == "" {
-		g := vmtest.Guest{Kernel: filepath.Join(cfg.ProbeGuest, "vmlinuz"), Initrd: filepath.Join(cfg.ProbeGuest, "initramfs.gz")}
+		g := vmtest.Guest{Kernel: imageKernel(cfg.ProbeGuest), Initrd: filepath.Join(cfg.ProbeGuest, guestimage.InitrdFile)}
 		for _, f := range []string{g.Kernel, g.Initrd} {
 			if _, err := os.Stat(f); err != nil {
 				return prepared{}, fmt.Errorf("the probe guest (-probe-guest; packaging/guest/build.sh DIR), which finds whether KVM boots here: %w", err)

@@ -1,5 +1,5 @@
 // Package guestimage reads what a kvfs guest image says about itself: the kernel's version
-// from its bzImage header, the description packaging/guest/build.sh --agent records in the
+// from its banner, the description packaging/guest/build.sh --agent records in the
 // initramfs (/etc/kvfs/image.json), and the checksums in the SHA256SUMS file beside it. It
 // is what `kvfsctl image info` prints.
 //
@@ -26,12 +26,15 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go/features"
 )
 
-// DescriptionPath is where build.sh puts the image's description inside the initramfs; it
-// also writes it beside the image as DescriptionFile.
+// An image directory, as packaging/guest/build.sh writes it: the kernel (an ELF, which QEMU
+// starts at its PVH entry point), the initramfs, the description (also inside the initramfs,
+// at DescriptionPath) and the checksums of the three.
 const (
-	DescriptionPath = "etc/kvfs/image.json"
+	KernelFile      = "vmlinux"
+	InitrdFile      = "initramfs.gz"
 	DescriptionFile = "image.json"
 	SumsFile        = "SHA256SUMS"
+	DescriptionPath = "etc/kvfs/image.json"
 )
 
 // Description is image.json: what the image was built from.
@@ -79,7 +82,8 @@ func (f File) Matches() bool { return f.Listed != "" && f.Listed == f.SHA256 }
 // Info is what a host's guest image is.
 type Info struct {
 	Kernel File `json:"kernel"`
-	// KernelVersion is the version string in the kernel's bzImage header.
+	// KernelVersion is the kernel's release, from its banner (or an older image's bzImage
+	// header).
 	KernelVersion string `json:"kernel_version"`
 	Initrd        File   `json:"initrd"`
 	// Description is the initramfs's own /etc/kvfs/image.json; nil if it has none (an image
@@ -175,8 +179,8 @@ func ReadSums(path string) (map[string]string, error) {
 	return sums, nil
 }
 
-// KernelVersion reads the version string of an x86 bzImage (the boot protocol's
-// kernel_version field: a pointer at 0x20e to a string at that offset + 0x200).
+// KernelVersion reads the release of a guest kernel: an ELF vmlinux (what build.sh ships,
+// booted at its PVH entry point) or an x86 bzImage (images built before it did).
 func KernelVersion(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -184,12 +188,16 @@ func KernelVersion(path string) (string, error) {
 	}
 	defer f.Close()
 	var hdr [0x210]byte
-	if _, err := io.ReadFull(f, hdr[:]); err != nil {
-		return "", fmt.Errorf("%s: not a bzImage: %w", path, err)
+	if n, _ := io.ReadFull(f, hdr[:]); n >= 4 && string(hdr[:4]) == "\x7fELF" {
+		return elfKernelVersion(path, f)
+	} else if n < len(hdr) {
+		return "", fmt.Errorf("%s: neither an ELF kernel nor a bzImage: %d bytes", path, n)
 	}
 	if string(hdr[0x202:0x206]) != "HdrS" {
-		return "", fmt.Errorf("%s: not a bzImage (no HdrS boot header)", path)
+		return "", fmt.Errorf("%s: neither an ELF kernel nor a bzImage (no HdrS boot header)", path)
 	}
+	// The boot protocol's kernel_version field: a pointer at 0x20e to a string at that
+	// offset + 0x200.
 	off := int64(binary.LittleEndian.Uint16(hdr[0x20e:])) + 0x200
 	var s [256]byte
 	n, err := f.ReadAt(s[:], off)
@@ -202,6 +210,49 @@ func KernelVersion(path string) (string, error) {
 	}
 	// "6.1.0-57-amd64 (debian-kernel@lists.debian.org) #1 SMP ...": the release is the first word.
 	return string(bytes.Fields(v)[0]), nil
+}
+
+// linuxBanner starts the kernel's banner ("Linux version 6.12.117-kvfs (builder@host) #1 ..."),
+// a string in its read-only data.
+var linuxBanner = []byte("Linux version ")
+
+// elfKernelVersion finds the release in the banner of the ELF kernel f, reading it in chunks
+// that overlap by a banner's release.
+func elfKernelVersion(path string, f *os.File) (string, error) {
+	const chunk, overlap = 1 << 20, 512
+	buf := make([]byte, chunk+overlap)
+	var off int64
+	for {
+		n, err := f.ReadAt(buf, off)
+		if i := findBanner(buf[:n]); i >= 0 {
+			rest := buf[i+len(linuxBanner) : n]
+			if end := bytes.IndexAny(rest, " \x00"); end > 0 {
+				return string(rest[:end]), nil
+			}
+		}
+		if err == io.EOF || n <= overlap {
+			return "", fmt.Errorf("%s: an ELF file without the kernel's %q banner", path, linuxBanner)
+		}
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", path, err)
+		}
+		off += int64(n - overlap)
+	}
+}
+
+// findBanner returns the index of the banner in b, followed by a release (a digit); -1 if none.
+func findBanner(b []byte) int {
+	for at := 0; ; {
+		i := bytes.Index(b[at:], linuxBanner)
+		if i < 0 {
+			return -1
+		}
+		at += i
+		if r := b[at+len(linuxBanner):]; len(r) > 0 && r[0] >= '0' && r[0] <= '9' {
+			return at
+		}
+		at += len(linuxBanner)
+	}
 }
 
 // Entry is one member of a newc cpio archive.

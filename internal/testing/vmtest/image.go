@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvfs/kvfs/internal/guestimage"
 )
 
 // Guest is a bootable guest: a kernel and an initramfs whose /init is
@@ -125,8 +127,8 @@ func buildEnv(t testing.TB, dir string, env []string, flags ...string) Guest {
 		t.Fatalf("vmtest: building the guest image failed (bash %s): %v\n%s", strings.Join(args, " "), err, out)
 	}
 	g := Guest{
-		Kernel: filepath.Join(dir, "vmlinuz"),
-		Initrd: filepath.Join(dir, "initramfs.gz"),
+		Kernel: filepath.Join(dir, guestimage.KernelFile),
+		Initrd: filepath.Join(dir, guestimage.InitrdFile),
 	}
 	for _, f := range []string{g.Kernel, g.Initrd} {
 		if _, err := os.Stat(f); err != nil {

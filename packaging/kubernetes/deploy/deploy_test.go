@@ -57,12 +57,12 @@ func payload(t *testing.T) string {
 	if err := os.Mkdir(guest, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"vmlinuz", "initramfs.gz", "image.json"} {
+	for _, f := range []string{"vmlinux", "initramfs.gz", "image.json"} {
 		if err := os.WriteFile(filepath.Join(guest, f), []byte(f), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("sh", "-c", "sha256sum vmlinuz initramfs.gz image.json >SHA256SUMS")
+	cmd := exec.Command("sh", "-c", "sha256sum vmlinux initramfs.gz image.json >SHA256SUMS")
 	cmd.Dir = guest
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -198,7 +198,7 @@ wait:
 	t.Logf("kvfs-deploy install:\n%s", strings.Join(out, "\n"))
 
 	for _, f := range []string{"opt/kvfs/bin/containerd-shim-kvfs-v2", "opt/kvfs/bin/kvfsd", "opt/kvfs/bin/kvfsctl",
-		"opt/kvfs/share/kvfs/guest/vmlinuz", "opt/kvfs/share/kvfs/guest/SHA256SUMS", "var/lib/kvfs/install.manifest"} {
+		"opt/kvfs/share/kvfs/guest/vmlinux", "opt/kvfs/share/kvfs/guest/SHA256SUMS", "var/lib/kvfs/install.manifest"} {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 			t.Errorf("not installed: %v", err)
 		}
@@ -219,7 +219,7 @@ wait:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(config), `"/opt/kvfs/share/kvfs/guest/vmlinuz"`) {
+	if !strings.Contains(string(config), `"/opt/kvfs/share/kvfs/guest/vmlinux"`) {
 		t.Errorf("the configuration does not name the installed guest image /opt/kvfs/share/kvfs/guest:\n%s", config)
 	}
 	if imports, err := os.ReadFile(filepath.Join(root, "etc/containerd/config.toml")); err != nil ||

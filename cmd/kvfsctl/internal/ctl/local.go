@@ -42,7 +42,7 @@ func runConfig(_ options, args []string, w io.Writer) error {
 		return errWrongArgs
 	}
 	fs := subFlags("config default")
-	guest := fs.String("guest", "", "the directory of the guest image (vmlinuz, initramfs.gz)")
+	guest := fs.String("guest", "", "the directory of the guest image ("+guestimage.KernelFile+", "+guestimage.InitrdFile+")")
 	if err := fs.Parse(args[1:]); err != nil {
 		return usagef("config default: %v", err)
 	}
@@ -52,8 +52,8 @@ func runConfig(_ options, args []string, w io.Writer) error {
 	c := sandbox.DefaultConfig()
 	if *guest != "" {
 		dir := filepath.Clean(*guest)
-		c.VM.Kernel = filepath.Join(dir, "vmlinuz")
-		c.VM.Initrd = filepath.Join(dir, "initramfs.gz")
+		c.VM.Kernel = filepath.Join(dir, guestimage.KernelFile)
+		c.VM.Initrd = filepath.Join(dir, guestimage.InitrdFile)
 	}
 	if err := c.Validate(); err != nil {
 		return usagef("config default --guest %s: %v", *guest, err)

@@ -43,7 +43,7 @@ func TestConfigDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.VM.Kernel != "/opt/kvfs/share/kvfs/guest/vmlinuz" || c.VM.Initrd != "/opt/kvfs/share/kvfs/guest/initramfs.gz" {
+	if c.VM.Kernel != "/opt/kvfs/share/kvfs/guest/vmlinux" || c.VM.Initrd != "/opt/kvfs/share/kvfs/guest/initramfs.gz" {
 		t.Errorf("--guest: kernel %s initrd %s", c.VM.Kernel, c.VM.Initrd)
 	}
 	for _, args := range [][]string{
@@ -56,17 +56,16 @@ func TestConfigDefault(t *testing.T) {
 	}
 }
 
-// fakeImage writes a kernel with a bzImage header naming version and an initramfs holding
+// fakeImage writes an ELF kernel whose banner names version and an initramfs holding
 // image.json, with a SHA256SUMS beside them that lists the kernel right and the initramfs
 // wrong.
 func fakeImage(t *testing.T, version string) (kernel, initrd string) {
 	t.Helper()
 	dir := t.TempDir()
 	k := make([]byte, 0x1000)
-	copy(k[0x202:], "HdrS")
-	k[0x20e], k[0x20f] = 0x00, 0x02 // the string at 0x200 + 0x200
-	copy(k[0x400:], version+" (someone@example) #1 SMP\x00")
-	kernel = filepath.Join(dir, "vmlinuz")
+	copy(k, "\x7fELF")
+	copy(k[0x400:], "Linux version "+version+" (someone@example) #1 SMP\n\x00")
+	kernel = filepath.Join(dir, guestimage.KernelFile)
 	if err := os.WriteFile(kernel, k, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +78,7 @@ func fakeImage(t *testing.T, version string) (kernel, initrd string) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Skipf("cannot make a cpio archive (scripts/deps.sh installs cpio): %v\n%s", err, out)
 	}
-	sums := exec.Command("sh", "-c", `sha256sum vmlinuz >SHA256SUMS && echo "`+strings.Repeat("0", 64)+`  initramfs.gz" >>SHA256SUMS`)
+	sums := exec.Command("sh", "-c", `sha256sum `+guestimage.KernelFile+` >SHA256SUMS && echo "`+strings.Repeat("0", 64)+`  initramfs.gz" >>SHA256SUMS`)
 	sums.Dir = dir
 	if out, err := sums.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
