@@ -121,6 +121,9 @@ type VMConfig struct {
 	// Accel is kvm, tcg, or empty: kvm when /dev/kvm can be opened, else tcg (a failed boot
 	// under a KVM chosen so is an error that names it: Sandbox.VMError).
 	Accel string `toml:"accel" json:"accel"`
+	// TCGTBSize bounds QEMU's buffer of translated code under TCG, in MiB (VM.TCGTBSize); 0
+	// is QEMU's own bound, up to 1 GiB.
+	TCGTBSize int `toml:"tcg_tb_size" json:"tcg_tb_size"`
 	// CPU is the -cpu model.
 	CPU string `toml:"cpu" json:"cpu"`
 	// VCPUs is the number of virtual CPUs.
@@ -195,6 +198,7 @@ func DefaultConfig() *Config {
 		VM: VMConfig{
 			QEMU:              "qemu-system-x86_64",
 			Machine:           "q35",
+			TCGTBSize:         defaultTCGTBSize,
 			CPU:               "max",
 			VCPUs:             1,
 			Memory:            "2G",
@@ -436,6 +440,10 @@ const (
 	maxTagLen             = 36 // the tag field of struct virtio_fs_config
 	maxQueueSize          = 1024
 	maxBootTimeout        = time.Hour
+	// defaultTCGTBSize is vm.tcg_tb_size's default, in MiB: a pod's QEMU under TCG holds
+	// about this much translated code at most, instead of up to 1 GiB
+	// (docs/measurements/benchmarks.md).
+	defaultTCGTBSize = 32
 )
 
 // configKeys is every leaf key, in file order. It is filled in init because the check of
@@ -594,6 +602,11 @@ func allKeys() []configKey {
 				}
 				return checkAccel(c.VM.Accel)
 			},
+		},
+		{
+			name: "vm.tcg_tb_size", show: func(c *Config) string { return strconv.Itoa(c.VM.TCGTBSize) },
+			check: func(c *Config) error { return checkTCGTBSize(c.VM.TCGTBSize) },
+			set:   setInt(func(c *Config) *int { return &c.VM.TCGTBSize }),
 		},
 		{
 			name: "vm.cpu", show: func(c *Config) string { return strconv.Quote(c.VM.CPU) },

@@ -120,6 +120,7 @@ func TestParseConfigErrors(t *testing.T) {
 			[]string{`"in-process": the unconfined in-process server is now an explicit opt-in`}},
 		{"negative pool", "[server]\nthread_pool_size = -1\n", "server.thread_pool_size", []string{"= -1: want 0 to 1024"}},
 		{"small memory", "[vm]\nmemory = \"100M\"\n", "vm.memory", []string{`vm.memory = "100M"`, "minimum of 128 MiB"}},
+		{"tb-size too large", "[vm]\ntcg_tb_size = 4096\n", "vm.tcg_tb_size", []string{"vm.tcg_tb_size = 4096: want 0 (QEMU's default) to 2048 MiB"}},
 		{"no request queues", "[device]\nnum_request_queues = 0\n", "device.num_request_queues", []string{"= 0: want 1 to"}},
 		{"extra args confined", "[server]\nextra_args = [\"-d\"]\n", "server.extra_args", []string{`only to an external server.daemon, not to "confined"`}},
 		{"extra args in-process", "[server]\ndaemon = \"in-process-unconfined\"\nextra_args = [\"-d\"]\n", "server.extra_args",

@@ -45,6 +45,8 @@ const (
 	maxSocketPath = 107
 	// maxRequestQueues is QEMU's bound: VIRTIO_QUEUE_MAX (1024) queues, one of them hiprio.
 	maxRequestQueues = 1023
+	// maxTCGTBSize is QEMU's bound on tb-size on x86-64 hosts, in MiB: 2 GiB.
+	maxTCGTBSize = 2048
 )
 
 // VM describes one guest as QEMU runs it. It is pure data: Args turns it into QEMU's arguments
@@ -56,6 +58,11 @@ type VM struct {
 	Machine string
 	// Accel is AccelKVM or AccelTCG.
 	Accel string
+	// TCGTBSize, under TCG, bounds QEMU's buffer of translated code, in MiB (-accel
+	// tcg,tb-size=); when it is full QEMU drops every translation and starts again. 0 leaves
+	// QEMU's own bound, an eighth of the host's RAM up to 1 GiB, which a long-lived guest
+	// fills as it runs new code. Ignored under KVM.
+	TCGTBSize int
 	// CPU is the -cpu model, passed as is.
 	CPU string
 	// VCPUs is the number of virtual CPUs, at least 1.
@@ -167,7 +174,13 @@ func (vm *VM) Args() ([]string, error) {
 	size, _ := ParseMemorySize(vm.Memory.Size)
 	mem := strconv.FormatUint(size>>20, 10) + "M"
 
-	machine := vm.Machine + ",accel=" + vm.Accel
+	machine := vm.Machine
+	accel := []string{}
+	if vm.Accel == AccelTCG && vm.TCGTBSize > 0 {
+		accel = []string{"-accel", "tcg,tb-size=" + strconv.Itoa(vm.TCGTBSize)}
+	} else {
+		machine += ",accel=" + vm.Accel
+	}
 	placement := vm.Memory.Placement
 	if placement == "" {
 		placement = PlacementNUMA
@@ -179,8 +192,9 @@ func (vm *VM) Args() ([]string, error) {
 	if vm.Name != "" {
 		args = append(args, "-name", qemuOpt(vm.Name))
 	}
+	args = append(args, "-machine", machine)
+	args = append(args, accel...)
 	args = append(args,
-		"-machine", machine,
 		"-cpu", vm.CPU,
 		"-smp", strconv.Itoa(vm.VCPUs),
 		"-m", mem,
@@ -278,6 +292,7 @@ func (vm *VM) validate() error {
 	}{
 		{"machine " + strconv.Quote(vm.Machine), checkMachine(vm.Machine)},
 		{"accel " + strconv.Quote(vm.Accel), checkAccel(vm.Accel)},
+		{"tcg tb-size " + strconv.Itoa(vm.TCGTBSize), checkTCGTBSize(vm.TCGTBSize)},
 		{"cpu", nonEmpty(vm.CPU)},
 		{"vcpus " + strconv.Itoa(vm.VCPUs), checkVCPUs(vm.VCPUs)},
 		{"memory size " + strconv.Quote(vm.Memory.Size), memErr(vm.Memory.Size)},
@@ -320,6 +335,13 @@ func checkMachine(m string) error {
 func checkAccel(a string) error {
 	if a != AccelKVM && a != AccelTCG {
 		return fmt.Errorf("want %s or %s", AccelKVM, AccelTCG)
+	}
+	return nil
+}
+
+func checkTCGTBSize(n int) error {
+	if n < 0 || n > maxTCGTBSize {
+		return fmt.Errorf("want 0 (QEMU's default) to %d MiB", maxTCGTBSize)
 	}
 	return nil
 }

@@ -78,6 +78,19 @@ func TestVMArgs(t *testing.T) {
 				chardev, dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
 		},
 		{
+			name:   "tcg with a bounded translation buffer: -accel, not the machine's accel=",
+			modify: func(vm *VM) { vm.TCGTBSize, vm.Memory.Placement = 32, PlacementMachine },
+			want: slices.Concat(head,
+				[]string{"-machine", "q35,memory-backend=kvfs-mem0", "-accel", "tcg,tb-size=32", "-cpu", "max", "-smp", "1", "-m", "512M"},
+				memfd, chardev, dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
+			name:   "kvm: no translation buffer to bound",
+			modify: func(vm *VM) { vm.TCGTBSize, vm.Accel = 32, AccelKVM },
+			want: slices.Concat(head, cpu("q35,accel=kvm"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"), boot),
+		},
+		{
 			name:   "two request queues, queue size 128, kvm",
 			modify: func(vm *VM) { vm.FS.NumRequestQueues, vm.FS.QueueSize, vm.Accel = 2, 128, AccelKVM },
 			want: slices.Concat(head, cpu("q35,accel=kvm"), memfd, numa, chardev,
@@ -254,6 +267,8 @@ func TestVMArgsErrors(t *testing.T) {
 		{"zero request queues", func(vm *VM) { vm.FS.NumRequestQueues = 0 }, "num-request-queues 0: want 1 to"},
 		{"zero vcpus", func(vm *VM) { vm.VCPUs = 0 }, "vcpus 0"},
 		{"unknown accelerator", func(vm *VM) { vm.Accel = "hvf" }, `accel "hvf": want kvm or tcg`},
+		{"negative tb-size", func(vm *VM) { vm.TCGTBSize = -1 }, "tcg tb-size -1: want 0"},
+		{"tb-size beyond QEMU's bound", func(vm *VM) { vm.TCGTBSize = 4096 }, "tcg tb-size 4096: want 0 (QEMU's default) to 2048 MiB"},
 		{"machine with options", func(vm *VM) { vm.Machine = "q35,accel=kvm" }, `machine "q35,accel=kvm"`},
 		{"unknown placement", func(vm *VM) { vm.Memory.Placement = "both" }, `memory placement "both"`},
 		{"hugepages without path", func(vm *VM) { vm.Memory.Hugepages = true }, "hugepages need the path"},

@@ -33,6 +33,7 @@ start), or the absolute path of a virtiofsd-compatible daemon, run as: DAEMON --
 	"vm.qemu":                   "The emulator, looked up in $PATH when it has no slash.",
 	"vm.machine":                "QEMU's machine type.",
 	"vm.accel":                  `kvm, tcg, or "": kvm if /dev/kvm opens, else tcg; a boot that fails under KVM chosen so is an error saying to set "tcg".`,
+	"vm.tcg_tb_size":            "Under TCG, QEMU's buffer of translated code in MiB (-accel tcg,tb-size=): the memory it may take; 0: QEMU's own bound, up to 1 GiB.",
 	"vm.cpu":                    "QEMU's -cpu model.",
 	"vm.vcpus":                  "Virtual CPUs.",
 	"vm.memory":                 `Guest RAM, e.g. "512M", "2G" (at least 128M).`,

@@ -319,6 +319,7 @@ func (s *Sandbox) DefaultVM() VM {
 		Memory:            Memory{Size: c.Memory, Hugepages: c.Hugepages, Path: c.FileMemPath, Placement: c.MemoryPlacement},
 		FS:                s.fsDevice(),
 		FreePageReporting: c.FreePageReporting,
+		TCGTBSize:         c.TCGTBSize,
 	}
 	if c.Hugepages {
 		vm.Memory.Path = c.HugepagePath

@@ -216,7 +216,7 @@ while :; do sleep 1; done
 	diag := diagnose(dir)
 	args := strings.Join(mustState(t, dir).VM.Args, " ")
 	for _, want := range []string{"memory-backend-file,id=kvfs-mem0,size=512M,mem-path=" + memDir + ",share=on",
-		"accel=" + accel + ",memory-backend=kvfs-mem0", "queue-size=128,num-request-queues=2"} {
+		",memory-backend=kvfs-mem0", "queue-size=128,num-request-queues=2"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("QEMU arguments %q lack %q", args, want)
 		}
