@@ -163,10 +163,10 @@ func Section(rep *Report) string {
 		{"shim start and the sandbox (layout, confined kvfsd) until QEMU starts — ours", func(r Round) time.Duration { return r.BeforeVM }},
 		{"QEMU + firmware (host time − guest uptime at the answer) — QEMU", bootPart("qemu")},
 		{"kernel boot (guest uptime when the agent started) — the kernel", bootPart("kernel")},
-		{"agent start-up to its first answer (modules, virtio-fs mount, serial port) — ours", bootPart("agent")},
+		{"agent start-up to its first answer (mounts, virtio-fs, serial port) — ours", bootPart("agent")},
 		{"**QEMU start → agent answers** (total of the three above)", bootPart("total")},
 		{"after the answer: Create's rest, Start, `true`, Delete, VM shutdown — ours and the guest's", func(r Round) time.Duration { return r.AfterAnswer }},
-		{"of which Create's rest and Start (in the round's `ctr run -d`: the agent's answer → ctr returned; the container made and started in the guest by the agent's runc)", func(r Round) time.Duration { return r.AnswerToStarted }},
+		{"of which Create's rest and Start (in the round's `ctr run -d`: the agent's answer → ctr returned; the container made and started in the guest by the agent's runtime)", func(r Round) time.Duration { return r.AnswerToStarted }},
 	} {
 		s := Summarize(report.Seconds(kv, row.f))
 		share := "–"
@@ -206,8 +206,8 @@ func reading(rep *Report) []string {
 	if tot.N > 0 && kvRun.Med > 0 {
 		out = append(out, fmt.Sprintf("Where kvfs's start goes: QEMU's start to the agent's answer is %.2f s (%.0f%% of the run): QEMU and firmware %.2f s, the kernel's boot %.2f s, the agent's start-up %.2f s. "+
 			"QEMU, the firmware and the kernel — not kvfs's code — are %.2f s of it, under %s: that is what KVM would shrink. "+
-			"(QEMU's share is QEMU's own start, the firmware loading the kernel and initramfs, and — since the guest's clock starts only when the kernel sets up its timekeeping — the kernel's decompression and earliest setup.) "+
-			"kvfs's own parts: the shim and sandbox before QEMU %.3f s, the agent's start-up %.2f s (mostly guest instructions: loading modules, mounting virtio-fs), and after the answer %.2f s for creating, starting, running and deleting the container in the guest and stopping the VM, of which Create's rest and Start are %.2f s (measured in the detached runs).",
+			"(QEMU's share is QEMU's own start, the firmware loading the kernel and initramfs, and — since the guest's clock starts only when the kernel sets up its timekeeping — the kernel's earliest setup, and its decompression for a compressed kernel.) "+
+			"kvfs's own parts: the shim and sandbox before QEMU %.3f s, the agent's start-up %.2f s (mostly guest instructions: mounting virtio-fs and the file systems it needs), and after the answer %.2f s for creating, starting, running and deleting the container in the guest and stopping the VM, of which Create's rest and Start are %.2f s (measured in the detached runs).",
 			tot.Med, 100*tot.Med/kvRun.Med, q.Med, k.Med, a.Med, q.Med+k.Med, rep.Accel, before.Med, a.Med, after.Med,
 			Summarize(report.Seconds(kv, func(r Round) time.Duration { return r.AnswerToStarted })).Med))
 	} else {
