@@ -24,7 +24,9 @@ const Version = "0.1.0"
 const (
 	// portWait bounds the wait for the virtio-serial port to appear after its module loaded.
 	portWait = 10 * time.Second
-	// serverDrain bounds how long Shutdown's answer may take to leave before the power-off.
+	// hostHangup bounds the wait, after Shutdown, for the host to hang up, which it does once
+	// it has Shutdown's answer; serverDrain bounds what the server's own shutdown waits after.
+	hostHangup  = 2 * time.Second
 	serverDrain = 2 * time.Second
 	modulesList = "/etc/kvfs/modules"
 )
@@ -152,8 +154,9 @@ func run(log *logrus.Entry, pid1 bool) error {
 		return err
 	}
 	apiv1.RegisterAgentService(srv, svc)
+	tl := trackConns(l)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, l) }()
+	go func() { served <- srv.Serve(ctx, tl) }()
 	log.WithFields(logrus.Fields{"transport": params.Transport, "addr": l.Addr().String(),
 		"after": time.Since(start).Round(time.Millisecond)}).Info("serving")
 
@@ -162,13 +165,27 @@ func run(log *logrus.Entry, pid1 bool) error {
 	case err := <-served:
 		return fmt.Errorf("serving: %w", err)
 	}
+	stopServing(ctx, srv, tl, log)
+	log.Info("shut down")
+	return nil
+}
+
+// stopServing ends srv, serving on tl, once Shutdown has been called. Shutdown's answer is not
+// sent yet when Done closes (its handler closes it), and ttrpc's own shutdown may take the
+// connection for idle and close it before the answer leaves: so it first waits for the host
+// to hang up, which the host does once it has the answer (a host that does not is waited for
+// hostHangup).
+func stopServing(ctx context.Context, srv *ttrpc.Server, tl *connTracker, log *logrus.Entry) {
+	hctx, hcancel := context.WithTimeout(ctx, hostHangup)
+	if !tl.waitClosed(hctx) {
+		log.Warn("the host did not hang up after Shutdown")
+	}
+	hcancel()
 	dctx, dcancel := context.WithTimeout(ctx, serverDrain)
 	defer dcancel()
 	if err := srv.Shutdown(dctx); err != nil {
 		log.WithError(err).Warn("the last answers may not have left")
 	}
-	log.Info("shut down")
-	return nil
 }
 
 // listen opens the transport of params: the virtio-serial port (waiting for it to appear) or

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -568,3 +569,65 @@ func (c *serialConn) RemoteAddr() net.Addr { return serialAddr("host") }
 func (c *serialConn) SetDeadline(t time.Time) error      { return os.ErrNoDeadline }
 func (c *serialConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadline }
 func (c *serialConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }
+
+// connTracker is a listener that counts its open connections, so that the agent can wait,
+// after Shutdown, for the host to hang up (see run).
+type connTracker struct {
+	net.Listener
+	mu      sync.Mutex
+	open    int           // guarded by mu
+	changed chan struct{} // a connection closed; one pending signal at most
+}
+
+func trackConns(l net.Listener) *connTracker {
+	return &connTracker{Listener: l, changed: make(chan struct{}, 1)}
+}
+
+// Accept counts the connection it returns until it is closed.
+func (t *connTracker) Accept() (net.Conn, error) {
+	c, err := t.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	t.open++
+	t.mu.Unlock()
+	return &trackedConn{Conn: c, t: t}, nil
+}
+
+// waitClosed reports whether every connection accepted so far was closed before ctx ended.
+func (t *connTracker) waitClosed(ctx context.Context) bool {
+	for {
+		t.mu.Lock()
+		open := t.open
+		t.mu.Unlock()
+		if open == 0 {
+			return true
+		}
+		select {
+		case <-t.changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	t    *connTracker
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.t.mu.Lock()
+		c.t.open--
+		c.t.mu.Unlock()
+		select {
+		case c.t.changed <- struct{}{}:
+		default:
+		}
+	})
+	return err
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -332,4 +333,88 @@ func TestSerialConnReadWithoutWakeup(t *testing.T) {
 		t.Fatalf("write: %v", err)
 	}
 	c.Close()
+}
+
+// TestShutdownAnswerArrives runs the agent's service behind its ttrpc server as run does:
+// Shutdown's answer reaches a host that hangs up once it has it, every time, although the
+// handler ends the service before the answer is sent; and the server stops once the host has
+// hung up, without waiting for hostHangup.
+func TestShutdownAnswerArrives(t *testing.T) {
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	for i := range 40 {
+		fx := newFixture(t)
+		l, err := net.Listen("unix", filepath.Join(t.TempDir(), "agent.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := ttrpc.NewServer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		apiv1.RegisterAgentService(srv, fx.svc)
+		tl := trackConns(l)
+		go srv.Serve(fx.ctx, tl)
+		stopped := make(chan time.Duration, 1)
+		go func() {
+			<-fx.svc.Done()
+			start := time.Now()
+			stopServing(fx.ctx, srv, tl, logrus.NewEntry(log))
+			stopped <- time.Since(start)
+		}()
+
+		conn, err := net.Dial("unix", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := ttrpc.NewClient(conn)
+		_, err = apiv1.NewAgentClient(client).Shutdown(fx.ctx, &apiv1.ShutdownRequest{})
+		client.Close()
+		if err != nil {
+			t.Fatalf("round %d: Shutdown's answer did not arrive: %v", i, err)
+		}
+		if took := <-stopped; took >= hostHangup {
+			t.Fatalf("round %d: the server stopped %v after Shutdown: it waited out hostHangup", i, took)
+		}
+	}
+}
+
+func TestConnTrackerWaitsForOpenConns(t *testing.T) {
+	l, err := net.Listen("unix", filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := trackConns(l)
+	defer tl.Close()
+	var accepted []net.Conn
+	for range 2 {
+		c, err := net.Dial("unix", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		a, err := tl.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		accepted = append(accepted, a)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if tl.waitClosed(ctx) {
+		t.Fatal("waitClosed with two connections open")
+	}
+	accepted[0].Close()
+	accepted[0].Close() // counted once
+	done := make(chan bool, 1)
+	go func() { done <- tl.waitClosed(context.Background()) }()
+	select {
+	case <-done:
+		t.Fatal("waitClosed with one connection open")
+	case <-time.After(50 * time.Millisecond):
+	}
+	accepted[1].Close()
+	if !<-done {
+		t.Fatal("waitClosed: false once both closed")
+	}
 }

@@ -322,6 +322,11 @@ func (p *VMPod) Stop(ctx context.Context) error {
 		if _, err := p.agent.Shutdown(sctx, &agent.ShutdownRequest{}); err != nil {
 			log.G(ctx).WithError(err).Warn("the agent's shutdown")
 		} else {
+			// Nothing more to ask: hanging up tells the agent that its answer arrived, and it
+			// powers off without waiting for that.
+			if p.client != nil {
+				p.client.Close()
+			}
 			select {
 			case <-p.sb.VMExited():
 			case <-sctx.Done():
