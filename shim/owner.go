@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -457,6 +458,9 @@ func (o *PodOwner) oomLoop(run *podRun) {
 			}
 			if agentErrIs(err, codes.Unavailable, errdefs.ErrUnavailable) {
 				return // the agent is shutting down, or was cut off
+			}
+			if errors.Is(err, ttrpc.ErrClosed) {
+				return // the connection is gone: the pod is stopping (Stop hangs up) or dead
 			}
 			o.guestLog.warn("oom-wait", log.G(o.ctx).WithError(err), "waiting for OOM events")
 			if !sleepCtx(run.ctx, time.Second) {
