@@ -222,7 +222,7 @@ func reading(rep *Report) []string {
 	qm := Summarize(report.MiBs(kv, func(r Round) int64 { return r.VMM.RSS }))
 	qg := Summarize(report.MiBs(kv, func(r Round) int64 { return r.VMM.Memfd }))
 	out = append(out, fmt.Sprintf("Memory: a kvfs pod with one sleeping container costs the host %.0f MiB PSS (%.0f MiB RSS, which counts the guest pages kvfsd and QEMU share twice) — the shim %.0f MiB RSS, kvfsd %.0f MiB, QEMU %.0f MiB, of a %s guest — against %.1f MiB PSS (%.1f MiB RSS) for runc's shim and the container: %s× by PSS. "+
-		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, the unpacked initramfs, page cache); the rest, %.0f MiB, is QEMU's own (under TCG most likely its buffer of translated code, which KVM does not need: not broken down here). The shim is %s× runc's shim.",
+		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, the unpacked initramfs, page cache); the rest, %.0f MiB, is QEMU's own: under TCG its buffer of translated code (vm.tcg_tb_size, 32 MiB by default), which KVM does not need, the kernel and initramfs it keeps for a reset, and QEMU itself (not broken down further here). The shim is %s× runc's shim.",
 		kp.Med, kr.Med, sh.Med, sv.Med, qm.Med, rep.Config.Memory, rp.Med, rr.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, tp), report.MiBs(rc, tp))).Med),
 		qg.Med, qm.Med-qg.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, func(r Round) int64 { return r.Shim.RSS }), report.MiBs(rc, func(r Round) int64 { return r.Shim.RSS }))).Med)))
 	if n := len(rep.Teardown); n > 0 {
