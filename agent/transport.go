@@ -571,7 +571,7 @@ func (c *serialConn) SetReadDeadline(t time.Time) error  { return os.ErrNoDeadli
 func (c *serialConn) SetWriteDeadline(t time.Time) error { return os.ErrNoDeadline }
 
 // connTracker is a listener that counts its open connections, so that the agent can wait,
-// after Shutdown, for the host to hang up (see run).
+// after Shutdown, for the host to hang up (see stopServing).
 type connTracker struct {
 	net.Listener
 	mu      sync.Mutex
