@@ -28,7 +28,7 @@ build:
 guest-kernel:
 	packaging/guest/kernel/build.sh $(or $(KVFS_CACHE),/var/cache/kvfs)/guest-kernel
 
-# The pod VM's guest image (vmlinux, initramfs.gz, image.json, SHA256SUMS), reproducible.
+# The pod VM's guest image (vmlinux, rootfs.erofs, image.json, SHA256SUMS), reproducible.
 guest-image:
 	KVFS_VERSION=$(VERSION) packaging/guest/build.sh --agent $(DIST_GUEST)
 

@@ -42,8 +42,16 @@ var systemMounts = []mountPoint{
 
 // LeaveInitramfs makes the root a bind mount of the initramfs instead of the initramfs
 // itself: pivot_root(2) refuses to move a process whose root is the initial rootfs, and runc
-// pivots into every container's root. The files are the same; only the mount differs.
+// pivots into every container's root. The files are the same; only the mount differs. A root
+// the kernel mounted itself (the image's erofs, root=) is a mount already: nothing is done.
 func LeaveInitramfs() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/", &st); err != nil {
+		return fmt.Errorf("statfs /: %w", err)
+	}
+	if st.Type != unix.RAMFS_MAGIC && st.Type != unix.TMPFS_MAGIC {
+		return nil
+	}
 	const tmp = "/.kvfs-root"
 	if err := os.Mkdir(tmp, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err

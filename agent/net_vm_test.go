@@ -78,7 +78,7 @@ func TestNetworkInGuest(t *testing.T) {
 	}
 
 	vm := s.DefaultVM()
-	vm.Accel, vm.Kernel, vm.Initrd = accel, g.Kernel, g.Initrd
+	vm.Accel, vm.Kernel, vm.Initrd, vm.Root = accel, g.Kernel, g.Initrd, g.Root
 	vm.NICs = []sandbox.NIC{{Tap: ep.TapFile, MAC: ep.Interface.MAC, MTU: ep.Interface.MTU}}
 	start := time.Now()
 	ag, diag := bootAgent(t, s, vm)

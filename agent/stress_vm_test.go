@@ -28,7 +28,7 @@ func TestAgentStress(t *testing.T) {
 	s := newSandbox(t, "stress", nil)
 	root := busyboxRoot(t)
 	vm := s.DefaultVM()
-	vm.Accel, vm.Kernel, vm.Initrd = sandbox.AccelTCG, g.Kernel, g.Initrd
+	vm.Accel, vm.Kernel, vm.Initrd, vm.Root = sandbox.AccelTCG, g.Kernel, g.Initrd, g.Root
 	vm.Cmdline += " kvfs.debug=1"
 	ag, diag := bootAgent(t, s, vm)
 	octx, ocancel := context.WithCancel(ctx)

@@ -52,7 +52,7 @@ func TestAgentSubmountExits(t *testing.T) {
 		}
 	}
 	vm := s.DefaultVM()
-	vm.Accel, vm.Kernel, vm.Initrd = testAccel(t), g.Kernel, g.Initrd
+	vm.Accel, vm.Kernel, vm.Initrd, vm.Root = testAccel(t), g.Kernel, g.Initrd, g.Root
 	ag, diag := bootAgent(t, s, vm)
 
 	// run creates container id on root with args, starts it, and returns its output and exit

@@ -75,7 +75,7 @@ func TestAgentInGuest(t *testing.T) {
 	// kernel command line are the shim's.
 	agentSock := s.AgentSocketPath()
 	vm := s.DefaultVM()
-	vm.Accel, vm.Kernel, vm.Initrd = accel, g.Kernel, g.Initrd
+	vm.Accel, vm.Kernel, vm.Initrd, vm.Root = accel, g.Kernel, g.Initrd, g.Root
 	if vm.Agent.Transport != sandbox.AgentSerial || vm.Agent.Socket != agentSock {
 		t.Fatalf("the sandbox's VM has agent channel %+v, want serial on %s", vm.Agent, agentSock)
 	}

@@ -121,7 +121,7 @@ func TestDebianPackage(t *testing.T) {
 		Wrapper:  []string{"nsenter", "-t", strconv.Itoa(ns.pid()), "-m", "--"},
 	})
 	config := filepath.Join(root, "etc/kvfs/configuration.toml")
-	editConfig(t, config, c, g)
+	editConfig(t, config, c)
 	edited, _ := os.ReadFile(config)
 
 	// The same package again: dpkg keeps the edited conffile, install.sh changes nothing.
@@ -138,7 +138,7 @@ func TestDebianPackage(t *testing.T) {
 		t.Errorf("dpkg left %v", m)
 	}
 
-	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinux"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
+	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinux"), filepath.Join(root, "usr/share/kvfs/guest/rootfs.erofs"))
 	if err != nil {
 		t.Fatal(err)
 	}

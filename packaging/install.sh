@@ -14,7 +14,7 @@
 #   --localstatedir DIR LOCALSTATEDIR (default /var)
 #
 # install copies the binaries in --bin (containerd-shim-kvfs-v2, kvfsd, kvfsctl) to
-# PREFIX/bin, the guest image in --guest (vmlinux, initramfs.gz, image.json, SHA256SUMS, as
+# PREFIX/bin, the guest image in --guest (vmlinux, rootfs.erofs or initramfs.gz, image.json, SHA256SUMS, as
 # packaging/guest/build.sh --agent writes them, checked with sha256sum -c) to
 # PREFIX/share/kvfs/guest, this script to PREFIX/share/kvfs/install.sh and the Kata Containers
 # fragment (below) to PREFIX/share/kvfs/kata/kvfsd.toml; then configures.
@@ -126,7 +126,9 @@ destdir=${destdir%/}
 	die "--destdir $destdir: no such directory"
 
 binaries="containerd-shim-kvfs-v2 kvfsd kvfsctl"
-guest_files="vmlinux initramfs.gz image.json SHA256SUMS"
+# The guest image's files; its root is rootfs.erofs, or initramfs.gz in an image built with
+# Debian's kernel (install_files picks).
+guest_files="vmlinux rootfs.erofs image.json SHA256SUMS"
 share=$prefix/share/kvfs
 guest_dir=$share/guest
 config=$sysconfdir/kvfs/configuration.toml
@@ -259,6 +261,8 @@ install_files() {
 	for b in $binaries; do
 		[ -x "$bindir_src/$b" ] || die "no executable $bindir_src/$b (make build)"
 	done
+	[ -f "$guest_src/rootfs.erofs" ] || [ ! -f "$guest_src/initramfs.gz" ] ||
+		guest_files="vmlinux initramfs.gz image.json SHA256SUMS"
 	for f in $guest_files; do
 		[ -f "$guest_src/$f" ] || die "no $guest_src/$f (packaging/guest/build.sh --agent $guest_src)"
 	done

@@ -43,12 +43,12 @@ func TestMain(m *testing.M) {
 func fakeGuest(t *testing.T, version string) string {
 	t.Helper()
 	dir := t.TempDir()
-	for _, f := range []string{"vmlinux", "initramfs.gz", "image.json"} {
+	for _, f := range []string{"vmlinux", "rootfs.erofs", "image.json"} {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte(f+" "+version), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("sh", "-c", "sha256sum vmlinux initramfs.gz image.json >SHA256SUMS")
+	cmd := exec.Command("sh", "-c", "sha256sum vmlinux rootfs.erofs image.json >SHA256SUMS")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -116,7 +116,7 @@ func TestInstallDestdir(t *testing.T) {
 
 	for _, p := range []string{
 		"opt/kvfs/bin/containerd-shim-kvfs-v2", "opt/kvfs/bin/kvfsd", "opt/kvfs/bin/kvfsctl",
-		"opt/kvfs/share/kvfs/guest/vmlinux", "opt/kvfs/share/kvfs/guest/initramfs.gz",
+		"opt/kvfs/share/kvfs/guest/vmlinux", "opt/kvfs/share/kvfs/guest/rootfs.erofs",
 		"opt/kvfs/share/kvfs/guest/image.json", "opt/kvfs/share/kvfs/guest/SHA256SUMS",
 		"opt/kvfs/share/kvfs/install.sh", "opt/kvfs/share/kvfs/kata/kvfsd.toml", "etc/kvfs/configuration.toml",
 		"etc/containerd/conf.d/kvfs.toml", "etc/containerd/config.toml",
@@ -139,7 +139,7 @@ func TestInstallDestdir(t *testing.T) {
 	cfgData, _ := os.ReadFile(cfgPath)
 	want := sandbox.DefaultConfig()
 	want.VM.Kernel = "/opt/kvfs/share/kvfs/guest/vmlinux"
-	want.VM.Initrd = "/opt/kvfs/share/kvfs/guest/initramfs.gz"
+	want.VM.Rootfs = "/opt/kvfs/share/kvfs/guest/rootfs.erofs"
 	if string(cfgData) != string(sandbox.RenderConfig(want)) {
 		t.Errorf("configuration.toml is not RenderConfig(DefaultConfig with the installed image):\n%s", cfgData)
 	}

@@ -41,7 +41,7 @@ func TestInstalledRuntime(t *testing.T) {
 		Imports:  []string{filepath.Join(root, "etc/containerd/conf.d/*.toml")},
 		CRI:      true,
 	})
-	editConfig(t, config, c, g)
+	editConfig(t, config, c)
 
 	// The CRI loaded the drop-in.
 	var info struct {
@@ -68,7 +68,7 @@ func TestInstalledRuntime(t *testing.T) {
 
 	// ctr run through the installed shim, on the installed configuration: the guest is the
 	// installed image.
-	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinux"), filepath.Join(root, "usr/share/kvfs/guest/initramfs.gz"))
+	want, err := guestimage.Read(filepath.Join(root, "usr/share/kvfs/guest/vmlinux"), filepath.Join(root, "usr/share/kvfs/guest/rootfs.erofs"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,15 +90,15 @@ func TestInstalledRuntime(t *testing.T) {
 
 // editConfig makes the operator's one edit to the installed configuration at path: where the
 // sandboxes go (the test containerd's directory, which its leak check covers), and the
-// accelerator if /dev/kvm opens but KVM cannot boot the guest g.
-func editConfig(t *testing.T, path string, c *ctrdtest.Containerd, g vmtest.Guest) {
+// accelerator if /dev/kvm opens but KVM cannot boot a guest (vmtest.Accel).
+func editConfig(t *testing.T, path string, c *ctrdtest.Containerd) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	edited := strings.Replace(string(data), "\n# base_dir = \"/run/kvfs/sandboxes\"\n", "\nbase_dir = \""+c.SandboxBaseDir()+"\"\n", 1)
-	if accel, why := vmtest.Accel(context.Background(), g); accel == "tcg" {
+	if accel, why := vmtest.Accel(context.Background(), vmtest.Image(t)); accel == "tcg" {
 		t.Logf("accelerator tcg: %s", why)
 		edited = strings.Replace(edited, "\n# accel = \"\"\n", "\naccel = \"tcg\"\n", 1)
 	}

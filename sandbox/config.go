@@ -139,8 +139,11 @@ type VMConfig struct {
 	// directory (a tmpfs) instead of a memfd. The memfd is the default: it is not limited by
 	// the size of /dev/shm, whose exhaustion makes a running guest die of SIGBUS.
 	FileMemPath string `toml:"file_mem_path" json:"file_mem_path"`
-	// Kernel and Initrd boot the guest (the kvfs guest image: its agent is /init).
+	// Kernel boots the guest; its root is Rootfs, the kvfs guest image's read-only erofs image
+	// (mapped, not copied: VM.Root), or Initrd, an initramfs (the image built with Debian's
+	// kernel), never both. Either way the agent is /init.
 	Kernel string `toml:"kernel" json:"kernel"`
+	Rootfs string `toml:"rootfs" json:"rootfs"`
 	Initrd string `toml:"initrd" json:"initrd"`
 	// KernelParams are appended to the kernel command line DefaultVM builds.
 	KernelParams string `toml:"kernel_params" json:"kernel_params"`
@@ -205,7 +208,7 @@ func DefaultConfig() *Config {
 			MemoryPlacement:   PlacementNUMA,
 			HugepagePath:      "/dev/hugepages",
 			Kernel:            "/usr/share/kvfs/guest/vmlinux",
-			Initrd:            "/usr/share/kvfs/guest/initramfs.gz",
+			Rootfs:            "/usr/share/kvfs/guest/rootfs.erofs",
 			FreePageReporting: true,
 		},
 		Agent: AgentConfig{
@@ -664,10 +667,22 @@ func allKeys() []configKey {
 			check: func(c *Config) error { return checkAbsPath(c.VM.Kernel) },
 		},
 		{
+			name: "vm.rootfs", show: func(c *Config) string { return strconv.Quote(c.VM.Rootfs) },
+			check: func(c *Config) error {
+				if c.VM.Rootfs == "" {
+					return nil
+				}
+				return checkAbsPath(c.VM.Rootfs)
+			},
+		},
+		{
 			name: "vm.initrd", show: func(c *Config) string { return strconv.Quote(c.VM.Initrd) },
 			check: func(c *Config) error {
 				if c.VM.Initrd == "" {
 					return nil
+				}
+				if c.VM.Rootfs != "" {
+					return fmt.Errorf("vm.rootfs is %q too: the guest's root is one or the other (set the one not used to \"\")", c.VM.Rootfs)
 				}
 				return checkAbsPath(c.VM.Initrd)
 			},

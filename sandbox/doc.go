@@ -192,14 +192,14 @@
 //
 // # The guest agent
 //
-// DefaultVM boots vm.kernel and vm.initrd (the kvfs guest image, whose /init is the agent;
-// defaults /usr/share/kvfs/guest/vmlinux and initramfs.gz) with the command line
-// "console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial" (or
-// kvfs.agent=vsock:1024) followed by vm.kernel_params, and gives it the agent channel of
-// agent.transport: a virtio-serial port named io.kvfs.agent.0 whose host side is agent.sock
-// (VM.Agent, AgentSerial), or a vhost-vsock-pci device with the guest CID GuestCID(id)
-// (AgentVsock; needs /dev/vhost-vsock). agent.boot_timeout bounds the owner's wait for the
-// agent's first answer. The agent is as untrusted as the rest of the guest.
+// DefaultVM boots vm.kernel with its root, vm.rootfs or vm.initrd (the kvfs guest image, whose
+// /init is the agent; defaults /usr/share/kvfs/guest/vmlinux and rootfs.erofs) with the
+// command line "console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial" (or
+// kvfs.agent=vsock:1024), then RootCmdline for a root image, then vm.kernel_params, and gives
+// it the agent channel of agent.transport: a virtio-serial port named io.kvfs.agent.0 whose
+// host side is agent.sock (VM.Agent, AgentSerial), or a vhost-vsock-pci device with the
+// guest CID GuestCID(id) (AgentVsock; needs /dev/vhost-vsock). agent.boot_timeout bounds
+// the owner's wait for the agent's first answer. The agent is as untrusted as the rest of the guest.
 //
 // # Network
 //

@@ -127,6 +127,7 @@ func testConfig(base string) *Config {
 	c := DefaultConfig()
 	c.BaseDir = base
 	c.VM.Memory = "512M"
+	c.VM.Rootfs = "" // not installed here: a test that boots a guest names its own
 	return c
 }
 

@@ -29,6 +29,8 @@ const (
 	serialID    = "kvfs-serial0"
 	agentCharID = "kvfs-agent0"
 	balloonID   = "kvfs-balloon0"
+	rootMemID   = "kvfs-root0-mem"
+	rootID      = "kvfs-root0"
 	// netdevID and nicID, followed by the NIC's index, name its tap back end and its device.
 	netdevID = "kvfs-net"
 	nicID    = "kvfs-nic"
@@ -72,6 +74,13 @@ type VM struct {
 	// Kernel, Initrd and Cmdline boot the guest directly. Kernel may be empty (firmware boot);
 	// Initrd and Cmdline need a Kernel.
 	Kernel, Initrd, Cmdline string
+	// Root is a file system image QEMU maps into the guest read-only, as a virtio-pmem device:
+	// the guest's /dev/pmem0, its root when Cmdline says so (RootCmdline: the kernel mounts it
+	// with DAX, its pages the host's page cache of the file, shared by every VM that maps it,
+	// never copied into guest RAM). What the guest writes to it is dropped: one image serves
+	// every pod. Its size must be a positive multiple of 2 MiB (QEMU maps the whole file; the
+	// guest maps it in 2 MiB sections). It needs a Kernel. Empty: none.
+	Root string
 	// FS is the virtio-fs device. Sandbox.Start sets it to the sandbox's device.
 	FS FSDevice
 	// Console is the write end of a pipe that receives the guest's serial console, or nil for
@@ -194,10 +203,23 @@ func (vm *VM) Args() ([]string, error) {
 	}
 	args = append(args, "-machine", machine)
 	args = append(args, accel...)
+	var rootSize int64
+	if vm.Root != "" {
+		var err error
+		if rootSize, err = rootImageSize(vm.Root); err != nil {
+			return nil, err
+		}
+	}
+	memArg := mem
+	if rootSize > 0 {
+		// A memory device (the root's virtio-pmem) goes in the region above the RAM that
+		// maxmem sizes.
+		memArg += ",maxmem=" + strconv.FormatUint(size>>20+uint64(rootSize>>20), 10) + "M"
+	}
 	args = append(args,
 		"-cpu", vm.CPU,
 		"-smp", strconv.Itoa(vm.VCPUs),
-		"-m", mem,
+		"-m", memArg,
 	)
 
 	var backend string
@@ -259,6 +281,18 @@ func (vm *VM) Args() ([]string, error) {
 		}
 		args = append(args,
 			"-netdev", fmt.Sprintf("tap,id=%s,fd=%d,vhost=off", netdev, firstNICFd+i),
+			"-device", dev,
+		)
+	}
+	if rootSize > 0 {
+		// readonly=on: QEMU opens the file read-only and the guest's writes to the range are
+		// dropped; the image, shared by every pod, is never the guest's to change.
+		dev := "virtio-pmem-pci,id=" + rootID + ",memdev=" + rootMemID
+		if isQ35(vm.Machine) {
+			dev += ",bus=pcie.0"
+		}
+		args = append(args,
+			"-object", fmt.Sprintf("memory-backend-file,id=%s,mem-path=%s,size=%d,readonly=on,share=off", rootMemID, qemuOpt(vm.Root), rootSize),
 			"-device", dev,
 		)
 	}
@@ -406,8 +440,11 @@ func checkSocketPath(p string) error {
 }
 
 func checkBoot(vm *VM) error {
-	if vm.Kernel == "" && (vm.Initrd != "" || vm.Cmdline != "") {
-		return errors.New("an initrd or a command line needs a kernel")
+	if vm.Kernel == "" && (vm.Initrd != "" || vm.Cmdline != "" || vm.Root != "") {
+		return errors.New("an initrd, a root image or a command line needs a kernel")
+	}
+	if err := checkNoNUL(vm.Root); err != nil {
+		return err
 	}
 	if err := checkNoNUL(vm.Kernel); err != nil {
 		return err
@@ -416,6 +453,24 @@ func checkBoot(vm *VM) error {
 		return err
 	}
 	return checkNoNUL(vm.Cmdline)
+}
+
+// rootImageAlign is what VM.Root's size must be a multiple of.
+const rootImageAlign = 2 << 20
+
+// rootImageSize answers the size of the root image at path, or why it cannot be the root.
+func rootImageSize(path string) (int64, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, fmt.Errorf("root image: %w", err)
+	}
+	switch {
+	case !st.Mode().IsRegular():
+		return 0, fmt.Errorf("root image %s: not a regular file", path)
+	case st.Size() == 0 || st.Size()%rootImageAlign != 0:
+		return 0, fmt.Errorf("root image %s: %d bytes, not a positive multiple of 2 MiB (packaging/guest/build.sh pads its image)", path, st.Size())
+	}
+	return st.Size(), nil
 }
 
 func checkAgentDevice(a AgentDevice) error {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -247,7 +248,46 @@ func TestVMArgs(t *testing.T) {
 	}
 }
 
+// rootImage makes a root image of size bytes in a directory of t's.
+func rootImage(t *testing.T, size int64) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "rootfs.erofs")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, size); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestVMArgsRoot: a root image is a read-only file backend on a virtio-pmem device in the
+// memory device region maxmem makes room for, the size of the file.
+func TestVMArgsRoot(t *testing.T) {
+	vm := baseVM()
+	vm.Initrd, vm.Root = "", rootImage(t, 4<<20)
+	args, err := vm.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(args, " ")
+	for _, want := range []string{
+		"-m 512M,maxmem=516M",
+		"-object memory-backend-file,id=kvfs-root0-mem,mem-path=" + vm.Root + ",size=4194304,readonly=on,share=off",
+		"-device virtio-pmem-pci,id=kvfs-root0,memdev=kvfs-root0-mem,bus=pcie.0",
+		"-kernel /g/vmlinuz -append",
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("no %q in %s", want, joined)
+		}
+	}
+	if strings.Contains(joined, "-initrd") {
+		t.Errorf("an -initrd beside the root image: %s", joined)
+	}
+}
+
 func TestVMArgsErrors(t *testing.T) {
+	unaligned, empty := rootImage(t, 3<<20), rootImage(t, 0)
 	tests := []struct {
 		name   string
 		modify func(vm *VM)
@@ -275,6 +315,11 @@ func TestVMArgsErrors(t *testing.T) {
 		{"socket path too long", func(vm *VM) { vm.FS.Socket = "/" + strings.Repeat("s", 110) }, "longer than the 107"},
 		{"no socket", func(vm *VM) { vm.FS.Socket = "" }, `virtio-fs socket "": empty`},
 		{"initrd without kernel", func(vm *VM) { vm.Kernel = "" }, "needs a kernel"},
+		{"root image without kernel", func(vm *VM) { vm.Kernel, vm.Initrd, vm.Cmdline, vm.Root = "", "", "", "/g/rootfs.erofs" }, "needs a kernel"},
+		{"missing root image", func(vm *VM) { vm.Initrd, vm.Root = "", "/nonexistent/rootfs.erofs" }, "root image: stat /nonexistent/rootfs.erofs"},
+		{"root image not 2 MiB aligned", func(vm *VM) { vm.Initrd, vm.Root = "", unaligned }, "not a positive multiple of 2 MiB"},
+		{"empty root image", func(vm *VM) { vm.Initrd, vm.Root = "", empty }, "0 bytes, not a positive multiple"},
+		{"root image a directory", func(vm *VM) { vm.Initrd, vm.Root = "", os.TempDir() }, "not a regular file"},
 		{"newline in command line", func(vm *VM) { vm.Cmdline = "a\nb" }, "NUL or newline"},
 		{"unknown agent transport", func(vm *VM) { vm.Agent.Transport = "tcp" }, `agent transport "tcp": want serial, vsock or empty`},
 		{"serial agent without a socket", func(vm *VM) { vm.Agent.Transport = AgentSerial }, `socket "": empty`},

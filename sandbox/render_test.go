@@ -88,7 +88,7 @@ func TestRenderConfigChanged(t *testing.T) {
 	}
 	for _, want := range []string{
 		"\nkernel = \"/usr/local/share/kvfs/guest/vmlinuz\"\n",
-		"\n# initrd = \"/usr/share/kvfs/guest/initramfs.gz\"\n",
+		"\n# rootfs = \"/usr/share/kvfs/guest/rootfs.erofs\"\n",
 		"\nqueue_size = 256\n",
 		"\nposix_lock = true\n",
 	} {

@@ -304,10 +304,11 @@ func (s *Sandbox) fsDevice() FSDevice {
 }
 
 // DefaultVM returns the VM the configuration describes, connected to this sandbox (Start adds
-// the serial console, kept in ConsolePath), with the configured guest kernel and initrd, the agent channel of
-// agent.transport, and the kernel command line the guest agent reads:
+// the serial console, kept in ConsolePath), with the configured guest kernel and root image or
+// initrd, the agent channel of agent.transport, and the kernel command line the guest agent
+// reads:
 //
-//	console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial|vsock:1024 [vm.kernel_params]
+//	console=ttyS0 quiet panic=-1 kvfs.tag=<device.tag> kvfs.agent=serial|vsock:1024 [RootCmdline] [vm.kernel_params]
 func (s *Sandbox) DefaultVM() VM {
 	c := s.cfg.VM
 	accel := c.Accel
@@ -324,7 +325,7 @@ func (s *Sandbox) DefaultVM() VM {
 	if c.Hugepages {
 		vm.Memory.Path = c.HugepagePath
 	}
-	vm.Kernel, vm.Initrd = c.Kernel, c.Initrd
+	vm.Kernel, vm.Initrd, vm.Root = c.Kernel, c.Initrd, c.Rootfs
 	transport := agent.CmdlineTransport + "=" + AgentSerial
 	switch s.cfg.Agent.Transport {
 	case AgentVsock:
@@ -334,11 +335,19 @@ func (s *Sandbox) DefaultVM() VM {
 		vm.Agent = AgentDevice{Transport: AgentSerial, Socket: s.AgentSocketPath()}
 	}
 	vm.Cmdline = fmt.Sprintf("console=ttyS0 quiet panic=-1 %s=%s %s", agent.CmdlineTag, s.cfg.Device.Tag, transport)
+	if vm.Root != "" {
+		vm.Cmdline += " " + RootCmdline
+	}
 	if c.KernelParams != "" {
 		vm.Cmdline += " " + c.KernelParams
 	}
 	return vm
 }
+
+// RootCmdline is what the kernel command line says of a root image (VM.Root): the kernel
+// mounts it itself, read-only, with DAX (its pages mapped from the device, never copied into
+// the page cache), and starts the agent, /init.
+const RootCmdline = "root=/dev/pmem0 rootfstype=erofs rootflags=dax ro rootwait init=/init"
 
 // GuestCID is the vsock context id DefaultVM gives the guest of sandbox id: a hash of the id
 // in 3 to 2^31-1, so that sandboxes on one host rarely collide (QEMU refuses a CID in use, and

@@ -622,4 +622,16 @@ func TestDefaultVMAgent(t *testing.T) {
 	if _, err := vm.Args(); err != nil {
 		t.Errorf("Args: %v", err)
 	}
+
+	// The guest's root an erofs image: the kernel mounts it and starts the agent.
+	c.VM.Initrd, c.VM.Rootfs = "", "/g/rootfs.erofs"
+	r, err := Create(ctx, "agentroot", Options{Config: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, r)
+	vm = r.DefaultVM()
+	if want := "console=ttyS0 quiet panic=-1 kvfs.tag=podfs kvfs.agent=vsock:1024 " + RootCmdline + " kvfs.debug=1 loglevel=7"; vm.Cmdline != want || vm.Root != "/g/rootfs.erofs" || vm.Initrd != "" {
+		t.Errorf("root %q initrd %q cmdline %q, want %q", vm.Root, vm.Initrd, vm.Cmdline, want)
+	}
 }

@@ -448,3 +448,61 @@ func lastLine(s, substr string) string {
 	}
 	return last
 }
+
+// TestVMRootImageReadOnly: a root image (VM.Root) is the guest's to read, never to change:
+// one file serves every pod on the host. The guest (the test guest's initramfs, booted by the
+// kvfs kernel, which drives virtio-pmem) reads the device, then writes zeros over all of it
+// and syncs; the host's file keeps every byte.
+func TestVMRootImageReadOnly(t *testing.T) {
+	requireGuest(t)
+	g := vmtest.Image(t)
+	kernel := vmtest.AgentImage(t).Kernel
+	accel := testAccel(t, g)
+	ctx := context.Background()
+
+	image := filepath.Join(t.TempDir(), "rootfs.erofs")
+	want := make([]byte, 4<<20)
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	if err := os.WriteFile(image, want, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Create(ctx, "rootimage", Options{Config: testConfig(testBase(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, s)
+	ctl := guestSetup(t, `
+M=$KVFS_MNT
+dd if=/dev/pmem0 of=$M/ctl/read bs=64k 2>$M/ctl/read.err || exit 2
+dd if=/dev/zero of=/dev/pmem0 bs=64k conv=fsync 2>$M/ctl/write.err
+echo $? > $M/ctl/write.status
+sync
+exit 0
+`)
+	if err := s.Bind(ctl, "ctl", 0); err != nil {
+		t.Fatal(err)
+	}
+	vm := s.DefaultVM()
+	vm.Accel, vm.Kernel, vm.Initrd, vm.Root, vm.Cmdline = accel, kernel, g.Initrd, image, guestCmdline(s.Config().Device.Tag)
+	if err := s.Start(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	diag := diagnose(s.Dir())
+	select {
+	case <-s.VMExited():
+	case <-time.After(guestTimeout):
+		t.Fatalf("the guest did not finish\n%s", diag())
+	}
+	if st := vmtest.ExitStatus(readFile(t, s.ConsolePath())); st != 0 {
+		t.Fatalf("guest exit status %d\n%s", st, diag())
+	}
+	if read := readFile(t, filepath.Join(ctl, "read")); read != string(want) {
+		t.Fatalf("the guest read %d bytes of /dev/pmem0, not the image's %d", len(read), len(want))
+	}
+	t.Logf("the guest's write: status %s%s", readFile(t, filepath.Join(ctl, "write.status")), readFile(t, filepath.Join(ctl, "write.err")))
+	if got, err := os.ReadFile(image); err != nil || string(got) != string(want) {
+		t.Fatalf("the image changed under the guest's writes (%v)", err)
+	}
+}

@@ -138,7 +138,7 @@ base_dir = "$base"
 
 [vm]
 kernel = "$agentcache/vmlinux"
-initrd = "$agentcache/initramfs.gz"
+rootfs = "$agentcache/rootfs.erofs"
 accel = "$accel"
 memory = "512M"
 EOF

@@ -271,12 +271,13 @@ func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 	if err != nil {
 		return nil, err
 	}
-	desc, err := guestimage.ReadDescription(cfg.VM.Initrd)
+	root := cfg.VM.Rootfs + cfg.VM.Initrd // one of them (Validate)
+	desc, err := guestimage.ReadDescription(root)
 	switch {
 	case err != nil:
 		log.G(ctx).WithError(err).Warn("no features: cannot read the guest image's description")
 	case desc.Runtime.Features == nil:
-		log.G(ctx).WithField("initrd", cfg.VM.Initrd).Warn("no features: the guest image does not say what its runtime supports (an image built before kvfs recorded it)")
+		log.G(ctx).WithField("root", root).Warn("no features: the guest image does not say what its runtime supports (an image built before kvfs recorded it)")
 	default:
 		idmapped, err := overlayutils.SupportsIDMappedMounts()
 		if err != nil {

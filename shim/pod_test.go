@@ -220,9 +220,9 @@ func TestManagerInfo(t *testing.T) {
 	if err := os.Mkdir(image, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	config := func(name, initrd string) string {
+	config := func(name, rootfs string) string {
 		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(fmt.Sprintf("[vm]\ninitrd = %q\n", initrd)), 0o644); err != nil {
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("[vm]\nrootfs = %q\n", rootfs)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -237,7 +237,7 @@ func TestManagerInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m := Manager{name: RuntimeName, defaultConfig: config("node.toml", filepath.Join(image, "initramfs.gz"))}
+	m := Manager{name: RuntimeName, defaultConfig: config("node.toml", filepath.Join(image, guestimage.RootfsFile))}
 	info, err := m.Info(context.Background(), bytes.NewReader(nil))
 	if err != nil || info.Name != RuntimeName || info.Version.Version != Version || info.Options != nil || info.Features == nil {
 		t.Fatalf("Info without options: %+v, %v", info, err)
@@ -273,7 +273,7 @@ func TestManagerInfo(t *testing.T) {
 	}
 
 	// The options' configuration boots an image without a description: no features.
-	other := config("other.toml", filepath.Join(dir, "none", "initramfs.gz"))
+	other := config("other.toml", filepath.Join(dir, "none", guestimage.RootfsFile))
 	a, _ := typeurl.MarshalAnyToProto(&runtimeoptions.Options{ConfigPath: other})
 	b, _ := proto.Marshal(a)
 	info, err = m.Info(context.Background(), bytes.NewReader(b))

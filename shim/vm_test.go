@@ -35,7 +35,7 @@ func agentGuest(t *testing.T) (g vmtest.Guest, accel string) {
 		t.Skip("boots a VM (-short)")
 	}
 	g = vmtest.AgentImage(t)
-	accel, why := vmtest.Accel(context.Background(), g)
+	accel, why := vmtest.Accel(context.Background(), vmtest.Image(t))
 	t.Logf("accelerator %s: %s", accel, why)
 	return g, accel
 }
@@ -51,6 +51,7 @@ func realPod(t *testing.T, g vmtest.Guest, accel string) (dir, cfg string, ctx c
 accel = "`+accel+`"
 memory = "512M"
 kernel = "`+g.Kernel+`"
+rootfs = "`+g.Root+`"
 initrd = "`+g.Initrd+`"
 `), 0o644)
 	rec = newRecorder()

@@ -97,7 +97,8 @@ func (c *Config) logf(format string, args ...any) {
 
 // prepared is what both benchmarks find before containerd starts.
 type prepared struct {
-	kernel, initrd  string // the agent guest image's
+	kernel          string // the agent guest image's
+	rootfs, initrd  string // the agent guest image's root: one is empty
 	accel, accelWhy string
 }
 
@@ -124,8 +125,12 @@ func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 		}
 		*d = abs
 	}
-	p := prepared{kernel: imageKernel(cfg.GuestDir), initrd: filepath.Join(cfg.GuestDir, guestimage.InitrdFile)}
-	for _, f := range []string{p.kernel, p.initrd, filepath.Join(cfg.ShimDir, shimKvfs)} {
+	p := prepared{kernel: imageKernel(cfg.GuestDir), rootfs: filepath.Join(cfg.GuestDir, guestimage.RootfsFile)}
+	if _, err := os.Stat(p.rootfs); errors.Is(err, os.ErrNotExist) {
+		// An image built before the root was an erofs image, or with Debian's kernel.
+		p.rootfs, p.initrd = "", filepath.Join(cfg.GuestDir, guestimage.InitrdFile)
+	}
+	for _, f := range []string{p.kernel, p.rootfs + p.initrd, filepath.Join(cfg.ShimDir, shimKvfs)} {
 		if _, err := os.Stat(f); err != nil {
 			return prepared{}, err
 		}
@@ -149,8 +154,8 @@ func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 // kvfsConfig is the kvfs shim's configuration: its sandboxes in baseDir, the guest image,
 // accelerator and size.
 func (p prepared) kvfsConfig(baseDir string, cfg Config) string {
-	return fmt.Sprintf("base_dir = %q\n[vm]\nqemu = %q\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n%s\n",
-		baseDir, cfg.QEMU, p.kernel, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
+	return fmt.Sprintf("base_dir = %q\n[vm]\nqemu = %q\nkernel = %q\nrootfs = %q\ninitrd = %q\naccel = %q\nmemory = %q\nvcpus = %d\n%s\n",
+		baseDir, cfg.QEMU, p.kernel, p.rootfs, p.initrd, p.accel, cfg.Memory, cfg.VCPUs, cfg.VMTOML)
 }
 
 // Run runs the benchmark through ctr.

@@ -2,7 +2,7 @@ package guestimage_test
 
 import (
 	"bytes"
-	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +15,9 @@ import (
 )
 
 // TestBuildReproducible builds the agent's guest image twice, in two directories, with the
-// same SOURCE_DATE_EPOCH: the files must be the same bytes, every member's time that epoch,
-// and the image must describe itself (Read) with checksums that SHA256SUMS confirms.
+// same SOURCE_DATE_EPOCH: the files must be the same bytes, every file's time in the root
+// that epoch (erofs-utils' fsck.erofs extracts it), and the image must describe itself
+// (Read) with checksums that SHA256SUMS confirms.
 func TestBuildReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the guest image twice (-short)")
@@ -25,7 +26,10 @@ func TestBuildReproducible(t *testing.T) {
 	env := []string{"SOURCE_DATE_EPOCH=" + epoch, "KVFS_VERSION=0.0.0-test"}
 	a := vmtest.BuildAgentImage(t, t.TempDir(), env...)
 	b := vmtest.BuildAgentImage(t, t.TempDir(), env...)
-	for _, name := range []string{guestimage.KernelFile, guestimage.InitrdFile, guestimage.DescriptionFile, guestimage.SumsFile} {
+	if a.Root == "" {
+		t.Fatalf("the agent image %+v has no %s", a, guestimage.RootfsFile)
+	}
+	for _, name := range []string{guestimage.KernelFile, guestimage.RootfsFile, guestimage.DescriptionFile, guestimage.SumsFile} {
 		da, err := os.ReadFile(filepath.Join(filepath.Dir(a.Kernel), name))
 		if err != nil {
 			t.Fatal(err)
@@ -38,28 +42,42 @@ func TestBuildReproducible(t *testing.T) {
 			t.Errorf("%s differs between two builds (%d and %d bytes)", name, len(da), len(db))
 		}
 	}
+	tree := filepath.Join(t.TempDir(), "root")
+	if out, err := exec.Command("fsck.erofs", "--extract="+tree, a.Root).CombinedOutput(); err != nil {
+		t.Fatalf("fsck.erofs --extract: %v\n%s", err, out)
+	}
+	if st, err := os.Stat(a.Root); err != nil || st.Size()%(2<<20) != 0 {
+		t.Errorf("%s: %v, %d bytes: want a multiple of 2 MiB", a.Root, err, st.Size())
+	}
 	n := 0
-	err := guestimage.WalkInitramfs(a.Initrd, func(e guestimage.Entry, _ io.Reader) error {
+	err := filepath.WalkDir(tree, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || path == tree {
+			return err
+		}
+		st, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
 		n++
-		if e.Mtime != 1700000000 {
-			t.Errorf("%s: mtime %d, want SOURCE_DATE_EPOCH %s", e.Name, e.Mtime, epoch)
+		if st.ModTime().Unix() != 1700000000 {
+			t.Errorf("%s: mtime %d, want SOURCE_DATE_EPOCH %s", path, st.ModTime().Unix(), epoch)
 		}
 		return nil
 	})
 	if err != nil || n < 100 {
-		t.Fatalf("walked %d members: %v", n, err)
+		t.Fatalf("walked %d files: %v", n, err)
 	}
-	info, err := guestimage.Read(a.Kernel, a.Initrd)
+	info, err := guestimage.Read(a.Kernel, a.Root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !info.Kernel.Matches() || !info.Initrd.Matches() {
-		t.Errorf("checksums do not match SHA256SUMS: %+v %+v", info.Kernel, info.Initrd)
+	if !info.Kernel.Matches() || !info.Root.Matches() {
+		t.Errorf("checksums do not match SHA256SUMS: %+v %+v", info.Kernel, info.Root)
 	}
 	d := info.Description
 	switch {
 	case d == nil:
-		t.Fatal("no image.json in the initramfs")
+		t.Fatal("no image.json beside the image")
 	case d.KVFSVersion != "0.0.0-test" || d.SourceDateEpoch != 1700000000:
 		t.Errorf("description %+v", d)
 	case d.Kernel.Version != info.KernelVersion || d.Kernel.Package != "linux-source-6.12":
@@ -73,14 +91,14 @@ func TestBuildReproducible(t *testing.T) {
 	case d.Runtime.Features == nil || !slices.Contains(d.Runtime.Features.MountOptions, "rro"):
 		t.Errorf("crun's features %+v: want its mount options, rro among them", d.Runtime.Features)
 	}
-	if rd, err := guestimage.ReadDescription(a.Initrd); err != nil || !reflect.DeepEqual(rd, d) {
-		t.Errorf("ReadDescription: %+v, %v; want the initramfs's %+v", rd, err, d)
+	if rd, err := guestimage.ReadDescription(a.Root); err != nil || !reflect.DeepEqual(rd, d) {
+		t.Errorf("ReadDescription: %+v, %v; want Read's %+v", rd, err, d)
 	}
 	beside, err := os.ReadFile(filepath.Join(filepath.Dir(a.Kernel), guestimage.DescriptionFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	inside, _ := guestimage.ReadInitramfsFile(a.Initrd, guestimage.DescriptionPath)
+	inside, _ := os.ReadFile(filepath.Join(tree, guestimage.DescriptionPath))
 	if !bytes.Equal(beside, inside) {
 		t.Errorf("image.json beside the image differs from the one inside")
 	}

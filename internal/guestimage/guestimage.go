@@ -27,10 +27,12 @@ import (
 )
 
 // An image directory, as packaging/guest/build.sh writes it: the kernel (an ELF, which QEMU
-// starts at its PVH entry point), the initramfs, the description (also inside the initramfs,
-// at DescriptionPath) and the checksums of the three.
+// starts at its PVH entry point), the guest's root — the agent image's erofs image (RootfsFile),
+// or an initramfs (InitrdFile: the test guests, and an agent image with Debian's kernel) —,
+// the description (also inside the root, at DescriptionPath) and the checksums of the three.
 const (
 	KernelFile      = "vmlinux"
+	RootfsFile      = "rootfs.erofs"
 	InitrdFile      = "initramfs.gz"
 	DescriptionFile = "image.json"
 	SumsFile        = "SHA256SUMS"
@@ -85,14 +87,15 @@ type Info struct {
 	// KernelVersion is the kernel's release, from its banner (or an older image's bzImage
 	// header).
 	KernelVersion string `json:"kernel_version"`
-	Initrd        File   `json:"initrd"`
-	// Description is the initramfs's own /etc/kvfs/image.json; nil if it has none (an image
+	// Root is the guest's root: the erofs image, or the initramfs.
+	Root File `json:"root"`
+	// Description is the image's image.json (ReadDescription); nil if it has none (an image
 	// not built by build.sh --agent).
 	Description *Description `json:"description"`
 }
 
-// Read describes the image made of kernel and initrd.
-func Read(kernel, initrd string) (*Info, error) {
+// Read describes the image made of kernel and root, its erofs image or initramfs.
+func Read(kernel, root string) (*Info, error) {
 	var info Info
 	var err error
 	if info.Kernel, err = checksum(kernel); err != nil {
@@ -101,33 +104,32 @@ func Read(kernel, initrd string) (*Info, error) {
 	if info.KernelVersion, err = KernelVersion(kernel); err != nil {
 		return nil, err
 	}
-	if info.Initrd, err = checksum(initrd); err != nil {
+	if info.Root, err = checksum(root); err != nil {
 		return nil, err
 	}
-	desc, err := ReadInitramfsFile(initrd, DescriptionPath)
+	d, err := ReadDescription(root)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
 		return nil, err
 	default:
-		var d Description
-		if err := json.Unmarshal(desc, &d); err != nil {
-			return nil, fmt.Errorf("%s in %s: %w", DescriptionPath, initrd, err)
-		}
-		info.Description = &d
+		info.Description = d
 	}
 	return &info, nil
 }
 
-// ReadDescription reads the description of the image whose initramfs is initrd: the
-// DescriptionFile beside it if there is one, else the initramfs's own; an error wrapping
+// ReadDescription reads the description of the image whose root is root: the
+// DescriptionFile beside it if there is one, else an initramfs's own; an error wrapping
 // os.ErrNotExist if neither exists.
-func ReadDescription(initrd string) (*Description, error) {
-	from := filepath.Join(filepath.Dir(initrd), DescriptionFile)
+func ReadDescription(root string) (*Description, error) {
+	from := filepath.Join(filepath.Dir(root), DescriptionFile)
 	data, err := os.ReadFile(from)
 	if errors.Is(err, os.ErrNotExist) {
-		from = initrd + ":" + DescriptionPath
-		data, err = ReadInitramfsFile(initrd, DescriptionPath)
+		if filepath.Base(root) == RootfsFile {
+			return nil, fmt.Errorf("%s has no %s beside it: %w", root, DescriptionFile, os.ErrNotExist)
+		}
+		from = root + ":" + DescriptionPath
+		data, err = ReadInitramfsFile(root, DescriptionPath)
 	}
 	if err != nil {
 		return nil, err

@@ -4,11 +4,11 @@
 #
 #   packaging/guest/build.sh [--bench|--agent|--agent-faults] OUTDIR
 #
-# Writes OUTDIR/vmlinux and OUTDIR/initramfs.gz. The kernel is the uncompressed ELF
-# (Debian's taken out of its bzImage), which QEMU starts at its PVH entry point: the
-# guest does not decompress it, which under TCG takes 0.3 s of the kvfs kernel's boot
-# and 3 s of Debian's. Does nothing when both are
-# newer than this script, init and tools/*.c (and bench/*.c for --bench), or
+# Writes OUTDIR/vmlinux and OUTDIR/initramfs.gz (--agent: rootfs.erofs, below). The
+# kernel is the uncompressed ELF (Debian's taken out of its bzImage), which QEMU starts
+# at its PVH entry point: the guest does not decompress it, which under TCG takes 0.3 s
+# of the kvfs kernel's boot and 3 s of Debian's. Does nothing when both are newer than
+# this script, init and tools/*.c (and bench/*.c for --bench), or
 # were built from inputs with the same contents (OUTDIR/inputs.sha256).
 # Downloaded kernel packages are kept in OUTDIR/debs. Missing host packages,
 # QEMU included, are installed with apt-get (as root); apt-get update runs only
@@ -29,7 +29,10 @@
 # it needs, trixie's, pod-init.c built static
 # as /bin/kvfs-pod-init (the init of a pod's shared PID namespace), and kvfs-agent built
 # from this repository (CGO_ENABLED=0 go build -trimpath -ldflags="-s -w") as /init. Neither init
-# nor tools/*.c go in. With KVFS_GUEST_KERNEL=debian the kernel is Debian's, as
+# nor tools/*.c go in. Its root is not an initramfs but OUTDIR/rootfs.erofs, a read-only erofs
+# image (mkfs.erofs, erofs-utils) padded to a multiple of 2 MiB, which the pod VM maps from
+# the host (virtio-pmem, DAX: sandbox.VM.Root) instead of unpacking it into guest RAM.
+# With KVFS_GUEST_KERNEL=debian the kernel is Debian's, as
 # for the test guest, with the virtio, virtio-fs, virtio-serial, vsock, virtio-net
 # and balloon modules loaded at boot (listed in /etc/kvfs/modules, with their
 # dependencies) and the modules the guest kernel loads on demand through busybox's
@@ -42,7 +45,8 @@
 # /etc/kvfs/image.json (kernel, agent, runtime and busybox versions, what the
 # runtime supports (crun features), KVFS_VERSION, default "devel"), also written beside
 # it as OUTDIR/image.json, and OUTDIR/SHA256SUMS holds the checksums of vmlinux,
-# initramfs.gz and image.json (sha256sum -c SHA256SUMS; kvfsctl image info).
+# the root (rootfs.erofs, or initramfs.gz with Debian's kernel, which has no driver built in
+# to mount the image) and image.json (sha256sum -c SHA256SUMS; kvfsctl image info).
 #
 # --agent-faults is --agent with kvfs-agent built with the kvfsfaults tag: its test
 # fault modes (agent/fault.go) are chosen by kvfs.fault= on the kernel command line.
@@ -52,6 +56,8 @@
 set -euo pipefail
 
 prog=build.sh
+# rootfile is the guest's root in OUTDIR: an initramfs, or the agent image's erofs image.
+rootfile=initramfs.gz
 die() {
 	echo "$prog: error: $*" >&2
 	exit 1
@@ -106,7 +112,7 @@ if [ -n "$agent" ]; then
 	# are loaded (the kernel loads the tables themselves on demand), as on a node where
 	# they always are. virtio_balloon: free page reporting (vm.free_page_reporting).
 	modules+=" vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_net ip_tables ip6_tables virtio_balloon"
-	host_packages+=" binutils"
+	host_packages+=" binutils erofs-utils"
 	# The guest's container runtime and what it loads, from trixie: crun 1.21 starts a
 	# container in a fraction of runc's time under emulation (docs/measurements/benchmarks.md).
 	runtime_packages="crun libc6 libcap2 libseccomp2 libsystemd0 libyajl2"
@@ -118,6 +124,7 @@ if [ -n "$agent" ]; then
 	debian) ;;
 	*) die "KVFS_GUEST_KERNEL=$kernel: want kvfs (the default) or debian" ;;
 	esac
+	[ "$kernel" != kvfs ] || rootfile=rootfs.erofs
 	repo=$(cd "$here/../.." && pwd)
 	epoch=${SOURCE_DATE_EPOCH:-0}
 	[[ $epoch =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$epoch is not a number of seconds"
@@ -148,17 +155,17 @@ inputs_hash() {
 
 up_to_date() {
 	local f newer=1
-	[ -s "$out/vmlinux" ] && [ -s "$out/initramfs.gz" ] || return 1
+	[ -s "$out/vmlinux" ] && [ -s "$out/$rootfile" ] || return 1
 	[ -z "$agent" ] || { [ -s "$out/image.json" ] && [ -s "$out/SHA256SUMS" ]; } || return 1
 	# The agent image also depends on the agent's sources and the runtime's packages, which
 	# have no single file to compare times with: only its hash decides.
 	[ -z "$agent" ] || newer=
 	for f in "${inputs[@]}"; do
-		[ "$out/vmlinux" -nt "$f" ] && [ "$out/initramfs.gz" -nt "$f" ] || newer=
+		[ "$out/vmlinux" -nt "$f" ] && [ "$out/$rootfile" -nt "$f" ] || newer=
 	done
 	[ -n "$newer" ] && return 0
 	if [ "$(cat "$out/inputs.sha256" 2>/dev/null)" = "$(inputs_hash)" ]; then
-		touch "$out/vmlinux" "$out/initramfs.gz"
+		touch "$out/vmlinux" "$out/$rootfile"
 		return 0
 	fi
 	return 1
@@ -523,29 +530,44 @@ fi
 # The kernel opens /dev/console for init before /init can mount devtmpfs.
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || true
 
-say "packing initramfs ($(echo "$order" | wc -w) modules at boot, $(echo "$ondemand" | wc -w) on demand, kernel $kver)"
-if [ -n "$agent" ]; then
+if [ "$rootfile" = rootfs.erofs ]; then
+	say "making rootfs.erofs (kernel $kver)"
 	find "$root" -exec touch -h -d "@$epoch" {} + || die "cannot set the files' times"
-	(cd "$root" && find . -print0 | LC_ALL=C sort -z |
-		cpio --null --create --format=newc --owner=0:0 --reproducible --quiet) |
-		gzip -9 -n >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+	# Reproducible: every time the epoch, a fixed UUID, every file root's. Uncompressed, data not
+	# inlined in the metadata blocks: DAX maps each file's blocks as they are. Padded to a
+	# multiple of 2 MiB, which the guest maps the device in.
+	rm -f "$out/rootfs.erofs.tmp"
+	mkfs.erofs --quiet -Enoinline_data -T "$epoch" -U 00000000-0000-0000-0000-000000000000 --all-root \
+		"$out/rootfs.erofs.tmp" "$root" || die "mkfs.erofs failed"
+	size=$(stat -c %s "$out/rootfs.erofs.tmp")
+	truncate -s $(((size + 2097151) / 2097152 * 2097152)) "$out/rootfs.erofs.tmp" || die "cannot pad rootfs.erofs"
 else
-	(cd "$root" && find . -print0 | LC_ALL=C sort -z |
-		cpio --null --create --format=newc --owner=0:0 --quiet) |
-		gzip -9 >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+	say "packing initramfs ($(echo "$order" | wc -w) modules at boot, $(echo "$ondemand" | wc -w) on demand, kernel $kver)"
+	if [ -n "$agent" ]; then
+		find "$root" -exec touch -h -d "@$epoch" {} + || die "cannot set the files' times"
+		(cd "$root" && find . -print0 | LC_ALL=C sort -z |
+			cpio --null --create --format=newc --owner=0:0 --reproducible --quiet) |
+			gzip -9 -n >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+	else
+		(cd "$root" && find . -print0 | LC_ALL=C sort -z |
+			cpio --null --create --format=newc --owner=0:0 --quiet) |
+			gzip -9 >"$out/initramfs.gz.tmp" || die "cpio | gzip failed"
+	fi
 fi
 cp "$vmlinux" "$out/vmlinux.tmp"
 mv -f "$out/vmlinux.tmp" "$out/vmlinux"
 rm -f "$out/vmlinuz" # an image built before the kernel was the ELF
-mv -f "$out/initramfs.gz.tmp" "$out/initramfs.gz"
+# The other kind of root, left by a build of the other kind into this directory.
+rm -f "$out/initramfs.gz" "$out/rootfs.erofs"
+mv -f "$out/$rootfile.tmp" "$out/$rootfile"
 echo "$kver" >"$out/kernel-version"
 if [ -n "$agent" ]; then
 	cp "$root/etc/kvfs/image.json" "$out/image.json"
 	touch -d "@$epoch" "$out/image.json"
 	say "writing SHA256SUMS"
-	(cd "$out" && sha256sum vmlinux initramfs.gz image.json >SHA256SUMS.tmp && mv -f SHA256SUMS.tmp SHA256SUMS) ||
+	(cd "$out" && sha256sum vmlinux "$rootfile" image.json >SHA256SUMS.tmp && mv -f SHA256SUMS.tmp SHA256SUMS) ||
 		die "cannot write $out/SHA256SUMS"
 fi
 inputs_hash >"$out/inputs.sha256"
 rm -rf "$work"
-say "built $out/vmlinux and $out/initramfs.gz"
+say "built $out/vmlinux and $out/$rootfile"

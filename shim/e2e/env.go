@@ -106,7 +106,7 @@ func start(t *testing.T, extra, qemu, sandboxer string, imports []string) *Env {
 		t.Skip("boots VMs under QEMU (-short)")
 	}
 	g := vmtest.AgentImage(t)
-	accel, why := vmtest.Accel(context.Background(), g)
+	accel, why := vmtest.Accel(context.Background(), vmtest.Image(t))
 	t.Logf("accelerator %s: %s", accel, why)
 	// Short: a CRI pod's id is 64 characters, and its sandbox's sockets must fit in the 107
 	// bytes of a Unix socket address.
@@ -118,8 +118,8 @@ func start(t *testing.T, extra, qemu, sandboxer string, imports []string) *Env {
 	e := &Env{Config: filepath.Join(dir, "configuration.toml"), BaseDir: filepath.Join(dir, "sb")}
 	// kvfs.debug=1: the agent logs every request on the guest's console, which a failed test
 	// prints.
-	cfg := fmt.Sprintf("base_dir = %q\n%s\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = \"kvfs.debug=1\"\n",
-		e.BaseDir, extra, g.Kernel, g.Initrd, accel)
+	cfg := fmt.Sprintf("base_dir = %q\n%s\n[vm]\nkernel = %q\nrootfs = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = \"kvfs.debug=1\"\n",
+		e.BaseDir, extra, g.Kernel, g.Root, g.Initrd, accel)
 	if qemu != "" {
 		cfg += fmt.Sprintf("qemu = %q\n", qemu)
 	}

@@ -79,9 +79,9 @@ func (h *hostile) config(t *testing.T, mode string) string {
 // oom-flood.
 func (h *hostile) configFor(t *testing.T, g vmtest.Guest, mode, name string) string {
 	t.Helper()
-	accel, _ := vmtest.Accel(context.Background(), g)
-	cfg := fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = %q\n",
-		h.BaseDir, g.Kernel, g.Initrd, accel, apiv1.CmdlineFault+"="+mode)
+	accel, _ := vmtest.Accel(context.Background(), vmtest.Image(t))
+	cfg := fmt.Sprintf("base_dir = %q\n[vm]\nkernel = %q\nrootfs = %q\ninitrd = %q\naccel = %q\nmemory = \"512M\"\nkernel_params = %q\n",
+		h.BaseDir, g.Kernel, g.Root, g.Initrd, accel, apiv1.CmdlineFault+"="+mode)
 	path := filepath.Join(filepath.Dir(h.Config), name)
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

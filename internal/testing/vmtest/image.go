@@ -15,11 +15,13 @@ import (
 	"github.com/kvfs/kvfs/internal/guestimage"
 )
 
-// Guest is a bootable guest: a kernel and an initramfs whose /init is
-// packaging/guest/init.
+// Guest is a bootable guest: a kernel and its root, an initramfs (the test guests: /init is
+// packaging/guest/init) or the agent image's erofs image (sandbox.VM.Root: /init is
+// kvfs-agent). One of Initrd and Root is empty.
 type Guest struct {
 	Kernel string
 	Initrd string
+	Root   string
 }
 
 // DefaultCacheDir is where Image keeps the guest unless $KVFS_CACHE says
@@ -126,11 +128,11 @@ func buildEnv(t testing.TB, dir string, env []string, flags ...string) Guest {
 	if err != nil {
 		t.Fatalf("vmtest: building the guest image failed (bash %s): %v\n%s", strings.Join(args, " "), err, out)
 	}
-	g := Guest{
-		Kernel: filepath.Join(dir, guestimage.KernelFile),
-		Initrd: filepath.Join(dir, guestimage.InitrdFile),
+	g := Guest{Kernel: filepath.Join(dir, guestimage.KernelFile), Root: filepath.Join(dir, guestimage.RootfsFile)}
+	if _, err := os.Stat(g.Root); errors.Is(err, os.ErrNotExist) {
+		g.Root, g.Initrd = "", filepath.Join(dir, guestimage.InitrdFile)
 	}
-	for _, f := range []string{g.Kernel, g.Initrd} {
+	for _, f := range []string{g.Kernel, g.Initrd + g.Root} {
 		if _, err := os.Stat(f); err != nil {
 			t.Fatalf("vmtest: build.sh succeeded but %v\n%s", err, out)
 		}

@@ -57,12 +57,12 @@ func payload(t *testing.T) string {
 	if err := os.Mkdir(guest, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"vmlinux", "initramfs.gz", "image.json"} {
+	for _, f := range []string{"vmlinux", "rootfs.erofs", "image.json"} {
 		if err := os.WriteFile(filepath.Join(guest, f), []byte(f), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("sh", "-c", "sha256sum vmlinux initramfs.gz image.json >SHA256SUMS")
+	cmd := exec.Command("sh", "-c", "sha256sum vmlinux rootfs.erofs image.json >SHA256SUMS")
 	cmd.Dir = guest
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -27,7 +27,7 @@ var Binaries = []string{"containerd-shim-kvfs-v2", "kvfsd", "kvfsctl"}
 const Command = "kvfs-deploy"
 
 // guestFiles are the guest image's files, as packaging/guest/build.sh --agent writes them.
-var guestFiles = []string{guestimage.KernelFile, guestimage.InitrdFile, guestimage.DescriptionFile, guestimage.SumsFile}
+var guestFiles = []string{guestimage.KernelFile, guestimage.RootfsFile, guestimage.DescriptionFile, guestimage.SumsFile}
 
 // Sources are the files an install image is made of, on the machine that builds it.
 type Sources struct {

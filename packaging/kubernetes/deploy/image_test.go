@@ -84,7 +84,7 @@ func TestImageCtr(t *testing.T) {
 	}
 	t.Logf("the container:\n%s", strings.Join(out, "\n"))
 	for _, f := range []string{"opt/kvfs/bin/containerd-shim-kvfs-v2", "opt/kvfs/bin/kvfsd", "opt/kvfs/bin/kvfsctl",
-		"opt/kvfs/share/kvfs/guest/initramfs.gz", "etc/kvfs/configuration.toml", "var/lib/kvfs/install.manifest"} {
+		"opt/kvfs/share/kvfs/guest/rootfs.erofs", "etc/kvfs/configuration.toml", "var/lib/kvfs/install.manifest"} {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 			t.Errorf("not installed: %v", err)
 		}

@@ -42,7 +42,7 @@ func runConfig(_ options, args []string, w io.Writer) error {
 		return errWrongArgs
 	}
 	fs := subFlags("config default")
-	guest := fs.String("guest", "", "the directory of the guest image ("+guestimage.KernelFile+", "+guestimage.InitrdFile+")")
+	guest := fs.String("guest", "", "the directory of the guest image ("+guestimage.KernelFile+", "+guestimage.RootfsFile+" or "+guestimage.InitrdFile+")")
 	if err := fs.Parse(args[1:]); err != nil {
 		return usagef("config default: %v", err)
 	}
@@ -53,7 +53,13 @@ func runConfig(_ options, args []string, w io.Writer) error {
 	if *guest != "" {
 		dir := filepath.Clean(*guest)
 		c.VM.Kernel = filepath.Join(dir, guestimage.KernelFile)
-		c.VM.Initrd = filepath.Join(dir, guestimage.InitrdFile)
+		c.VM.Rootfs, c.VM.Initrd = filepath.Join(dir, guestimage.RootfsFile), ""
+		if _, err := os.Stat(c.VM.Rootfs); errors.Is(err, os.ErrNotExist) {
+			// An image built with Debian's kernel boots from an initramfs.
+			if _, err := os.Stat(filepath.Join(dir, guestimage.InitrdFile)); err == nil {
+				c.VM.Rootfs, c.VM.Initrd = "", filepath.Join(dir, guestimage.InitrdFile)
+			}
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return usagef("config default --guest %s: %v", *guest, err)
@@ -62,39 +68,43 @@ func runConfig(_ options, args []string, w io.Writer) error {
 	return err
 }
 
-// runImage is `image info`: which guest image a host has. Without --kernel and --initrd it
-// is the one the configuration names (--config, default DefaultConfigPath if it exists, else
-// the built-in defaults).
+// runImage is `image info`: which guest image a host has. Without --kernel and its root
+// (--rootfs or --initrd) it is the one the configuration names (--config, default
+// DefaultConfigPath if it exists, else the built-in defaults).
 func runImage(o options, args []string, w io.Writer) error {
 	if len(args) == 0 || args[0] != "info" {
 		return errWrongArgs
 	}
 	fs := subFlags("image info")
-	config := fs.String("config", "", "the sandbox configuration whose vm.kernel and vm.initrd to describe (default "+DefaultConfigPath+" if it exists)")
+	config := fs.String("config", "", "the sandbox configuration whose vm.kernel and vm.rootfs (or vm.initrd) to describe (default "+DefaultConfigPath+" if it exists)")
 	kernel := fs.String("kernel", "", "the guest kernel")
-	initrd := fs.String("initrd", "", "the guest initramfs")
+	rootfs := fs.String("rootfs", "", "the guest's root image (erofs)")
+	initrd := fs.String("initrd", "", "the guest initramfs, the root of an image built with Debian's kernel")
 	if err := fs.Parse(args[1:]); err != nil {
 		return usagef("image info: %v", err)
 	}
 	switch {
 	case fs.NArg() != 0:
 		return errWrongArgs
-	case (*kernel == "") != (*initrd == ""):
-		return usagef("image info: --kernel and --initrd go together")
+	case *rootfs != "" && *initrd != "":
+		return usagef("image info: --rootfs or --initrd, not both")
+	case (*kernel == "") != (*rootfs+*initrd == ""):
+		return usagef("image info: --kernel and its root (--rootfs or --initrd) go together")
 	case *kernel != "" && *config != "":
-		return usagef("image info: --config or --kernel and --initrd, not both")
+		return usagef("image info: --config or --kernel and its root, not both")
 	}
+	root := *rootfs + *initrd
 	if *kernel == "" {
 		c, err := loadConfig(*config)
 		if err != nil {
 			return err
 		}
-		*kernel, *initrd = c.VM.Kernel, c.VM.Initrd
-		if *initrd == "" {
-			return fmt.Errorf("the configuration has no vm.initrd: not a kvfs guest image")
+		*kernel, root = c.VM.Kernel, c.VM.Rootfs+c.VM.Initrd
+		if root == "" {
+			return fmt.Errorf("the configuration has neither vm.rootfs nor vm.initrd: not a kvfs guest image")
 		}
 	}
-	info, err := guestimage.Read(*kernel, *initrd)
+	info, err := guestimage.Read(*kernel, root)
 	if err != nil {
 		return err
 	}
@@ -129,8 +139,8 @@ func printImage(w io.Writer, info *guestimage.Info) error {
 	fmt.Fprintf(tw, "kernel\t%s\n", info.Kernel.Path)
 	fmt.Fprintf(tw, "  version\t%s\n", info.KernelVersion)
 	fmt.Fprintf(tw, "  sha256\t%s %s\n", info.Kernel.SHA256, check(info.Kernel))
-	fmt.Fprintf(tw, "initrd\t%s\n", info.Initrd.Path)
-	fmt.Fprintf(tw, "  sha256\t%s %s\n", info.Initrd.SHA256, check(info.Initrd))
+	fmt.Fprintf(tw, "root\t%s\n", info.Root.Path)
+	fmt.Fprintf(tw, "  sha256\t%s %s\n", info.Root.SHA256, check(info.Root))
 	if d := info.Description; d != nil {
 		fmt.Fprintf(tw, "kvfs version\t%s\n", d.KVFSVersion)
 		fmt.Fprintf(tw, "built from\t%s %s, %s %s, busybox %s\n", d.Kernel.Package, d.Kernel.PackageVersion, d.Runtime.Name, d.Runtime.PackageVersion, d.Busybox.PackageVersion)

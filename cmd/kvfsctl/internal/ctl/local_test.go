@@ -43,8 +43,21 @@ func TestConfigDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.VM.Kernel != "/opt/kvfs/share/kvfs/guest/vmlinux" || c.VM.Initrd != "/opt/kvfs/share/kvfs/guest/initramfs.gz" {
-		t.Errorf("--guest: kernel %s initrd %s", c.VM.Kernel, c.VM.Initrd)
+	if c.VM.Kernel != "/opt/kvfs/share/kvfs/guest/vmlinux" || c.VM.Rootfs != "/opt/kvfs/share/kvfs/guest/rootfs.erofs" || c.VM.Initrd != "" {
+		t.Errorf("--guest: kernel %s rootfs %s initrd %s", c.VM.Kernel, c.VM.Rootfs, c.VM.Initrd)
+	}
+	// An image built with Debian's kernel: its root is an initramfs.
+	debian := t.TempDir()
+	os.WriteFile(filepath.Join(debian, guestimage.InitrdFile), nil, 0o644)
+	code, out, errOut = runLocal("config", "default", "--guest", debian)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if c, err = sandbox.ParseConfig([]byte(out)); err != nil {
+		t.Fatal(err)
+	}
+	if c.VM.Rootfs != "" || c.VM.Initrd != filepath.Join(debian, guestimage.InitrdFile) {
+		t.Errorf("--guest %s: rootfs %s initrd %s", debian, c.VM.Rootfs, c.VM.Initrd)
 	}
 	for _, args := range [][]string{
 		{"config"}, {"config", "show"}, {"config", "default", "extra"},
@@ -99,7 +112,7 @@ func TestImageInfo(t *testing.T) {
 	}
 	// Through a configuration, as JSON.
 	cfg := filepath.Join(t.TempDir(), "c.toml")
-	os.WriteFile(cfg, []byte("[vm]\nkernel = \""+kernel+"\"\ninitrd = \""+initrd+"\"\n"), 0o644)
+	os.WriteFile(cfg, []byte("[vm]\nkernel = \""+kernel+"\"\nrootfs = \"\"\ninitrd = \""+initrd+"\"\n"), 0o644)
 	code, out, errOut = runLocal("--json", "image", "info", "--config", cfg)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -108,7 +121,7 @@ func TestImageInfo(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &info); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if info.KernelVersion != "6.1.0-99-amd64" || !info.Kernel.Matches() || info.Initrd.Matches() ||
+	if info.KernelVersion != "6.1.0-99-amd64" || !info.Kernel.Matches() || info.Root.Matches() ||
 		info.Description == nil || info.Description.KVFSVersion != "9.9" {
 		t.Errorf("JSON %s", out)
 	}
@@ -116,9 +129,18 @@ func TestImageInfo(t *testing.T) {
 	if code != exitError || !strings.Contains(errOut, "initramfs.gz.none") {
 		t.Errorf("missing initrd: exit %d, %s", code, errOut)
 	}
+	// An erofs root: its description is the image.json beside it.
+	rootfs := filepath.Join(filepath.Dir(kernel), guestimage.RootfsFile)
+	os.WriteFile(rootfs, make([]byte, 2<<20), 0o644)
+	os.WriteFile(filepath.Join(filepath.Dir(kernel), guestimage.DescriptionFile), []byte(`{"kvfs_version": "9.8"}`), 0o644)
+	code, out, errOut = runLocal("image", "info", "--kernel", kernel, "--rootfs", rootfs)
+	if code != 0 || !strings.Contains(out, "root          "+rootfs) || !strings.Contains(out, "kvfs version  9.8") {
+		t.Errorf("--rootfs: exit %d, %s\n%s", code, errOut, out)
+	}
 	for _, args := range [][]string{
 		{"image"}, {"image", "info", "x"}, {"image", "info", "--kernel", kernel},
 		{"image", "info", "--config", cfg, "--kernel", kernel, "--initrd", initrd},
+		{"image", "info", "--kernel", kernel, "--initrd", initrd, "--rootfs", initrd},
 	} {
 		if code, _, errOut := runLocal(args...); code != exitUsage {
 			t.Errorf("%q: exit %d, %s", args, code, errOut)
