@@ -733,7 +733,8 @@ func rssShmem(t *testing.T, pid int) uint64 {
 }
 
 // TestCRILifecycle: in a running pod, a prestart hook past its timeout fails a container's
-// start (slowHook), exec -it gets a terminal of the size asked, crictl attach reaches a
+// start (slowHook), exec -it gets a terminal that takes the size asked (containerd's CRI
+// resizes it only once the process has started, so the process polls for it), crictl attach reaches a
 // container's stdin and output, a container stopped and removed is created again and runs,
 // and the pod's shim SIGKILLed is cleaned up after; then runp/stopp/rmp cycles (criCycles of the sandboxer) leave no process,
 // mount, network namespace file, descriptor or sandbox directory behind. It runs under both
@@ -760,13 +761,18 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	crictl := e.C.CrictlCmd(ctx, "exec", "-it", c1, "sh", "-c", "tty; stty size")
+	// containerd's CRI sends the terminal's size after starting the process (as under runc): the
+	// first look may see 0 0, so the process polls, for 10 s at most.
+	crictl := e.C.CrictlCmd(ctx, "exec", "-it", c1, "sh", "-c",
+		`tty; i=0; until [ "$(stty size 2>/dev/null)" = "33 101" ] || [ $i = 100 ]; do i=$((i+1)); sleep 0.1; done; echo "size $(stty size) after $i polls"`)
 	cmd := exec.CommandContext(ctx, script, "-qec", "stty rows 33 cols 101; exec "+e2e.ShellQuote(crictl.Args), "/dev/null")
 	cmd.Env = crictl.Env
 	out, err := cmd.Output()
-	if got := strings.ReplaceAll(string(out), "\r", ""); err != nil || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "33 101\n") {
-		t.Errorf("crictl exec -it: %v, output %q; want a /dev/pts tty and the size 33 101", err, got)
+	tty := strings.ReplaceAll(string(out), "\r", "")
+	if err != nil || !strings.Contains(tty, "/dev/pts/") || !strings.Contains(tty, "size 33 101 after") {
+		t.Errorf("crictl exec -it: %v, output %q; want a /dev/pts tty and the size 33 101", err, tty)
 	}
+	t.Logf("crictl exec -it: %q", tty)
 
 	// crictl attach: a line to the stdin of a container reading it, its answer back.
 	reader := p.containerWith(t, "reader", "echo ready; read line; echo got $line; exec sleep 600", map[string]any{"stdin": true})
