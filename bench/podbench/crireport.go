@@ -128,7 +128,7 @@ func criReading(rep *CRIReport) []string {
 	kp, rp := sum(kv, total), sum(rc, total)
 	qemu := sum(kv, func(r CRIRound) float64 { return report.MiB(r.VMM.RSS) }).Med
 	guest := sum(kv, func(r CRIRound) float64 { return report.MiB(r.VMM.Memfd) }).Med
-	out = append(out, fmt.Sprintf("Memory: a running kvfs pod costs the host %.0f MiB PSS (shim, kvfsd, QEMU) against %.1f MiB for runc's (shim, pause, container), %s×. Of QEMU's %.0f MiB RSS, %.0f MiB is the guest's RAM it has touched, the rest (%.0f MiB) QEMU's own: under TCG its buffer of translated code (vm.tcg_tb_size, 32 MiB by default), which KVM does not need, the kernel and initramfs it keeps for a reset, and QEMU itself.",
+	out = append(out, fmt.Sprintf("Memory: a running kvfs pod costs the host %.0f MiB PSS (shim, kvfsd, QEMU) against %.1f MiB for runc's (shim, pause, container), %s×. Of QEMU's %.0f MiB RSS, %.0f MiB is the guest's RAM it has touched, the rest (%.0f MiB) QEMU's own: under TCG its buffer of translated code (vm.tcg_tb_size, 32 MiB by default), which KVM does not need, the kernel (and an initramfs) it keeps for a reset, the pages of the guest image's root it has mapped (shared by every pod on the host), and QEMU itself.",
 		kp.Med, rp.Med, ratio(total), qemu, guest, qemu-guest))
 	ki, ri := sum(kv, idle), sum(rc, idle)
 	out = append(out, fmt.Sprintf("CPU: an idle kvfs pod keeps %.0f millicores busy on the host (QEMU running the guest's timer ticks and idle loop, under %s), runc's %.0f.", ki.Med, rep.Accel, ri.Med))

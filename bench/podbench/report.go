@@ -206,7 +206,7 @@ func reading(rep *Report) []string {
 	if tot.N > 0 && kvRun.Med > 0 {
 		out = append(out, fmt.Sprintf("Where kvfs's start goes: QEMU's start to the agent's answer is %.2f s (%.0f%% of the run): QEMU and firmware %.2f s, the kernel's boot %.2f s, the agent's start-up %.2f s. "+
 			"QEMU, the firmware and the kernel — not kvfs's code — are %.2f s of it, under %s: that is what KVM would shrink. "+
-			"(QEMU's share is QEMU's own start, the firmware loading the kernel and initramfs, and — since the guest's clock starts only when the kernel sets up its timekeeping — the kernel's earliest setup, and its decompression for a compressed kernel.) "+
+			"(QEMU's share is QEMU's own start, the firmware loading the kernel (and an initramfs), and — since the guest's clock starts only when the kernel sets up its timekeeping — the kernel's earliest setup, and its decompression for a compressed kernel.) "+
 			"kvfs's own parts: the shim and sandbox before QEMU %.3f s, the agent's start-up %.2f s (mostly guest instructions: mounting virtio-fs and the file systems it needs), and after the answer %.2f s for creating, starting, running and deleting the container in the guest and stopping the VM, of which Create's rest and Start are %.2f s (measured in the detached runs).",
 			tot.Med, 100*tot.Med/kvRun.Med, q.Med, k.Med, a.Med, q.Med+k.Med, rep.Accel, before.Med, a.Med, after.Med,
 			Summarize(report.Seconds(kv, func(r Round) time.Duration { return r.AnswerToStarted })).Med))
@@ -222,7 +222,7 @@ func reading(rep *Report) []string {
 	qm := Summarize(report.MiBs(kv, func(r Round) int64 { return r.VMM.RSS }))
 	qg := Summarize(report.MiBs(kv, func(r Round) int64 { return r.VMM.Memfd }))
 	out = append(out, fmt.Sprintf("Memory: a kvfs pod with one sleeping container costs the host %.0f MiB PSS (%.0f MiB RSS, which counts the guest pages kvfsd and QEMU share twice) — the shim %.0f MiB RSS, kvfsd %.0f MiB, QEMU %.0f MiB, of a %s guest — against %.1f MiB PSS (%.1f MiB RSS) for runc's shim and the container: %s× by PSS. "+
-		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, the unpacked initramfs, page cache); the rest, %.0f MiB, is QEMU's own: under TCG its buffer of translated code (vm.tcg_tb_size, 32 MiB by default), which KVM does not need, the kernel and initramfs it keeps for a reset, and QEMU itself (not broken down further here). The shim is %s× runc's shim.",
+		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, an initramfs's unpacked files if it boots from one, page cache); the rest, %.0f MiB, is QEMU's own: under TCG its buffer of translated code (vm.tcg_tb_size, 32 MiB by default), which KVM does not need, the kernel (and an initramfs) it keeps for a reset, the pages of the guest image's root it has mapped (shared by every pod on the host), and QEMU itself (not broken down further here). The shim is %s× runc's shim.",
 		kp.Med, kr.Med, sh.Med, sv.Med, qm.Med, rep.Config.Memory, rp.Med, rr.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, tp), report.MiBs(rc, tp))).Med),
 		qg.Med, qm.Med-qg.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, func(r Round) int64 { return r.Shim.RSS }), report.MiBs(rc, func(r Round) int64 { return r.Shim.RSS }))).Med)))
 	if n := len(rep.Teardown); n > 0 {
