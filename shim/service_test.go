@@ -397,6 +397,28 @@ func TestWrongState(t *testing.T) {
 	wantKind(t, "Delete twice", err, errdefs.ErrNotFound)
 }
 
+// TestKillWhileDeleting: a kill that comes while the container's Delete is still cleaning up
+// (its process deleted, the container not yet gone) is answered NotFound, as for a finished
+// process: containerd's CRI stops a container whose process just exited that way, and takes
+// any other answer as a failed stop.
+func TestKillWhileDeleting(t *testing.T) {
+	h := newHarness(t)
+	h.createSimple("c1")
+	h.start("c1", "")
+	h.agent.exit("c1", "", 0)
+	h.wait("c1", "")
+	_, p, err := h.svc.getProcess("c1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What Delete does first; the rest of it (unbinding, hooks) has not happened yet.
+	if err := p.transition(opDelete, stateDeleted); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: 9})
+	wantKind(t, "Kill during Delete", err, errdefs.ErrNotFound)
+}
+
 func procAny(t *testing.T) *anypb.Any {
 	t.Helper()
 	b, _ := json.Marshal(&specs.Process{Args: []string{"true"}, Cwd: "/", ApparmorProfile: "host-profile"})

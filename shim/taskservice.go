@@ -340,9 +340,10 @@ func (s *TaskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptyp
 		return nil, err
 	}
 	if err := p.check(opKill); err != nil {
-		if st, _, _ := p.snapshot(); st == stateStopped {
+		if st, _, _ := p.snapshot(); st == stateStopped || st == stateDeleted {
 			// As runc's shim: a finished process is not found, which containerd's
-			// callers (CRI's StopContainer, ctr kill) take as "already dead".
+			// callers (CRI's StopContainer, ctr kill) take as "already dead". A deleted one
+			// is still found while its Delete cleans up (binds, hooks): it is as dead.
 			return nil, fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
 		}
 		return nil, err
