@@ -182,6 +182,9 @@ type AnnotationConfig struct {
 // POSIX locks, no thread pool, submounts announced, queue size 1024, tag kataShared; the
 // server kvfsd, confined in a process of its own; the VM's memory a shared memfd. No
 // annotation is enabled.
+// Root is the guest's root, Rootfs or Initrd: one of them is "" (Validate).
+func (c *VMConfig) Root() string { return c.Rootfs + c.Initrd }
+
 func DefaultConfig() *Config {
 	return &Config{
 		BaseDir: "/run/kvfs/sandboxes",

@@ -271,7 +271,7 @@ func (m Manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeIn
 	if err != nil {
 		return nil, err
 	}
-	root := cfg.VM.Rootfs + cfg.VM.Initrd // one of them (Validate)
+	root := cfg.VM.Root()
 	desc, err := guestimage.ReadDescription(root)
 	switch {
 	case err != nil:

@@ -125,11 +125,8 @@ func prepare(ctx context.Context, cfg *Config) (prepared, error) {
 		}
 		*d = abs
 	}
-	p := prepared{kernel: imageKernel(cfg.GuestDir), rootfs: filepath.Join(cfg.GuestDir, guestimage.RootfsFile)}
-	if _, err := os.Stat(p.rootfs); errors.Is(err, os.ErrNotExist) {
-		// An image built before the root was an erofs image, or with Debian's kernel.
-		p.rootfs, p.initrd = "", filepath.Join(cfg.GuestDir, guestimage.InitrdFile)
-	}
+	p := prepared{kernel: imageKernel(cfg.GuestDir)}
+	p.rootfs, p.initrd = guestimage.RootIn(cfg.GuestDir)
 	for _, f := range []string{p.kernel, p.rootfs + p.initrd, filepath.Join(cfg.ShimDir, shimKvfs)} {
 		if _, err := os.Stat(f); err != nil {
 			return prepared{}, err

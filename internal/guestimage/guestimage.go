@@ -94,6 +94,23 @@ type Info struct {
 	Description *Description `json:"description"`
 }
 
+// RootIn answers the root of the image in dir, as a configuration names it (vm.rootfs,
+// vm.initrd): its erofs image, or, in a directory that has none but an initramfs (an image
+// built with Debian's kernel, or before the root was an image), that initramfs. The other is
+// "". A directory with neither answers the erofs image, the kind build.sh --agent makes.
+func RootIn(dir string) (rootfs, initrd string) {
+	rootfs, initrd = filepath.Join(dir, RootfsFile), filepath.Join(dir, InitrdFile)
+	if !exists(rootfs) && exists(initrd) {
+		return "", initrd
+	}
+	return rootfs, ""
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 // Read describes the image made of kernel and root, its erofs image or initramfs.
 func Read(kernel, root string) (*Info, error) {
 	var info Info
@@ -125,11 +142,12 @@ func ReadDescription(root string) (*Description, error) {
 	from := filepath.Join(filepath.Dir(root), DescriptionFile)
 	data, err := os.ReadFile(from)
 	if errors.Is(err, os.ErrNotExist) {
-		if filepath.Base(root) == RootfsFile {
-			return nil, fmt.Errorf("%s has no %s beside it: %w", root, DescriptionFile, os.ErrNotExist)
-		}
 		from = root + ":" + DescriptionPath
 		data, err = ReadInitramfsFile(root, DescriptionPath)
+		if errors.Is(err, gzip.ErrHeader) {
+			// An erofs image: its description is only readable beside it.
+			return nil, fmt.Errorf("%s has no %s beside it: %w", root, DescriptionFile, os.ErrNotExist)
+		}
 	}
 	if err != nil {
 		return nil, err

@@ -181,3 +181,38 @@ func TestReadSums(t *testing.T) {
 		t.Errorf("bad line: %v", err)
 	}
 }
+
+// TestRootIn: a directory's root is its erofs image, or an initramfs where it has only that;
+// with neither, the erofs image build.sh --agent makes.
+func TestRootIn(t *testing.T) {
+	dir := t.TempDir()
+	if rootfs, initrd := RootIn(dir); rootfs != filepath.Join(dir, RootfsFile) || initrd != "" {
+		t.Errorf("empty directory: %q, %q", rootfs, initrd)
+	}
+	os.WriteFile(filepath.Join(dir, InitrdFile), nil, 0o644)
+	if rootfs, initrd := RootIn(dir); rootfs != "" || initrd != filepath.Join(dir, InitrdFile) {
+		t.Errorf("an initramfs only: %q, %q", rootfs, initrd)
+	}
+	os.WriteFile(filepath.Join(dir, RootfsFile), nil, 0o644)
+	if rootfs, initrd := RootIn(dir); rootfs != filepath.Join(dir, RootfsFile) || initrd != "" {
+		t.Errorf("both: %q, %q", rootfs, initrd)
+	}
+}
+
+// TestReadDescriptionImage: a root that is no initramfs (an erofs image, whatever its name)
+// without an image.json beside it has no description (os.ErrNotExist), not a broken one; with
+// one beside it, that one.
+func TestReadDescriptionImage(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "my-root.img")
+	if err := os.WriteFile(root, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := ReadDescription(root); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("without image.json: %+v, %v; want os.ErrNotExist", d, err)
+	}
+	os.WriteFile(filepath.Join(dir, DescriptionFile), []byte(`{"kvfs_version": "1.2"}`), 0o644)
+	if d, err := ReadDescription(root); err != nil || d.KVFSVersion != "1.2" {
+		t.Errorf("with image.json beside it: %+v, %v", d, err)
+	}
+}

@@ -128,10 +128,8 @@ func buildEnv(t testing.TB, dir string, env []string, flags ...string) Guest {
 	if err != nil {
 		t.Fatalf("vmtest: building the guest image failed (bash %s): %v\n%s", strings.Join(args, " "), err, out)
 	}
-	g := Guest{Kernel: filepath.Join(dir, guestimage.KernelFile), Root: filepath.Join(dir, guestimage.RootfsFile)}
-	if _, err := os.Stat(g.Root); errors.Is(err, os.ErrNotExist) {
-		g.Root, g.Initrd = "", filepath.Join(dir, guestimage.InitrdFile)
-	}
+	g := Guest{Kernel: filepath.Join(dir, guestimage.KernelFile)}
+	g.Root, g.Initrd = guestimage.RootIn(dir)
 	for _, f := range []string{g.Kernel, g.Initrd + g.Root} {
 		if _, err := os.Stat(f); err != nil {
 			t.Fatalf("vmtest: build.sh succeeded but %v\n%s", err, out)

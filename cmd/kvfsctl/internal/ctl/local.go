@@ -53,13 +53,7 @@ func runConfig(_ options, args []string, w io.Writer) error {
 	if *guest != "" {
 		dir := filepath.Clean(*guest)
 		c.VM.Kernel = filepath.Join(dir, guestimage.KernelFile)
-		c.VM.Rootfs, c.VM.Initrd = filepath.Join(dir, guestimage.RootfsFile), ""
-		if _, err := os.Stat(c.VM.Rootfs); errors.Is(err, os.ErrNotExist) {
-			// An image built with Debian's kernel boots from an initramfs.
-			if _, err := os.Stat(filepath.Join(dir, guestimage.InitrdFile)); err == nil {
-				c.VM.Rootfs, c.VM.Initrd = "", filepath.Join(dir, guestimage.InitrdFile)
-			}
-		}
+		c.VM.Rootfs, c.VM.Initrd = guestimage.RootIn(dir)
 	}
 	if err := c.Validate(); err != nil {
 		return usagef("config default --guest %s: %v", *guest, err)
@@ -99,7 +93,7 @@ func runImage(o options, args []string, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		*kernel, root = c.VM.Kernel, c.VM.Rootfs+c.VM.Initrd
+		*kernel, root = c.VM.Kernel, c.VM.Root()
 		if root == "" {
 			return fmt.Errorf("the configuration has neither vm.rootfs nor vm.initrd: not a kvfs guest image")
 		}
