@@ -184,7 +184,7 @@ func (m Manager) Stop(ctx context.Context, id string) (cshim.StopStatus, error) 
 		log.G(ctx).WithError(err).Warn("cleaning up after the shim")
 	}
 	// A shim that was killed left its socket: remove it unless a shim serves it.
-	if addr, err := cshim.ReadAddress(filepath.Join(bundle, "address")); err == nil && !cshim.CanConnect(addr) {
+	if addr, err := bundleShimAddress(bundle); err == nil && !cshim.CanConnect(addr) {
 		if err := cshim.RemoveSocket(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.G(ctx).WithError(err).Warn("removing the dead shim's socket")
 		}
@@ -198,8 +198,33 @@ const cleanupWait = 10 * time.Second
 
 // shimServes reports whether a shim answers at the address recorded in bundle.
 func shimServes(bundle string) bool {
-	addr, err := cshim.ReadAddress(filepath.Join(bundle, "address"))
+	addr, err := bundleShimAddress(bundle)
 	return err == nil && cshim.CanConnect(addr)
+}
+
+// bundleShimAddress is the address of the shim that serves bundle's task. The bundle of a
+// shim containerd started has its "address" (the shim writes it); the bundle of a container
+// that joined its pod's shim (a shim of version 3, as ours) has none, only containerd's
+// bootstrap.json, with the pod shim's address.
+func bundleShimAddress(bundle string) (string, error) {
+	addr, err := cshim.ReadAddress(filepath.Join(bundle, "address"))
+	if !errors.Is(err, os.ErrNotExist) {
+		return addr, err
+	}
+	data, err := os.ReadFile(filepath.Join(bundle, "bootstrap.json"))
+	if err != nil {
+		return "", err
+	}
+	var params struct {
+		Address string `json:"address"`
+	}
+	if err := json.Unmarshal(data, &params); err != nil {
+		return "", fmt.Errorf("%s: %w", filepath.Join(bundle, "bootstrap.json"), err)
+	}
+	if params.Address == "" {
+		return "", fmt.Errorf("%s: %w", filepath.Join(bundle, "bootstrap.json"), cshim.ErrNoAddress)
+	}
+	return params.Address, nil
 }
 
 // Cleanup undoes on the host what a dead shim left of the container in bundle: the rootfs

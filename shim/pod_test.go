@@ -350,21 +350,7 @@ func TestCleanup(t *testing.T) {
 	if _, err := os.Lstat(dead); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the dead shim's socket is left: %v", err)
 	}
-	live := filepath.Join(dir, "live.sock")
-	ll, err := net.Listen("unix", live)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ll.Close()
-	go func() {
-		for {
-			c, err := ll.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	live := serveSocket(t, filepath.Join(dir, "live.sock"))
 	os.WriteFile(filepath.Join(bundle, "address"), []byte("unix://"+live), 0o600)
 	if _, err := NewManager(RuntimeName).Stop(namespaces.WithNamespace(context.Background(), "default"), "c1"); err != nil {
 		t.Fatal(err)
@@ -376,6 +362,95 @@ func TestCleanup(t *testing.T) {
 	if err := Cleanup(context.Background(), bundle); err != nil {
 		t.Errorf("second Cleanup: %v", err)
 	}
+}
+
+// TestCleanupJoinedContainer: containerd runs the delete action on the bundle of each task
+// whose connection closed, also of a container that joined its pod's shim while that shim
+// still serves the pod. Such a bundle has no address file, only containerd's bootstrap.json
+// with the pod shim's address. The action leaves the live pod's sandbox alone and ends at
+// once: it does not wait for the pod's lock, which the live shim holds, until containerd
+// kills it (after 5 s, which made every CRI container's removal 5 s long).
+func TestCleanupJoinedContainer(t *testing.T) {
+	dir := shortTempDir(t)
+	base := filepath.Join(dir, "sandboxes")
+	pod := filepath.Join(base, "pod1")
+	if err := os.MkdirAll(pod, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The pod's owner holds its lock.
+	lock, err := os.OpenFile(filepath.Join(pod, "owner.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	live := serveSocket(t, filepath.Join(dir, "pod.sock"))
+	bundle := filepath.Join(dir, "bundles", "c2")
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeBundleRecord(bundle, bundleRecord{SandboxID: "pod1", BaseDir: base}); err != nil {
+		t.Fatal(err)
+	}
+	bootstrap := `{"version":3,"address":"unix://` + live + `","protocol":"ttrpc"}`
+	if err := os.WriteFile(filepath.Join(bundle, "bootstrap.json"), []byte(bootstrap), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if addr, err := bundleShimAddress(bundle); err != nil || addr != "unix://"+live {
+		t.Errorf("bundleShimAddress = %q, %v; want the pod shim's", addr, err)
+	}
+	other := filepath.Join(dir, "bundles", "other")
+	os.MkdirAll(other, 0o755)
+	t.Chdir(other)
+	done := make(chan error, 1)
+	go func() {
+		_, err := NewManager(RuntimeName).Stop(namespaces.WithNamespace(context.Background(), "default"), "c2")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second): // containerd's deadline for the delete action
+		t.Fatal("the delete action waits for the live pod's lock")
+	}
+	if _, err := os.Stat(filepath.Join(pod, "owner.lock")); err != nil {
+		t.Errorf("the live pod's sandbox was touched: %v", err)
+	}
+	if _, err := os.Lstat(live); err != nil {
+		t.Errorf("the pod shim's socket was removed: %v", err)
+	}
+
+	// A bootstrap.json without an address, or not JSON, is an error that names it.
+	for _, body := range []string{`{"version":3}`, `{`} {
+		os.WriteFile(filepath.Join(bundle, "bootstrap.json"), []byte(body), 0o644)
+		if _, err := bundleShimAddress(bundle); err == nil || !strings.Contains(err.Error(), "bootstrap.json") {
+			t.Errorf("bootstrap.json %s: %v", body, err)
+		}
+	}
+}
+
+// serveSocket listens on the unix socket path, accepting and closing connections until the
+// test ends, and returns path.
+func serveSocket(t *testing.T, path string) string {
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return path
 }
 
 func TestBootSplit(t *testing.T) {

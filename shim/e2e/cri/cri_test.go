@@ -154,7 +154,8 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 // tun devices, VXLANs, nftables NAT chains and legacy iptables tables; a container stopped
 // as its process exits is stopped; the pod's resources size the VM; exec, logs and container
 // stats work; QEMU and kvfsd run in the pod's cgroup under its cgroup parent, whose use
-// crictl statsp reports; stopp and rmp leave nothing. It runs under both sandboxers; under
+// crictl statsp reports; containerd's delete action on a removed container's bundle ends at
+// once; stopp and rmp leave nothing. It runs under both sandboxers; under
 // "shim" no pause container is made, and the pod's stats come through SandboxMetrics.
 func TestCRIPod(t *testing.T) {
 	for _, sb := range criSandboxers {
@@ -479,6 +480,14 @@ echo n-done`,
 	}
 	e.C.Crictl(t, "stopp", p.id)
 	e.C.Crictl(t, "rmp", p.id)
+	// containerd ran the delete action on each container's bundle as its task went (it does
+	// for every closed task connection): each ended at once, the pod's shim serving, none
+	// waited for the pod's lock until containerd's deadline killed it.
+	if log, err := e.C.Log(); err != nil {
+		t.Error(err)
+	} else if i := strings.Index(log, "failed to clean up after shim disconnected"); i >= 0 {
+		t.Errorf("a delete action failed: %s", log[i:min(len(log), i+600)])
+	}
 	// The shim removed the pod's cgroup: the parent, the kubelet's, is empty.
 	for _, d := range cgroupDirs(t, cgroupParent) {
 		if err := os.Remove(d); err != nil {
