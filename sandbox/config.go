@@ -108,8 +108,25 @@ type DeviceConfig struct {
 	Tag string `toml:"tag" json:"tag"`
 	// QueueSize is the size of each request queue: a power of two, at most 1024.
 	QueueSize int `toml:"queue_size" json:"queue_size"`
-	// NumRequestQueues is the number of request queues, at least 1.
+	// NumRequestQueues is the number of request queues: 0 for RequestQueues' choice, one per
+	// vCPU when kvfsd serves.
 	NumRequestQueues int `toml:"num_request_queues" json:"num_request_queues"`
+}
+
+// RequestQueues is the number of request queues the VM's device gets: device.num_request_queues,
+// or for 0 one per vCPU (the guest's driver, Linux 6.11 and later, sends each CPU's requests
+// down a queue of its own, which kvfsd serves on a thread of its own) when kvfsd serves, at
+// most the 16 it serves, and one for an external daemon, which may serve no more (the Rust
+// virtiofsd 1.13 serves one, and fails the device when QEMU starts a second).
+func (c *Config) RequestQueues() int {
+	switch {
+	case c.Device.NumRequestQueues > 0:
+		return c.Device.NumRequestQueues
+	case isKvfsd(c.Server.Daemon):
+		return min(max(c.VM.VCPUs, 1), maxKvfsdRequestQueues)
+	default:
+		return 1
+	}
 }
 
 // VMConfig is the [vm] table: the defaults of Sandbox.DefaultVM.
@@ -199,7 +216,7 @@ func DefaultConfig() *Config {
 		Device: DeviceConfig{
 			Tag:              "kataShared",
 			QueueSize:        1024,
-			NumRequestQueues: 1,
+			NumRequestQueues: 0,
 		},
 		VM: VMConfig{
 			QEMU:              "qemu-system-x86_64",
@@ -574,8 +591,11 @@ func allKeys() []configKey {
 		{
 			name: "device.num_request_queues", show: func(c *Config) string { return strconv.Itoa(c.Device.NumRequestQueues) },
 			check: func(c *Config) error {
+				if c.Device.NumRequestQueues == 0 {
+					return nil
+				}
 				if err := checkNumRequestQueues(c.Device.NumRequestQueues); err != nil {
-					return err
+					return fmt.Errorf("%w, or 0 for one per vCPU", err)
 				}
 				if isKvfsd(c.Server.Daemon) && c.Device.NumRequestQueues > maxKvfsdRequestQueues {
 					return fmt.Errorf("kvfsd (server.daemon = %q) serves at most %d request queues", c.Server.Daemon, maxKvfsdRequestQueues)

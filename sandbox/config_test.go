@@ -80,6 +80,34 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// TestRequestQueues: by default a pod's device has one request queue per vCPU when kvfsd
+// serves, at most the 16 it serves, and one for an external daemon; a number configured is
+// the number.
+func TestRequestQueues(t *testing.T) {
+	for _, tc := range []struct {
+		daemon        string
+		vcpus, queues int
+		want          int
+	}{
+		{Confined, 1, 0, 1},
+		{Confined, 4, 0, 4},
+		{InProcessUnconfined, 3, 0, 3},
+		{Confined, 40, 0, 16},
+		{"/usr/libexec/virtiofsd", 4, 0, 1},
+		{Confined, 4, 2, 2},
+		{"/usr/libexec/virtiofsd", 4, 8, 8},
+	} {
+		c := DefaultConfig()
+		c.Server.Daemon, c.VM.VCPUs, c.Device.NumRequestQueues = tc.daemon, tc.vcpus, tc.queues
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if got := c.RequestQueues(); got != tc.want {
+			t.Errorf("%s, %d vCPUs, num_request_queues %d: %d queues, want %d", tc.daemon, tc.vcpus, tc.queues, got, tc.want)
+		}
+	}
+}
+
 func TestDaemonArgs(t *testing.T) {
 	c := DefaultConfig()
 	c.Server.Daemon = "/usr/libexec/virtiofsd"
@@ -121,7 +149,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"negative pool", "[server]\nthread_pool_size = -1\n", "server.thread_pool_size", []string{"= -1: want 0 to 1024"}},
 		{"small memory", "[vm]\nmemory = \"100M\"\n", "vm.memory", []string{`vm.memory = "100M"`, "minimum of 128 MiB"}},
 		{"tb-size too large", "[vm]\ntcg_tb_size = 4096\n", "vm.tcg_tb_size", []string{"vm.tcg_tb_size = 4096: want 0 (QEMU's default) to 2048 MiB"}},
-		{"no request queues", "[device]\nnum_request_queues = 0\n", "device.num_request_queues", []string{"= 0: want 1 to"}},
+		{"negative request queues", "[device]\nnum_request_queues = -1\n", "device.num_request_queues", []string{"= -1: want 1 to", "or 0 for one per vCPU"}},
 		{"extra args confined", "[server]\nextra_args = [\"-d\"]\n", "server.extra_args", []string{`only to an external server.daemon, not to "confined"`}},
 		{"extra args in-process", "[server]\ndaemon = \"in-process-unconfined\"\nextra_args = [\"-d\"]\n", "server.extra_args",
 			[]string{`not to "in-process-unconfined"`}},

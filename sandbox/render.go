@@ -29,7 +29,7 @@ start), or the absolute path of a virtiofsd-compatible daemon, run as: DAEMON --
 	"server.max_restarts":       "With on_failure = restart: after this many, the next failure stops the VM.",
 	"device.tag":                "What the guest mounts: 1 to 36 bytes.",
 	"device.queue_size":         "A power of two, at most 1024.",
-	"device.num_request_queues": "At least 1; kvfsd (confined or in-process) serves at most 16.",
+	"device.num_request_queues": "0: one per vCPU when kvfsd serves (at most 16), one for an external daemon; else the number, of which kvfsd (confined or in-process) serves at most 16.",
 	"vm.qemu":                   "The emulator, looked up in $PATH when it has no slash.",
 	"vm.machine":                "QEMU's machine type.",
 	"vm.accel":                  `kvm, tcg, or "": kvm if /dev/kvm opens, else tcg; a boot that fails under KVM chosen so is an error saying to set "tcg".`,

@@ -299,7 +299,7 @@ func (s *Sandbox) fsDevice() FSDevice {
 		Socket:           s.SocketPath(),
 		Tag:              s.cfg.Device.Tag,
 		QueueSize:        s.cfg.Device.QueueSize,
-		NumRequestQueues: s.cfg.Device.NumRequestQueues,
+		NumRequestQueues: s.cfg.RequestQueues(),
 	}
 }
 

@@ -533,6 +533,7 @@ func TestStart(t *testing.T) {
 	c := testConfig(base)
 	c.VM.QEMU = "/usr/bin/qemu-system-x86_64"
 	c.Device.QueueSize = 256
+	c.VM.VCPUs = 2
 	s, err := Create(ctx, "start", Options{Config: c, Runner: runner})
 	if err != nil {
 		t.Fatal(err)
@@ -540,6 +541,9 @@ func TestStart(t *testing.T) {
 	stopOnCleanup(t, s)
 
 	vm := s.DefaultVM()
+	if vm.FS.NumRequestQueues != 2 {
+		t.Errorf("a 2-vCPU VM's device has %d request queues, want one per vCPU", vm.FS.NumRequestQueues)
+	}
 	vm.Memory.Size = "64M"
 	if err := s.Start(ctx, vm); err == nil || !strings.Contains(err.Error(), "less than the minimum of 128 MiB") {
 		t.Errorf("Start with 64M: %v", err)

@@ -13,6 +13,8 @@
 # runtime: create, start (to the container's exit), delete, in milliseconds of the guest's
 # uptime (10 ms steps). Run as root, after make build and the guest images.
 set -euo pipefail
+# shellcheck source=scripts/lib/test-guest.sh
+. "$(dirname "$0")/lib/test-guest.sh"
 
 qemu=qemu-system-x86_64
 cache=${KVFS_CACHE:-/var/cache/kvfs}
@@ -35,7 +37,7 @@ done
 compgen -G "$debs/crun_*.deb" >/dev/null || { echo "runtime-start.sh: no crun package in $debs (packaging/guest/build.sh --agent)" >&2; exit 1; }
 
 dir=$(mktemp -d)
-trap 'kill "$server" 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'rm -rf "$dir"' EXIT
 share=$dir/share
 mkdir -p "$share/crun" "$share/runc" "$share/bundle/rootfs/bin"
 for d in "$debs"/*.deb; do dpkg-deb -x "$d" "$share/crun"; done
@@ -68,12 +70,4 @@ for i in \$(seq $rounds); do
 done
 EOF
 
-sock=$dir/kvfsd.sock
-"$repo/bin/kvfsd" --socket-path="$sock" --shared-dir="$share" --sandbox=none 2>"$dir/kvfsd.log" &
-server=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-"$qemu" -nodefaults -no-user-config -display none -no-reboot -machine q35,accel=tcg -cpu max -smp 1 -m 512M \
-	-object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
-	-chardev socket,id=fs,path="$sock" -device vhost-user-fs-pci,chardev=fs,tag=kvfs \
-	-kernel "$kernel" -initrd "$guest/initramfs.gz" -append "console=ttyS0 quiet panic=-1 kvfs.run=run.sh" \
-	-serial stdio | grep -E '^(guest:|round |KVFS-EXIT)'
+test_guest_boot "$qemu" "$kernel" 1 1 "$share" run.sh | grep -E '^(guest:|round |KVFS-EXIT)'

@@ -152,7 +152,8 @@ func processesOf(t *testing.T, c *ctrdtest.Containerd, s string) int {
 // recursively read-only volumes are as runc makes them; a mount the host makes in a
 // HostToContainer volume reaches the container; a privileged container makes bridges, veths,
 // tun devices, VXLANs, nftables NAT chains and legacy iptables tables; a container stopped
-// as its process exits is stopped; the pod's resources size the VM; exec, logs and container
+// as its process exits is stopped; the pod's resources size the VM, whose share has a
+// request queue per vCPU; exec, logs and container
 // stats work; QEMU and kvfsd run in the pod's cgroup under its cgroup parent, whose use
 // crictl statsp reports; containerd's delete action on a removed container's bundle ends at
 // once; stopp and rmp leave nothing. It runs under both sandboxers; under
@@ -238,6 +239,7 @@ echo "resolv $(grep -c 'nameserver 10.99.0.53' /etc/resolv.conf) $(grep -c 'sear
 echo "hostname $(cat /etc/hostname) $(hostname)"
 echo "hosts $(grep -c localhost /etc/hosts)"
 echo "mem $(awk '/MemTotal/ {print $2}' /proc/meminfo) cpus $(nproc)"
+echo "fs-queues $(cat /sys/fs/virtiofs/*/mqs/*/name | grep -c '^requests')"
 echo "sysctls $(cat /proc/sys/kernel/shm_rmid_forced) $(cat /proc/sys/fs/mqueue/msg_max)"
 echo "memory.max $(cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max)"
 echo "pid1 $(tr '\0' ' ' </proc/1/cmdline)"
@@ -270,11 +272,15 @@ exec sleep 600`,
 	if _, err := os.Stat(filepath.Join(ro, "new")); err == nil {
 		t.Error("the guest wrote into the read-only hostPath")
 	}
-	// 512M configured + 256M of the pod's limit; one vCPU + the pod's one, within the host's.
+	// 512M configured + 256M of the pod's limit; one vCPU + the pod's one, within the host's;
+	// the share has a request queue per vCPU.
 	if m := regexp.MustCompile(`mem (\d+) cpus (\d+)`).FindStringSubmatch(logs); m == nil {
 		t.Errorf("no memory and CPUs in b's log:\n%s", logs)
 	} else if kb, _ := strconv.Atoi(m[1]); kb < 600<<10 || m[2] != "2" {
 		t.Errorf("the guest has %s kB and %s CPUs; want more than 600 MiB (512M + 256M) and 2", m[1], m[2])
+	}
+	if !strings.Contains(logs, "fs-queues 2\n") {
+		t.Errorf("the guest's virtio-fs device has not one request queue per vCPU:\n%s", logs)
 	}
 	if n := processesOf(t, e.C, "qemu-system"); n != 1 {
 		t.Errorf("%d QEMU processes with two containers, want 1", n)
