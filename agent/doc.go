@@ -11,9 +11,11 @@
 // the virtio-fs tag of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up
 // (the containers share the VM's network namespace) and serves, on the virtio-serial port
 // io.kvfs.agent.0 or a vsock port (kvfs.agent=). Every line it logs on the console starts
-// with "kvfs-agent:". Shutdown kills and deletes the containers; Main then lets the answer
+// with "kvfs-agent:". Shutdown kills every process of the machine but the agent (the
+// container runtime is not run: its state ends with the machine); Main then lets the answer
 // leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a
-// child subreaper, so the container processes still come back to it).
+// child subreaper, so the container processes still come back to it), and Shutdown kills and
+// deletes each container through the runtime.
 //
 // [Service] implements the API on a [Runtime] ([OCIRuntime]: crun create, start, exec, kill,
 // delete, ps, pause, resume, update through go-runc) and [Cgroups] ([Cgroup2]: metrics and OOM

@@ -123,13 +123,19 @@ func run(log *logrus.Entry, pid1 bool) error {
 
 	reaper := NewReaper()
 	runc.Monitor = reaper
-	svc, err := NewService(Config{
+	cfg := Config{
 		Runtime: &OCIRuntime{BundleDir: DefaultStateDir},
 		Cgroups: Cgroup2{Root: DefaultCgroupRoot, Log: log},
 		Version: Version,
 		Started: booted,
 		Log:     log,
-	})
+	}
+	if pid1 {
+		// The machine powers off after Shutdown: its processes are killed at once, without
+		// running the runtime for each container (under TCG a few hundred ms per run).
+		cfg.KillAll = func() error { return unix.Kill(-1, unix.SIGKILL) }
+	}
+	svc, err := NewService(cfg)
 	if err != nil {
 		return err
 	}

@@ -73,6 +73,12 @@ type Config struct {
 	SysctlDir string
 	// PodInit is the init of the pod's shared PID namespace (default PodInit).
 	PodInit string
+	// KillAll, when set, is how Shutdown ends the containers: it sends SIGKILL to every process
+	// of the machine but the agent, which powers the machine off after (as PID 1,
+	// kill(-1, SIGKILL); a frozen cgroup v2 does not stop a fatal signal). The runtime is not
+	// run: its state, like everything else in the guest, ends with the machine. Nil: Shutdown
+	// kills and deletes each container through the runtime.
+	KillAll func() error
 }
 
 // Service implements apiv1.AgentService. Processes' exits reach it through ProcessExited,
@@ -1157,8 +1163,9 @@ func (s *Service) GetOOMEvent(ctx context.Context, _ *apiv1.GetOOMEventRequest) 
 	}
 }
 
-// Shutdown kills and deletes every container, then closes Done; what follows (sync, unmount,
-// power-off) is the caller's of Done, after this answer has been sent.
+// Shutdown ends every container (Config.KillAll), or kills and deletes each through the
+// runtime, then closes Done; what follows (sync, unmount, power-off) is the caller's of Done,
+// after this answer has been sent.
 func (s *Service) Shutdown(ctx context.Context, _ *apiv1.ShutdownRequest) (*apiv1.ShutdownResponse, error) {
 	s.shutdownOnce.Do(func() {
 		s.mu.Lock()
@@ -1168,12 +1175,34 @@ func (s *Service) Shutdown(ctx context.Context, _ *apiv1.ShutdownRequest) (*apiv
 			cs = append(cs, c)
 		}
 		s.mu.Unlock()
-		for _, c := range cs {
-			s.stopContainer(c)
+		if s.cfg.KillAll != nil {
+			s.killAll(cs)
+		} else {
+			for _, c := range cs {
+				s.stopContainer(c)
+			}
 		}
 		close(s.done)
 	})
 	return &apiv1.ShutdownResponse{}, nil
+}
+
+// killAll kills every process but the agent (Config.KillAll) and waits a little for the
+// containers' init processes to exit, so that what they wrote is in the page cache before the
+// caller syncs.
+func (s *Service) killAll(cs []*container) {
+	if err := s.cfg.KillAll(); err != nil {
+		s.log.WithError(err).Warn("killing every process at shutdown")
+	}
+	deadline := time.After(shutdownWait)
+	for _, c := range cs {
+		select {
+		case <-c.init.exited:
+		case <-deadline:
+			s.log.WithField("container", c.id).Warn("init did not exit after SIGKILL")
+			return
+		}
+	}
 }
 
 // stopContainer kills everything in c, waits a little for its init to exit and deletes it.

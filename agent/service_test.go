@@ -807,6 +807,61 @@ func TestKillAllAndShutdown(t *testing.T) {
 	}
 }
 
+// TestShutdownKillAll: an agent that powers the machine off after Shutdown (Config.KillAll:
+// PID 1's kill(-1)) ends the containers with one kill of every process, paused ones too, and
+// runs the runtime for none of them; Done closes once their inits have exited.
+func TestShutdownKillAll(t *testing.T) {
+	fx := newFixture(t)
+	fx.create(t, "a", nil, "sleep")
+	fx.start(t, "a", "")
+	fx.create(t, "b", nil, "sleep") // created, never started
+	fx.create(t, "p", nil, "sleep")
+	fx.start(t, "p", "")
+	if _, err := fx.svc.PauseContainer(fx.ctx, &apiv1.PauseContainerRequest{ContainerId: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	fx.svc.cfg.KillAll = func() error {
+		fx.rt.mu.Lock()
+		defer fx.rt.mu.Unlock()
+		for _, p := range fx.rt.procs {
+			p.signal(syscall.SIGKILL)
+			killed++
+		}
+		return nil
+	}
+	fx.rt.mu.Lock()
+	before := len(fx.rt.calls)
+	fx.rt.mu.Unlock()
+	if _, err := fx.svc.Shutdown(fx.ctx, &apiv1.ShutdownRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fx.svc.Done():
+	default:
+		t.Fatal("Done not closed after Shutdown")
+	}
+	if killed != 3 {
+		t.Errorf("KillAll killed %d processes, want the 3 inits", killed)
+	}
+	fx.rt.mu.Lock()
+	calls, left := fx.rt.calls[before:], len(fx.rt.procs)
+	fx.rt.mu.Unlock()
+	if len(calls) != 0 || left != 0 {
+		t.Errorf("after shutdown: runtime calls %q, %d processes left", calls, left)
+	}
+	for _, id := range []string{"a", "b", "p"} {
+		fx.svc.mu.Lock()
+		c := fx.svc.containers[id]
+		fx.svc.mu.Unlock()
+		select {
+		case <-c.init.exited:
+		default:
+			t.Errorf("container %s's init has not exited when Shutdown answers", id)
+		}
+	}
+}
+
 func TestOOMQueue(t *testing.T) {
 	fx := newFixture(t)
 	fx.create(t, "a", nil, "sleep")

@@ -290,6 +290,27 @@ func TestAgentInGuest(t *testing.T) {
 	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c2"})
 	call("delete c2", err)
 
+	// c4 still runs at Shutdown: the agent, as PID 1, kills every process at once without
+	// running the runtime for it (the console shows no deletion), and what c4 wrote is on the
+	// host.
+	if err := s.Bind(roots["c1"], "c4", 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ag.CreateContainer(rctx, &apiv1.CreateContainerRequest{
+		ContainerId: "c4", Spec: specJSON(t, "c4", "sh", "-c", "echo c4-ran > /c4.txt; exec sleep 1000"),
+	})
+	call("create c4", err)
+	_, err = ag.StartProcess(rctx, &apiv1.StartProcessRequest{ContainerId: "c4"})
+	call("start c4", err)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if b, _ := os.ReadFile(filepath.Join(roots["c1"], "c4.txt")); string(b) == "c4-ran\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("c4 wrote nothing in a minute\n%s", diag())
+		}
+	}
+
 	_, err = ag.Shutdown(rctx, &apiv1.ShutdownRequest{})
 	call("shutdown", err)
 	closeAgent() // as the shim does: the agent powers off once the host has its answer
@@ -313,6 +334,9 @@ func TestAgentInGuest(t *testing.T) {
 	began := bytes.Count(reconnections, []byte("kvfs-agent: info a new host session began"))
 	if left < 1 || left+began != 2 {
 		t.Errorf("the console shows %d departures of the host and %d new sessions told by their stream ids, want 1 and 1, or 2 and 0\n%s", left, began, console)
+	}
+	if bytes.Contains(shutdown, []byte("container deleted container=c4")) {
+		t.Errorf("the agent ran the runtime for c4 at Shutdown\n%s", console)
 	}
 	hungUp, _, ok := bytes.Cut(shutdown, []byte("kvfs-agent: info shut down"))
 	if !ok {

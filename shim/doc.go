@@ -17,7 +17,8 @@
 //     ErrorEdge (interceptor.go), a ttrpc server interceptor, is the one place their errors
 //     become gRPC codes. A container's create and exit sequence is in container.go.
 //   - TaskService (taskservice.go) is the task API. The first Create makes and boots the pod
-//     (a PodStarter: StartVMPod in production), the last Delete stops it, Shutdown with no
+//     (a PodStarter: StartVMPod in production), the last Delete stops it (without deleting
+//     the container in the guest first: the agent's Shutdown ends it there), Shutdown with no
 //     container left ends the shim. That is the pod's life with CRI's default sandboxer
 //     "podsandbox".
 //   - SandboxService (sandboxservice.go, containerd.runtime.sandbox.v1) is the pod's life

@@ -364,6 +364,7 @@ func (a *fakeAgent) SetSysctls(_ context.Context, r *agent.SetSysctlsRequest) (*
 }
 
 func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {
+	a.note("agent:shutdown")
 	a.mu.Lock()
 	a.shutdowns++
 	a.mu.Unlock()

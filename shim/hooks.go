@@ -17,17 +17,17 @@ type containerHooks struct {
 }
 
 // runHooks runs c's hooks of a host phase with the shim's context, the state saying status.
-// The state's pid is the VM's (as Kata gives its hypervisor's), 0 once the pod is gone: a
-// host hook that looks a pid up in /proc must find a process of the pod, which the guest's
-// pid of the container's init is not. No lock may be held: a hook may run as long as its
-// timeout.
-func (o *PodOwner) runHooks(phase hooks.Phase, c *container, status specs.ContainerState) error {
+// The state's pid is the VM's of run, c's pod (as Kata gives its hypervisor's), 0 once the
+// pod is gone (run nil): a host hook that looks a pid up in /proc must find a process of the
+// pod, which the guest's pid of the container's init is not. No lock may be held: a hook may
+// run as long as its timeout.
+func (o *PodOwner) runHooks(phase hooks.Phase, run *podRun, c *container, status specs.ContainerState) error {
 	hs := phase.Of(c.hooks.hooks)
 	if len(hs) == 0 {
 		return nil
 	}
 	var pid uint32
-	if run, err := o.currentRun(); err == nil {
+	if run != nil {
 		pid = run.pod.Pid()
 	}
 	return hooks.Run(o.ctx, phase, hs, &specs.State{
@@ -36,21 +36,22 @@ func (o *PodOwner) runHooks(phase hooks.Phase, c *container, status specs.Contai
 	})
 }
 
-// createHooks runs c's prestart then createRuntime hooks, once the agent has created it (the
-// state is "creating", as runc has it: the create is not done). A failure fails the Create.
-func (o *PodOwner) createHooks(c *container) error {
+// createHooks runs c's prestart then createRuntime hooks, once the agent has created it in
+// run's pod (the state is "creating", as runc has it: the create is not done). A failure
+// fails the Create.
+func (o *PodOwner) createHooks(run *podRun, c *container) error {
 	for _, phase := range []hooks.Phase{hooks.Prestart, hooks.CreateRuntime} {
-		if err := o.runHooks(phase, c, specs.StateCreating); err != nil {
+		if err := o.runHooks(phase, run, c, specs.StateCreating); err != nil {
 			return fmt.Errorf("container %s: %w", c.id, err)
 		}
 	}
 	return nil
 }
 
-// postHooks runs c's poststart or poststop hooks; as the runtime spec says, their failures are
-// logged and do not fail the call.
-func (o *PodOwner) postHooks(phase hooks.Phase, c *container, status specs.ContainerState) {
-	if err := o.runHooks(phase, c, status); err != nil {
+// postHooks runs c's poststart or poststop hooks (c in run's pod, nil once it is gone); as the
+// runtime spec says, their failures are logged and do not fail the call.
+func (o *PodOwner) postHooks(phase hooks.Phase, run *podRun, c *container, status specs.ContainerState) {
+	if err := o.runHooks(phase, run, c, status); err != nil {
 		log.G(o.ctx).WithError(err).WithField("container", c.id).Warnf("%s hooks failed (logged only, as the runtime spec says)", phase)
 	}
 }

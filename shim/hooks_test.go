@@ -137,7 +137,8 @@ func TestHooksAroundAgentCalls(t *testing.T) {
 		"agent:create c1", "prestart0", "prestart1", "createRuntime", "event:*events.TaskCreate", "test:created",
 		"agent:start c1", "event:*events.TaskStart", "poststart", "test:started",
 		"event:*events.TaskExit",
-		"agent:delete c1", "pod:unbind c1", "poststop", "event:*events.TaskDelete", "test:deleted",
+		// The pod's last container: not deleted in the guest, which the VM's stop ends.
+		"pod:unbind c1", "poststop", "event:*events.TaskDelete", "agent:shutdown", "test:deleted",
 	}
 	if !reflect.DeepEqual(names, want) {
 		t.Errorf("trace\n got %q\nwant %q", names, want)
@@ -190,7 +191,7 @@ func TestHookCreateRuntimeFails(t *testing.T) {
 		}
 	}
 	names, states := tr.lines()
-	want := []string{"agent:create c1", "prestart", "createRuntime", "agent:delete c1", "pod:unbind c1", "poststop"}
+	want := []string{"agent:create c1", "prestart", "createRuntime", "agent:delete c1", "pod:unbind c1", "poststop", "agent:shutdown"}
 	if !reflect.DeepEqual(names, want) {
 		t.Errorf("trace\n got %q\nwant %q", names, want)
 	}
@@ -235,7 +236,7 @@ func TestHookPostFailuresLogged(t *testing.T) {
 	want := []string{
 		"agent:create c1", "event:*events.TaskCreate", "agent:start c1", "event:*events.TaskStart",
 		"poststart", "poststart-after", "event:*events.TaskExit",
-		"agent:delete c1", "pod:unbind c1", "poststop", "poststop-after", "event:*events.TaskDelete",
+		"pod:unbind c1", "poststop", "poststop-after", "event:*events.TaskDelete", "agent:shutdown",
 	}
 	if !reflect.DeepEqual(names, want) {
 		t.Errorf("trace\n got %q\nwant %q", names, want)

@@ -436,6 +436,23 @@ func (o *PodOwner) stopPodIfEmpty() {
 	}
 	run := o.takeRunLocked()
 	o.mu.Unlock()
+	o.stopTakenRun(run)
+}
+
+// takeRunIfLast takes the pod's run when c is its only container and the pod ends with it
+// (stopPodIfEmpty's conditions once c is gone): nothing new uses the run, and the caller
+// stops it (stopTakenRun). Nil otherwise.
+func (o *PodOwner) takeRunIfLast(c *container) *podRun {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.containers) != 1 || o.containers[c.id] != c || o.run == nil || o.booting != nil || o.sandbox != nil {
+		return nil
+	}
+	return o.takeRunLocked()
+}
+
+// stopTakenRun stops a run taken from the service, saying in the log when that fails.
+func (o *PodOwner) stopTakenRun(run *podRun) {
 	if err := o.stopRun(o.ctx, run); err != nil {
 		log.G(o.ctx).WithError(err).Error("stopping the pod")
 	}

@@ -397,6 +397,34 @@ func TestWrongState(t *testing.T) {
 	wantKind(t, "Delete twice", err, errdefs.ErrNotFound)
 }
 
+// TestDeleteLastContainer: the Delete of a pod's last container stops the pod without asking
+// the agent to delete the container first (its Shutdown ends everything in the guest, and
+// the runtime's delete there would only delay the VM's end); any other container's Delete
+// deletes it in the guest, and the pod goes on.
+func TestDeleteLastContainer(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"c1", "c2"} {
+		h.createSimple(id)
+		h.start(id, "")
+		h.agent.exit(id, "", 0)
+		h.wait(id, "")
+	}
+	pod := h.pod()
+	h.delete("c1", "")
+	if len(h.agent.deleted) != 1 || h.agent.deleted[0] != [2]string{"c1", ""} || pod.stopped != 0 || h.agent.shutdowns != 0 {
+		t.Errorf("after c1's Delete: the agent deleted %v, shut down %d times; the pod stopped %d times", h.agent.deleted, h.agent.shutdowns, pod.stopped)
+	}
+	if d := h.delete("c2", ""); d.ExitStatus != 0 {
+		t.Errorf("c2's Delete answered %+v", d)
+	}
+	if len(h.agent.deleted) != 1 || pod.stopped != 1 || h.agent.shutdowns != 1 {
+		t.Errorf("after the last Delete: the agent deleted %v, shut down %d times; the pod stopped %d times", h.agent.deleted, h.agent.shutdowns, pod.stopped)
+	}
+	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "c2"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("State after the last Delete: %v", err)
+	}
+}
+
 // TestKillWhileDeleting: a kill that comes while the container's Delete is still cleaning up
 // (its process deleted, the container not yet gone) is answered NotFound, as for a finished
 // process: containerd's CRI stops a container whose process just exited that way, and takes
@@ -474,6 +502,8 @@ func TestExecAndKillAll(t *testing.T) {
 		t.Errorf("Pids %v", pids.Processes)
 	}
 
+	// The pod outlives c1 (the last container's Delete stops the VM instead: TestDeleteLastContainer).
+	h.createSimple("c2")
 	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL), All: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -488,8 +518,8 @@ func TestExecAndKillAll(t *testing.T) {
 	h.delete("c1", "e1")
 	// An init's Delete takes its exited execs with it (the agent deletes the container).
 	h.delete("c1", "")
-	if len(h.agent.procs) != 1 {
-		t.Errorf("the agent still has %d processes, want e2's", len(h.agent.procs))
+	if len(h.agent.procs) != 2 {
+		t.Errorf("the agent still has %d processes, want e2's and c2's", len(h.agent.procs))
 	}
 	got := strings.Join(eventTypes(h.rec.all()), " ")
 	want := "Create Start exec-added:e1 exec-started:e1 exec-added:e2 exec-started:e2 exec-added:never exit:never"

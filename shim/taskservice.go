@@ -184,10 +184,10 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 			log.G(s.ctx).WithError(err).Warnf("deleting container %s in the guest after its failed create", r.ID)
 		}
 	})
-	if err := s.createHooks(c); err != nil {
+	if err := s.createHooks(run, c); err != nil {
 		// The runtime spec goes on from a failed hook to the destroy, then the poststop
 		// hooks: first in the undo chain, they run once everything else is undone.
-		undo = slices.Insert(undo, 0, func() { s.postHooks(hooks.Poststop, c, specs.StateStopped) })
+		undo = slices.Insert(undo, 0, func() { s.postHooks(hooks.Poststop, run, c, specs.StateStopped) })
 		return nil, err
 	}
 
@@ -253,7 +253,7 @@ func (s *TaskService) Start(ctx context.Context, r *taskAPI.StartRequest) (*task
 	}
 	s.copyStdin(run, p)
 	if p.execID == "" {
-		s.postHooks(hooks.Poststart, c, specs.StateRunning)
+		s.postHooks(hooks.Poststart, run, c, specs.StateRunning)
 	}
 	return &taskAPI.StartResponse{Pid: pid}, nil
 }
@@ -430,12 +430,23 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 			return nil, fmt.Errorf("container %s still has execs %q: %w", c.id, running, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if live() && !forgotten {
+	// The pod's last container: the VM stops with it, and the agent's Shutdown ends it with
+	// everything else in the guest. Deleting it in the guest first would only run the
+	// container runtime there once more (a few hundred ms under TCG) before the VM's end.
+	var ending *podRun
+	if p.execID == "" && live() && !forgotten {
+		ending = s.takeRunIfLast(c)
+	}
+	if live() && !forgotten && ending == nil {
 		if err := s.agentDelete(ctx, run, p); err != nil {
 			return nil, err
 		}
 	}
 	if err := p.transition(opDelete, stateDeleted); err != nil {
+		if ending != nil {
+			// The concurrent Delete that won finds no run to stop: this one stops it.
+			s.stopTakenRun(ending)
+		}
 		return nil, err // a concurrent Delete won
 	}
 	_, pid, e := p.snapshot()
@@ -452,12 +463,16 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
 	}
-	s.postHooks(hooks.Poststop, c, specs.StateStopped)
+	s.postHooks(hooks.Poststop, run, c, specs.StateStopped)
 	s.mu.Lock()
 	delete(s.containers, c.id)
 	s.mu.Unlock()
 	s.publish(&eventstypes.TaskDelete{ContainerID: c.id, Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)})
-	s.stopPodIfEmpty()
+	if ending != nil {
+		s.stopTakenRun(ending)
+	} else {
+		s.stopPodIfEmpty()
+	}
 	return resp, nil
 }
 
