@@ -12,7 +12,8 @@
 # naming them, if any option kvfs.config sets to y is not set in the result.
 #
 # Nothing is done when OUTDIR was built from inputs with the same contents (this script,
-# kvfs.config, the source package's version and the compiler's: OUTDIR/inputs.sha256). The
+# kvfs.config's options, the source package's version and the compiler's:
+# OUTDIR/inputs.sha256). The
 # build is reproducible for the same inputs: the kernel's build time, user and host are fixed
 # (SOURCE_DATE_EPOCH, default 0). It takes 10 to 20 minutes on 2 cores and about 1.5 GB in
 # OUTDIR/work, removed afterwards. Missing host packages (flex, bison, bc, libelf-dev, gcc,
@@ -59,9 +60,12 @@ if [ -z "$src_deb" ]; then
 	[ -n "$src_deb" ] || die "the download left no ${source_package}_*.deb in $debs"
 fi
 
+# kvfs.config counts by its options only (kconfig's "# CONFIG_X is not set" lines included):
+# a comment changed does not rebuild the kernel.
 inputs_hash() {
 	{
-		(cd "$here" && sha256sum build.sh kvfs.config)
+		(cd "$here" && sha256sum build.sh)
+		awk '/^# CONFIG_[A-Z0-9_]+ is not set$/ || !/^[[:space:]]*(#|$)/' "$fragment" | sha256sum
 		basename "$src_deb"
 		gcc --version | head -n 1
 		echo "epoch $epoch"
