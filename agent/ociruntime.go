@@ -105,17 +105,14 @@ func (f fileIO) Set(cmd *exec.Cmd) {
 // Create runs the runtime's create with the process's stdio or a console socket for its pty.
 func (r *OCIRuntime) Create(ctx context.Context, id, bundle string, stdio ProcessIO) (Created, error) {
 	pidFile := filepath.Join(bundle, "init.pid")
-	opts := &runc.CreateOpts{PidFile: pidFile}
-	var sock *runc.Socket
-	if stdio.Terminal {
-		var err error
-		if sock, err = runc.NewTempConsoleSocket(); err != nil {
-			return Created{}, fmt.Errorf("console socket: %w", err)
-		}
+	sock, rio, err := runtimeStdio(stdio)
+	if err != nil {
+		return Created{}, err
+	}
+	opts := &runc.CreateOpts{PidFile: pidFile, IO: rio}
+	if sock != nil {
 		defer sock.Close()
 		opts.ConsoleSocket = sock
-	} else {
-		opts.IO = fileIO{stdio}
 	}
 	if err := r.cli(id).Create(ctx, id, bundle, opts); err != nil {
 		return Created{}, r.failed(id, err)
@@ -126,6 +123,20 @@ func (r *OCIRuntime) Create(ctx context.Context, id, bundle string, stdio Proces
 		_ = r.cli(id).Delete(context.Background(), id, &runc.DeleteOpts{Force: true})
 	}
 	return cr, err
+}
+
+// runtimeStdio is what the runtime's create or exec is given for a process's stdio: for a
+// terminal, a console socket to send the pty master through (the caller closes it), else
+// the process's files.
+func runtimeStdio(stdio ProcessIO) (*runc.Socket, runc.IO, error) {
+	if !stdio.Terminal {
+		return nil, fileIO{stdio}, nil
+	}
+	sock, err := runc.NewTempConsoleSocket()
+	if err != nil {
+		return nil, nil, fmt.Errorf("console socket: %w", err)
+	}
+	return sock, nil, nil
 }
 
 // created reads the pid the runtime wrote and receives the pty master of a terminal process.
@@ -158,16 +169,14 @@ func (r *OCIRuntime) Exec(ctx context.Context, id, execID string, p *specs.Proce
 	}
 	defer os.RemoveAll(dir)
 	pidFile := filepath.Join(dir, "pid")
-	opts := &runc.ExecOpts{PidFile: pidFile, Detach: true}
-	var sock *runc.Socket
-	if stdio.Terminal {
-		if sock, err = runc.NewTempConsoleSocket(); err != nil {
-			return Created{}, fmt.Errorf("console socket: %w", err)
-		}
+	sock, rio, err := runtimeStdio(stdio)
+	if err != nil {
+		return Created{}, err
+	}
+	opts := &runc.ExecOpts{PidFile: pidFile, Detach: true, IO: rio}
+	if sock != nil {
 		defer sock.Close()
 		opts.ConsoleSocket = sock
-	} else {
-		opts.IO = fileIO{stdio}
 	}
 	if err := r.cli(id).Exec(ctx, id, *p, opts); err != nil {
 		return Created{}, r.failed(id, fmt.Errorf("exec %s: %w", execID, err))

@@ -349,6 +349,19 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{svc: svc, rt: rt, cg: cg, root: root, ctx: ctx}
 }
 
+// shutdown calls Shutdown and checks that Done is closed when it answers.
+func (fx *fixture) shutdown(t *testing.T) {
+	t.Helper()
+	if _, err := fx.svc.Shutdown(fx.ctx, &apiv1.ShutdownRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fx.svc.Done():
+	default:
+		t.Fatal("Done not closed after Shutdown")
+	}
+}
+
 // bundleSpec is the spec the service wrote in container id's bundle for runc.
 func (fx *fixture) bundleSpec(t *testing.T, id string) specs.Spec {
 	t.Helper()
@@ -785,14 +798,7 @@ func TestKillAllAndShutdown(t *testing.T) {
 		_, err := fx.svc.GetOOMEvent(fx.ctx, &apiv1.GetOOMEventRequest{})
 		waited <- err
 	}()
-	if _, err := fx.svc.Shutdown(fx.ctx, &apiv1.ShutdownRequest{}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-fx.svc.Done():
-	default:
-		t.Fatal("Done not closed after Shutdown")
-	}
+	fx.shutdown(t)
 	wantCode(t, "GetOOMEvent across Shutdown", <-waited, codes.Unavailable, "")
 	_, err := fx.svc.Ping(fx.ctx, &apiv1.PingRequest{})
 	wantCode(t, "ping after shutdown", err, codes.Unavailable, "")
@@ -833,14 +839,7 @@ func TestShutdownKillAll(t *testing.T) {
 	fx.rt.mu.Lock()
 	before := len(fx.rt.calls)
 	fx.rt.mu.Unlock()
-	if _, err := fx.svc.Shutdown(fx.ctx, &apiv1.ShutdownRequest{}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-fx.svc.Done():
-	default:
-		t.Fatal("Done not closed after Shutdown")
-	}
+	fx.shutdown(t)
 	if killed != 3 {
 		t.Errorf("KillAll killed %d processes, want the 3 inits", killed)
 	}

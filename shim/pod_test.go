@@ -183,16 +183,7 @@ func TestManagerStartJoins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	acceptAndClose(t, l)
 	res, err := NewManager(RuntimeName).Start(ctx, params)
 	if err != nil {
 		t.Fatal(err)
@@ -433,13 +424,18 @@ func TestCleanupJoinedContainer(t *testing.T) {
 	}
 }
 
-// serveSocket listens on the unix socket path, accepting and closing connections until the
-// test ends, and returns path.
+// serveSocket listens on the unix socket path and serves it (acceptAndClose); it returns path.
 func serveSocket(t *testing.T, path string) string {
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	acceptAndClose(t, l)
+	return path
+}
+
+// acceptAndClose accepts and closes l's connections until the test ends, and closes l then.
+func acceptAndClose(t *testing.T, l net.Listener) {
 	t.Cleanup(func() { l.Close() })
 	go func() {
 		for {
@@ -450,7 +446,6 @@ func serveSocket(t *testing.T, path string) string {
 			c.Close()
 		}
 	}()
-	return path
 }
 
 func TestBootSplit(t *testing.T) {
