@@ -18,7 +18,8 @@
 #    into ${KVFS_CACHE:-/var/cache/kvfs}/guest-bench. $GUEST_ARGS are passed on to kvfsguestbench.
 # 3. Pod level (bench/podbench): a private containerd runs busybox with ctr through kvfs's shim
 #    (io.containerd.kvfs.v2, a QEMU VM per pod) and through containerd's runc shim, interleaved:
-#    `ctr run --rm ... true`, the memory of a pod running sleep, and kvfs's boot split. Adds its
+#    `ctr run --rm ... true`, the memory of a pod running sleep (alone, then per pod with 10 of
+#    each at once: kvfspodbench -density), and kvfs's boot split. Adds its
 #    section to docs/measurements/benchmarks.md; about 20 minutes under TCG. $POD_ARGS are passed
 #    on to kvfspodbench; the agent guest image is built (packaging/guest/build.sh --agent) if
 #    needed.

@@ -13,8 +13,10 @@
 // boot_* fields split QEMU's start to the agent's answer into QEMU+firmware, kernel boot and
 // agent start-up (the agent's Ping times, guest CLOCK_BOOTTIME). Before each kvfs run, the
 // floor (floor.go): the same QEMU and kernel booted to an /init that powers off at once, timed
-// around QEMU. Section renders medians, ranges and per-round ratios kvfs ÷ runc and kvfs ÷
-// floor as the pod-level section of docs/measurements/benchmarks.md.
+// around QEMU. After the rounds (Config.Density) that many sleep pods of each runtime run at
+// once, read together: their memory per pod, with what they share split among them in PSS.
+// Section renders medians, ranges and per-round ratios kvfs ÷ runc and kvfs ÷ floor as the
+// pod-level section of docs/measurements/benchmarks.md.
 //
 // With Config.CRI (RunCRI, CRISection) the containerd has its CRI on, in a network namespace
 // of its own with a CNI bridge, and each round runs a pod through crictl with the runtime

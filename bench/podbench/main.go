@@ -31,6 +31,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.QEMU, "qemu", sandbox.DefaultConfig().VM.QEMU, "the QEMU binary the pods and the floor boot run (vm.qemu)")
 	fs.StringVar(&cfg.VMTOML, "vm-toml", "", "TOML lines added to the kvfs configuration's [vm] table, e.g. 'free_page_reporting = false'")
 	fs.DurationVar(&cfg.Settle, "settle", 2*time.Second, "wait after a sleep container started before its memory is read")
+	fs.IntVar(&cfg.Density, "density", 10, "with ctr: pods of each runtime run at once after the rounds, for the memory per pod (0: none)")
 	fs.BoolVar(&cfg.CRI, "cri", false, "run pods through containerd's CRI with crictl (runtime handlers kvfs and runc) and write the CRI section, instead of ctr's")
 	fs.DurationVar(&cfg.Idle, "idle", 5*time.Second, "with -cri: how long a running pod's CPU use is measured for")
 	userns := fs.Bool("userns", false, "with -cri: run a metadata workload in a kvfs pod with a user namespace and one without, and write the user-namespace section, instead of the CRI's")
@@ -48,6 +49,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.Runs < 1 || cfg.VCPUs < 1 {
 		fmt.Fprintln(stderr, "kvfspodbench: -runs and -vcpus must be at least 1")
+		return 2
+	}
+	if cfg.Density < 0 {
+		fmt.Fprintln(stderr, "kvfspodbench: -density must not be negative")
 		return 2
 	}
 	if cfg.Idle <= 0 {

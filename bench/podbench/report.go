@@ -147,6 +147,27 @@ func Section(rep *Report) string {
 	}
 	p("\n")
 
+	if d, r := rep.Density[RuntimeKvfs], rep.Density[RuntimeRunc]; d.Pods > 0 && r.Pods > 0 {
+		p("### %d pods of each runtime at once, MiB per pod\n\n", d.Pods)
+		p("After the rounds, %d pods of kvfs, then %d of runc, each one container running `sleep`, started one after the other and read together %s after the last: every pod's processes, summed and divided by the pods. PSS splits the pages the pods share (the binaries of the shim, kvfsd and QEMU and their libraries, the guest image's root QEMU maps) among them, as a node running many pods pays for them.\n\n", d.Pods, r.Pods, cfg.Settle)
+		p("| | kvfs | runc | kvfs ÷ runc |\n|---|---|---|---|\n")
+		for _, row := range []struct {
+			label string
+			f     func(PodMem) int64
+		}{
+			{"shim PSS", func(m PodMem) int64 { return m.Shim.PSS }},
+			{"kvfsd PSS", func(m PodMem) int64 { return m.Server.PSS }},
+			{"QEMU PSS", func(m PodMem) int64 { return m.VMM.PSS }},
+			{"container's processes on the host, PSS", func(m PodMem) int64 { return m.Container.PSS }},
+			{"**total PSS**", func(m PodMem) int64 { return m.Total().PSS }},
+			{"total RSS", func(m PodMem) int64 { return m.Total().RSS }},
+		} {
+			a, bb := perPod(d, row.f), perPod(r, row.f)
+			p("| %s | %.1f | %.1f | %s |\n", row.label, a, bb, fmtNum(quotient(a, bb)))
+		}
+		p("\n")
+	}
+
 	p("### Where kvfs's `ctr run --rm … true` goes, s\n\n")
 	p("| part | median (range) | share of the run's median |\n|---|---|---|\n")
 	run := Summarize(report.Seconds(kv, func(r Round) time.Duration { return r.Run })).Med
@@ -225,6 +246,11 @@ func reading(rep *Report) []string {
 		"Of QEMU's RSS, %.0f MiB is the guest's RAM (its memfd backend, as smaps shows): what the guest touched booting and running (its kernel, an initramfs's unpacked files if it boots from one, page cache); the rest, %.0f MiB, is QEMU's own: under TCG its buffer of translated code (vm.tcg_tb_size, 32 MiB by default), which KVM does not need, the kernel (and an initramfs) it keeps for a reset, the pages of the guest image's root it has mapped (shared by every pod on the host), and QEMU itself (not broken down further here). The shim is %s× runc's shim.",
 		kp.Med, kr.Med, sh.Med, sv.Med, qm.Med, rep.Config.Memory, rp.Med, rr.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, tp), report.MiBs(rc, tp))).Med),
 		qg.Med, qm.Med-qg.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, func(r Round) int64 { return r.Shim.RSS }), report.MiBs(rc, func(r Round) int64 { return r.Shim.RSS }))).Med)))
+	if d, r := rep.Density[RuntimeKvfs], rep.Density[RuntimeRunc]; d.Pods > 0 && r.Pods > 0 {
+		tot := func(m PodMem) int64 { return m.Total().PSS }
+		out = append(out, fmt.Sprintf("With %d pods of each runtime at once, what the pods share (the binaries, the guest image's root) is split among them in PSS: a kvfs pod then costs %.0f MiB PSS (%.0f alone), a runc pod %.1f MiB: %s×.",
+			d.Pods, perPod(d, tot), kp.Med, perPod(r, tot), fmtNum(quotient(perPod(d, tot), perPod(r, tot)))))
+	}
 	if n := len(rep.Teardown); n > 0 {
 		out = append(out, fmt.Sprintf("Teardown: deleting a killed sleep container did not end normally %d times in %d rounds (see Teardown failures); the benchmark ended those pods by killing QEMU. (A hang seen while this benchmark was written had the kvfs shim's Delete waiting on the agent's DeleteProcess, which has no deadline, after the container had stopped.) Not measured: teardown times.", n, rep.Config.Runs))
 	}
@@ -234,6 +260,19 @@ func reading(rep *Report) []string {
 		out = append(out, fmt.Sprintf("Checks: VmRSS and smaps_rollup's Rss disagreed by more than 5%% %d times (listed below the tables).", len(rep.RSSMismatch)))
 	}
 	return out
+}
+
+// perPod is f of d's summed memory, in MiB per pod.
+func perPod(d Density, f func(PodMem) int64) float64 {
+	return float64(f(d.PodMem)) / 1024 / float64(d.Pods)
+}
+
+// quotient is a ÷ b, NaN without a b.
+func quotient(a, b float64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return a / b
 }
 
 func fmtNum(v float64) string {

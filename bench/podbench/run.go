@@ -38,8 +38,11 @@ type Config struct {
 	VCPUs    int    // the guest's vCPUs (vm.vcpus)
 	// VMTOML is more of the kvfs configuration's [vm] table, as TOML lines
 	// ("free_page_reporting = false"), for comparisons of one setting.
-	VMTOML  string
-	Settle  time.Duration // wait after a sleep container started before its memory is read
+	VMTOML string
+	Settle time.Duration // wait after a sleep container started before its memory is read
+	// Density is how many pods of each runtime run at once, after the rounds, for their
+	// memory per pod (0: none).
+	Density int
 	KeepLog string        // where containerd's log is copied at the end; "" for nowhere
 	CRI     bool          // pods through the CRI (crictl) instead of ctr (RunCRI)
 	Idle    time.Duration // CRI: how long a running pod's CPU use is measured for
@@ -51,16 +54,29 @@ type Config struct {
 	Progress              io.Writer
 }
 
+// PodMem is the memory a pod costs the host, by process.
+type PodMem struct {
+	Shim      Mem // the shim process
+	Server    Mem // the pod's confined kvfsd, its supervisor and server (kvfs); zero for runc
+	VMM       Mem // QEMU (kvfs); zero for runc
+	Container Mem // the shim's other descendants: the container's processes (runc)
+}
+
+// Total is the memory a pod costs the host: shim, kvfsd, QEMU and the container's processes.
+func (m PodMem) Total() Mem { return m.Shim.Add(m.Server).Add(m.VMM).Add(m.Container) }
+
+// Add is m plus o, process by process.
+func (m PodMem) Add(o PodMem) PodMem {
+	return PodMem{m.Shim.Add(o.Shim), m.Server.Add(o.Server), m.VMM.Add(o.VMM), m.Container.Add(o.Container)}
+}
+
 // Round is one runtime's figures in one round.
 type Round struct {
-	Run       time.Duration // ctr run --rm ... true, wall time
-	RunSpan   time.Duration // the same run in containerd's log: connecting to shim → shim disconnected
-	Detached  time.Duration // ctr run -d ... sleep, wall time (Create and Start, until ctr has the task running)
-	Shim      Mem           // the shim process
-	Server    Mem           // the pod's confined kvfsd, its supervisor and server (kvfs); zero for runc
-	VMM       Mem           // QEMU (kvfs); zero for runc
-	Container Mem           // the shim's other descendants: the container's processes (runc)
-	Boot      map[string]time.Duration
+	Run      time.Duration // ctr run --rm ... true, wall time
+	RunSpan  time.Duration // the same run in containerd's log: connecting to shim → shim disconnected
+	Detached time.Duration // ctr run -d ... sleep, wall time (Create and Start, until ctr has the task running)
+	PodMem                 // the sleep container's pod
+	Boot     map[string]time.Duration
 	// Floor (kvfs) is the round's boot of the same QEMU and kernel to an /init that powers off
 	// at once (floorBoot), measured just before the kvfs run.
 	Floor time.Duration
@@ -75,9 +91,6 @@ type Round struct {
 	AfterAnswer, BeforeVM time.Duration
 }
 
-// Total is the memory a pod costs the host: shim, kvfsd, QEMU and the container's processes.
-func (r Round) Total() Mem { return r.Shim.Add(r.Server).Add(r.VMM).Add(r.Container) }
-
 // Report is a run's results.
 type Report struct {
 	Config            Config
@@ -85,6 +98,7 @@ type Report struct {
 	Accel, AccelWhy   string
 	Started, Finished time.Time
 	Rounds            map[string][]Round // by runtime
+	Density           map[string]Density // by runtime, with Config.Density
 	RSSMismatch       []string           // status VmRSS and smaps_rollup Rss disagreeing by over 5%
 	Teardown          []string           // sleep containers whose deletion hung (see teardown)
 }
@@ -161,7 +175,7 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Config: cfg, Started: time.Now(), Rounds: map[string][]Round{}, Accel: p.accel, AccelWhy: p.accelWhy}
+	rep := &Report{Config: cfg, Started: time.Now(), Rounds: map[string][]Round{}, Density: map[string]Density{}, Accel: p.accel, AccelWhy: p.accelWhy}
 	rep.Machine = describeMachine(cfg, p.kernel)
 
 	c, err := startContainerd(cfg, p, false)
@@ -209,6 +223,16 @@ func Run(ctx context.Context, cfg Config) (_ *Report, retErr error) {
 			rep.Rounds[rt] = append(rep.Rounds[rt], r)
 			cfg.logf("round %d %s: run %v, detached start %v, shim %d KiB, vmm %d KiB, container %d KiB, boot %v",
 				i, short(rt), r.Run.Round(time.Millisecond), r.Detached.Round(time.Millisecond), r.Shim.RSS, r.VMM.RSS, r.Container.RSS, r.Boot)
+		}
+	}
+	if cfg.Density > 0 {
+		for _, rt := range []string{RuntimeKvfs, RuntimeRunc} {
+			d, err := density(ctx, c, cfg, rt, runtimeArgs[rt], rep)
+			if err != nil {
+				return nil, fmt.Errorf("%d %s pods at once: %w", cfg.Density, short(rt), err)
+			}
+			rep.Density[rt] = d
+			cfg.logf("%d %s pods at once: %d KiB PSS, %d KiB RSS in all", d.Pods, short(rt), d.Total().PSS, d.Total().RSS)
 		}
 	}
 	// The second readings, from containerd's log.
@@ -293,46 +317,110 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 	if err != nil {
 		return r, err
 	}
+	var mismatch []string
+	r.PodMem, vmm, mismatch, err = podMemory(procs, c.Namespace(), rt, id)
+	for _, m := range mismatch {
+		rep.RSSMismatch = append(rep.RSSMismatch, fmt.Sprintf("round %d %s %s", i, short(rt), m))
+	}
+	return r, err
+}
+
+// podMemory reads the memory of container id's pod of runtime rt in containerd namespace ns:
+// its shim's, and its descendants' sorted into kvfsd, QEMU and the container's processes.
+// vmm are QEMU's pids; mismatch says which processes' VmRSS and smaps_rollup Rss disagree by
+// over 5%.
+func podMemory(procs []proc, ns, rt, id string) (m PodMem, vmm []int, mismatch []string, err error) {
 	bin := shimRunc
 	if rt == RuntimeKvfs {
 		bin = shimKvfs
 	}
-	shim, err := FindShim(procs, bin, c.Namespace(), id)
+	shim, err := FindShim(procs, bin, ns, id)
 	if err != nil {
-		return r, err
+		return m, nil, nil, err
 	}
-	if r.Shim, err = readMem(shim); err != nil {
-		return r, err
+	if m.Shim, err = readMem(shim); err != nil {
+		return m, nil, nil, err
 	}
-	check := func(what string, m Mem) {
-		if d := m.StatusRSS - m.RSS; d*20 > m.RSS || -d*20 > m.RSS {
-			rep.RSSMismatch = append(rep.RSSMismatch, fmt.Sprintf("round %d %s %s: VmRSS %d KiB, smaps_rollup Rss %d KiB", i, short(rt), what, m.StatusRSS, m.RSS))
+	check := func(what string, mem Mem) {
+		if d := mem.StatusRSS - mem.RSS; d*20 > mem.RSS || -d*20 > mem.RSS {
+			mismatch = append(mismatch, fmt.Sprintf("%s: VmRSS %d KiB, smaps_rollup Rss %d KiB", what, mem.StatusRSS, mem.RSS))
 		}
 	}
-	check("shim", r.Shim)
+	check("shim", m.Shim)
 	for _, p := range Descendants(procs, shim) {
-		m, err := readMem(p.pid)
+		mem, err := readMem(p.pid)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				continue
 			}
-			return r, err
+			return m, vmm, mismatch, err
 		}
 		switch {
 		case strings.HasPrefix(p.comm, "qemu"):
 			vmm = append(vmm, p.pid)
-			r.VMM = r.VMM.Add(m)
-			check("qemu", m)
+			m.VMM = m.VMM.Add(mem)
+			check("qemu", mem)
 		case isServer(p):
-			r.Server = r.Server.Add(m)
+			m.Server = m.Server.Add(mem)
 		default:
-			r.Container = r.Container.Add(m)
+			m.Container = m.Container.Add(mem)
 		}
 	}
-	if rt == RuntimeKvfs && r.VMM.RSS == 0 {
-		return r, fmt.Errorf("no QEMU under the kvfs shim (pid %d)", shim)
+	if rt == RuntimeKvfs && m.VMM.RSS == 0 {
+		return m, vmm, mismatch, fmt.Errorf("no QEMU under the kvfs shim (pid %d)", shim)
 	}
-	return r, nil
+	return m, vmm, mismatch, nil
+}
+
+// Density is several pods of one runtime running at once.
+type Density struct {
+	Pods   int
+	PodMem // their memory, summed
+}
+
+// density starts cfg.Density pods of runtime rt (rtArgs), each a container running sleep, one
+// after the other; cfg.Settle after the last it reads the memory of all of them at once
+// (podMemory: PSS splits the pages they share among them), then deletes them.
+func density(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []string, rep *Report) (d Density, err error) {
+	var ids []string
+	vmm := map[string][]int{}
+	defer func() {
+		for _, id := range ids {
+			if err := teardown(ctx, c, id, vmm[id]); err != nil {
+				rep.Teardown = append(rep.Teardown, fmt.Sprintf("%d %s pods at once, %s: %v", cfg.Density, short(rt), id, err))
+			}
+		}
+	}()
+	for k := 1; k <= cfg.Density; k++ {
+		id := fmt.Sprintf("density-%s-%d", short(rt), k)
+		args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
+		if _, err := c.Ctr(ctx, args...); err != nil {
+			return d, err
+		}
+		ids = append(ids, id)
+	}
+	select {
+	case <-ctx.Done():
+		return d, ctx.Err()
+	case <-time.After(cfg.Settle):
+	}
+	procs, err := processes()
+	if err != nil {
+		return d, err
+	}
+	for _, id := range ids {
+		m, pids, mismatch, err := podMemory(procs, c.Namespace(), rt, id)
+		vmm[id] = pids
+		for _, mm := range mismatch {
+			rep.RSSMismatch = append(rep.RSSMismatch, fmt.Sprintf("%d %s pods at once, %s %s", cfg.Density, short(rt), id, mm))
+		}
+		if err != nil {
+			return d, err
+		}
+		d.PodMem = d.PodMem.Add(m)
+	}
+	d.Pods = len(ids)
+	return d, nil
 }
 
 // deleteTimeout bounds the deletion of a killed container; a VM's shutdown takes seconds.
