@@ -163,8 +163,8 @@ func TestSection(t *testing.T) {
 		Teardown: []string{"round 2 kvfs: ctr tasks delete -f mem-kvfs-2: no answer within 1m30s; ended by killing QEMU"},
 		Density: map[string]Density{
 			// 4 pods: 4 × (shim 10 MiB, kvfsd 8, QEMU 100) PSS; runc 4 × (shim 4, container 0.5).
-			RuntimeKvfs: {Pods: 4, PodMem: PodMem{Shim: Mem{RSS: 4 * 20480, PSS: 4 * 10240}, Server: Mem{RSS: 4 * 16384, PSS: 4 * 8192}, VMM: Mem{RSS: 4 * 204800, PSS: 4 * 102400}}},
-			RuntimeRunc: {Pods: 4, PodMem: PodMem{Shim: Mem{RSS: 4 * 18432, PSS: 4 * 4096}, Container: Mem{RSS: 4 * 1024, PSS: 4 * 512}}},
+			RuntimeKvfs: {Pods: 4, PodMem: PodMem{Shim: Mem{RSS: 4 * 20480, PSS: 4 * 10240}, Server: Mem{RSS: 4 * 16384, PSS: 4 * 8192}, VMM: Mem{RSS: 4 * 204800, PSS: 4 * 102400}}, HostUsed: 4 * 131072},
+			RuntimeRunc: {Pods: 4, PodMem: PodMem{Shim: Mem{RSS: 4 * 18432, PSS: 4 * 4096}, Container: Mem{RSS: 4 * 1024, PSS: 4 * 512}}, HostUsed: 4 * 8192},
 		},
 		Rounds: map[string][]Round{
 			RuntimeKvfs: {
@@ -193,7 +193,8 @@ func TestSection(t *testing.T) {
 		"### 4 pods of each runtime at once, MiB per pod\n",
 		"| QEMU PSS | 100.0 | 0.0 | – |",
 		"| **total PSS** | 118.0 | 4.5 | 26 |",
-		"a kvfs pod then costs 118 MiB PSS (332 alone), a runc pod 4.5 MiB: 26×.",
+		"a kvfs pod then costs 118 MiB PSS (332 alone), a runc pod 4.5 MiB: 26×. The host's MemAvailable fell by 128 MiB per kvfs pod (8.0 per runc pod).",
+		"| the host's MemAvailable, fallen from before the first pod (the second reading: the kernel's memory for the pods included, and whatever else the machine did meanwhile) | 128.0 | 8.0 | 16 |",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("section lacks %q:\n%s", want, s)

@@ -165,6 +165,8 @@ func Section(rep *Report) string {
 			a, bb := perPod(d, row.f), perPod(r, row.f)
 			p("| %s | %.1f | %.1f | %s |\n", row.label, a, bb, fmtNum(quotient(a, bb)))
 		}
+		a, bb := float64(d.HostUsed)/1024/float64(d.Pods), float64(r.HostUsed)/1024/float64(r.Pods)
+		p("| the host's MemAvailable, fallen from before the first pod (the second reading: the kernel's memory for the pods included, and whatever else the machine did meanwhile) | %.1f | %.1f | %s |\n", a, bb, fmtNum(quotient(a, bb)))
 		p("\n")
 	}
 
@@ -248,8 +250,9 @@ func reading(rep *Report) []string {
 		qg.Med, qm.Med-qg.Med, fmtNum(Summarize(Ratios(report.MiBs(kv, func(r Round) int64 { return r.Shim.RSS }), report.MiBs(rc, func(r Round) int64 { return r.Shim.RSS }))).Med)))
 	if d, r := rep.Density[RuntimeKvfs], rep.Density[RuntimeRunc]; d.Pods > 0 && r.Pods > 0 {
 		tot := func(m PodMem) int64 { return m.Total().PSS }
-		out = append(out, fmt.Sprintf("With %d pods of each runtime at once, what the pods share (the binaries, the guest image's root) is split among them in PSS: a kvfs pod then costs %.0f MiB PSS (%.0f alone), a runc pod %.1f MiB: %s×.",
-			d.Pods, perPod(d, tot), kp.Med, perPod(r, tot), fmtNum(quotient(perPod(d, tot), perPod(r, tot)))))
+		out = append(out, fmt.Sprintf("With %d pods of each runtime at once, what the pods share (the binaries, the guest image's root) is split among them in PSS: a kvfs pod then costs %.0f MiB PSS (%.0f alone), a runc pod %.1f MiB: %s×. The host's MemAvailable fell by %.0f MiB per kvfs pod (%.1f per runc pod).",
+			d.Pods, perPod(d, tot), kp.Med, perPod(r, tot), fmtNum(quotient(perPod(d, tot), perPod(r, tot))),
+			float64(d.HostUsed)/1024/float64(d.Pods), float64(r.HostUsed)/1024/float64(r.Pods)))
 	}
 	if n := len(rep.Teardown); n > 0 {
 		out = append(out, fmt.Sprintf("Teardown: deleting a killed sleep container did not end normally %d times in %d rounds (see Teardown failures); the benchmark ended those pods by killing QEMU. (A hang seen while this benchmark was written had the kvfs shim's Delete waiting on the agent's DeleteProcess, which has no deadline, after the container had stopped.) Not measured: teardown times.", n, rep.Config.Runs))

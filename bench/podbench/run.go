@@ -376,11 +376,26 @@ func podMemory(procs []proc, ns, rt, id string) (m PodMem, vmm []int, mismatch [
 type Density struct {
 	Pods   int
 	PodMem // their memory, summed
+	// HostUsed is the second reading, in KiB: how much the host's MemAvailable (/proc/meminfo)
+	// fell from before the first pod started to when the pods were read. It counts what PSS
+	// does not (the kernel's memory for the processes: page tables, slabs) and whatever else
+	// the machine did meanwhile; page cache the kernel can reclaim it mostly does not.
+	HostUsed int64
+}
+
+// memAvailable is the host's MemAvailable, in KiB.
+func memAvailable() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	return parseKB(string(b), "MemAvailable")
 }
 
 // density starts cfg.Density pods of runtime rt (rtArgs), each a container running sleep, one
 // after the other; cfg.Settle after the last it reads the memory of all of them at once
-// (podMemory: PSS splits the pages they share among them), then deletes them.
+// (podMemory: PSS splits the pages they share among them) and the host's MemAvailable, then
+// deletes them.
 func density(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []string, rep *Report) (d Density, err error) {
 	var ids []string
 	vmm := map[string][]int{}
@@ -391,6 +406,10 @@ func density(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs [
 			}
 		}
 	}()
+	before, err := memAvailable()
+	if err != nil {
+		return d, err
+	}
 	for k := 1; k <= cfg.Density; k++ {
 		id := fmt.Sprintf("density-%s-%d", short(rt), k)
 		args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
@@ -404,6 +423,11 @@ func density(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs [
 		return d, ctx.Err()
 	case <-time.After(cfg.Settle):
 	}
+	after, err := memAvailable()
+	if err != nil {
+		return d, err
+	}
+	d.HostUsed = before - after
 	procs, err := processes()
 	if err != nil {
 		return d, err
