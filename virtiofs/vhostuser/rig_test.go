@@ -17,14 +17,16 @@ import (
 )
 
 // fakeDevice echoes: it copies each chain's readable bytes into its writable buffers. It records
-// HandleQueue calls, with the ring and its poll window at the call. A chain whose data starts
+// HandleQueue calls, with the ring, and the poll window of the last call that took a chain (a
+// call that takes nothing, for a wake-up the batch before had already served, says nothing
+// of the window requests are served in). A chain whose data starts
 // with "FAIL" or "PANIC" makes it return an error or panic; one that starts with "HOLD" is
 // answered only after the test closes hold (holding tells the test that the device waits).
 type fakeDevice struct {
 	queues  int
 	calls   [8]atomic.Int64
 	vrings  [8]atomic.Pointer[Vring]
-	window  [8]atomic.Int64 // Vring.pollWindow at the last call
+	window  [8]atomic.Int64 // Vring.pollWindow at the last call that took a chain
 	busy    [8]atomic.Bool  // in HandleQueue
 	resets  atomic.Int64
 	called  chan int
@@ -44,7 +46,6 @@ func (d *fakeDevice) Reset()           { d.resets.Add(1) }
 func (d *fakeDevice) HandleQueue(idx int, vr *Vring) (bool, error) {
 	d.calls[idx].Add(1)
 	d.vrings[idx].Store(vr)
-	d.window[idx].Store(int64(vr.pollWindow))
 	d.busy[idx].Store(true)
 	defer d.busy[idx].Store(false)
 	select {
@@ -63,6 +64,7 @@ func (d *fakeDevice) HandleQueue(idx int, vr *Vring) (bool, error) {
 			if !ok {
 				break
 			}
+			d.window[idx].Store(int64(vr.pollWindow))
 			if len(c.In) > 0 && bytes.HasPrefix(c.In[0], []byte("FAIL")) {
 				return false, errors.New("device says the ring is broken")
 			}
