@@ -1120,8 +1120,9 @@ func TestPodPIDNamespace(t *testing.T) {
 	if err != nil || !strings.HasPrefix(ns, "pid:[") || ns == own {
 		t.Errorf("the pod's PID namespace %q, %v; the agent's %q", ns, err, own)
 	}
+	// The init's shell makes the file (>>) before it writes the line: wait for the line.
 	b, err := os.ReadFile(starts)
-	for deadline := time.Now().Add(5 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); (err != nil || !bytes.HasSuffix(b, []byte("\n"))) && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		b, err = os.ReadFile(starts)
 	}
 	if err != nil || string(b) != "started\n" {
