@@ -288,6 +288,15 @@ func runTrue(ctx context.Context, c *containerd, rtArgs []string, id string) (ti
 	return time.Since(t0), err
 }
 
+// runSleep starts container id running sleep, detached, and returns how long ctr took: until
+// it had the task started.
+func runSleep(ctx context.Context, c *containerd, rtArgs []string, id string) (time.Duration, error) {
+	args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
+	t0 := time.Now()
+	_, err := c.Ctr(ctx, args...)
+	return time.Since(t0), err
+}
+
 func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []string, i int, rep *Report) (Round, error) {
 	var r Round
 	var err error
@@ -295,12 +304,9 @@ func round(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs []s
 		return r, err
 	}
 	id := memID(rt, i)
-	args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
-	t0 := time.Now()
-	if _, err := c.Ctr(ctx, args...); err != nil {
+	if r.Detached, err = runSleep(ctx, c, rtArgs, id); err != nil {
 		return r, err
 	}
-	r.Detached = time.Since(t0)
 	r.StartedAt = time.Now()
 	var vmm []int // QEMU's pid, once found
 	defer func() {
@@ -412,8 +418,7 @@ func density(ctx context.Context, c *containerd, cfg Config, rt string, rtArgs [
 	}
 	for k := 1; k <= cfg.Density; k++ {
 		id := fmt.Sprintf("density-%s-%d", short(rt), k)
-		args := append(append([]string{"run", "-d"}, rtArgs...), ociimage.BusyboxName, id, "sleep", "3600")
-		if _, err := c.Ctr(ctx, args...); err != nil {
+		if _, err := runSleep(ctx, c, rtArgs, id); err != nil {
 			return d, err
 		}
 		ids = append(ids, id)
