@@ -203,12 +203,6 @@ func (r *OCIRuntime) Delete(ctx context.Context, id string, force bool) error {
 	return r.failed(id, r.cli(id).Delete(ctx, id, &runc.DeleteOpts{Force: force}))
 }
 
-// Ps runs the runtime's ps.
-func (r *OCIRuntime) Ps(ctx context.Context, id string) ([]int, error) {
-	pids, err := r.cli(id).Ps(ctx, id)
-	return pids, r.failed(id, err)
-}
-
 // Pause runs the runtime's pause.
 func (r *OCIRuntime) Pause(ctx context.Context, id string) error {
 	return r.failed(id, r.cli(id).Pause(ctx, id))

@@ -27,8 +27,6 @@ type Runtime interface {
 	Signal(pid int, sig syscall.Signal) error
 	// Delete deletes the container; force kills what still runs of it first.
 	Delete(ctx context.Context, id string, force bool) error
-	// Ps lists the pids in the container's cgroup.
-	Ps(ctx context.Context, id string) ([]int, error)
 	// Pause freezes the container's processes; Resume thaws them.
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error

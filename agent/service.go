@@ -1020,35 +1020,6 @@ func (s *Service) ResizePty(ctx context.Context, req *apiv1.ResizePtyRequest) (*
 	return &apiv1.ResizePtyResponse{}, nil
 }
 
-// ListPids lists the container's processes, naming the ones the agent started.
-func (s *Service) ListPids(ctx context.Context, req *apiv1.ListPidsRequest) (*apiv1.ListPidsResponse, error) {
-	c, err := s.lookup(req.ContainerId)
-	if err != nil {
-		return nil, err
-	}
-	pids, err := s.cfg.Runtime.Ps(ctx, c.id)
-	if err != nil {
-		return nil, runtimeErr("runc ps", err)
-	}
-	s.mu.Lock()
-	known := map[int]string{}
-	if c.init.pid > 0 {
-		known[c.init.pid] = ""
-	}
-	for eid, p := range c.execs {
-		if p.pid > 0 && p.state == stateRunning {
-			known[p.pid] = eid
-		}
-	}
-	s.mu.Unlock()
-	resp := &apiv1.ListPidsResponse{}
-	for _, pid := range pids {
-		eid, ok := known[pid]
-		resp.Processes = append(resp.Processes, &apiv1.ProcessInfo{Pid: uint32(pid), ExecId: eid, IsKnown: ok})
-	}
-	return resp, nil
-}
-
 // Stats answers the container cgroup's metrics, or without a container id the pod's: those of
 // ContainersCgroup.
 func (s *Service) Stats(ctx context.Context, req *apiv1.StatsRequest) (*apiv1.StatsResponse, error) {

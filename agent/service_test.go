@@ -261,18 +261,6 @@ func (f *fakeRuntime) Delete(ctx context.Context, id string, force bool) error {
 	return nil
 }
 
-func (f *fakeRuntime) Ps(ctx context.Context, id string) ([]int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var pids []int
-	for pid, p := range f.procs {
-		if p.cid == id {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
-}
-
 func (f *fakeRuntime) Pause(ctx context.Context, id string) error {
 	f.record("pause %s", id)
 	return nil
@@ -739,13 +727,6 @@ func TestStdinAndExec(t *testing.T) {
 	}
 	if w := fx.wait(t, "c", "cat"); w.ExitStatus != 0 {
 		t.Errorf("cat exit %d", w.ExitStatus)
-	}
-	pids, err := fx.svc.ListPids(fx.ctx, &apiv1.ListPidsRequest{ContainerId: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pids.Processes) != 1 || !pids.Processes[0].IsKnown || pids.Processes[0].ExecId != "" {
-		t.Errorf("pids %v: want the init alone", pids.Processes)
 	}
 }
 

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -27,7 +31,7 @@ import (
 // policy), and every later call fails at once.
 //
 // The deadlines, by kind (GuestLimits, whose defaults are below):
-//   - queries (Ping, Stats, ListPids, ResizePty, CloseStdin): Query. containerd's CRI
+//   - queries (Ping, Stats, ResizePty, CloseStdin): Query. containerd's CRI
 //     asks every task's Stats one after another with no deadline of its own, so one silent
 //     guest would otherwise hold the metrics of every pod on the node.
 //   - signals (SignalProcess): Signal. A SIGKILL the agent does not confirm is finished
@@ -45,8 +49,12 @@ const (
 	violationLimit = 3
 	// guestTextMax bounds the guest's text (an error's message) the shim passes on.
 	guestTextMax = 1024
-	// maxListedPids bounds ListPids' answer.
-	maxListedPids = 1 << 16
+	// maxStatsBytes bounds a Stats answer: a container's cgroup2 metrics take well under 2
+	// KiB (its memory counters, an entry per block device, page size and interface).
+	maxStatsBytes = 16 << 10
+	// maxStatsEntries bounds each list of a Stats answer: the guest's block devices, huge
+	// page sizes, network interfaces and RDMA devices are a handful each.
+	maxStatsEntries = 64
 )
 
 // callKind is a call's class of deadline.
@@ -71,6 +79,9 @@ type GuestLimits struct {
 	// can report OOM kills as fast as it likes, and containerd handles events on the queue
 	// every pod's exits share. The OOM kills in between are the same news.
 	OOMInterval time.Duration
+	// StatsWait is how long a Stats call waits for the guest's new answer when it has an
+	// older one to serve instead (stats.go).
+	StatsWait time.Duration
 }
 
 // DefaultGuestLimits are the limits of the shipped shim. With them, under TCG: a query answers
@@ -83,6 +94,7 @@ var DefaultGuestLimits = GuestLimits{
 	Lifecycle:   60 * time.Second,
 	KillGrace:   10 * time.Second,
 	OOMInterval: time.Second,
+	StatsWait:   500 * time.Millisecond,
 }
 
 // withDefaults is l with each zero field its default.
@@ -90,7 +102,7 @@ func (l GuestLimits) withDefaults() GuestLimits {
 	d := DefaultGuestLimits
 	for _, f := range []struct{ v, def *time.Duration }{
 		{&l.Query, &d.Query}, {&l.Signal, &d.Signal}, {&l.Lifecycle, &d.Lifecycle},
-		{&l.KillGrace, &d.KillGrace}, {&l.OOMInterval, &d.OOMInterval},
+		{&l.KillGrace, &d.KillGrace}, {&l.OOMInterval, &d.OOMInterval}, {&l.StatsWait, &d.StatsWait},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.def
@@ -225,25 +237,48 @@ func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what str
 		d.missed(k, what)
 		return zero, fmt.Errorf("the guest agent did not answer %s within %v: %w", what, d.limits.timeout(k), context.DeadlineExceeded)
 	}
-	return zero, boundGuestError(err)
+	return zero, guestError(err)
 }
 
-// boundGuestError cuts the message of an error the agent answered (a gRPC status over ttrpc,
-// whose text is the guest's) to guestTextMax, keeping its code.
-func boundGuestError(err error) error {
+// guestError rebuilds an error the agent answered (a gRPC status over ttrpc, all of it the
+// guest's) from its code and its text alone: the code kept if it is one gRPC defines (else
+// Unknown), the text made printable and cut (guestText), the status details dropped.
+// containerd would otherwise pass the details on whole (whatever their size) and decode the
+// types they name; and the text reaches containerd's log and the kubelet's events.
+func guestError(err error) error {
 	st, ok := status.FromError(err)
-	if !ok || len(st.Message()) <= guestTextMax {
-		return err
+	if !ok {
+		return err // the shim's own: ttrpc's, a context's
 	}
-	return status.Error(st.Code(), guestText(st.Message()))
+	code := st.Code()
+	if code > codes.Unauthenticated {
+		code = codes.Unknown
+	}
+	return status.Error(code, guestText(st.Message()))
 }
 
-// guestText is s, text from the guest, cut to guestTextMax bytes on a rune boundary.
+// guestText is s, text from the guest, made fit for a log line or an error: every character
+// that is not printable (control characters, invalid UTF-8, the format characters that turn
+// text around) escaped as Go quotes it, and the result cut to guestTextMax bytes.
 func guestText(s string) string {
-	if len(s) <= guestTextMax {
-		return s
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		piece := s[:n]
+		switch {
+		case r == utf8.RuneError && n == 1:
+			piece = fmt.Sprintf(`\x%02x`, s[0])
+		case !unicode.IsPrint(r):
+			q := strconv.QuoteRune(r)
+			piece = q[1 : len(q)-1]
+		}
+		if b.Len()+len(piece) > guestTextMax {
+			return b.String() + "…"
+		}
+		b.WriteString(piece)
+		s = s[n:]
 	}
-	return strings.ToValidUTF8(s[:guestTextMax], "") + "…"
+	return b.String()
 }
 
 func (d *agentDoor) Ping(ctx context.Context, r *agent.PingRequest) (*agent.PingResponse, error) {
@@ -321,22 +356,10 @@ func (d *agentDoor) ResizePty(ctx context.Context, r *agent.ResizePtyRequest) (*
 	return call(d, ctx, kindQuery, "ResizePty "+procName(r.ContainerId, r.ExecId), d.ag.ResizePty, r)
 }
 
-// ListPids checks the answer's size.
-func (d *agentDoor) ListPids(ctx context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
-	what := "ListPids " + r.ContainerId
-	resp, err := call(d, ctx, kindQuery, what, d.ag.ListPids, r)
-	if err != nil {
-		return nil, err
-	}
-	if len(resp.Processes) > maxListedPids {
-		return nil, d.violation("%s: %d processes", what, len(resp.Processes))
-	}
-	return resp, nil
-}
-
-// Stats checks the answer is what containerd's CRI decodes it as, a cgroup2 Metrics, and
-// passes it on re-encoded from what was decoded: nothing the guest added beyond the message
-// reaches containerd.
+// Stats checks the answer is what containerd's CRI decodes it as, a cgroup2 Metrics of a size
+// a guest's cgroups give (at most maxStatsBytes, maxStatsEntries entries in each list), and
+// passes it on re-encoded from what was decoded, unknown fields dropped: nothing the guest
+// added beyond the message reaches containerd.
 func (d *agentDoor) Stats(ctx context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {
 	what := "Stats"
 	if r.ContainerId != "" {
@@ -352,8 +375,19 @@ func (d *agentDoor) Stats(ctx context.Context, r *agent.StatsRequest) (*agent.St
 	if name := url[strings.LastIndex(url, "/")+1:]; name != want {
 		return nil, d.violation("%s: of type %q, not %s", what, guestText(url), want)
 	}
-	if err := proto.Unmarshal(resp.Stats.GetValue(), &m); err != nil {
+	if n := len(resp.Stats.GetValue()); n > maxStatsBytes {
+		return nil, d.violation("%s: %d bytes, more than %d", what, n, maxStatsBytes)
+	}
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(resp.Stats.GetValue(), &m); err != nil {
 		return nil, d.violation("%s: %v", what, err)
+	}
+	for list, n := range map[string]int{
+		"hugetlb": len(m.Hugetlb), "network": len(m.Network), "io.usage": len(m.GetIo().GetUsage()),
+		"rdma.current": len(m.GetRdma().GetCurrent()), "rdma.limit": len(m.GetRdma().GetLimit()),
+	} {
+		if n > maxStatsEntries {
+			return nil, d.violation("%s: %d %s entries, more than %d", what, n, list, maxStatsEntries)
+		}
 	}
 	a, err := typeurl.MarshalAnyToProto(&m)
 	if err != nil {

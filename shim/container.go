@@ -33,6 +33,8 @@ type container struct {
 	binds         []string // names bound in the share, the rootfs (the id) first
 	hooks         containerHooks
 
+	stats statsCache // the guest's last Stats answer (stats.go)
+
 	mu    sync.Mutex
 	ready bool                // guarded by mu; Create has finished
 	execs map[string]*process // guarded by mu

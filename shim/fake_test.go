@@ -293,19 +293,6 @@ func (a *fakeAgent) ResizePty(_ context.Context, r *agent.ResizePtyRequest) (*ag
 	return &agent.ResizePtyResponse{}, nil
 }
 
-func (a *fakeAgent) ListPids(_ context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	resp := &agent.ListPidsResponse{}
-	for k, p := range a.procs {
-		if k[0] == r.ContainerId {
-			resp.Processes = append(resp.Processes, &agent.ProcessInfo{Pid: p.pid, ExecId: k[1], IsKnown: true})
-		}
-	}
-	resp.Processes = append(resp.Processes, &agent.ProcessInfo{Pid: 7})
-	return resp, nil
-}
-
 func (a *fakeAgent) Stats(_ context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {
 	a.mu.Lock()
 	a.statsAsked = append(a.statsAsked, r.ContainerId)

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -11,13 +12,17 @@ import (
 	"testing"
 	"time"
 
+	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 )
@@ -41,10 +46,12 @@ type hostileAgent struct {
 	oomAnswer atomic.Int64
 	// exitStatus, if set, is every WaitProcess's exit status.
 	exitStatus uint32
-	// longError, if set, is the error Stats answers, a long one.
+	// longError, if set, is the error Stats answers, a long one; with errDetail, a status
+	// detail of that many bytes goes with it.
 	longError string
-	// unknownExec makes ListPids name an exec the container does not have.
-	unknownExec bool
+	errDetail int
+	// statsDelay delays every Stats answer; stdinDelay every WriteStdin's.
+	statsDelay, stdinDelay time.Duration
 
 	end chan struct{} // closed at the test's end: silent calls return
 }
@@ -85,7 +92,17 @@ func (h *hostileAgent) Stats(ctx context.Context, r *agent.StatsRequest) (*agent
 		return nil, errSilent
 	}
 	if h.longError != "" {
-		return nil, status.Error(codes.Internal, h.longError)
+		st := status.New(codes.Internal, h.longError)
+		if h.errDetail > 0 {
+			var err error
+			if st, err = st.WithDetails(wrapperspb.Bytes(make([]byte, h.errDetail))); err != nil {
+				return nil, err
+			}
+		}
+		return nil, st.Err()
+	}
+	if h.statsDelay > 0 {
+		time.Sleep(h.statsDelay)
 	}
 	return h.fakeAgent.Stats(ctx, r)
 }
@@ -110,14 +127,6 @@ func (h *hostileAgent) WaitProcess(ctx context.Context, r *agent.WaitProcessRequ
 	resp, err := h.fakeAgent.WaitProcess(ctx, r)
 	if err == nil && h.exitStatus != 0 {
 		resp.ExitStatus = h.exitStatus
-	}
-	return resp, err
-}
-
-func (h *hostileAgent) ListPids(ctx context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
-	resp, err := h.fakeAgent.ListPids(ctx, r)
-	if err == nil && h.unknownExec {
-		resp.Processes = append(resp.Processes, &agent.ProcessInfo{Pid: 7, IsKnown: true, ExecId: "not-an-exec"})
 	}
 	return resp, err
 }
@@ -225,7 +234,8 @@ func checkPodGone(t *testing.T, h *harness, why string) {
 // TestHostileSilentStats: a guest that never answers Stats. containerd's CRI asks with no
 // deadline of its own (context.Background): with the shipped limits each Stats fails within
 // the 10 s bound; three misses in a row cut the guest off, its VM is killed, the container
-// exits 255 and is deleted with nothing left.
+// exits 255 (its Stats then NotFound, which containerd passes over: its cgroup went with the
+// VM) and is deleted with nothing left.
 func TestHostileSilentStats(t *testing.T) {
 	h, ha := hostileHarness(t, GuestLimits{})
 	ha.silent["Stats"] = true
@@ -247,9 +257,60 @@ func TestHostileSilentStats(t *testing.T) {
 		t.Errorf("exit %d after the guest was cut off, want %d", w.ExitStatus, exitVMDied)
 	}
 	_, err := h.svc.Stats(context.Background(), &taskAPI.StatsRequest{ID: "c1"})
-	wantKind(t, "Stats after the guest was cut off", err, errdefs.ErrFailedPrecondition)
+	wantKind(t, "Stats after the guest was cut off", err, errdefs.ErrNotFound)
 	h.delete("c1", "")
 	checkPodGone(t, h, "missed 3 deadlines in a row")
+}
+
+// TestHostileSlowStats: a guest that answers every Stats just inside the Query deadline (at
+// 0.9 of it) is not cut off, and once it has answered, containerd's Metrics, which asks the
+// pod's three containers in turn, costs less than one deadline in total: each call serves the
+// guest's last answer after at most StatsWait, and the guest is asked again each round.
+func TestHostileSlowStats(t *testing.T) {
+	limits := GuestLimits{Query: time.Second, StatsWait: 50 * time.Millisecond}
+	h, ha := hostileHarness(t, limits)
+	ha.statsDelay = limits.Query * 9 / 10
+	ids := []string{"c1", "c2", "c3"}
+	for _, id := range ids {
+		h.createSimple(id)
+		h.start(id, "")
+	}
+	metrics := func() {
+		for _, id := range ids {
+			st, err := h.svc.Stats(context.Background(), &taskAPI.StatsRequest{ID: id})
+			if err != nil {
+				t.Errorf("Stats %s: %v", id, err)
+				continue
+			}
+			if v, err := typeurl.UnmarshalAny(st.Stats); err != nil || v.(*cgroupstats.Metrics).GetPids().GetCurrent() != uint64(len(id)) {
+				t.Errorf("Stats %s: %v %v, not the guest's answer", id, v, err)
+			}
+		}
+	}
+	within(t, "the first Metrics (each container's first answer)", 10*time.Second, metrics)
+	const rounds = 3
+	for range rounds {
+		// Every answer is old by then, the last round's refreshes done: each call asks again.
+		time.Sleep(statsFresh + limits.Query)
+		if took := within(t, "Metrics", 10*time.Second, metrics); took >= limits.Query {
+			t.Errorf("Metrics of a slow pod took %v, more than one deadline (%v)", took, limits.Query)
+		}
+	}
+	time.Sleep(limits.Query) // the last round's refreshes reach the guest's answer
+	h.agent.mu.Lock()
+	asked := len(h.agent.statsAsked)
+	h.agent.mu.Unlock()
+	if want := len(ids) * (1 + rounds); asked < want {
+		t.Errorf("the guest was asked for Stats %d times, want at least %d (one per container and round)", asked, want)
+	}
+	if k := h.pod().kills(); len(k) != 0 {
+		t.Errorf("a slow guest was cut off: %v", k)
+	}
+	for _, id := range ids {
+		h.kill(id, syscall.SIGKILL)
+		h.wait(id, "")
+		h.delete(id, "")
+	}
 }
 
 // TestHostileKillIgnored: a guest that acknowledges SIGKILL and never reports the exit. The
@@ -360,9 +421,28 @@ func TestHostileSilentCreate(t *testing.T) {
 	ha.silent["DeleteProcess"] = true
 	b := h.bundle("c1", nil)
 	var err error
-	within(t, "Create with a silent guest", 5*time.Second, func() {
-		_, err = h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: b})
-	})
+	created := make(chan struct{})
+	go func() {
+		defer close(created)
+		within(t, "Create with a silent guest", 5*time.Second, func() {
+			_, err = h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "c1", Bundle: b})
+		})
+	}()
+	// Stats of the container being created: NotFound, which containerd's Metrics passes
+	// over without a word, as for runc's.
+	for {
+		_, serr := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+		if strings.Contains(fmt.Sprint(serr), "being created") {
+			wantKind(t, "Stats of a container being created", serr, errdefs.ErrNotFound)
+			break
+		}
+		select {
+		case <-created:
+			t.Fatalf("Stats never saw the container being created (last: %v)", serr)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	<-created
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "CreateContainer c1") {
 		t.Errorf("Create: %v, want the CreateContainer deadline", err)
 	}
@@ -419,10 +499,15 @@ func TestHostileLies(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not.Metrics") {
 		t.Errorf("Stats of the wrong type: %v", err)
 	}
-	ha.unknownExec = true
-	_, err = h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
-	if err == nil || !strings.Contains(err.Error(), "not-an-exec") {
-		t.Errorf("Pids naming an unknown exec: %v", err)
+	// 180,000 I/O entries, 3.9 MB: refused by its size before it is decoded.
+	big := &cgroupstats.Metrics{Io: &cgroupstats.IOStat{}}
+	for i := range 180000 {
+		big.Io.Usage = append(big.Io.Usage, &cgroupstats.IOEntry{Major: uint64(i), Rbytes: 1 << 40})
+	}
+	ha.fakeAgent.badStats = anyOf(t, big)
+	_, err = h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+	if err == nil || !strings.Contains(err.Error(), "bytes, more than") {
+		t.Errorf("a Stats answer of %d bytes: %v", len(ha.fakeAgent.badStats.Value), err)
 	}
 	if k := h.pod().kills(); len(k) != 0 {
 		t.Fatalf("cut off after two violations: %v", k)
@@ -436,15 +521,28 @@ func TestHostileLies(t *testing.T) {
 	checkPodGone(t, h, "3 answers that break the protocol")
 }
 
-// TestHostileLongError: the guest's error text reaches containerd cut to guestTextMax.
+// TestHostileLongError: the guest's error reaches containerd (through the shim's error edge,
+// as containerd reads it) as its code and its text alone: the text cut to guestTextMax and
+// printable, the status details (1 MiB of them) dropped.
 func TestHostileLongError(t *testing.T) {
 	h, ha := hostileHarness(t, GuestLimits{})
-	ha.longError = strings.Repeat("x", 1<<20)
+	ha.longError = "\x1b[31mred\r\nforged log line\u202e" + strings.Repeat("x", 1<<20)
+	ha.errDetail = 1 << 20
 	h.createSimple("c1")
 	h.start("c1", "")
 	_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
-	if err == nil || len(err.Error()) > guestTextMax+200 {
-		t.Errorf("Stats' error: %d bytes, want at most %d", len(err.Error()), guestTextMax+200)
+	edge := ErrorEdge{}.UnaryServerInterceptor()
+	_, err = edge(h.ctx, nil, &ttrpc.UnaryServerInfo{FullMethod: "/containerd.task.v3.Task/Stats"}, func(context.Context, func(any) error) (any, error) { return nil, err })
+	st, ok := status.FromError(err)
+	switch {
+	case !ok || st.Code() != codes.Internal:
+		t.Errorf("Stats' error %v: want the guest's code, Internal", err)
+	case len(st.Proto().GetDetails()) != 0 || proto.Size(st.Proto()) > guestTextMax+200:
+		t.Errorf("Stats' error: %d details, %d bytes; want none and at most %d", len(st.Proto().GetDetails()), proto.Size(st.Proto()), guestTextMax+200)
+	case strings.ContainsAny(st.Message(), "\x1b\r\n\u202e"):
+		t.Errorf("Stats' error has the guest's control characters: %q", st.Message()[:100])
+	case !strings.Contains(st.Message(), `\x1b[31mred\r\nforged log line\u202e`):
+		t.Errorf("Stats' error does not say what the guest said, escaped: %q", st.Message()[:100])
 	}
 	h.kill("c1", syscall.SIGKILL)
 	h.wait("c1", "")
@@ -452,7 +550,8 @@ func TestHostileLongError(t *testing.T) {
 }
 
 // TestTaskPidsAreTheVMs: the pids the task API reports are the VM's (a host process of the
-// pod), whatever the agent answered; Pids lists the guest's.
+// pod), whatever the agent answered; Pids too, once, though the container runs execs (the
+// guest is not asked).
 func TestTaskPidsAreTheVMs(t *testing.T) {
 	h, _ := hostileHarness(t, GuestLimits{})
 	b := h.bundle("c1", nil)
@@ -480,11 +579,27 @@ func TestTaskPidsAreTheVMs(t *testing.T) {
 			}
 		}
 	}
-	pids, err := h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
-	if err != nil || len(pids.Processes) == 0 || pids.Processes[0].Pid == fakeVMPid {
-		t.Errorf("Pids: %v %v, want the guest's", pids, err)
+	if _, err := h.svc.Exec(h.ctx, &taskAPI.ExecProcessRequest{ID: "c1", ExecID: "e1", Spec: procAny(t)}); err != nil {
+		t.Fatal(err)
 	}
+	h.start("c1", "e1")
+	pids, err := h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
+	if err != nil || len(pids.Processes) != 1 || pids.Processes[0].Pid != fakeVMPid {
+		t.Errorf("Pids: %v %v, want the VM's %d alone", pids, err, fakeVMPid)
+	}
+	h.agent.exit("c1", "e1", 0)
+	h.wait("c1", "e1")
 	h.kill("c1", syscall.SIGKILL)
 	h.wait("c1", "")
 	h.delete("c1", "")
+}
+
+// anyOf is m as an Any, as the agent answers it.
+func anyOf(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := typeurl.MarshalAnyToProto(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -58,7 +58,8 @@ const (
 	opDelete op = "delete"
 	opIO     op = "resize or close the stdio of"
 	opExec   op = "exec in"
-	opQuery  op = "update, list or measure"
+	opQuery  op = "update or list"
+	opStats  op = "measure"
 )
 
 var allowed = map[op][]state{
@@ -70,6 +71,8 @@ var allowed = map[op][]state{
 	opIO:     {stateCreated, stateStarting, stateRunning, statePaused},
 	opExec:   {stateRunning},
 	opQuery:  {stateCreated, stateStarting, stateRunning, statePaused},
+	// A stopped container's cgroup stays in the guest until its Delete, as runc's does.
+	opStats: {stateCreated, stateStarting, stateRunning, statePaused, stateStopped},
 }
 
 // exit is how a process ended.

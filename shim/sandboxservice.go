@@ -72,8 +72,11 @@ type podSandbox struct {
 	// the pod's cgroup under it (req.Cgroup, a cgroupfs path): SandboxMetrics reads it. Set
 	// by CreateSandbox.
 	cgroupParent string
-	createdAt    time.Time
-	exited       chan struct{} // closed when phase becomes sandboxStopped
+	// stats is the guest's last Stats answer for the pod: SandboxMetrics' without a cgroup
+	// parent (stats.go).
+	stats     statsCache
+	createdAt time.Time
+	exited    chan struct{} // closed when phase becomes sandboxStopped
 
 	// cancelStart cancels StartSandbox's boot, and started is closed when StartSandbox has
 	// ended (booted or not): a stop or shutdown that comes during the boot ends it, rather
@@ -495,7 +498,7 @@ func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequ
 // under, they are that parent's CPU and memory on the host, as containerd's podsandbox reads
 // them: the VM's, its kvfsd's and the shim's use, which the guest has no say in. Without one,
 // the pod's cgroup2 metrics from the guest: the agent's Stats of every container (no
-// container id), checked by the door as the task API's Stats are.
+// container id), checked by the door and served on a budget as the task API's Stats are.
 func (s *SandboxService) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
 	sb, err := s.readySandbox(r.SandboxID)
 	if err != nil {
@@ -508,16 +511,18 @@ func (s *SandboxService) SandboxMetrics(ctx context.Context, r *sandboxAPI.Sandb
 		}
 		return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: data}}, nil
 	}
-	run, actx, cancel, err := s.agentCall(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	resp, err := run.agent.Stats(actx, &agent.StatsRequest{})
+	data, err := sb.stats.get(ctx, run.ctx, s.opts.Limits.StatsWait, func(ctx context.Context) (*anypb.Any, error) {
+		resp, err := run.agent.Stats(ctx, &agent.StatsRequest{})
+		return resp.GetStats(), err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of sandbox %s: %w", r.SandboxID, err)
 	}
-	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: resp.Stats}}, nil
+	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: data}}, nil
 }
 
 // Platform is the guest's: Linux on the host's architecture (QEMU runs the host's).

@@ -159,13 +159,6 @@ func (a *sandboxAgent) ResizePty(ctx context.Context, r *agent.ResizePtyRequest)
 	return nil, a.errNoProcesses("resize the terminal")
 }
 
-func (a *sandboxAgent) ListPids(ctx context.Context, r *agent.ListPidsRequest) (*agent.ListPidsResponse, error) {
-	if r.ContainerId != a.id {
-		return a.AgentService.ListPids(ctx, r)
-	}
-	return &agent.ListPidsResponse{}, nil
-}
-
 // Stats of the sandbox are the pod's: every container of the guest (the agent's answer for
 // no container id).
 func (a *sandboxAgent) Stats(ctx context.Context, r *agent.StatsRequest) (*agent.StatsResponse, error) {

@@ -388,8 +388,10 @@ func TestWrongState(t *testing.T) {
 	wantKind(t, "Start stopped", err, errdefs.ErrFailedPrecondition)
 	_, err = h.svc.Pause(ctx, &taskAPI.PauseRequest{ID: "c1"})
 	wantKind(t, "Pause stopped", err, errdefs.ErrFailedPrecondition)
-	_, err = h.svc.Stats(ctx, &taskAPI.StatsRequest{ID: "c1"})
-	wantKind(t, "Stats stopped", err, errdefs.ErrFailedPrecondition)
+	// As runc's: a stopped container's cgroup is there until its Delete.
+	if _, err = h.svc.Stats(ctx, &taskAPI.StatsRequest{ID: "c1"}); err != nil {
+		t.Errorf("Stats stopped: %v", err)
+	}
 	_, err = h.svc.CloseIO(ctx, &taskAPI.CloseIORequest{ID: "c1", Stdin: true})
 	wantKind(t, "CloseIO stopped", err, errdefs.ErrFailedPrecondition)
 	h.delete("c1", "")
@@ -484,24 +486,6 @@ func TestExecAndKillAll(t *testing.T) {
 	if _, err := h.svc.State(h.ctx, &taskAPI.StateRequest{ID: "c1", ExecID: "never"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("State of the deleted exec: %v", err)
 	}
-	pids, err := h.svc.Pids(h.ctx, &taskAPI.PidsRequest{ID: "c1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	execs := 0
-	for _, p := range pids.Processes {
-		if p.Info != nil {
-			v, err := typeurl.UnmarshalAny(p.Info)
-			if d, ok := v.(*runcopts.ProcessDetails); err != nil || !ok || (d.ExecID != "e1" && d.ExecID != "e2") {
-				t.Errorf("pid %d info %v %v", p.Pid, v, err)
-			}
-			execs++
-		}
-	}
-	if len(pids.Processes) != 4 || execs != 2 {
-		t.Errorf("Pids %v", pids.Processes)
-	}
-
 	// The pod outlives c1 (the last container's Delete stops the VM instead: TestDeleteLastContainer).
 	h.createSimple("c2")
 	if _, err := h.svc.Kill(h.ctx, &taskAPI.KillRequest{ID: "c1", Signal: uint32(syscall.SIGKILL), All: true}); err != nil {
@@ -548,14 +532,8 @@ func TestPauseResumeOOMStatsUpdate(t *testing.T) {
 	h.agent.oom <- "c1"
 	h.rec.waitFor(t, "TaskOOM", func(e any) bool { o, ok := e.(*eventstypes.TaskOOM); return ok && o.ContainerID == "c1" })
 
-	st, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, err := typeurl.UnmarshalAny(st.Stats); err != nil || v.(*cgroupstats.Metrics).GetPids().GetCurrent() != 2 {
-		t.Errorf("Stats passed %v, %v", v, err)
-	}
-	// A guest's answer of another type, or one that does not decode, does not reach containerd.
+	// A guest's answer of another type, or one that does not decode, does not reach
+	// containerd. (Asked before any good one: that would be served for a second, stats.go.)
 	for _, bad := range []*anypb.Any{
 		{TypeUrl: "io.containerd.cgroups.v1.Metrics", Value: nil},
 		{TypeUrl: "io.containerd.cgroups.v2.Metrics", Value: []byte{0xff, 0xff, 0xff}},
@@ -569,6 +547,13 @@ func TestPauseResumeOOMStatsUpdate(t *testing.T) {
 	h.agent.mu.Lock()
 	h.agent.badStats = nil
 	h.agent.mu.Unlock()
+	st, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := typeurl.UnmarshalAny(st.Stats); err != nil || v.(*cgroupstats.Metrics).GetPids().GetCurrent() != 2 {
+		t.Errorf("Stats passed %v, %v", v, err)
+	}
 	limit := int64(1 << 20)
 	res, _ := json.Marshal(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
 	if _, err := h.svc.Update(h.ctx, &taskAPI.UpdateTaskRequest{ID: "c1", Resources: &anypb.Any{TypeUrl: "x/LinuxResources", Value: res}}); err != nil {

@@ -13,14 +13,13 @@ import (
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	runcopts "github.com/containerd/containerd/api/types/runc/options"
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -536,38 +535,19 @@ func (s *TaskService) pauseResume(ctx context.Context, id string, o op, next sta
 	return &emptypb.Empty{}, nil
 }
 
-// Pids lists the container's processes with their pids in the guest: the task's own pid is
-// the VM's (a host process of the pod), but containerd's Pids, as ctr task ps shows them, are
-// container-level pids, which only the guest's numbers can be. The agent's answer names an
-// exec only if the container has it.
+// Pids is the VM's pid, the one host process that runs the container, as every task pid the
+// shim reports is. containerd reads Pids' numbers as host pids: CRI's pod sandbox metrics
+// count the open files and sockets of each under /proc, and a restarted containerd keeps a
+// shim only if it lists some. A number the guest chose would name another host process there,
+// so the guest is not asked.
 func (s *TaskService) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
-	c, run, err := s.query(r.ID)
+	_, run, err := s.query(r.ID)
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
-	defer cancel()
-	resp, err := run.agent.ListPids(actx, &agent.ListPidsRequest{ContainerId: c.id})
-	if err != nil {
-		return nil, fmt.Errorf("the agent listing the processes of %s: %w", c.id, err)
-	}
 	out := &taskAPI.PidsResponse{}
-	for _, pi := range resp.Processes {
-		info := &task.ProcessInfo{Pid: pi.Pid}
-		if pi.IsKnown && pi.ExecId != "" {
-			c.mu.Lock()
-			_, ok := c.execs[pi.ExecId]
-			c.mu.Unlock()
-			if !ok {
-				return nil, run.door.violation("ListPids %s: exec %q, which the container does not have", c.id, guestText(pi.ExecId))
-			}
-			a, err := typeurl.MarshalAnyToProto(&runcopts.ProcessDetails{ExecID: pi.ExecId})
-			if err != nil {
-				return nil, err
-			}
-			info.Info = a
-		}
-		out.Processes = append(out.Processes, info)
+	if pid := run.pod.Pid(); pid != 0 {
+		out.Processes = []*task.ProcessInfo{{Pid: pid}}
 	}
 	return out, nil
 }
@@ -590,20 +570,37 @@ func (s *TaskService) query(id string) (*container, *podRun, error) {
 }
 
 // Stats answers the agent's cgroup metrics of the container (the pod's, for the pod sandbox),
-// as the door checked them: a cgroup2 Metrics that decodes, which containerd's CRI decodes by
-// its type.
+// as the door checked them (a cgroup2 Metrics of a bounded size, which containerd's CRI
+// decodes by its type), served from the guest's last answer when the guest is slow (stats.go).
+// As runc's shim, it answers for a created or stopped container, and NotFound, which
+// containerd's Metrics passes over quietly, for one still being created.
 func (s *TaskService) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	c, run, err := s.query(r.ID)
+	c, err := s.getContainer(r.ID)
+	if errdefs.IsFailedPrecondition(err) {
+		return nil, fmt.Errorf("container %s is being created: %w", r.ID, errdefs.ErrNotFound)
+	}
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
-	defer cancel()
-	resp, err := run.agent.Stats(actx, &agent.StatsRequest{ContainerId: c.id})
+	if err := c.init.check(opStats); err != nil {
+		return nil, err
+	}
+	run, err := s.currentRun()
+	if err == nil && !run.live() {
+		err = fmt.Errorf("the pod's VM is gone (%v)", run.pod.Err())
+	}
+	if err != nil {
+		// Stopped with its pod: its cgroup went with the VM.
+		return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrNotFound)
+	}
+	v, err := c.stats.get(ctx, run.ctx, s.opts.Limits.StatsWait, func(ctx context.Context) (*anypb.Any, error) {
+		resp, err := run.agent.Stats(ctx, &agent.StatsRequest{ContainerId: c.id})
+		return resp.GetStats(), err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
 	}
-	return &taskAPI.StatsResponse{Stats: resp.Stats}, nil
+	return &taskAPI.StatsResponse{Stats: v}, nil
 }
 
 // Update sends new resource limits (linux.resources JSON) to the agent.

@@ -1291,156 +1291,6 @@ func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
 	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
-type ListPidsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ListPidsRequest) Reset() {
-	*x = ListPidsRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ListPidsRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ListPidsRequest) ProtoMessage() {}
-
-func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
-func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
-}
-
-func (x *ListPidsRequest) GetContainerId() string {
-	if x != nil {
-		return x.ContainerId
-	}
-	return ""
-}
-
-type ProcessInfo struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Pid   uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
-	// exec_id names the process when it is the container's init ("") or one of its execs;
-	// other processes have is_known false.
-	ExecId        string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
-	IsKnown       bool   `protobuf:"varint,3,opt,name=is_known,json=isKnown,proto3" json:"is_known,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ProcessInfo) Reset() {
-	*x = ProcessInfo{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ProcessInfo) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ProcessInfo) ProtoMessage() {}
-
-func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
-func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
-}
-
-func (x *ProcessInfo) GetPid() uint32 {
-	if x != nil {
-		return x.Pid
-	}
-	return 0
-}
-
-func (x *ProcessInfo) GetExecId() string {
-	if x != nil {
-		return x.ExecId
-	}
-	return ""
-}
-
-func (x *ProcessInfo) GetIsKnown() bool {
-	if x != nil {
-		return x.IsKnown
-	}
-	return false
-}
-
-type ListPidsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Processes     []*ProcessInfo         `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ListPidsResponse) Reset() {
-	*x = ListPidsResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ListPidsResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ListPidsResponse) ProtoMessage() {}
-
-func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
-func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
-}
-
-func (x *ListPidsResponse) GetProcesses() []*ProcessInfo {
-	if x != nil {
-		return x.Processes
-	}
-	return nil
-}
-
 type StatsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// container_id is empty for the whole pod.
@@ -1451,7 +1301,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1313,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1326,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1497,7 +1347,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1359,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1372,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatsResponse) GetStats() *anypb.Any {
@@ -1543,7 +1393,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1405,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1418,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UpdateContainerRequest) GetContainerId() string {
@@ -1593,7 +1443,7 @@ type UpdateContainerResponse struct {
 
 func (x *UpdateContainerResponse) Reset() {
 	*x = UpdateContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1455,7 @@ func (x *UpdateContainerResponse) String() string {
 func (*UpdateContainerResponse) ProtoMessage() {}
 
 func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1468,7 @@ func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 type PauseContainerRequest struct {
@@ -1630,7 +1480,7 @@ type PauseContainerRequest struct {
 
 func (x *PauseContainerRequest) Reset() {
 	*x = PauseContainerRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1492,7 @@ func (x *PauseContainerRequest) String() string {
 func (*PauseContainerRequest) ProtoMessage() {}
 
 func (x *PauseContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1505,7 @@ func (x *PauseContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseContainerRequest.ProtoReflect.Descriptor instead.
 func (*PauseContainerRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PauseContainerRequest) GetContainerId() string {
@@ -1673,7 +1523,7 @@ type PauseContainerResponse struct {
 
 func (x *PauseContainerResponse) Reset() {
 	*x = PauseContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1535,7 @@ func (x *PauseContainerResponse) String() string {
 func (*PauseContainerResponse) ProtoMessage() {}
 
 func (x *PauseContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1548,7 @@ func (x *PauseContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseContainerResponse.ProtoReflect.Descriptor instead.
 func (*PauseContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type ResumeContainerRequest struct {
@@ -1710,7 +1560,7 @@ type ResumeContainerRequest struct {
 
 func (x *ResumeContainerRequest) Reset() {
 	*x = ResumeContainerRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +1572,7 @@ func (x *ResumeContainerRequest) String() string {
 func (*ResumeContainerRequest) ProtoMessage() {}
 
 func (x *ResumeContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +1585,7 @@ func (x *ResumeContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeContainerRequest.ProtoReflect.Descriptor instead.
 func (*ResumeContainerRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResumeContainerRequest) GetContainerId() string {
@@ -1753,7 +1603,7 @@ type ResumeContainerResponse struct {
 
 func (x *ResumeContainerResponse) Reset() {
 	*x = ResumeContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1615,7 @@ func (x *ResumeContainerResponse) String() string {
 func (*ResumeContainerResponse) ProtoMessage() {}
 
 func (x *ResumeContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1628,7 @@ func (x *ResumeContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeContainerResponse.ProtoReflect.Descriptor instead.
 func (*ResumeContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 type GetOOMEventRequest struct {
@@ -1789,7 +1639,7 @@ type GetOOMEventRequest struct {
 
 func (x *GetOOMEventRequest) Reset() {
 	*x = GetOOMEventRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1651,7 @@ func (x *GetOOMEventRequest) String() string {
 func (*GetOOMEventRequest) ProtoMessage() {}
 
 func (x *GetOOMEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1664,7 @@ func (x *GetOOMEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOOMEventRequest.ProtoReflect.Descriptor instead.
 func (*GetOOMEventRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type GetOOMEventResponse struct {
@@ -1826,7 +1676,7 @@ type GetOOMEventResponse struct {
 
 func (x *GetOOMEventResponse) Reset() {
 	*x = GetOOMEventResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +1688,7 @@ func (x *GetOOMEventResponse) String() string {
 func (*GetOOMEventResponse) ProtoMessage() {}
 
 func (x *GetOOMEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +1701,7 @@ func (x *GetOOMEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOOMEventResponse.ProtoReflect.Descriptor instead.
 func (*GetOOMEventResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetOOMEventResponse) GetContainerId() string {
@@ -1878,7 +1728,7 @@ type Interface struct {
 
 func (x *Interface) Reset() {
 	*x = Interface{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +1740,7 @@ func (x *Interface) String() string {
 func (*Interface) ProtoMessage() {}
 
 func (x *Interface) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +1753,7 @@ func (x *Interface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interface.ProtoReflect.Descriptor instead.
 func (*Interface) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Interface) GetMac() string {
@@ -1950,7 +1800,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +1812,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +1825,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Route) GetDestination() string {
@@ -2016,7 +1866,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +1878,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +1891,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*Interface {
@@ -2066,7 +1916,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +1928,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +1941,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 type SetSysctlsRequest struct {
@@ -2105,7 +1955,7 @@ type SetSysctlsRequest struct {
 
 func (x *SetSysctlsRequest) Reset() {
 	*x = SetSysctlsRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +1967,7 @@ func (x *SetSysctlsRequest) String() string {
 func (*SetSysctlsRequest) ProtoMessage() {}
 
 func (x *SetSysctlsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +1980,7 @@ func (x *SetSysctlsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSysctlsRequest.ProtoReflect.Descriptor instead.
 func (*SetSysctlsRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetSysctlsRequest) GetSysctls() map[string]string {
@@ -2148,7 +1998,7 @@ type SetSysctlsResponse struct {
 
 func (x *SetSysctlsResponse) Reset() {
 	*x = SetSysctlsResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2010,7 @@ func (x *SetSysctlsResponse) String() string {
 func (*SetSysctlsResponse) ProtoMessage() {}
 
 func (x *SetSysctlsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2023,7 @@ func (x *SetSysctlsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSysctlsResponse.ProtoReflect.Descriptor instead.
 func (*SetSysctlsResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 type ShutdownRequest struct {
@@ -2184,7 +2034,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2046,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2059,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 type ShutdownResponse struct {
@@ -2220,7 +2070,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2082,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2095,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2321,15 +2171,7 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x14\n" +
 	"\x05width\x18\x03 \x01(\rR\x05width\x12\x16\n" +
 	"\x06height\x18\x04 \x01(\rR\x06height\"\x13\n" +
-	"\x11ResizePtyResponse\"4\n" +
-	"\x0fListPidsRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"S\n" +
-	"\vProcessInfo\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\rR\x03pid\x12\x17\n" +
-	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x19\n" +
-	"\bis_known\x18\x03 \x01(\bR\aisKnown\"L\n" +
-	"\x10ListPidsResponse\x128\n" +
-	"\tprocesses\x18\x01 \x03(\v2\x1a.kvfs.agent.v1.ProcessInfoR\tprocesses\"1\n" +
+	"\x11ResizePtyResponse\"1\n" +
 	"\fStatsRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\";\n" +
 	"\rStatsResponse\x12*\n" +
@@ -2375,7 +2217,7 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"RouteScope\x12\x18\n" +
 	"\x14ROUTE_SCOPE_UNIVERSE\x10\x00\x12\x14\n" +
 	"\x10ROUTE_SCOPE_LINK\x10\x01\x12\x14\n" +
-	"\x10ROUTE_SCOPE_HOST\x10\x022\x92\x0e\n" +
+	"\x10ROUTE_SCOPE_HOST\x10\x022\xc5\r\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.kvfs.agent.v1.PingRequest\x1a\x1b.kvfs.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.kvfs.agent.v1.CreateContainerRequest\x1a&.kvfs.agent.v1.CreateContainerResponse\x12T\n" +
@@ -2392,8 +2234,7 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"WriteStdin\x12 .kvfs.agent.v1.WriteStdinRequest\x1a!.kvfs.agent.v1.WriteStdinResponse\x12Q\n" +
 	"\n" +
 	"CloseStdin\x12 .kvfs.agent.v1.CloseStdinRequest\x1a!.kvfs.agent.v1.CloseStdinResponse\x12N\n" +
-	"\tResizePty\x12\x1f.kvfs.agent.v1.ResizePtyRequest\x1a .kvfs.agent.v1.ResizePtyResponse\x12K\n" +
-	"\bListPids\x12\x1e.kvfs.agent.v1.ListPidsRequest\x1a\x1f.kvfs.agent.v1.ListPidsResponse\x12B\n" +
+	"\tResizePty\x12\x1f.kvfs.agent.v1.ResizePtyRequest\x1a .kvfs.agent.v1.ResizePtyResponse\x12B\n" +
 	"\x05Stats\x12\x1b.kvfs.agent.v1.StatsRequest\x1a\x1c.kvfs.agent.v1.StatsResponse\x12`\n" +
 	"\x0fUpdateContainer\x12%.kvfs.agent.v1.UpdateContainerRequest\x1a&.kvfs.agent.v1.UpdateContainerResponse\x12]\n" +
 	"\x0ePauseContainer\x12$.kvfs.agent.v1.PauseContainerRequest\x1a%.kvfs.agent.v1.PauseContainerResponse\x12`\n" +
@@ -2417,7 +2258,7 @@ func file_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_api_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_api_agent_v1_agent_proto_goTypes = []any{
 	(RouteScope)(0),                  // 0: kvfs.agent.v1.RouteScope
 	(*PingRequest)(nil),              // 1: kvfs.agent.v1.PingRequest
@@ -2443,88 +2284,82 @@ var file_api_agent_v1_agent_proto_goTypes = []any{
 	(*CloseStdinResponse)(nil),       // 21: kvfs.agent.v1.CloseStdinResponse
 	(*ResizePtyRequest)(nil),         // 22: kvfs.agent.v1.ResizePtyRequest
 	(*ResizePtyResponse)(nil),        // 23: kvfs.agent.v1.ResizePtyResponse
-	(*ListPidsRequest)(nil),          // 24: kvfs.agent.v1.ListPidsRequest
-	(*ProcessInfo)(nil),              // 25: kvfs.agent.v1.ProcessInfo
-	(*ListPidsResponse)(nil),         // 26: kvfs.agent.v1.ListPidsResponse
-	(*StatsRequest)(nil),             // 27: kvfs.agent.v1.StatsRequest
-	(*StatsResponse)(nil),            // 28: kvfs.agent.v1.StatsResponse
-	(*UpdateContainerRequest)(nil),   // 29: kvfs.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil),  // 30: kvfs.agent.v1.UpdateContainerResponse
-	(*PauseContainerRequest)(nil),    // 31: kvfs.agent.v1.PauseContainerRequest
-	(*PauseContainerResponse)(nil),   // 32: kvfs.agent.v1.PauseContainerResponse
-	(*ResumeContainerRequest)(nil),   // 33: kvfs.agent.v1.ResumeContainerRequest
-	(*ResumeContainerResponse)(nil),  // 34: kvfs.agent.v1.ResumeContainerResponse
-	(*GetOOMEventRequest)(nil),       // 35: kvfs.agent.v1.GetOOMEventRequest
-	(*GetOOMEventResponse)(nil),      // 36: kvfs.agent.v1.GetOOMEventResponse
-	(*Interface)(nil),                // 37: kvfs.agent.v1.Interface
-	(*Route)(nil),                    // 38: kvfs.agent.v1.Route
-	(*ConfigureNetworkRequest)(nil),  // 39: kvfs.agent.v1.ConfigureNetworkRequest
-	(*ConfigureNetworkResponse)(nil), // 40: kvfs.agent.v1.ConfigureNetworkResponse
-	(*SetSysctlsRequest)(nil),        // 41: kvfs.agent.v1.SetSysctlsRequest
-	(*SetSysctlsResponse)(nil),       // 42: kvfs.agent.v1.SetSysctlsResponse
-	(*ShutdownRequest)(nil),          // 43: kvfs.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 44: kvfs.agent.v1.ShutdownResponse
-	nil,                              // 45: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),    // 46: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                // 47: google.protobuf.Any
+	(*StatsRequest)(nil),             // 24: kvfs.agent.v1.StatsRequest
+	(*StatsResponse)(nil),            // 25: kvfs.agent.v1.StatsResponse
+	(*UpdateContainerRequest)(nil),   // 26: kvfs.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil),  // 27: kvfs.agent.v1.UpdateContainerResponse
+	(*PauseContainerRequest)(nil),    // 28: kvfs.agent.v1.PauseContainerRequest
+	(*PauseContainerResponse)(nil),   // 29: kvfs.agent.v1.PauseContainerResponse
+	(*ResumeContainerRequest)(nil),   // 30: kvfs.agent.v1.ResumeContainerRequest
+	(*ResumeContainerResponse)(nil),  // 31: kvfs.agent.v1.ResumeContainerResponse
+	(*GetOOMEventRequest)(nil),       // 32: kvfs.agent.v1.GetOOMEventRequest
+	(*GetOOMEventResponse)(nil),      // 33: kvfs.agent.v1.GetOOMEventResponse
+	(*Interface)(nil),                // 34: kvfs.agent.v1.Interface
+	(*Route)(nil),                    // 35: kvfs.agent.v1.Route
+	(*ConfigureNetworkRequest)(nil),  // 36: kvfs.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 37: kvfs.agent.v1.ConfigureNetworkResponse
+	(*SetSysctlsRequest)(nil),        // 38: kvfs.agent.v1.SetSysctlsRequest
+	(*SetSysctlsResponse)(nil),       // 39: kvfs.agent.v1.SetSysctlsResponse
+	(*ShutdownRequest)(nil),          // 40: kvfs.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 41: kvfs.agent.v1.ShutdownResponse
+	nil,                              // 42: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),    // 43: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                // 44: google.protobuf.Any
 }
 var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: kvfs.agent.v1.CreateContainerRequest.stdio:type_name -> kvfs.agent.v1.Stdio
 	3,  // 1: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	46, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	25, // 3: kvfs.agent.v1.ListPidsResponse.processes:type_name -> kvfs.agent.v1.ProcessInfo
-	47, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	0,  // 5: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
-	37, // 6: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
-	38, // 7: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
-	45, // 8: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
-	1,  // 9: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
-	4,  // 10: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
-	6,  // 11: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
-	8,  // 12: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
-	10, // 13: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
-	12, // 14: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
-	14, // 15: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
-	16, // 16: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
-	16, // 17: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
-	18, // 18: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
-	20, // 19: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
-	22, // 20: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
-	24, // 21: kvfs.agent.v1.Agent.ListPids:input_type -> kvfs.agent.v1.ListPidsRequest
-	27, // 22: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
-	29, // 23: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
-	31, // 24: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
-	33, // 25: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
-	35, // 26: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
-	39, // 27: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
-	41, // 28: kvfs.agent.v1.Agent.SetSysctls:input_type -> kvfs.agent.v1.SetSysctlsRequest
-	43, // 29: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
-	2,  // 30: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
-	5,  // 31: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
-	7,  // 32: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
-	9,  // 33: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
-	11, // 34: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
-	13, // 35: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
-	15, // 36: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
-	17, // 37: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
-	17, // 38: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
-	19, // 39: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
-	21, // 40: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
-	23, // 41: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
-	26, // 42: kvfs.agent.v1.Agent.ListPids:output_type -> kvfs.agent.v1.ListPidsResponse
-	28, // 43: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
-	30, // 44: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
-	32, // 45: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
-	34, // 46: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
-	36, // 47: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
-	40, // 48: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
-	42, // 49: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
-	44, // 50: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
-	30, // [30:51] is the sub-list for method output_type
-	9,  // [9:30] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	43, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	44, // 3: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	0,  // 4: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
+	34, // 5: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
+	35, // 6: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
+	42, // 7: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	1,  // 8: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
+	4,  // 9: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
+	6,  // 10: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
+	8,  // 11: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
+	10, // 12: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
+	12, // 13: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
+	14, // 14: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
+	16, // 15: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
+	16, // 16: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
+	18, // 17: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
+	20, // 18: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
+	22, // 19: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
+	24, // 20: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
+	26, // 21: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
+	28, // 22: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
+	30, // 23: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
+	32, // 24: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
+	36, // 25: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
+	38, // 26: kvfs.agent.v1.Agent.SetSysctls:input_type -> kvfs.agent.v1.SetSysctlsRequest
+	40, // 27: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
+	2,  // 28: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
+	5,  // 29: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
+	7,  // 30: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
+	9,  // 31: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
+	11, // 32: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
+	13, // 33: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
+	15, // 34: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
+	17, // 35: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
+	17, // 36: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
+	19, // 37: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
+	21, // 38: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
+	23, // 39: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
+	25, // 40: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
+	27, // 41: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
+	29, // 42: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
+	31, // 43: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
+	33, // 44: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
+	37, // 45: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
+	39, // 46: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
+	41, // 47: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
+	28, // [28:48] is the sub-list for method output_type
+	8,  // [8:28] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_agent_v1_agent_proto_init() }
@@ -2538,7 +2373,7 @@ func file_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_agent_v1_agent_proto_rawDesc), len(file_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   45,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,7 +20,6 @@ type AgentService interface {
 	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
 	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
 	ResizePty(context.Context, *ResizePtyRequest) (*ResizePtyResponse, error)
-	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	UpdateContainer(context.Context, *UpdateContainerRequest) (*UpdateContainerResponse, error)
 	PauseContainer(context.Context, *PauseContainerRequest) (*PauseContainerResponse, error)
@@ -117,13 +116,6 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.ResizePty(ctx, &req)
-			},
-			"ListPids": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
-				var req ListPidsRequest
-				if err := unmarshal(&req); err != nil {
-					return nil, err
-				}
-				return svc.ListPids(ctx, &req)
 			},
 			"Stats": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req StatsRequest
@@ -286,14 +278,6 @@ func (c *agentClient) CloseStdin(ctx context.Context, req *CloseStdinRequest) (*
 func (c *agentClient) ResizePty(ctx context.Context, req *ResizePtyRequest) (*ResizePtyResponse, error) {
 	var resp ResizePtyResponse
 	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "ResizePty", req, &resp); err != nil {
-		return nil, err
-	}
-	return &resp, nil
-}
-
-func (c *agentClient) ListPids(ctx context.Context, req *ListPidsRequest) (*ListPidsResponse, error) {
-	var resp ListPidsResponse
-	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "ListPids", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
