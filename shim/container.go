@@ -3,7 +3,9 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -273,17 +275,17 @@ func (o *PodOwner) waitExecs(c *container) {
 	}
 }
 
-// copyStdin copies the stdin fifo to the agent until it ends: the client closed its end, or
-// CloseIO closed ours. Neither closes the process's stdin; only CloseIO does, after this copy
-// has forwarded what it read. That is containerd's runc shim's behaviour: a client closing the
-// fifo (ctr at the end of its input) has not asked for EOF.
+// copyStdin copies the stdin fifo to the agent until its end of file, which comes once CloseIO
+// has closed the shim's write side and the client its own (package stdio), and then closes the
+// process's stdin in the guest: every byte written before is delivered first. The client
+// closing its side alone has not asked for EOF (ctr at the end of its input). That is
+// containerd's runc shim's behaviour. The copy also ends when the process's streams are closed
+// (its exit) or the pod ends.
 func (o *PodOwner) copyStdin(run *podRun, p *process) {
 	if p.io == nil || p.io.Stdin == nil {
-		close(p.stdinDone)
 		return
 	}
 	go func() {
-		defer close(p.stdinDone)
 		buf := make([]byte, readMax)
 		for {
 			n, rerr := p.io.Stdin.Read(buf)
@@ -295,11 +297,28 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 					return
 				}
 			}
+			if errors.Is(rerr, io.EOF) {
+				if err := o.closeGuestStdin(run.ctx, run, p); err != nil && run.live() {
+					o.guestLog.warn("close-stdin", log.G(o.ctx).WithError(err).WithField("process", p.name()), "closing stdin")
+				}
+				return
+			}
 			if rerr != nil {
 				return
 			}
 		}
 	}()
+}
+
+// closeGuestStdin closes p's stdin in the guest (for a terminal, the agent sends its
+// end-of-file character).
+func (o *PodOwner) closeGuestStdin(ctx context.Context, run *podRun, p *process) error {
+	actx, cancel := run.call(ctx)
+	defer cancel()
+	if _, err := run.agent.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
+		return fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
+	}
+	return nil
 }
 
 // agentDelete asks the agent to forget p; a process it does not know is already forgotten.

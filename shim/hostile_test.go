@@ -107,6 +107,11 @@ func (h *hostileAgent) Stats(ctx context.Context, r *agent.StatsRequest) (*agent
 	return h.fakeAgent.Stats(ctx, r)
 }
 
+func (h *hostileAgent) WriteStdin(ctx context.Context, r *agent.WriteStdinRequest) (*agent.WriteStdinResponse, error) {
+	time.Sleep(h.stdinDelay)
+	return h.fakeAgent.WriteStdin(ctx, r)
+}
+
 func (h *hostileAgent) SignalProcess(ctx context.Context, r *agent.SignalProcessRequest) (*agent.SignalProcessResponse, error) {
 	if h.hold("SignalProcess") {
 		return nil, errSilent

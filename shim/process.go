@@ -94,8 +94,6 @@ type process struct {
 	reported chan struct{}
 	// outputDone is closed when the stdout and stderr copies have ended.
 	outputDone chan struct{}
-	// stdinDone is closed when the stdin copy has ended (closed at once without stdin).
-	stdinDone chan struct{}
 
 	mu      sync.Mutex
 	state   state // guarded by mu
@@ -112,7 +110,7 @@ type process struct {
 func newProcess(cid, execID string, cfg stdio.Config) *process {
 	return &process{
 		cid: cid, execID: execID, stdio: cfg,
-		exited: make(chan struct{}), reported: make(chan struct{}), outputDone: make(chan struct{}), stdinDone: make(chan struct{}),
+		exited: make(chan struct{}), reported: make(chan struct{}), outputDone: make(chan struct{}),
 	}
 }
 

@@ -585,9 +585,10 @@ func TestPauseResumeOOMStatsUpdate(t *testing.T) {
 	}
 }
 
-// TestStdin copies stdin to the agent: what is written arrives, and only CloseIO closes the
-// process's stdin — the fifo's EOF (the client closed its end) does not, as with containerd's
-// runc shim.
+// TestStdin copies stdin to the agent: what is written arrives, and the process's stdin is
+// closed once CloseIO has been called and the client has closed its end of the fifo, in either
+// order: the fifo's EOF alone does not close it, nor CloseIO alone, as with containerd's runc
+// shim.
 func TestStdin(t *testing.T) {
 	h := newHarness(t)
 	in := filepath.Join(h.dir, "in")
@@ -618,8 +619,14 @@ func TestStdin(t *testing.T) {
 	}
 	select {
 	case <-fp.stdinEOF:
+		t.Fatal("CloseIO closed the process's stdin while the client's end is open")
+	case <-time.After(500 * time.Millisecond):
+	}
+	w.Close()
+	select {
+	case <-fp.stdinEOF:
 	case <-time.After(5 * time.Second):
-		t.Fatal("CloseIO did not close the process's stdin")
+		t.Fatal("CloseIO and the client's close did not close the process's stdin")
 	}
 
 	ein := filepath.Join(h.dir, "ein")
@@ -655,6 +662,57 @@ func TestStdin(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("CloseIO did not close the exec's stdin")
 	}
+}
+
+// TestStdinWhole: every byte a client writes to stdin reaches the process before its end of
+// file, though the client closes its end and calls CloseIO at once, while megabytes still wait
+// in the fifo for a guest that takes them slowly (kubectl exec -i and kubectl cp: the kubelet's
+// CRI closes the fifo, then CloseIO).
+func TestStdinWhole(t *testing.T) {
+	h, ha := hostileHarness(t, GuestLimits{})
+	ha.stdinDelay = time.Millisecond
+	h.createSimple("c1")
+	h.start("c1", "")
+	in := filepath.Join(h.dir, "ein")
+	if err := unix.Mkfifo(in, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.svc.Exec(h.ctx, &taskAPI.ExecProcessRequest{ID: "c1", ExecID: "e1", Stdin: in, Spec: procAny(t)}); err != nil {
+		t.Fatal(err)
+	}
+	h.start("c1", "e1")
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i * 7 / 5)
+	}
+	w, err := os.OpenFile(in, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if _, err := h.svc.CloseIO(h.ctx, &taskAPI.CloseIORequest{ID: "c1", ExecID: "e1", Stdin: true}); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := h.agent.proc("c1", "e1")
+	select {
+	case <-ep.stdinEOF:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the exec's stdin was not closed")
+	}
+	h.agent.mu.Lock()
+	got := ep.stdin
+	h.agent.mu.Unlock()
+	if !bytes.Equal(got, data) {
+		t.Errorf("the exec's stdin: %d bytes, want the %d written", len(got), len(data))
+	}
+	h.agent.exit("c1", "e1", 0)
+	h.wait("c1", "e1")
+	h.kill("c1", syscall.SIGKILL)
+	h.wait("c1", "")
+	h.delete("c1", "")
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {

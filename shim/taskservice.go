@@ -652,6 +652,8 @@ func (s *TaskService) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest
 }
 
 // CloseIO closes a process's stdin: it reads EOF once what was written before has arrived.
+// With a stdin stream that is the stdin copy's to do, at the stream's end (copyStdin); as
+// runc's shim, CloseIO does not wait for it: the process may not be reading.
 func (s *TaskService) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
 	_, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
@@ -664,30 +666,14 @@ func (s *TaskService) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*
 		return nil, err
 	}
 	if p.io != nil && p.io.Stdin != nil {
-		// The copy ends at the closed fifo; what it had read reaches the guest before the
-		// EOF below.
-		if err := p.io.CloseStdin(); err != nil {
-			return nil, err
-		}
-		if st, _, _ := p.snapshot(); st != stateCreated {
-			t := time.NewTimer(s.opts.Limits.Lifecycle)
-			defer t.Stop()
-			select {
-			case <-p.stdinDone:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-t.C: // the guest takes no more of the process's stdin
-				return nil, fmt.Errorf("the stdin of %s: the guest took no more of it within %v: %w", p.name(), s.opts.Limits.Lifecycle, context.DeadlineExceeded)
-			}
-		}
+		return &emptypb.Empty{}, p.io.CloseStdin()
 	}
-	run, actx, cancel, err := s.agentCall(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	if _, err := run.agent.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
-		return nil, fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
+	if err := s.closeGuestStdin(ctx, run, p); err != nil {
+		return nil, err
 	}
 	return &emptypb.Empty{}, nil
 }

@@ -4,7 +4,11 @@
 //
 //   - a path (or fifo://): containerd's fifos, opened with github.com/containerd/fifo: stdin
 //     read-only, stdout and stderr write-only. Opening does not wait for containerd's end:
-//     reads and writes wait for it, until the fifo is closed or Open's ctx ends.
+//     reads and writes wait for it, until the fifo is closed or Open's ctx ends. The stdin
+//     fifo also gets a write side of the shim's own, so that its reader sees the end of file
+//     only once CloseStdin has closed that side and the client has closed its own: a client
+//     that closes its end has not asked for EOF (ctr reopens it), and what it wrote before
+//     CloseStdin is all read.
 //   - file:///PATH: stdout and stderr appended to one file (created 0644, its directory 0755).
 //   - binary:///PATH?k=v: containerd's logging-binary protocol: PATH runs with its query as
 //     arguments (k v), CONTAINER_ID and CONTAINER_NAMESPACE in its environment, the read ends of
@@ -51,6 +55,8 @@ type IO struct {
 	Stdin  io.ReadCloser
 	Stdout io.WriteCloser
 	Stderr io.WriteCloser
+	// stdinHold is the shim's own write side of the stdin fifo; CloseStdin closes it.
+	stdinHold io.Closer
 
 	closeOnce sync.Once
 	closeErr  error
@@ -81,6 +87,9 @@ func Open(ctx context.Context, c Config) (_ *IO, err error) {
 			return nil, fmt.Errorf("stdin %s: %w", c.Stdin, err)
 		}
 		p.Stdin = in
+		if p.stdinHold, err = fifo.OpenFifo(ctx, c.Stdin, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err != nil {
+			return nil, fmt.Errorf("stdin %s, the shim's write side: %w", c.Stdin, err)
+		}
 	}
 	_, wantOut, wantErr := c.Wants()
 	if !wantOut && !wantErr {
@@ -309,19 +318,23 @@ func stopBinary(cmd *exec.Cmd, exited chan error) error {
 	}
 }
 
-// CloseStdin closes stdin only.
+// CloseStdin closes the shim's write side of stdin: Stdin's reader then reads what is left in
+// the fifo, and the end of file once the client has closed its side too.
 func (p *IO) CloseStdin() error {
-	if p.Stdin == nil {
+	if p.stdinHold == nil {
 		return nil
 	}
-	return p.Stdin.Close()
+	if err := p.stdinHold.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // Close closes every stream and ends a logging binary. It is idempotent.
 func (p *IO) Close() error {
 	p.closeOnce.Do(func() {
 		var errs []error
-		for _, c := range []io.Closer{p.Stdin, p.Stdout, p.Stderr} {
+		for _, c := range []io.Closer{p.stdinHold, p.Stdin, p.Stdout, p.Stderr} {
 			if c != nil {
 				if err := c.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
 					errs = append(errs, err)
