@@ -115,9 +115,9 @@
 // goes through one door (agentDoor), which gives it a deadline by kind (GuestLimits: queries 5
 // s, signals 5 s, lifecycle calls 60 s; only the streams, the waits for exits, OOM events and
 // output, have none, and they end with the pod), checks the answer (an exit status a process
-// can have, no more output than asked, metrics that decode as what containerd's CRI decodes,
-// pids listed only for execs the container has), bounds the text of the guest's errors, and
-// counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline or three
+// can have, no more output than asked, metrics of a bounded size that decode as what
+// containerd's CRI decodes), rebuilds the guest's errors from their code and a printable text
+// of at most 1 KiB (their details dropped), and counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline or three
 // broken answers and the guest is cut off, its VM killed, every process reported exited once
 // (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
 // nothing. A SIGKILL of a container (its init, or all) is the host's to finish, whatever the
@@ -126,9 +126,11 @@
 // is killed, which ends every container of the pod (the guest cannot be trusted to have
 // killed one and not the others).
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
-// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. The
-// task API's pids are the VM's (as Kata gives its hypervisor's): a pid the guest names is never
-// shown to containerd as a host process, only as a container-level pid in Pids. The shim copies
+// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. A
+// slow guest's Stats are served from its last answer after GuestLimits.StatsWait (stats.go), so
+// containerd's node-wide metrics never wait seconds on one pod. The task API's pids, Pids' too,
+// are the VM's (as Kata gives its hypervisor's): a pid the guest names is never shown to
+// containerd, which reads them as host processes (CRI's metrics open /proc/<pid>/fd). The shim copies
 // the guest's output (bounded per read), and bounds every wait on it (the drain of a process's
 // output after its exit, the execs' exits before an init's, the boot, the stop). The guest
 // never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
