@@ -25,8 +25,8 @@
 //     with CRI's sandboxer "shim": CreateSandbox takes the pod's CRI config and network
 //     namespace (the configuration from the runtime options the start action kept in the
 //     bundle), StartSandbox boots the pod, with no pause container; the containers, created
-//     through the task API, join it. StopSandbox kills
-//     what still runs (SIGKILL, which the host finishes) and stops the pod, WaitSandbox returns at its end (0 when stopped,
+//     through the task API, join it. StopSandbox kills what still runs (SIGKILL, which the
+//     host finishes) and stops the pod, WaitSandbox returns at its end (0 when stopped,
 //     255 when its VM died), SandboxMetrics is the pod's host cgroup parent's metrics (as
 //     podsandbox reads them; the guest's cgroup metrics for a pod without a cgroup parent),
 //     ShutdownSandbox ends the shim. Such a pod outlives its last container.
@@ -93,8 +93,9 @@
 // threat model) has its calls to the agent ended and its output cut, then the same order
 // follows; the guest may still run it, and its refusal to delete it (or its container) is
 // logged, not returned: it stays in the VM until the pod ends. If the VM or the virtio-fs
-// server dies, every process ends with exit status 255 and a TaskExit, and the log says why. Events are published in the order the
-// API promises: TaskCreate before TaskStart before TaskExit before TaskDelete.
+// server dies, every process ends with exit status 255 and a TaskExit, and the log says why.
+// Events are published in the order the API promises: TaskCreate before TaskStart before
+// TaskExit before TaskDelete.
 //
 // # Hooks
 //

@@ -18,12 +18,12 @@ import (
 // errdefs.ErrFailedPrecondition before anything is done.
 //
 //	created  --start-->  starting  --(agent answered)-->  running  --pause-->  paused
-//	created/running/paused  --(exit, the VM's death, or the host's word)-->  stopped  --delete-->  deleted
+//	created/running/paused  --(exit, VM's death, host's word)-->  stopped  --delete-->  deleted
 //	created  --delete-->  (killed, then as above)
 //
 // The host's word is an exec's exit declared without the guest's report (endByHost): a
-// SIGKILLed exec the guest did not end within GuestLimits.KillGrace, or an exec still running
-// execsTimeout after its container's init exited.
+// SIGKILLed exec the guest did not end within GuestLimits.KillGrace, or an exec the guest has
+// not reported execsTimeout after its container's init exited (a never-started one at once).
 type state int
 
 const (
