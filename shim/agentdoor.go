@@ -72,8 +72,9 @@ const (
 type GuestLimits struct {
 	// Query, Signal and Lifecycle are the door's deadlines by kind of call.
 	Query, Signal, Lifecycle time.Duration
-	// KillGrace is how long the guest may take to confirm a SIGKILL of a container (its
-	// init's exit) before the host ends it by killing the pod's VM.
+	// KillGrace is how long the guest may take to confirm a SIGKILL (report the process's
+	// exit) before the host ends the process: a container's init by killing the pod's VM, an
+	// exec by declaring it exited (PodOwner.enforceKill).
 	KillGrace time.Duration
 	// OOMInterval is the least time between two TaskOOM events of one container: the guest
 	// can report OOM kills as fast as it likes, and containerd handles events on the queue
@@ -85,9 +86,9 @@ type GuestLimits struct {
 }
 
 // DefaultGuestLimits are the limits of the shipped shim. With them, under TCG: a query answers
-// or fails within 10 s, a SIGKILLed container is stopped within 30 s, a Create whose agent
-// goes silent fails within 90 s, and at most one OOM event per container per second reaches
-// containerd (docs/measurements/reliability.md).
+// or fails within 10 s, a SIGKILLed container or exec is stopped within 30 s, a Create whose
+// agent goes silent fails within 90 s, and at most one OOM event per container per second
+// reaches containerd (docs/measurements/reliability.md).
 var DefaultGuestLimits = GuestLimits{
 	Query:       5 * time.Second,
 	Signal:      5 * time.Second,

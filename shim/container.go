@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -40,6 +41,29 @@ type container struct {
 	mu    sync.Mutex
 	ready bool                // guarded by mu; Create has finished
 	execs map[string]*process // guarded by mu
+	// strays says the host declared an exec of c exited that the guest had not reported
+	// (guarded by mu): it may still run there, and the guest may refuse to delete c for it.
+	strays bool
+}
+
+// endExecByHost declares c's exec p exited without the guest's report (process.endByHost),
+// and says whether it did.
+func (c *container) endExecByHost(p *process) bool {
+	if !p.endByHost() {
+		return false
+	}
+	c.mu.Lock()
+	c.strays = true
+	c.mu.Unlock()
+	return true
+}
+
+// hasStrays says whether the host declared an exec of c exited that the guest had not
+// reported.
+func (c *container) hasStrays() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.strays
 }
 
 // bindContainer puts container c's files in the pod's share: its root filesystem (Create's
@@ -142,9 +166,18 @@ func readSpec(bundle string) (*specs.Spec, error) {
 }
 
 // watch starts p's output copies and its exit watcher. The exit watcher runs from creation,
-// so a process killed before it starts still exits.
+// so a process killed before it starts still exits. p's own calls to the agent (the wait, the
+// copies, Start's stdin copy) end with the pod, or when the host declares p exited
+// (endByHost): then its output is cut, and its exit is exitKilled.
 func (o *PodOwner) watch(run *podRun, c *container, p *process) {
-	drainCtx, cancelDrain := context.WithCancel(run.ctx)
+	calls, endCalls := context.WithCancel(run.ctx)
+	p.mu.Lock()
+	p.calls, p.endCalls = calls, endCalls
+	if p.hostEnded { // declared before its Exec had returned
+		endCalls()
+	}
+	p.mu.Unlock()
+	drainCtx, cancelDrain := context.WithCancel(calls)
 	var wg sync.WaitGroup
 	copyOut := func(w interface{ Write([]byte) (int, error) }, read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), stream string) {
 		defer wg.Done()
@@ -180,13 +213,16 @@ func (o *PodOwner) watch(run *podRun, c *container, p *process) {
 	go func() { wg.Wait(); close(p.outputDone) }()
 
 	go func() {
+		defer endCalls() // what is left of its calls (its stdin copy) ends with its exit
 		defer cancelDrain()
 		var e exit
-		resp, err := run.agent.WaitProcess(run.ctx, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+		resp, err := run.agent.WaitProcess(calls, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
 		close(p.reported)
 		switch {
 		case err != nil && run.ctx.Err() != nil:
 			e = exit{status: p.vmEndStatus(), at: time.Now()}
+		case err != nil && p.endedByHost():
+			e = exit{status: exitKilled, at: time.Now()} // its output copies were cut with its wait
 		case err != nil:
 			// A lost connection is usually the pod's death, reported (and logged) just after.
 			select {
@@ -253,23 +289,45 @@ func execOrContainer(p *process) string {
 	return p.execID
 }
 
-// waitExecs waits (bounded) for the exits of c's started execs: containerd expects the
-// init's TaskExit last.
+// waitExecs waits for the exits of c's execs, which containerd wants published before the
+// init's. The started ones get execsTimeout to exit; then every exec the guest has not
+// reported (a created one at once) is declared exited by the host (exitKilled: the end of a
+// container's init kills what runs in its PID namespace, and an exec the guest does not
+// report then is its to account for, not the host's to wait on), and their exit sequences are
+// waited for, within execsTimeout again: so the container's Delete finds no exec running.
 func (o *PodOwner) waitExecs(c *container) {
 	c.mu.Lock()
-	var waits []chan struct{}
-	for _, p := range c.execs {
-		if st, _, _ := p.snapshot(); st == stateRunning || st == statePaused || st == stateStarting {
-			waits = append(waits, p.exited)
+	execs := slices.Collect(maps.Values(c.execs))
+	c.mu.Unlock()
+	deadline := time.NewTimer(execsTimeout)
+	defer deadline.Stop()
+wait:
+	for _, p := range execs {
+		if st, _, _ := p.snapshot(); st == stateCreated {
+			continue // never started: no exit to wait for
+		}
+		select {
+		case <-p.exited:
+		case <-deadline.C:
+			break wait
 		}
 	}
-	c.mu.Unlock()
-	deadline := time.After(execsTimeout)
-	for _, w := range waits {
+	var declared []string
+	for _, p := range execs {
+		if c.endExecByHost(p) {
+			declared = append(declared, p.execID)
+		}
+	}
+	if len(declared) > 0 {
+		o.guestLog.warn("exec-exits", log.G(o.ctx).WithField("container", c.id).WithField("execs", declared),
+			fmt.Sprintf("execs the guest did not report exited after the init: the host declares them exited (%d)", exitKilled))
+	}
+	deadline.Reset(execsTimeout)
+	for _, p := range execs {
 		select {
-		case <-w:
-		case <-deadline:
-			log.G(o.ctx).WithField("container", c.id).Warnf("its execs did not exit %v after its init", execsTimeout)
+		case <-p.exited:
+		case <-deadline.C:
+			log.G(o.ctx).WithField("container", c.id).Warnf("its execs had not exited %v after the host declared them exited", execsTimeout)
 			return
 		}
 	}
@@ -285,20 +343,21 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 	if p.io == nil || p.io.Stdin == nil {
 		return
 	}
+	ctx := p.callContext()
 	go func() {
 		buf := make([]byte, readMax)
 		for {
 			n, rerr := p.io.Stdin.Read(buf)
 			if n > 0 {
-				if _, err := run.agent.WriteStdin(run.ctx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
-					if run.ctx.Err() == nil {
+				if _, err := run.agent.WriteStdin(ctx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
+					if ctx.Err() == nil {
 						log.G(o.ctx).WithError(err).WithField("process", p.name()).Warn("writing stdin")
 					}
 					return
 				}
 			}
 			if errors.Is(rerr, io.EOF) {
-				if err := o.closeGuestStdin(run.ctx, run, p); err != nil && run.live() {
+				if err := o.closeGuestStdin(ctx, run, p); err != nil && run.live() {
 					o.guestLog.warn("close-stdin", log.G(o.ctx).WithError(err).WithField("process", p.name()), "closing stdin")
 				}
 				return

@@ -25,8 +25,8 @@
 //     with CRI's sandboxer "shim": CreateSandbox takes the pod's CRI config and network
 //     namespace (the configuration from the runtime options the start action kept in the
 //     bundle), StartSandbox boots the pod, with no pause container; the containers, created
-//     through the task API, join it. StopSandbox kills
-//     what still runs and stops the pod, WaitSandbox returns at its end (0 when stopped,
+//     through the task API, join it. StopSandbox kills what still runs (SIGKILL, which the
+//     host finishes) and stops the pod, WaitSandbox returns at its end (0 when stopped,
 //     255 when its VM died), SandboxMetrics is the pod's host cgroup parent's metrics (as
 //     podsandbox reads them; the guest's cgroup metrics for a pod without a cgroup parent),
 //     ShutdownSandbox ends the shim. Such a pod outlives its last container.
@@ -35,7 +35,10 @@
 //     boots the pod, sized by CRI's resource annotations (SizePod), named by its hostname (the
 //     guest's, kvfs.hostname=), with the network of its namespace; a sandboxAgent in front of
 //     the guest agent answers every call about it (the VM's pid, the pause process's exits,
-//     the pod's stats), so its task runs through the same state machine as any.
+//     the pod's stats), so its task runs through the same state machine as any. Its Delete
+//     (after CRI's StopPodSandbox, or in its cleanup) ends the pod, as the last container's
+//     does: its VM stopped, whatever container is left ended by the host (its processes exit
+//     137) and deletable after.
 //   - Pod is the narrow interface to the VM: the agent (api/agent/v1), the share's Bind and
 //     Unbind, the pod's death, and Kill, the host's last word. Booted, a pod is run by a
 //     podRun (owner.go): the pod, the door to its agent (agentdoor.go), the context of the
@@ -82,9 +85,17 @@
 // Each process's exit follows one order on every path (normal exit, kill, the VM's death):
 // its output read from the agent to EOF and written to containerd's streams, the streams
 // closed, the exit recorded, TaskExit published, then Wait returns. An init's TaskExit comes
-// after its running execs'. If the VM or the virtio-fs server dies, every process ends with
-// exit status 255 and a TaskExit, and the log says why. Events are published in the order the
-// API promises: TaskCreate before TaskStart before TaskExit before TaskDelete.
+// after its execs': once the init has exited, its running execs get execsTimeout to exit, then
+// every exec the guest has not reported is declared exited by the host with status 137 (the
+// init's end kills its PID namespace in the guest; an exec the guest does not report then is
+// not the host's to wait on), so that the container's Delete finds none running. A process
+// the host declares exited (this, or an exec's SIGKILL the guest does not finish: see the
+// threat model) has its calls to the agent ended and its output cut, then the same order
+// follows; the guest may still run it, and its refusal to delete it (or its container) is
+// logged, not returned: it stays in the VM until the pod ends. If the VM or the virtio-fs
+// server dies, every process ends with exit status 255 and a TaskExit, and the log says why.
+// Events are published in the order the API promises: TaskCreate before TaskStart before
+// TaskExit before TaskDelete.
 //
 // # Hooks
 //
@@ -120,11 +131,17 @@
 // of at most 1 KiB (their details dropped), and counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline or three
 // broken answers and the guest is cut off, its VM killed, every process reported exited once
 // (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
-// nothing. A SIGKILL of a container (its init, or all) is the host's to finish, whatever the
-// agent answers (a refusal, such as NotFound for a process the guest says has exited, also
-// goes to containerd): unless the guest reports the exit within GuestLimits.KillGrace, the VM
-// is killed, which ends every container of the pod (the guest cannot be trusted to have
-// killed one and not the others).
+// nothing. A SIGKILL (of an init, an exec, or all of a container's processes) is the host's to
+// finish, whatever the agent answers (a refusal, such as NotFound for a process the guest says
+// has exited, also goes to containerd): unless the guest reports each exit within
+// GuestLimits.KillGrace, the host ends the process. An init is ended by killing the VM, which
+// ends every container of the pod (the guest cannot be trusted to have killed one and not the
+// others). An exec is declared exited (137: output cut, TaskExit, Wait and Delete work) and
+// the pod goes on: a healthy guest's exec can outlive a SIGKILL while it sleeps
+// uninterruptibly, which must not take the pod down, and a guest that keeps one running on
+// purpose keeps a process of its own VM, which root in it could start anyway; so it is not
+// counted as misbehaviour. A pod's end, StopSandbox or the Delete of its last container or of
+// CRI's pod sandbox container, always stops the VM, and every Delete after it works.
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
 // answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. A
 // slow guest's Stats are served from its last answer after GuestLimits.StatsWait (stats.go), so

@@ -41,6 +41,15 @@ type hostileAgent struct {
 	// NotFound, as the agent answers for an init that has exited but whose exit it has not
 	// reported yet.
 	killIgnored, killRefused, killNotFound bool
+	// execKillIgnored makes SignalProcess answer without signalling an exec, and a signal to
+	// all of a container's processes reach its init only.
+	execKillIgnored bool
+	// execExitsHidden makes WaitProcess never answer for an exec; exitsHidden, for any
+	// process (until the caller gives up).
+	execExitsHidden, exitsHidden bool
+	// refuseRunningDeletes makes DeleteProcess refuse, as the real agent does, an exec that
+	// has not exited, and a container one of whose execs has not.
+	refuseRunningDeletes bool
 	// oomFlood, if set, is the container every GetOOMEvent names, at once.
 	oomFlood  string
 	oomAnswer atomic.Int64
@@ -84,6 +93,19 @@ func (h *hostileAgent) DeleteProcess(ctx context.Context, r *agent.DeleteProcess
 	if h.hold("DeleteProcess") {
 		return nil, errSilent
 	}
+	if h.refuseRunningDeletes {
+		h.fakeAgent.mu.Lock()
+		var running []string
+		for k, p := range h.fakeAgent.procs {
+			if k[0] == r.ContainerId && k[1] != "" && (r.ExecId == "" || k[1] == r.ExecId) && !isClosed(p.exited) {
+				running = append(running, k[1])
+			}
+		}
+		h.fakeAgent.mu.Unlock()
+		if len(running) > 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "container %q still runs its processes %q", r.ContainerId, running)
+		}
+	}
 	return h.fakeAgent.DeleteProcess(ctx, r)
 }
 
@@ -116,8 +138,11 @@ func (h *hostileAgent) SignalProcess(ctx context.Context, r *agent.SignalProcess
 	if h.hold("SignalProcess") {
 		return nil, errSilent
 	}
-	if h.killIgnored {
+	if h.killIgnored || (h.execKillIgnored && r.ExecId != "") {
 		return &agent.SignalProcessResponse{}, nil
+	}
+	if h.execKillIgnored && r.All {
+		return h.fakeAgent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ContainerId, Signal: r.Signal})
 	}
 	if h.killRefused {
 		return nil, status.Error(codes.Internal, "runc kill: container not running")
@@ -129,6 +154,14 @@ func (h *hostileAgent) SignalProcess(ctx context.Context, r *agent.SignalProcess
 }
 
 func (h *hostileAgent) WaitProcess(ctx context.Context, r *agent.WaitProcessRequest) (*agent.WaitProcessResponse, error) {
+	if h.exitsHidden || (h.execExitsHidden && r.ExecId != "") {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-h.end:
+			return nil, errSilent
+		}
+	}
 	resp, err := h.fakeAgent.WaitProcess(ctx, r)
 	if err == nil && h.exitStatus != 0 {
 		resp.ExitStatus = h.exitStatus

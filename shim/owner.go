@@ -94,14 +94,15 @@ const (
 	// process's output.
 	drainTimeout = 30 * time.Second
 	// execsTimeout bounds how long an init's exit waits for its running execs' exits, which
-	// containerd wants published first.
+	// containerd wants published first; the host then declares exited those the guest has not
+	// reported (waitExecs), and waits as long again for their exit sequences.
 	execsTimeout = 10 * time.Second
 	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
 	readMax = 32 << 10
 	// exitVMDied is the exit status of every process of a pod whose VM or server died.
 	exitVMDied = 255
 	// exitKilled is the exit status of a process the host was asked to SIGKILL and whose exit
-	// came with its VM's end.
+	// came with its VM's end, and of an exec the host declared exited (process.endByHost).
 	exitKilled = 128 + uint32(syscall.SIGKILL)
 )
 
@@ -275,19 +276,22 @@ const (
 // agent the services call (the door, fronted by the pod sandbox's task when CRI's podsandbox
 // runs the pod), and the context of the calls that must end with the pod.
 type podRun struct {
-	id     string
-	pod    Pod
-	door   *agentDoor
-	agent  agent.AgentService
-	ctx    context.Context // ends when the pod dies or is stopped
-	cancel context.CancelFunc
+	id string
+	// sandboxTask says the pod was booted for CRI's pod sandbox container (its id is id),
+	// whose task is the pod's life: its Delete ends the pod.
+	sandboxTask bool
+	pod         Pod
+	door        *agentDoor
+	agent       agent.AgentService
+	ctx         context.Context // ends when the pod dies or is stopped
+	cancel      context.CancelFunc
 }
 
 // newPodRun is the run of pod, booted for req. The door's failure policy kills the VM: the
 // pod's death then ends every process (watch).
 func (o *PodOwner) newPodRun(pod Pod, req PodRequest) *podRun {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(o.ctx))
-	r := &podRun{id: req.ID, pod: pod, ctx: ctx, cancel: cancel}
+	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, pod: pod, ctx: ctx, cancel: cancel}
 	r.door = newAgentDoor(o.ctx, pod.Agent(), o.opts.Limits, func(why error) {
 		log.G(o.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
 		pod.Kill(why)
@@ -439,22 +443,69 @@ func (o *PodOwner) stopPodIfEmpty() {
 	o.stopTakenRun(run)
 }
 
-// takeRunIfLast takes the pod's run when c is its only container and the pod ends with it
-// (stopPodIfEmpty's conditions once c is gone): nothing new uses the run, and the caller
-// stops it (stopTakenRun). Nil otherwise.
-func (o *PodOwner) takeRunIfLast(c *container) *podRun {
+// takeEndingRun takes the pod's run when c's Delete ends the pod: c is its only container
+// (stopPodIfEmpty's conditions once c is gone), or CRI's pod sandbox container, whose task is
+// the pod's life (its Delete comes after CRI's StopPodSandbox, or from its cleanup: either way
+// the pod is over). Nothing new uses the run then; the caller ends it (endRun) with the other
+// containers it returns, still in the pod. Nil otherwise.
+func (o *PodOwner) takeEndingRun(c *container) (*podRun, []*container) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if len(o.containers) != 1 || o.containers[c.id] != c || o.run == nil || o.booting != nil || o.sandbox != nil {
-		return nil
+	run := o.run
+	if o.containers[c.id] != c || run == nil || o.booting != nil || o.sandbox != nil {
+		return nil, nil
 	}
-	return o.takeRunLocked()
+	if len(o.containers) != 1 && !(run.sandboxTask && c.id == run.id) {
+		return nil, nil
+	}
+	var others []*container
+	for _, oc := range o.containers {
+		if oc != c {
+			others = append(others, oc)
+		}
+	}
+	return o.takeRunLocked(), others
 }
 
 // stopTakenRun stops a run taken from the service, saying in the log when that fails.
 func (o *PodOwner) stopTakenRun(run *podRun) {
 	if err := o.stopRun(o.ctx, run); err != nil {
 		log.G(o.ctx).WithError(err).Error("stopping the pod")
+	}
+}
+
+// endRun stops a run taken from the service with containers cs still in its pod, then waits
+// for the exits of their processes, which the pod's end brings (exitKilled for those marked
+// killed, exitVMDied for the others), within sandboxStopTimeout: once it returns, their tasks
+// are stopped, and their Deletes need nothing of the pod.
+func (o *PodOwner) endRun(run *podRun, cs []*container) {
+	o.stopTakenRun(run)
+	var waits []chan struct{}
+	for _, c := range cs {
+		c.mu.Lock()
+		ready := c.ready
+		c.mu.Unlock()
+		if ready {
+			waits = append(waits, c.init.exited)
+		}
+	}
+	ctx, cancel := context.WithTimeout(o.ctx, sandboxStopTimeout)
+	defer cancel()
+	if !waitAll(ctx, waits) {
+		log.G(o.ctx).Warnf("processes of the stopped pod had not exited %v after its VM stopped", sandboxStopTimeout)
+	}
+}
+
+// markKilled marks every process of cs as killed by the host: those the pod's end that
+// follows ends exit with exitKilled.
+func markKilled(cs []*container) {
+	for _, c := range cs {
+		c.init.markKilled()
+		c.mu.Lock()
+		for _, e := range c.execs {
+			e.markKilled()
+		}
+		c.mu.Unlock()
 	}
 }
 
@@ -521,20 +572,22 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// kill sends sig to p (with all, to every process of p's container). A SIGKILL of a
-// container (its init, or all) is the host's to finish: p and, with all, its container's execs
-// are marked killed (exitKilled if the VM has to go), and unless the guest confirms the exit
-// within GuestLimits.KillGrace, the VM is killed, whatever the agent answered. Without an
-// answer the SIGKILL succeeds for containerd all the same; an answer that refuses it (the
-// guest says the process has exited: NotFound) goes to containerd as it is.
+// kill sends sig to p (with all, to every process of p's container). A SIGKILL is the host's
+// to finish, whatever the agent answers: the processes it is for are marked killed (exitKilled
+// if the VM has to go), and unless the guest reports each one's exit within
+// GuestLimits.KillGrace, the host ends it (enforceKill). Without an answer the SIGKILL succeeds
+// for containerd all the same; an answer that refuses it (the guest says the process has
+// exited: NotFound) goes to containerd as it is.
 func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *process, sig uint32, all bool) error {
-	enforce := sig == uint32(syscall.SIGKILL) && p.execID == ""
+	enforce := sig == uint32(syscall.SIGKILL)
+	var execs []*process // with all, the init's execs the SIGKILL is for too
 	if enforce {
 		p.markKilled()
-		if all {
+		if all && p.execID == "" {
 			c.mu.Lock()
 			for _, e := range c.execs {
 				e.markKilled()
+				execs = append(execs, e)
 			}
 			c.mu.Unlock()
 		}
@@ -544,7 +597,10 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 	_, err := run.agent.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
 	if enforce {
 		// A refusal is the guest's word too: an exited process's report follows at once.
-		go o.enforceKill(run, p)
+		go o.enforceKill(run, c, p)
+		for _, e := range execs {
+			go o.enforceKill(run, c, e)
+		}
 		if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
 			log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("no answer to SIGKILL: the host ends the process within %v", o.opts.Limits.KillGrace)
 			return nil
@@ -560,18 +616,38 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 	return nil
 }
 
-// enforceKill kills the pod's VM unless the agent reports p's exit within
+// enforceKill ends p, SIGKILLed, unless the agent reports its exit within
 // GuestLimits.KillGrace. (What follows the report, the drain of its output and its execs'
 // exits, has bounds of its own and is no longer the guest's to confirm.)
-func (o *PodOwner) enforceKill(run *podRun, p *process) {
+//
+// A container's init is ended by killing the pod's VM: the guest cannot be trusted to have
+// killed one container and not the others, and a container's end is what frees what the host
+// gave it (its binds in the share, its rootfs, CRI's pod stop after it). An exec is declared
+// exited by the host (exitKilled: its output cut, TaskExit published, Wait released, Delete
+// allowed), and the pod goes on. That is not counted as the guest's misbehaviour at the door:
+// a healthy guest's exec can outlive a SIGKILL for as long as it sleeps uninterruptibly (a
+// hung mount, a stuck device), which must not take its pod down; and a guest that keeps an
+// exec running on purpose gains nothing root in it could not have anyway, since the process
+// runs inside the VM, on the pod's resources, and the host keeps nothing of it once deleted.
+func (o *PodOwner) enforceKill(run *podRun, c *container, p *process) {
 	grace := o.opts.Limits.KillGrace
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-p.reported:
+		return
 	case <-run.ctx.Done(): // the pod ended: p's exit comes with it
+		return
 	case <-t.C:
-		run.door.cutOff(fmt.Errorf("the guest did not end %s within %v of SIGKILL", p.name(), grace))
+	}
+	why := fmt.Errorf("the guest did not end %s within %v of SIGKILL", p.name(), grace)
+	if p.execID == "" {
+		run.door.cutOff(why)
+		return
+	}
+	if c.endExecByHost(p) {
+		o.guestLog.warn("exec-kill", log.G(o.ctx).WithError(why),
+			fmt.Sprintf("the host declares the exec exited (%d); it may still run in the guest", exitKilled))
 	}
 }
 

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -17,8 +18,12 @@ import (
 // errdefs.ErrFailedPrecondition before anything is done.
 //
 //	created  --start-->  starting  --(agent answered)-->  running  --pause-->  paused
-//	created/running/paused  --(exit, or the VM's death)-->  stopped  --delete-->  deleted
+//	created/running/paused  --(exit, VM's death, host's word)-->  stopped  --delete-->  deleted
 //	created  --delete-->  (killed, then as above)
+//
+// The host's word is an exec's exit declared without the guest's report (endByHost): a
+// SIGKILLed exec the guest did not end within GuestLimits.KillGrace, or an exec the guest has
+// not reported execsTimeout after its container's init exited (a never-started one at once).
 type state int
 
 const (
@@ -105,6 +110,14 @@ type process struct {
 	// killed says the host was asked to SIGKILL the process (guarded by mu): if its exit comes
 	// with its VM's end, it is exitKilled, not exitVMDied.
 	killed bool
+	// hostEnded says the host declared the process exited without the guest's report
+	// (endByHost; guarded by mu): it may still run in the guest, which may then refuse to
+	// delete it.
+	hostEnded bool
+	// endCalls ends the process's own calls to the agent (its wait, its output and input
+	// copies); set by watch (guarded by mu). calls is their context, from the pod's run's.
+	endCalls context.CancelFunc
+	calls    context.Context
 }
 
 func newProcess(cid, execID string, cfg stdio.Config) *process {
@@ -150,6 +163,40 @@ func (p *process) markKilled() {
 	p.mu.Lock()
 	p.killed = true
 	p.mu.Unlock()
+}
+
+// endByHost declares p exited without the guest's report: its calls to the agent end, and its
+// exit watcher runs the exit sequence with exitKilled (output cut, stdio closed, TaskExit,
+// Wait released). It says whether it did: not once the guest has reported the exit.
+func (p *process) endByHost() bool {
+	select {
+	case <-p.reported:
+		return false
+	default:
+	}
+	p.mu.Lock()
+	p.hostEnded = true
+	end := p.endCalls
+	p.mu.Unlock()
+	if end != nil { // else watch ends the calls as it starts them
+		end()
+	}
+	return true
+}
+
+// endedByHost says whether the host declared p's exit (endByHost).
+func (p *process) endedByHost() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hostEnded
+}
+
+// callContext is the context of p's own calls to the agent, which watch sets before Start can
+// run.
+func (p *process) callContext() context.Context {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.calls
 }
 
 // vmEndStatus is p's exit status when its VM ended under it.

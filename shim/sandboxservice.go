@@ -309,9 +309,10 @@ func (s *SandboxService) watchSandbox(sb *podSandbox, pod Pod) {
 }
 
 // StopSandbox stops the pod: every process of its containers still running is killed
-// (SIGKILL; CRI has stopped its containers already) and their exits waited for, within the
-// request's timeout; then the VM, the share and the tap go. The containers stay, stopped,
-// until their Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
+// (SIGKILL, which the host finishes within GuestLimits.KillGrace if the guest does not; CRI
+// has stopped its containers already) and their exits waited for, within the request's
+// timeout; then the VM, the share and the tap go. The containers stay, stopped, until their
+// Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
 // A sandbox still starting has its boot cancelled and waited for: StartSandbox fails (and
 // stops the pod if the boot had got one), and the stop is then done.
 func (s *SandboxService) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
@@ -361,10 +362,11 @@ func (s *SandboxService) StopSandbox(ctx context.Context, r *sandboxAPI.StopSand
 }
 
 // stopSandboxPod stops the pod under the sandbox. With kill, every container not yet exited
-// gets SIGKILL (all its processes), all at once, and their exits are waited for: the kills
-// and the waits together within timeout. Then the pod is stopped whatever the guest did, and
-// the exits of the processes left (exitKilled, or exitVMDied) are waited for within
-// sandboxStopTimeout: once it returns, the containers' tasks are stopped.
+// gets SIGKILL (all its processes, the host finishing what the guest does not: see
+// PodOwner.kill), all at once, and their exits are waited for: the kills and the waits
+// together within timeout. Then the pod is stopped whatever the guest did, and the exits of
+// the processes left (exitKilled, or exitVMDied) are waited for within sandboxStopTimeout:
+// once it returns, the containers' tasks are stopped.
 func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
 	s.mu.Lock()
 	run := s.run
@@ -381,6 +383,7 @@ func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Durati
 		return
 	}
 	if kill {
+		markKilled(cs)
 		kctx, cancel := context.WithTimeout(ctx, timeout)
 		var waits []chan struct{}
 		for _, c := range cs {
@@ -388,16 +391,8 @@ func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Durati
 			if st, _, _ := p.snapshot(); st == stateStopped || st == stateDeleted {
 				continue
 			}
-			p.markKilled()
-			c.mu.Lock()
-			for _, e := range c.execs {
-				e.markKilled()
-			}
-			c.mu.Unlock()
 			go func() {
-				actx, cancelCall := run.call(kctx)
-				defer cancelCall()
-				if _, err := run.agent.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, Signal: uint32(syscall.SIGKILL), All: true}); err != nil {
+				if err := s.kill(kctx, run, c, p, uint32(syscall.SIGKILL), true); err != nil && !errdefs.IsNotFound(err) {
 					log.G(s.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
 				}
 			}()
@@ -411,18 +406,7 @@ func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Durati
 		s.takeRunLocked()
 	}
 	s.mu.Unlock()
-	if err := s.stopRun(s.ctx, run); err != nil {
-		log.G(s.ctx).WithError(err).Error("stopping the sandbox's pod")
-	}
-	var waits []chan struct{}
-	for _, c := range cs {
-		waits = append(waits, c.init.exited)
-	}
-	wctx, cancel := context.WithTimeout(s.ctx, sandboxStopTimeout)
-	defer cancel()
-	if !waitAll(wctx, waits) {
-		log.G(s.ctx).Warnf("processes of the stopped sandbox had not exited %v after its VM stopped", sandboxStopTimeout)
-	}
+	s.endRun(run, cs)
 }
 
 // waitAll waits for every channel to close, until ctx ends; it says whether they did.

@@ -331,8 +331,8 @@ func execProcess(a interface {
 	return json.Marshal(adaptProcess(&proc))
 }
 
-// Kill signals a process; with All, every process of the container. A SIGKILL of a container
-// is finished by the host if the guest does not (PodOwner.kill).
+// Kill signals a process; with All, every process of the container. A SIGKILL is finished by
+// the host if the guest does not (PodOwner.kill).
 func (s *TaskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
 	c, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
@@ -373,7 +373,8 @@ func (s *TaskService) Wait(ctx context.Context, r *taskAPI.WaitRequest) (*taskAP
 }
 
 // Delete deletes an exited (or created: it is killed first) process; the init's Delete
-// removes the container, and the last container's the pod.
+// removes the container, and the last container's the pod, as does CRI's pod sandbox
+// container's (takeEndingRun).
 func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	c, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
@@ -429,22 +430,36 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 			return nil, fmt.Errorf("container %s still has execs %q: %w", c.id, running, errdefs.ErrFailedPrecondition)
 		}
 	}
-	// The pod's last container: the VM stops with it, and the agent's Shutdown ends it with
-	// everything else in the guest. Deleting it in the guest first would only run the
-	// container runtime there once more (50–90 ms under TCG here) before the VM's end.
+	// The pod's last container, or CRI's pod sandbox container: the VM stops with it, and the
+	// agent's Shutdown ends it with everything else in the guest. Deleting it in the guest
+	// first would only run the container runtime there once more (50–90 ms under TCG here)
+	// before the VM's end. The pod's other containers left (after a pod sandbox's) are
+	// ended by the host: their processes exit with exitKilled, and their Deletes follow.
 	var ending *podRun
-	if p.execID == "" && live() && !forgotten {
-		ending = s.takeRunIfLast(c)
+	var others []*container
+	if p.execID == "" && run != nil {
+		ending, others = s.takeEndingRun(c)
+	}
+	end := func() {
+		markKilled(others)
+		s.endRun(ending, others)
 	}
 	if live() && !forgotten && ending == nil {
 		if err := s.agentDelete(ctx, run, p); err != nil {
-			return nil, err
+			// A process the host declared exited may still run in the guest, which then
+			// refuses to delete it (or its container): it stays in the VM until the pod ends,
+			// and containerd's Delete is done.
+			if !p.endedByHost() && (p.execID != "" || !c.hasStrays()) {
+				return nil, err
+			}
+			s.guestLog.warn("stray-delete", log.G(s.ctx).WithError(err).WithField("process", p.name()),
+				"the guest did not delete a process (or the container of one) whose exit the host declared")
 		}
 	}
 	if err := p.transition(opDelete, stateDeleted); err != nil {
 		if ending != nil {
 			// The concurrent Delete that won finds no run to stop: this one stops it.
-			s.stopTakenRun(ending)
+			end()
 		}
 		return nil, err // a concurrent Delete won
 	}
@@ -468,7 +483,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 	s.mu.Unlock()
 	s.publish(&eventstypes.TaskDelete{ContainerID: c.id, Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)})
 	if ending != nil {
-		s.stopTakenRun(ending)
+		end()
 	} else {
 		s.stopPodIfEmpty()
 	}
