@@ -125,8 +125,18 @@
 // goes to containerd): unless the guest reports the exit within GuestLimits.KillGrace, the VM
 // is killed, which ends every container of the pod (the guest cannot be trusted to have
 // killed one and not the others).
+// Below ttrpc, the agent connection is filtered (agentwire.go): ttrpc's client, which trusts
+// its server and logs every frame it did not wait for, gets only the answers to the requests
+// it has outstanding, each a response of at most 1 MiB that decodes as one. Any other frame
+// (on a stream with no request outstanding, of another type, malformed) is dropped and counts
+// as a broken answer; a longer frame ends the connection and cuts the guest off at once. A
+// call whose caller gave up is answered by the filter, and the agent's late answer dropped
+// without a word (it is no violation: the missed deadline is counted). Nothing the guest
+// sends is logged but through the pod's one rate-limited guest logger, its text escaped and
+// cut (guestText).
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
-// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. The
+// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s (20,000
+// frames on streams the shim never opened make three lines, and cut the guest off). The
 // task API's pids are the VM's (as Kata gives its hypervisor's): a pid the guest names is never
 // shown to containerd as a host process, only as a container-level pid in Pids. The shim copies
 // the guest's output (bounded per read), and bounds every wait on it (the drain of a process's
