@@ -468,3 +468,81 @@ func TestGuestText(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentWireAbandonedUnsent: a call whose caller gives up before its request went out (it
+// waited for ttrpc's send, the guest not reading) returns at once; its request, once written,
+// is answered by the filter, and the agent's answer to it is dropped without a word, while the
+// call before it gets its own answer.
+func TestAgentWireAbandonedUnsent(t *testing.T) {
+	logs := captureLog(t)
+	shimEnd, guest := net.Pipe()
+	t.Cleanup(func() { guest.Close() })
+	w := newAgentWire(shimEnd)
+	var r reported
+	w.watch(r.add)
+	client := ttrpc.NewClient(w, ttrpc.WithUnaryClientInterceptor(w.intercept))
+	t.Cleanup(func() { client.Close() })
+	ag := agent.NewAgentClient(client)
+
+	a := make(chan string, 1)
+	go func() {
+		resp, err := ag.Ping(context.Background(), &agent.PingRequest{})
+		if err != nil {
+			t.Errorf("the first Ping: %v", err)
+		}
+		a <- resp.GetVersion()
+	}()
+	pending := func(calls int, sending bool) func() bool {
+		return func() bool {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return len(w.calls) == calls && (w.sending != nil) == sending
+		}
+	}
+	waitUntil(t, "the first request is being written", pending(1, false))
+	ctx, cancel := context.WithCancel(context.Background())
+	b := make(chan error, 1)
+	go func() {
+		_, err := ag.Ping(ctx, &agent.PingRequest{})
+		b <- err
+	}()
+	waitUntil(t, "the second call waits for its send", pending(1, true))
+	cancel()
+	if err := <-b; !errors.Is(err, context.Canceled) {
+		t.Errorf("the abandoned Ping: %v", err)
+	}
+
+	br := bufio.NewReader(guest)
+	var streams []uint32
+	for range 2 {
+		var hdr [frameHeaderLen]byte
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			t.Fatal(err)
+		}
+		h := parseFrameHeader(hdr[:])
+		if _, err := br.Discard(int(h.length)); err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, h.stream)
+	}
+	waitUntil(t, "the abandoned call's stream is closed", pending(1, false))
+	var sent []byte
+	for _, f := range [][]byte{
+		answer(t, streams[1], &agent.PingResponse{Version: "late"}),
+		answer(t, streams[0], &agent.PingResponse{Version: "a"}),
+	} {
+		sent = append(sent, f...)
+	}
+	if _, err := guest.Write(sent); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-a; v != "a" {
+		t.Errorf("the first Ping: %q, want \"a\"", v)
+	}
+	if k := r.kinds(); len(k) != 0 {
+		t.Errorf("a late answer reported: %v", k)
+	}
+	if s := logs.String(); s != "" {
+		t.Errorf("logged: %s", s)
+	}
+}

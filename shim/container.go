@@ -288,7 +288,7 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 			if n > 0 {
 				if _, err := run.agent.WriteStdin(run.ctx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
 					if run.ctx.Err() == nil {
-						log.G(o.ctx).WithError(err).WithField("process", p.name()).Warn("writing stdin")
+						o.guestLog.warn("write-stdin", log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), "writing stdin")
 					}
 					return
 				}
