@@ -26,9 +26,11 @@ import (
 // kvfsd treats the guest's driver: every call the shim makes to it goes through one agentDoor,
 // which gives the call a deadline by its kind, checks the answer before anything of it goes
 // further, and counts the agent's misbehaviour. An agent that misses deadlines past missLimit
-// (or one lifecycle deadline), or breaks the protocol violationLimit times, has failed: the
-// door calls its fail function once, which stops the pod's VM (the pod owner's failure
-// policy), and every later call fails at once.
+// (or one lifecycle deadline), or breaks the protocol violationLimit times (a broken answer,
+// or a frame the agent connection's filter dropped, agentwire.go; one frame too long for it is
+// enough), has failed: the door calls its fail function once, which stops the pod's VM (the
+// pod owner's failure policy), and every later call fails at once. What it logs of the
+// guest's misbehaviour goes through the pod's guestLogger.
 //
 // The deadlines, by kind (GuestLimits, whose defaults are below):
 //   - queries (Ping, Stats, ResizePty, CloseStdin): Query. containerd's CRI
@@ -134,7 +136,8 @@ type agentDoor struct {
 	ctx    context.Context    // the shim's: its logger
 	ag     agent.AgentService // the guest's; its answers are untrusted
 	limits GuestLimits
-	fail   func(error) // stops the pod; called at most once, with no lock held
+	log    *guestLogger // the pod's: the door's lines are the guest's to cause
+	fail   func(error)  // stops the pod; called at most once, with no lock held
 
 	mu         sync.Mutex
 	misses     int   // guarded by mu: query and signal deadlines missed in a row
@@ -144,8 +147,8 @@ type agentDoor struct {
 
 var _ agent.AgentService = (*agentDoor)(nil)
 
-func newAgentDoor(ctx context.Context, ag agent.AgentService, limits GuestLimits, fail func(error)) *agentDoor {
-	return &agentDoor{ctx: ctx, ag: ag, limits: limits, fail: fail}
+func newAgentDoor(ctx context.Context, ag agent.AgentService, limits GuestLimits, glog *guestLogger, fail func(error)) *agentDoor {
+	return &agentDoor{ctx: ctx, ag: ag, limits: limits, log: glog, fail: fail}
 }
 
 // failed is why the door cut the agent off, or nil.
@@ -195,18 +198,34 @@ func (d *agentDoor) missed(k callKind, what string) {
 // violation counts an answer that breaks the protocol, and returns the error its caller gets.
 func (d *agentDoor) violation(what string, args ...any) error {
 	err := fmt.Errorf("the guest agent broke the protocol: "+what+": %w", append(args, errdefs.ErrUnknown)...)
+	d.broke("violation", err, false)
+	return err
+}
+
+// dropped counts a frame the agent connection's filter dropped (agentwire.go) as an answer
+// that breaks the protocol; a fatal one, after which the connection carries nothing, cuts the
+// guest off at once.
+func (d *agentDoor) dropped(v wireViolation) {
+	d.broke(v.kind, fmt.Errorf("the guest agent broke the protocol: %w", v), v.fatal)
+}
+
+// broke counts err, a violation of kind, logs it (at most one line of its kind per
+// guestLogInterval) and cuts the guest off if it was fatal or one too many.
+func (d *agentDoor) broke(kind string, err error, fatal bool) {
 	d.mu.Lock()
 	d.violations++
 	var fail func()
-	if d.violations >= violationLimit {
+	switch {
+	case fatal:
+		fail = d.failLocked(err)
+	case d.violations >= violationLimit:
 		fail = d.failLocked(fmt.Errorf("%d answers that break the protocol (the last: %v)", d.violations, err))
 	}
 	d.mu.Unlock()
-	log.G(d.ctx).WithError(err).Warn("the guest agent misbehaves")
+	d.log.warn(kind, log.G(d.ctx).WithError(err), "the guest agent misbehaves")
 	if fail != nil {
 		fail()
 	}
-	return err
 }
 
 func (d *agentDoor) answered() {

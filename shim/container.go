@@ -186,7 +186,7 @@ func (o *PodOwner) watch(run *podRun, c *container, p *process) {
 			resp, err := read(drainCtx, &agent.ReadStreamRequest{ContainerId: p.cid, ExecId: p.execID, Max: readMax})
 			if err != nil {
 				if drainCtx.Err() == nil {
-					log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("reading %s", stream)
+					o.guestLog.warn("read-"+stream, log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), "reading "+stream)
 				}
 				return
 			}
@@ -228,7 +228,7 @@ func (o *PodOwner) watch(run *podRun, c *container, p *process) {
 			select {
 			case <-run.pod.Done():
 			case <-time.After(2 * time.Second):
-				log.G(o.ctx).WithError(err).WithField("process", p.name()).Errorf("the agent's wait failed: exit status %d", exitVMDied)
+				o.guestLog.warn("wait", log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), fmt.Sprintf("the agent's wait failed: exit status %d", exitVMDied))
 			}
 			e = exit{status: p.vmEndStatus(), at: time.Now()}
 		default:
@@ -351,7 +351,7 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 			if n > 0 {
 				if _, err := run.agent.WriteStdin(ctx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
 					if ctx.Err() == nil {
-						log.G(o.ctx).WithError(err).WithField("process", p.name()).Warn("writing stdin")
+						o.guestLog.warn("write-stdin", log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), "writing stdin")
 					}
 					return
 				}

@@ -128,8 +128,8 @@
 // output, have none, and they end with the pod), checks the answer (an exit status a process
 // can have, no more output than asked, metrics of a bounded size that decode as what
 // containerd's CRI decodes), rebuilds the guest's errors from their code and a printable text
-// of at most 1 KiB (their details dropped), and counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline or three
-// broken answers and the guest is cut off, its VM killed, every process reported exited once
+// of at most 1 KiB (their details dropped), and counts misbehaviour: three missed deadlines in
+// a row, one missed lifecycle deadline or three broken answers and the guest is cut off, its VM killed, every process reported exited once
 // (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
 // nothing. A SIGKILL (of an init, an exec, or all of a container's processes) is the host's to
 // finish, whatever the agent answers (a refusal, such as NotFound for a process the guest says
@@ -142,13 +142,23 @@
 // purpose keeps a process of its own VM, which root in it could start anyway; so it is not
 // counted as misbehaviour. A pod's end, StopSandbox or the Delete of its last container or of
 // CRI's pod sandbox container, always stops the VM, and every Delete after it works.
+// Below ttrpc, the agent connection is filtered (agentwire.go): ttrpc's client, which trusts
+// its server and logs every frame it did not wait for, gets only the answers to the requests
+// it has outstanding, each a response of at most 256 KiB that decodes as one. Any other frame
+// (on a stream with no request outstanding, of another type, malformed) is dropped and counts
+// as a broken answer; a longer frame ends the connection and cuts the guest off at once. A
+// call whose caller gave up is answered by the filter, and the agent's late answer dropped
+// without a word (it is no violation: the missed deadline is counted). Nothing the guest
+// sends is logged but through the pod's one rate-limited guest logger, its text escaped and
+// cut (guestText).
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
-// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s. A
+// answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s (20,000
+// frames on streams the shim never opened make three lines, and cut the guest off). A
 // slow guest's Stats are served from its last answer after GuestLimits.StatsWait (stats.go), so
 // containerd's node-wide metrics never wait seconds on one pod. The task API's pids, Pids' too,
 // are the VM's (as Kata gives its hypervisor's): a pid the guest names is never shown to
-// containerd, which reads them as host processes (CRI's metrics open /proc/<pid>/fd). The shim copies
-// the guest's output (bounded per read), and bounds every wait on it (the drain of a process's
+// containerd, which reads them as host processes (CRI's metrics open /proc/<pid>/fd). The
+// shim copies the guest's output (bounded per read), and bounds every wait on it (the drain of a process's
 // output after its exit, the execs' exits before an init's, the boot, the stop). The guest
 // never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
 // never follows the guest's symlinks when it unbinds and cleans up. What a container's spec

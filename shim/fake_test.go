@@ -365,6 +365,7 @@ const fakeVMPid = 4242
 type fakePod struct {
 	agent  *fakeAgent
 	remote agent.AgentService
+	wire   *agentWire // remote's connection, if it is filtered
 	req    PodRequest
 	mu     sync.Mutex
 	binds  map[string]HostBind
@@ -385,6 +386,8 @@ func (p *fakePod) Agent() agent.AgentService {
 	}
 	return p.agent
 }
+
+func (p *fakePod) agentWire() *agentWire { return p.wire }
 
 func (p *fakePod) Bind(src, name string, flags sandbox.BindFlags) error {
 	p.mu.Lock()

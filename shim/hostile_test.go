@@ -561,11 +561,12 @@ func TestHostileLies(t *testing.T) {
 
 // TestHostileLongError: the guest's error reaches containerd (through the shim's error edge,
 // as containerd reads it) as its code and its text alone: the text cut to guestTextMax and
-// printable, the status details (1 MiB of them) dropped.
+// printable, the status details (85 KiB of them) dropped.
 func TestHostileLongError(t *testing.T) {
 	h, ha := hostileHarness(t, GuestLimits{})
-	ha.longError = "\x1b[31mred\r\nforged log line\u202e" + strings.Repeat("x", 1<<20)
-	ha.errDetail = 1 << 20
+	// The longest text and details the agent connection takes (maxAnswerFrame, agentwire.go).
+	ha.longError = "\x1b[31mred\r\nforged log line\u202e" + strings.Repeat("x", maxAnswerFrame/2)
+	ha.errDetail = maxAnswerFrame / 3
 	h.createSimple("c1")
 	h.start("c1", "")
 	_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})

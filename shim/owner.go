@@ -288,14 +288,18 @@ type podRun struct {
 }
 
 // newPodRun is the run of pod, booted for req. The door's failure policy kills the VM: the
-// pod's death then ends every process (watch).
+// pod's death then ends every process (watch). The frames the pod's agent connection drops,
+// if it is filtered (agentwire.go), count at the door.
 func (o *PodOwner) newPodRun(pod Pod, req PodRequest) *podRun {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(o.ctx))
 	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, pod: pod, ctx: ctx, cancel: cancel}
-	r.door = newAgentDoor(o.ctx, pod.Agent(), o.opts.Limits, func(why error) {
+	r.door = newAgentDoor(o.ctx, pod.Agent(), o.opts.Limits, &o.guestLog, func(why error) {
 		log.G(o.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
 		pod.Kill(why)
 	})
+	if w, ok := pod.(wireFiltered); ok && w.agentWire() != nil {
+		w.agentWire().watch(r.door.dropped)
+	}
 	r.agent = r.door
 	if req.SandboxTask {
 		r.agent = newSandboxAgent(r.door, req.ID, pod.Pid())
@@ -530,7 +534,7 @@ func (o *PodOwner) oomLoop(run *podRun) {
 			if errors.Is(err, ttrpc.ErrClosed) {
 				return // the connection is gone: the pod is stopping (Stop hangs up) or dead
 			}
-			o.guestLog.warn("oom-wait", log.G(o.ctx).WithError(err), "waiting for OOM events")
+			o.guestLog.warn("oom-wait", log.G(o.ctx).WithField("error", guestText(err.Error())), "waiting for OOM events")
 			if !sleepCtx(run.ctx, time.Second) {
 				return
 			}
@@ -653,6 +657,9 @@ func (o *PodOwner) enforceKill(run *podRun, c *container, p *process) {
 
 // guestLogger lets through at most one log line of each kind per guestLogInterval, saying how
 // many it held back: what the guest can cause to be logged must not flood containerd's log.
+// It is the one way the guest's misbehaviour reaches the log (the door's violations, the
+// frames the agent connection drops, failed output reads and waits, OOM reports); the guest's
+// text in its lines goes through guestText.
 type guestLogger struct {
 	mu   sync.Mutex
 	last map[string]time.Time // guarded by mu; kinds are the shim's constants, a few

@@ -27,6 +27,7 @@ type VMPod struct {
 	sb     *sandbox.Sandbox
 	ctl    *sandbox.ControlServer
 	client *ttrpc.Client
+	wire   *agentWire // the client's connection: the filter below ttrpc
 	agent  agent.AgentService
 	net    *podNetwork // nil: no network namespace, no NIC
 	cg     *podCgroup  // nil: no host cgroup of the pod's joined
@@ -114,15 +115,15 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 	}
 	timeout := sb.Config().Agent.BootTimeoutDuration()
 	start := time.Now()
-	client, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
+	client, wire, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
 		sb.VMExited(), timeout, p.connectionClosed)
 	if err != nil {
 		// The sandbox directory, console.log with it, is gone once the pod's start has failed:
 		// the error itself quotes QEMU and the console.
 		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", sb.ID(), sb.VMError(err))
 	}
-	p.client, p.agent = client, agent.NewAgentClient(client)
-	fields := log.Fields{"sandbox": sb.ID(), "agent": pong.GetVersion(), "kernel": pong.GetKernel(),
+	p.client, p.wire, p.agent = client, wire, agent.NewAgentClient(client)
+	fields := log.Fields{"sandbox": sb.ID(), "agent": guestText(pong.GetVersion()), "kernel": guestText(pong.GetKernel()),
 		"boot": time.Since(start).Round(time.Millisecond)}
 	for k, v := range bootSplit(time.Since(vmStart), pong) {
 		fields[k] = v
@@ -164,11 +165,12 @@ func bootSplit(total time.Duration, pong *agent.PingResponse) log.Fields {
 }
 
 // connectAgent dials until the agent answers Ping, within timeout; the VM's exit ends the
-// wait at once. onClose is called if the connection it returns closes later. Over virtio-serial, a connection made before the guest opened its port is
-// fine: what is written waits in QEMU until it does; so a connection is kept while it lives
-// and Ping waits on it.
+// wait at once. The client it returns runs over the connection's filter, which it returns too
+// (agentwire.go). onClose is called if the connection it returns closes later. Over
+// virtio-serial, a connection made before the guest opened its port is fine: what is written
+// waits in QEMU until it does; so a connection is kept while it lives and Ping waits on it.
 func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, error), vmExited <-chan struct{},
-	timeout time.Duration, onClose func(error)) (*ttrpc.Client, *agent.PingResponse, error) {
+	timeout time.Duration, onClose func(error)) (*ttrpc.Client, *agentWire, *agent.PingResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
@@ -184,7 +186,8 @@ func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, err
 		if err == nil {
 			closed := make(chan struct{})
 			var accepted atomic.Bool
-			client := ttrpc.NewClient(conn, ttrpc.WithOnClose(func() {
+			wire := newAgentWire(conn)
+			client := ttrpc.NewClient(wire, ttrpc.WithUnaryClientInterceptor(wire.intercept), ttrpc.WithOnClose(func() {
 				close(closed)
 				if accepted.Load() {
 					onClose(errors.New("the connection to the guest agent closed"))
@@ -193,7 +196,7 @@ func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, err
 			resp, err := agent.NewAgentClient(client).Ping(ctx, &agent.PingRequest{})
 			if err == nil {
 				accepted.Store(true)
-				return client, resp, nil
+				return client, wire, resp, nil
 			}
 			client.Close()
 			<-closed
@@ -204,9 +207,9 @@ func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, err
 		select {
 		case <-ctx.Done():
 			if isClosed(vmExited) {
-				return nil, nil, fmt.Errorf("the VM exited before the agent answered (last: %v)", last)
+				return nil, nil, nil, fmt.Errorf("the VM exited before the agent answered (last: %v)", last)
 			}
-			return nil, nil, fmt.Errorf("no answer within agent.boot_timeout %v (last: %v)", timeout, last)
+			return nil, nil, nil, fmt.Errorf("no answer within agent.boot_timeout %v (last: %v)", timeout, last)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -276,6 +279,9 @@ func (p *VMPod) Kill(why error) {
 
 // Agent implements Pod.
 func (p *VMPod) Agent() agent.AgentService { return p.agent }
+
+// agentWire implements wireFiltered.
+func (p *VMPod) agentWire() *agentWire { return p.wire }
 
 // Bind implements Pod.
 func (p *VMPod) Bind(src, name string, flags sandbox.BindFlags) error {

@@ -113,9 +113,12 @@ func TestConnectAgent(t *testing.T) {
 	}()
 	var closed atomic.Int32
 	start := time.Now()
-	client, pong, err := connectAgent(context.Background(), dial, nil, 10*time.Second, func(error) { closed.Add(1) })
+	client, wire, pong, err := connectAgent(context.Background(), dial, nil, 10*time.Second, func(error) { closed.Add(1) })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wire == nil {
+		t.Error("no filter below the client")
 	}
 	if pong.Version != "fake" || time.Since(start) < 300*time.Millisecond {
 		t.Errorf("Ping %+v after %v", pong, time.Since(start))
@@ -129,10 +132,10 @@ func TestConnectAgent(t *testing.T) {
 	exited := make(chan struct{})
 	close(exited)
 	never := func(context.Context) (net.Conn, error) { return nil, syscall.ENOENT }
-	if _, _, err := connectAgent(context.Background(), never, exited, 10*time.Second, nil); err == nil || !strings.Contains(err.Error(), "the VM exited") {
+	if _, _, _, err := connectAgent(context.Background(), never, exited, 10*time.Second, nil); err == nil || !strings.Contains(err.Error(), "the VM exited") {
 		t.Errorf("with the VM gone: %v", err)
 	}
-	if _, _, err := connectAgent(context.Background(), never, nil, 300*time.Millisecond, nil); err == nil ||
+	if _, _, _, err := connectAgent(context.Background(), never, nil, 300*time.Millisecond, nil); err == nil ||
 		!strings.Contains(err.Error(), "agent.boot_timeout 300ms") || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("with no agent: %v", err)
 	}
@@ -158,7 +161,7 @@ func TestConnectAgent(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock2)
 	}
-	if _, _, err := connectAgent(context.Background(), mute, nil, 300*time.Millisecond, nil); err == nil || !strings.Contains(err.Error(), "no answer") {
+	if _, _, _, err := connectAgent(context.Background(), mute, nil, 300*time.Millisecond, nil); err == nil || !strings.Contains(err.Error(), "no answer") {
 		t.Errorf("with a mute agent: %v", err)
 	}
 }

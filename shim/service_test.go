@@ -45,8 +45,10 @@ type harness struct {
 	sd    *fakeShutdown
 	dir   string
 
-	// remote, if set, is the agent the pods answer with (Pod.Agent), in place of agent.
+	// remote, if set, is the agent the pods answer with (Pod.Agent), in place of agent; wire,
+	// if set, is its connection's filter.
 	remote agent.AgentService
+	wire   *agentWire
 
 	mu       sync.Mutex
 	pods     []*fakePod
@@ -88,7 +90,7 @@ func (h *harness) startPod(_ context.Context, req PodRequest) (Pod, error) {
 	if h.startErr != nil {
 		return nil, h.startErr
 	}
-	p := &fakePod{agent: h.agent, remote: h.remote, req: req, binds: map[string]HostBind{}, mountsIn: h.mountsIn, done: make(chan struct{})}
+	p := &fakePod{agent: h.agent, remote: h.remote, wire: h.wire, req: req, binds: map[string]HostBind{}, mountsIn: h.mountsIn, done: make(chan struct{})}
 	h.pods = append(h.pods, p)
 	return p, nil
 }
