@@ -155,6 +155,18 @@
 // Confining QEMU as kvfsd is (capabilities dropped, a seccomp filter, a user or mount namespace
 // of its own) is what makes these namespaces hold.
 //
+// QEMU and kvfsd hold the pod's memory, so the host's OOM killer weighs them as the pod, not as
+// the shim, which keeps containerd's oom_score_adj (containerd's own plus one, -998 typically):
+// they start with the sandbox container's process.oomScoreAdj (or a lone container's), and each
+// CRI container's raises theirs to its own before the container is made (podOOMScoreAdj,
+// sandbox.RaiseOOMScoreAdj). CRI gives the QoS class's value (Guaranteed -997, BestEffort 1000,
+// Burstable between) only to containers: the pause container gets -998 whatever the class and
+// the Sandbox API's pod config carries none, so a pod's VM is at -998 until its first
+// container, while the guest runs only its kernel and the agent. A BestEffort pod's VM is then
+// at 1000, never better protected than a runc container of its class. A value that cannot be
+// written fails the Create (a lower one needs CAP_SYS_RESOURCE; containerd's
+// restrict_oom_score_adj keeps the values at or above its own where that is withheld).
+//
 // With agent.transport = "vsock" the guest agent serves only the host connecting from a
 // privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one
 // before it connects, so the shim needs CAP_NET_BIND_SERVICE (it has it as root), and each
