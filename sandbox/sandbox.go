@@ -635,7 +635,7 @@ func (s *Sandbox) launchServer() (fsServer, error) {
 		return nil, err
 	}
 	if !isKvfsd(s.cfg.Server.Daemon) {
-		return startExternal(s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
+		return startExternal(s.ctx, s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
 	}
 	vcfg, err := s.cfg.serverConfig(s.SharedDir())
 	if err != nil {

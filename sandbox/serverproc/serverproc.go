@@ -162,6 +162,9 @@ func Init() {
 }
 
 func runStep(step string) int {
+	// stdout and stderr are a pipe the owner drains: if it dies (an adopting owner may come
+	// after it), a write there fails with EPIPE and is dropped, rather than end the server.
+	signal.Ignore(syscall.SIGPIPE)
 	log.L.Logger.SetOutput(os.Stderr)
 	var spec Spec
 	if err := json.Unmarshal([]byte(os.Getenv(specEnv)), &spec); err != nil {
