@@ -2,6 +2,7 @@ package shim
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -87,5 +88,31 @@ func TestSandboxPodFilesCapped(t *testing.T) {
 	}
 	if err := os.Remove(files); err != nil {
 		t.Errorf("the pod files' directory after ShutdownSandbox: %v, want it empty", err)
+	}
+}
+
+// TestCleanupPodFiles: the delete action of a dead shim's sandbox unmounts the pod files'
+// tmpfs that its CreateSandbox mounted in the bundle, so containerd can remove the bundle.
+func TestCleanupPodFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	bundle := filepath.Join(shortTempDir(t), "bundles", "sbx")
+	files := filepath.Join(bundle, podFilesDir)
+	if err := mountPodFiles(files); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(files, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(files, "hosts"), []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Cleanup(context.Background(), bundle); err != nil {
+		t.Fatal(err)
+	}
+	if got := mountFSType(t, files); got != "" {
+		t.Errorf("after the delete action the pod files' directory still has a mount of %q", got)
+	}
+	if err := os.RemoveAll(bundle); err != nil {
+		t.Errorf("the bundle after the delete action: %v", err)
 	}
 }
