@@ -81,7 +81,8 @@
 // format version, the ID, the creation time, the phase, the pod's resolved configuration, the
 // server (confined, with its supervisor's pid and start time; in-process; or the daemon's path,
 // arguments, pid and start time), the VM (QEMU's
-// path and arguments, pid and start time), the restart count, the failure, and the owner's pid.
+// path and arguments, pid and start time), the restart count, the failure, the DAX policy and
+// the oom_score_adj set at run time (see oom.go), and the owner's pid.
 // A process is identified by its pid, its start time (field 22 of /proc/PID/stat) and the boot
 // ID, so a reused pid is recognised.
 //

@@ -44,8 +44,8 @@ func hasCapSysResource(t *testing.T) bool {
 }
 
 // TestOOMScoreAdj checks that the pod's oom_score_adj reaches the confined server's two
-// processes at Create and the VM's at Start, that RaiseOOMScoreAdj raises all three and never
-// lowers them, and that the owner keeps its own. Without CAP_SYS_RESOURCE, a value below the
+// processes at Create and the VM's at Start, that RaiseOOMScoreAdj raises all three (and
+// records the value in the state file) and never lowers them, and that the owner keeps its own. Without CAP_SYS_RESOURCE, a value below the
 // owner's fails Create with an error naming it and leaves nothing behind.
 func TestOOMScoreAdj(t *testing.T) {
 	requireRoot(t)
@@ -83,6 +83,9 @@ func TestOOMScoreAdj(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("raised", pod+30)
+	if st, err := readState(s.Dir()); err != nil || st.OOMScoreAdj == nil || *st.OOMScoreAdj != pod+30 {
+		t.Errorf("the state file after the raise: %+v, %v; want oom_score_adj %d recorded for a restarted owner", st, err, pod+30)
+	}
 	if err := s.RaiseOOMScoreAdj(pod); err != nil {
 		t.Fatal(err)
 	}

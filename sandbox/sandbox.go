@@ -664,15 +664,16 @@ func (s *Sandbox) channelPath() string { return filepath.Join(s.dir, channelName
 // persistLocked writes the state file. s.mu is held.
 func (s *Sandbox) persistLocked() error {
 	st := &state{
-		Version:  stateVersion,
-		ID:       s.id,
-		Created:  s.created,
-		Phase:    s.phase,
-		Config:   s.cfg,
-		VM:       s.vmRec,
-		Restarts: s.restarts,
-		Owner:    ownerID(),
-		DAX:      recordDAX(s.dax),
+		Version:     stateVersion,
+		ID:          s.id,
+		Created:     s.created,
+		Phase:       s.phase,
+		Config:      s.cfg,
+		VM:          s.vmRec,
+		Restarts:    s.restarts,
+		Owner:       ownerID(),
+		DAX:         recordDAX(s.dax),
+		OOMScoreAdj: s.oomAdj,
 	}
 	if s.srv != nil {
 		rec := s.srv.record()
@@ -750,9 +751,9 @@ func (s *Sandbox) RaiseOOMScoreAdj(v int) error {
 		}
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.oomAdj = &v
-	s.mu.Unlock()
-	return nil
+	return s.persistLocked()
 }
 
 // SetServerLogLevel sets the log level of the sandbox's confined server (trace, debug, info,
