@@ -17,11 +17,12 @@ import (
 // the owner's value too.
 //
 // Writing a value the process already has, or a higher one, always works. A lower one needs
-// CAP_SYS_RESOURCE, which some hosts withhold from the owner (containerd's
-// restrict_oom_score_adj then keeps the values it gives at or above its own). A value that
-// cannot be written is an error naming it, and the process it was for does not run: the value
-// is part of the host's protection against the pod, as runc fails a container whose
-// oomScoreAdj it cannot set.
+// CAP_SYS_RESOURCE, unless it is no lower than the least value a privileged process set for
+// the process or an ancestor (the kernel's oom_score_adj_min, inherited). Some hosts withhold
+// the capability from the owner: containerd's restrict_oom_score_adj then keeps the values it
+// gives at or above its own, which such writes reach. A value that cannot be written is an
+// error naming it, and the process it was for does not run: the value is part of the host's
+// protection against the pod, as runc fails a container whose oomScoreAdj it cannot set.
 
 // Bounds of oom_score_adj.
 const (
@@ -68,7 +69,7 @@ func writeOOMScoreAdj(pid, v int) error {
 	defer f.Close()
 	if _, err := f.WriteString(strconv.Itoa(v)); err != nil {
 		cur, _ := readOOMScoreAdj(pid)
-		return fmt.Errorf("oom_score_adj %d for pid %d (now %d; lowering it needs CAP_SYS_RESOURCE): %w", v, pid, cur, err)
+		return fmt.Errorf("oom_score_adj %d for pid %d (now %d; lowering it that far needs CAP_SYS_RESOURCE): %w", v, pid, cur, err)
 	}
 	return nil
 }

@@ -29,7 +29,7 @@ func mustOOMScoreAdj(t *testing.T, pid int) int {
 	return v
 }
 
-// hasCapSysResource says whether this process may lower an oom_score_adj.
+// hasCapSysResource says whether this process may set any oom_score_adj.
 func hasCapSysResource(t *testing.T) bool {
 	t.Helper()
 	st, err := procstatus.ReadPID(os.Getpid())
@@ -45,8 +45,9 @@ func hasCapSysResource(t *testing.T) bool {
 
 // TestOOMScoreAdj checks that the pod's oom_score_adj reaches the confined server's two
 // processes at Create and the VM's at Start, that RaiseOOMScoreAdj raises all three (and
-// records the value in the state file) and never lowers them, and that the owner keeps its own. Without CAP_SYS_RESOURCE, a value below the
-// owner's fails Create with an error naming it and leaves nothing behind.
+// records the value in the state file) and never lowers them, and that the owner keeps its
+// own. Without CAP_SYS_RESOURCE, -1000 fails Create with an error naming it and leaves nothing
+// behind.
 func TestOOMScoreAdj(t *testing.T) {
 	requireRoot(t)
 	base := testBase(t)
@@ -97,7 +98,12 @@ func TestOOMScoreAdj(t *testing.T) {
 	if hasCapSysResource(t) {
 		return
 	}
-	low := own - 1
+	// -1000 is below what this process may go down to without CAP_SYS_RESOURCE (the least
+	// value a privileged process gave it or an ancestor), unless that is -1000 itself.
+	low := MinOOMScoreAdj
+	if own == low {
+		return
+	}
 	_, err = Create(ctx, "oomlow", Options{Config: testConfig(base), OOMScoreAdj: &low})
 	if err == nil || !strings.Contains(err.Error(), "oom_score_adj "+strconv.Itoa(low)+" ") {
 		t.Errorf("Create with %d, below the owner's %d without CAP_SYS_RESOURCE: %v, want an error naming it", low, own, err)

@@ -168,8 +168,9 @@
 // the Sandbox API's pod config carries none, so a pod's VM is at -998 until its first
 // container, while the guest runs only its kernel and the agent. A BestEffort pod's VM is then
 // at 1000, never better protected than a runc container of its class. A value that cannot be
-// written fails the Create (a lower one needs CAP_SYS_RESOURCE; containerd's
-// restrict_oom_score_adj keeps the values at or above its own where that is withheld).
+// written fails the Create, as in runc (a value below containerd's own may need
+// CAP_SYS_RESOURCE; containerd's restrict_oom_score_adj keeps the values at or above its own
+// where that is withheld).
 //
 // With agent.transport = "vsock" the guest agent serves only the host connecting from a
 // privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one
