@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -331,4 +332,19 @@ func TestInProcessUnconfined(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(s.Dir(), serverLogName)); len(bytes.TrimSpace(b)) != 0 {
 		t.Errorf("an in-process server wrote a server.log: %s", b)
 	}
+}
+
+// logHas says whether the file path, from offset on, has s.
+func logHas(path string, offset int64, s string) bool {
+	return bytes.Contains(readFrom(path, offset, 1<<20), []byte(s))
+}
+
+func readFrom(path string, offset, limit int64) []byte {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, offset, limit))
+	return b
 }

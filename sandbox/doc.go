@@ -14,7 +14,8 @@
 //	console.log     the guest's serial console, sanitized, at most 1 MiB; console.log.1 the
 //	                MiB before (see "The VM's output" below)
 //	qemu.log        QEMU's stdout and stderr, sanitized, at most 256 KiB; qemu.log.1 before
-//	server.log      the server's stdout and stderr (confined or external)
+//	server.log      the server's stdout and stderr (confined or external), drained from a pipe,
+//	                sanitized, at most 512 KiB; server.log.1 before
 //	server.sock     the confined server's channel (statistics, log level, DAX policy), mode 0600
 //	control.sock    the control API of the sandbox's owner (a shim), if it serves one
 //	agent.sock      the host side of the guest agent's virtio-serial port (DefaultVM with
@@ -80,7 +81,8 @@
 // format version, the ID, the creation time, the phase, the pod's resolved configuration, the
 // server (confined, with its supervisor's pid and start time; in-process; or the daemon's path,
 // arguments, pid and start time), the VM (QEMU's
-// path and arguments, pid and start time), the restart count, the failure, and the owner's pid.
+// path and arguments, pid and start time), the restart count, the failure, the DAX policy and
+// the oom_score_adj set at run time (see oom.go), and the owner's pid.
 // A process is identified by its pid, its start time (field 22 of /proc/PID/stat) and the boot
 // ID, so a reused pid is recognised.
 //
@@ -142,8 +144,9 @@
 //	                        where binds are, is what it can damage; the owner's process, its
 //	                        other sandboxes and the host are behind those walls. What it answers
 //	                        on its channel and leaves on its pipe is untrusted: bounded in size and
-//	                        time, decoded only into counters. Its log (server.log) is the one host
-//	                        file it holds, append-only. See package sandbox/serverproc.
+//	                        time, decoded only into counters. It holds no host file: its log is a
+//	                        pipe the owner drains into server.log, kept bounded as the VM's
+//	                        output is (below). See package sandbox/serverproc.
 //	in-process-unconfined   everything the owner can: the server is a library in the owner's
 //	                        process, as root, in the host's namespaces, without a filter. An
 //	                        explicit opt-in, logged as a warning at every start.
@@ -166,7 +169,11 @@
 // operator's terminal nor an error message sees the guest's control bytes) and kept in
 // bounds: the last 2 KiB of each in memory, and a file renamed to .1 once a write would take
 // it past its limit (console.log 1 MiB, qemu.log 256 KiB): at most 2.5 MiB of a VM's output
-// on the host, however much comes. The drains poll(2) the pipes and pause 10 ms after a short
+// on the host, however much comes. A server's log (confined kvfsd or an external daemon) goes
+// the same way, into server.log (512 KiB, then server.log.1): a server a guest took over can
+// log a stack trace per request it makes panic, and would otherwise fill /run through it.
+// The confined server and kvfsd ignore SIGPIPE, so that an owner's death, which breaks the
+// pipe, drops their lines instead of ending them (an adopting owner no longer has their log). The drains poll(2) the pipes and pause 10 ms after a short
 // read, so a console flood costs the owner a wakeup per 10 ms, not one per byte (Go's poller
 // would wake the runtime at every write into the pipe). If the owner dies, QEMU's writes fail
 // with EPIPE (QEMU ignores SIGPIPE) and are dropped; a restarted owner that adopts the VM

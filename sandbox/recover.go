@@ -147,8 +147,13 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 		logger.WithError(err).Warn("recover: dropping an unusable recorded DAX policy")
 		dax = nil
 	}
+	oomAdj := st.OOMScoreAdj
+	if oomAdj != nil && CheckOOMScoreAdj(*oomAdj) != nil {
+		logger.WithField("oom_score_adj", *oomAdj).Warn("recover: dropping an unusable recorded oom_score_adj")
+		oomAdj = nil
+	}
 	s := &Sandbox{
-		id: id, dir: dir, cfg: st.Config, runner: QEMURunner{}, lock: lock, dax: dax,
+		id: id, dir: dir, cfg: st.Config, runner: QEMURunner{}, lock: lock, dax: dax, oomAdj: oomAdj,
 		ctx:     log.WithLogger(context.WithoutCancel(ctx), logger),
 		created: st.Created, phase: st.Phase, srv: srv, vmRec: st.VM, restarts: st.Restarts,
 		done: make(chan struct{}),

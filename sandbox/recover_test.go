@@ -144,6 +144,14 @@ func TestRecover(t *testing.T) {
 	if cstats.Server.PID != conf.Stats.Server.PID || !cstats.Server.Running || cstats.Server.FS == nil {
 		t.Errorf("adopted confined server %+v, helper's %+v", cstats.Server, conf.Stats.Server)
 	}
+	// Its log's pipe lost its reader with the first owner: a line it logs now fails with EPIPE
+	// and is dropped, and the server goes on (it ignores SIGPIPE).
+	if err := cs.SetServerLogLevel(ctx, "info"); err != nil {
+		t.Errorf("a log line of the adopted confined server: %v", err)
+	}
+	if st := cs.Stats(); !st.Server.Running || st.Server.FS == nil {
+		t.Errorf("the adopted confined server after a log line nobody reads: %+v", st.Server)
+	}
 	if err := syscall.Kill(cstats.Server.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

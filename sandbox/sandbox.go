@@ -45,6 +45,9 @@ type Options struct {
 	Annotations map[string]string
 	// Runner starts the VM; nil means QEMURunner.
 	Runner VMRunner
+	// OOMScoreAdj is the pod's oom_score_adj, given to QEMU and to the server's processes
+	// (see oom.go); nil: they keep the owner's.
+	OOMScoreAdj *int
 }
 
 // Sandbox is one pod's virtio-fs side: its directory layout, its vhost-user socket, its
@@ -80,6 +83,10 @@ type Sandbox struct {
 	// and written with opMu held too, so startServer (under opMu) reads it without mu. A
 	// restarted in-process server gets it again.
 	dax *passthrough.DAXPolicy
+	// oomAdj is the oom_score_adj of QEMU and of the server (nil: the owner's), set by Create
+	// and RaiseOOMScoreAdj; guarded by mu, and written with opMu held too, so startServer
+	// (under opMu) reads it without mu. A restarted server gets it again.
+	oomAdj *int
 
 	wg sync.WaitGroup // monitor goroutines
 }
@@ -108,6 +115,11 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 	}
 	if err := checkID(id); err != nil {
 		return nil, err
+	}
+	if opts.OOMScoreAdj != nil {
+		if err := CheckOOMScoreAdj(*opts.OOMScoreAdj); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		}
 	}
 	if !isKvfsd(rc.Server.Daemon) {
 		if err := checkExecutable(rc.Server.Daemon); err != nil {
@@ -170,7 +182,7 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 	s := &Sandbox{
 		id: id, dir: dir, cfg: rc, runner: runner, lock: lock,
 		ctx:     log.WithLogger(context.WithoutCancel(ctx), log.G(ctx).WithField("sandbox", id)),
-		created: time.Now(), phase: PhaseCreated, done: make(chan struct{}),
+		created: time.Now(), phase: PhaseCreated, done: make(chan struct{}), oomAdj: opts.OOMScoreAdj,
 	}
 	srv, err := s.startServer()
 	if err != nil {
@@ -410,6 +422,14 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 		out.close()
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
+	if s.oomAdj != nil && p.Pid() > 0 {
+		// Before the guest's first container: the guest runs only the kernel and the agent.
+		if err := setOOMScoreAdj(p.Pid(), *s.oomAdj); err != nil {
+			_ = kill(p)
+			out.close()
+			return fmt.Errorf("sandbox %s: the VM: %w", s.id, err)
+		}
+	}
 	out.start()
 	rec := &vmRecord{Path: cmd.Path, Args: args, Started: time.Now()}
 	if pid := p.Pid(); pid > 0 {
@@ -592,15 +612,30 @@ func (s *Sandbox) closeDoneLocked() {
 	}
 }
 
-// startServer creates the socket and starts a server on it. s.opMu is held, or s is not
-// shared yet.
+// startServer creates the socket and starts a server on it, with the sandbox's
+// oom_score_adj. s.opMu is held, or s is not shared yet.
 func (s *Sandbox) startServer() (fsServer, error) {
+	srv, err := s.launchServer()
+	if err != nil || s.oomAdj == nil {
+		return srv, err
+	}
+	if p := srv.process(); p != nil {
+		if err := setOOMScoreAdj(p.Pid(), *s.oomAdj); err != nil {
+			_ = srv.stop()
+			return nil, fmt.Errorf("%s: %w", srv.describe(), err)
+		}
+	}
+	return srv, nil
+}
+
+// launchServer creates the socket and starts a server on it.
+func (s *Sandbox) launchServer() (fsServer, error) {
 	l, err := listen(s.SocketPath())
 	if err != nil {
 		return nil, err
 	}
 	if !isKvfsd(s.cfg.Server.Daemon) {
-		return startExternal(s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
+		return startExternal(s.ctx, s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
 	}
 	vcfg, err := s.cfg.serverConfig(s.SharedDir())
 	if err != nil {
@@ -629,15 +664,16 @@ func (s *Sandbox) channelPath() string { return filepath.Join(s.dir, channelName
 // persistLocked writes the state file. s.mu is held.
 func (s *Sandbox) persistLocked() error {
 	st := &state{
-		Version:  stateVersion,
-		ID:       s.id,
-		Created:  s.created,
-		Phase:    s.phase,
-		Config:   s.cfg,
-		VM:       s.vmRec,
-		Restarts: s.restarts,
-		Owner:    ownerID(),
-		DAX:      recordDAX(s.dax),
+		Version:     stateVersion,
+		ID:          s.id,
+		Created:     s.created,
+		Phase:       s.phase,
+		Config:      s.cfg,
+		VM:          s.vmRec,
+		Restarts:    s.restarts,
+		Owner:       ownerID(),
+		DAX:         recordDAX(s.dax),
+		OOMScoreAdj: s.oomAdj,
 	}
 	if s.srv != nil {
 		rec := s.srv.record()
@@ -677,6 +713,46 @@ func (s *Sandbox) SetDAXPolicy(ctx context.Context, p passthrough.DAXPolicy) err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dax = &passthrough.DAXPolicy{Mode: p.Mode, Rules: slices.Clone(p.Rules)}
+	return s.persistLocked()
+}
+
+// RaiseOOMScoreAdj raises the oom_score_adj of the sandbox's VM and server to v, if theirs is
+// lower: a pod's container whose value is higher than the pod's so far (a BestEffort
+// container's 1000, say) makes the whole VM, which holds its memory, no better protected than
+// it. A lower v changes nothing: the VM's one value covers every container of the pod, and one
+// OOM kill takes them all.
+func (s *Sandbox) RaiseOOMScoreAdj(v int) error {
+	if err := CheckOOMScoreAdj(v); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	cur, srv, vm := s.oomAdj, s.srv, s.vm
+	s.mu.Unlock()
+	if cur == nil {
+		own, err := readOOMScoreAdj(os.Getpid())
+		if err != nil {
+			return fmt.Errorf("sandbox %s: the owner's oom_score_adj: %w", s.id, err)
+		}
+		cur = &own
+	}
+	if v <= *cur {
+		return nil
+	}
+	if vm != nil && vm.Pid() > 0 && !isClosed(vm.Exited()) {
+		if err := setOOMScoreAdj(vm.Pid(), v); err != nil && !isClosed(vm.Exited()) {
+			return fmt.Errorf("sandbox %s: the VM: %w", s.id, err)
+		}
+	}
+	if p := srv.process(); p != nil && !isClosed(p.Exited()) {
+		if err := setOOMScoreAdj(p.Pid(), v); err != nil && !isClosed(p.Exited()) {
+			return fmt.Errorf("sandbox %s: %s: %w", s.id, srv.describe(), err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.oomAdj = &v
 	return s.persistLocked()
 }
 

@@ -1,11 +1,9 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/sandbox/serverproc"
 	"github.com/kvfs/kvfs/virtiofs"
@@ -167,13 +164,24 @@ type extServer struct {
 	proc    Process
 	id      procID
 	started time.Time
+	out     *pipedLog // its log; nil for an adopted daemon, whose pipe was its first owner's
 }
 
-// startExternal runs daemon args with l's socket as fd 3, its output appended to logPath, in
-// a session of its own (it outlives the owner, which may adopt it again after a restart). It
-// returns once the daemon says it is ready, or fails with the log's tail if it exits first.
-// l is closed either way: the daemon holds the socket.
-func startExternal(daemon string, args []string, l *net.UnixListener, logPath string) (*extServer, error) {
+// stopServerProcess ends a server's process and waits for it, then for the drain of its log
+// (out; nil for an adopted server) to read what it left.
+func stopServerProcess(p Process, out *pipedLog) error {
+	err := terminate(p, serverStopGrace)
+	if out != nil && err == nil {
+		out.finish()
+	}
+	return err
+}
+
+// startExternal runs daemon args with l's socket as fd 3, its output drained into logPath (a
+// pipedLog), in a session of its own (it outlives the owner, which may adopt it again after a
+// restart, without its output). It returns once the daemon says it is ready, or fails with
+// the log's last lines if it exits first. l is closed either way: the daemon holds the socket.
+func startExternal(ctx context.Context, daemon string, args []string, l *net.UnixListener, logPath string) (*extServer, error) {
 	lf, err := l.File()
 	l.Close()
 	if err != nil {
@@ -181,14 +189,14 @@ func startExternal(daemon string, args []string, l *net.UnixListener, logPath st
 	}
 	defer lf.Close()
 	s := &extServer{daemon: daemon, args: args}
-	err = startServerProcess(logPath, func(out *os.File) (*exec.Cmd, error) {
+	err = startServerProcess(ctx, logPath, func(out *os.File) (*exec.Cmd, error) {
 		cmd := exec.Command(daemon, args...)
 		cmd.Stdout, cmd.Stderr = out, out
 		cmd.ExtraFiles = []*os.File{lf}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		return cmd, nil
-	}, func(p Process, id procID) {
-		s.proc, s.id, s.started = p, id, time.Now()
+	}, func(p Process, id procID, out *pipedLog) {
+		s.proc, s.id, s.started, s.out = p, id, time.Now(), out
 	}, s.describe)
 	if err != nil {
 		return nil, err
@@ -196,37 +204,45 @@ func startExternal(daemon string, args []string, l *net.UnixListener, logPath st
 	return s, nil
 }
 
-// startServerProcess starts the server command makes (its output appended to logPath, which it
-// is given open) and waits until it says it is ready, or fails with the log's tail if it exits
-// first. started is told of the process as soon as it runs; describe names it in errors.
-func startServerProcess(logPath string, command func(out *os.File) (*exec.Cmd, error),
-	started func(Process, procID), describe func() string) error {
-	out, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o640)
+// startServerProcess starts the server command makes, its stdout and stderr the write end of
+// a pipe the owner drains into logPath, a boundedLog: the server writes no host file, so even
+// one a guest took over keeps at most 2*serverLogLimit of its log on /run. It waits until the
+// server says it is ready, or fails with the log's last lines if it exits first. started is
+// told of the process and its log as soon as it runs; describe names it in errors.
+//
+// The drain runs while the server holds the pipe. If the owner dies first, the server's
+// writes fail with EPIPE and are dropped: the confined server and kvfsd ignore SIGPIPE, as
+// virtiofsd does, so that an owner's restart, which may adopt the server again, does not end
+// it at its next line.
+func startServerProcess(ctx context.Context, logPath string, command func(out *os.File) (*exec.Cmd, error),
+	started func(Process, procID, *pipedLog), describe func() string) error {
+	out, w, err := openPipedLog(ctx, logPath, serverLogLimit, "server log")
 	if err != nil {
 		return err
 	}
-	defer out.Close()
-	fi, err := out.Stat()
+	ready := out.log.watchFor(readyLine)
+	cmd, err := command(w)
 	if err != nil {
-		return err
-	}
-	logStart := fi.Size()
-	cmd, err := command(out)
-	if err != nil {
+		w.Close()
+		out.close()
 		return err
 	}
 	p, err := startChild(cmd)
+	w.Close()
 	if err != nil {
+		out.close()
 		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
+	out.start()
 	id, err := identify(p.Pid())
 	if err != nil {
 		// It died at once: report that below.
 		id = procID{PID: p.Pid(), BootID: bootID()}
 	}
-	started(p, id)
-	if err := waitReady(p, logPath, logStart); err != nil {
+	started(p, id, out)
+	if err := waitReady(p, ready, out); err != nil {
 		_ = kill(p)
+		out.finish()
 		return fmt.Errorf("%s: %w", describe(), err)
 	}
 	return nil
@@ -244,54 +260,30 @@ func adoptExternal(rec serverRecord) (*extServer, error) {
 	return &extServer{daemon: rec.Daemon, args: rec.Args, proc: p, id: *rec.Process, started: rec.Started}, nil
 }
 
-// waitReady waits until the log, from offset on, has readyLine.
-func waitReady(p Process, logPath string, offset int64) error {
-	deadline := time.Now().Add(serverReadyTimeout)
-	for {
-		if logHas(logPath, offset, readyLine) {
-			return nil
-		}
-		select {
-		case <-p.Exited():
-			return fmt.Errorf("exited before serving (%v): %s", p.ExitErr(), logTail(logPath, offset))
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return nil // see serverReadyTimeout
-		}
-	}
-}
-
-func logHas(path string, offset int64, s string) bool {
-	return bytes.Contains(readFrom(path, offset, 1<<20), []byte(s))
-}
-
-// logTail returns the last lines of the log from offset on, for error messages.
-func logTail(path string, offset int64) string {
-	b := bytes.TrimSpace(readFrom(path, offset, 1<<20))
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	if len(b) == 0 {
-		return "(no output)"
-	}
-	return strings.ReplaceAll(string(b), "\n", " | ")
-}
-
-func readFrom(path string, offset, limit int64) []byte {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if err != nil {
+// waitReady waits until the server's log has had readyLine (ready is closed).
+func waitReady(p Process, ready <-chan struct{}, out *pipedLog) error {
+	select {
+	case <-ready:
 		return nil
+	case <-p.Exited():
+		select {
+		case <-out.drained:
+		case <-time.After(outputDrainGrace):
+		}
+		tail := "(no output)"
+		if lines := out.log.lastLines(tailLines); len(lines) > 0 {
+			tail = strings.Join(lines, " | ")
+		}
+		return fmt.Errorf("exited before serving (%v): %s", p.ExitErr(), tail)
+	case <-time.After(serverReadyTimeout):
+		return nil // see serverReadyTimeout
 	}
-	defer f.Close()
-	b, _ := io.ReadAll(io.NewSectionReader(f, offset, limit))
-	return b
 }
 
 func (s *extServer) exited() <-chan struct{} { return s.proc.Exited() }
 func (s *extServer) exitErr() error          { return s.proc.ExitErr() }
 func (s *extServer) killed() bool            { return signaled(s.proc.ExitErr()) }
-func (s *extServer) stop() error             { return terminate(s.proc, serverStopGrace) }
+func (s *extServer) stop() error             { return stopServerProcess(s.proc, s.out) }
 
 func (s *extServer) describe() string {
 	return fmt.Sprintf("%s (pid %d)", s.daemon, s.proc.Pid())
@@ -325,6 +317,7 @@ type confinedServer struct {
 	id      procID
 	started time.Time
 	channel serverproc.Client
+	out     *pipedLog // its log; nil for an adopted server, whose pipe was its first owner's
 	// final is closed once finalStats, the counters the server left when it stopped serving,
 	// is written (nil if it left none); nil for an adopted server, whose pipe was its first
 	// owner's.
@@ -333,8 +326,8 @@ type confinedServer struct {
 }
 
 // startConfined starts the confined server of spec on l, with its channel on channel and its
-// output appended to logPath, and returns once it says it is ready, or fails with the log's tail
-// if it exits first. l and channel are closed either way: the server holds the sockets.
+// output drained into logPath (startServerProcess), and returns once it says it is ready, or
+// fails with the log's last lines if it exits first. l and channel are closed either way: the server holds the sockets.
 func startConfined(ctx context.Context, spec serverproc.Spec, l, channel *net.UnixListener, channelPath, logPath string) (*confinedServer, error) {
 	lf, err := l.File()
 	l.Close()
@@ -359,10 +352,10 @@ func startConfined(ctx context.Context, spec serverproc.Spec, l, channel *net.Un
 		}
 		close(s.final)
 	}()
-	err = startServerProcess(logPath, func(out *os.File) (*exec.Cmd, error) {
+	err = startServerProcess(ctx, logPath, func(out *os.File) (*exec.Cmd, error) {
 		return serverproc.Command(spec, lf, cf, fw, out)
-	}, func(p Process, id procID) {
-		s.proc, s.id, s.started = p, id, time.Now()
+	}, func(p Process, id procID, out *pipedLog) {
+		s.proc, s.id, s.started, s.out = p, id, time.Now(), out
 	}, s.describe)
 	if err != nil {
 		fw.Close() // ends the reader, if the command never started
@@ -393,7 +386,7 @@ func (s *confinedServer) killed() bool {
 	var ee *exec.ExitError
 	return signaled(err) || errors.As(err, &ee) && ee.ExitCode() > 128
 }
-func (s *confinedServer) stop() error      { return terminate(s.proc, serverStopGrace) }
+func (s *confinedServer) stop() error      { return stopServerProcess(s.proc, s.out) }
 func (s *confinedServer) process() Process { return s.proc }
 
 func (s *confinedServer) describe() string {

@@ -45,6 +45,9 @@ type state struct {
 	Failure  string        `json:"failure,omitempty"`
 	// DAX is the DAX policy set with SetDAXPolicy, if any.
 	DAX *daxRecord `json:"dax,omitempty"`
+	// OOMScoreAdj is the oom_score_adj of the VM and the server (Options.OOMScoreAdj, raised by
+	// RaiseOOMScoreAdj), if any: a server restarted after an adoption gets it too.
+	OOMScoreAdj *int `json:"oom_score_adj,omitempty"`
 	// Owner is the process that wrote the file.
 	Owner procID `json:"owner"`
 }

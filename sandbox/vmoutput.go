@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The same holds for a server's log (server.go, startServerProcess): a server a guest took over
+// writes what it likes there. Each stream is a pipedLog.
+//
 // What a VM writes is the guest's to choose and without end: the serial console wholly, and
 // QEMU's own output in part (a guest can make QEMU complain). The sandbox directory is on a
 // tmpfs (/run), where an unbounded file would take the host's memory and, once /run is full,
@@ -39,6 +43,10 @@ const (
 	// qemuFileLimit bounds qemu.log and qemu.log.1. QEMU says little unless something is
 	// wrong, and then its last lines are what matters.
 	qemuFileLimit = 256 << 10
+	// serverLogLimit bounds server.log and server.log.1: a few lines at start and stop, and
+	// a stack trace per request that panicked, which a guest that found such a request can
+	// make at will.
+	serverLogLimit = 512 << 10
 	// tailBytes is how much of the end of each stream is kept in memory for VMError.
 	tailBytes = 2 << 10
 	// tailLines is how many lines VMError quotes of each stream, at most.
@@ -100,6 +108,37 @@ type boundedLog struct {
 	tail  []byte   // guarded by mu: the end of the sanitized stream, at most tailBytes
 	total int64    // guarded by mu: sanitized bytes written, in all
 	esc   []byte   // guarded by mu: sanitize's output, reused
+	// watch, if not nil, is a line looked for in the stream (watchFor); seen is closed when it
+	// comes, and watch set to nil. carry holds the end of what came, where the start of the
+	// line may be. Guarded by mu.
+	watch, carry []byte
+	seen         chan struct{}
+}
+
+// watchFor returns a channel closed once line (printable ASCII, which sanitize keeps as it
+// is) has come in the stream, in one write or across several. It is called before the
+// stream starts.
+func (l *boundedLog) watchFor(line string) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.watch, l.seen = []byte(line), make(chan struct{})
+	return l.seen
+}
+
+// look looks for the watched line in what came so far and s. l.mu is held.
+func (l *boundedLog) look(s []byte) {
+	if l.watch == nil {
+		return
+	}
+	l.carry = append(l.carry, s...)
+	if bytes.Contains(l.carry, l.watch) {
+		close(l.seen)
+		l.watch, l.carry = nil, nil
+		return
+	}
+	if keep := len(l.watch) - 1; len(l.carry) > keep {
+		l.carry = l.carry[:copy(l.carry, l.carry[len(l.carry)-keep:])]
+	}
 }
 
 // openBoundedLog opens the log at path, appending to what is there (a recovered sandbox's
@@ -125,6 +164,7 @@ func (l *boundedLog) Write(p []byte) (int, error) {
 	l.esc = sanitize(l.esc[:0], p)
 	s := l.esc
 	l.total += int64(len(s))
+	l.look(s)
 	l.appendTail(s)
 	l.writeFile(s)
 	return len(p), nil
@@ -182,7 +222,7 @@ func (l *boundedLog) rotate() error {
 // fail stops writing the file (a full /run, say): the stream is still drained, and its tail
 // kept in memory. l.mu is held.
 func (l *boundedLog) fail(err error) {
-	log.G(l.ctx).WithError(err).WithField("file", l.path).Warn("no longer writing the VM's output to its file; it is still drained")
+	log.G(l.ctx).WithError(err).WithField("file", l.path).Warn("no longer writing this output to its file; it is still drained")
 	if l.f != nil {
 		l.f.Close()
 		l.f = nil
@@ -247,7 +287,7 @@ func drain(fd, stop int, l *boundedLog) {
 	for {
 		fds[0].Revents, fds[1].Revents = 0, 0
 		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
-			log.G(l.ctx).WithError(err).WithField("file", l.path).Error("polling the VM's output; no longer drained")
+			log.G(l.ctx).WithError(err).WithField("file", l.path).Error("polling an output's pipe; no longer drained")
 			return
 		}
 		if fds[1].Revents != 0 {
@@ -268,55 +308,46 @@ func drain(fd, stop int, l *boundedLog) {
 	}
 }
 
-// vmOutput is what the sandbox keeps of its VM's output: the guest's console and QEMU's own
-// stdout and stderr, each drained from a pipe into a boundedLog.
-type vmOutput struct {
-	console, qemu *boundedLog
-	// consoleFD and qemuFD are the pipes' read ends (non-blocking); closing stopW ends the
-	// drains, which poll stopR. The drains close all three when they end; then drained is
-	// closed.
-	consoleFD, qemuFD, stopR, stopW int
-	drained                         chan struct{}
+// pipedLog is a stream a process writes into a pipe and the owner drains, as it comes, into a
+// boundedLog: the VM's console, QEMU's output, a server's log. The process never writes a
+// file of the host, so what it writes is bounded whatever it is made to write.
+type pipedLog struct {
+	log *boundedLog
+	// fd is the pipe's read end (non-blocking); closing stopW ends the drain, which polls
+	// stopR. The drain closes fd and stopR when it ends; then drained is closed.
+	fd, stopR, stopW int
+	drained          chan struct{}
+	stopOnce         sync.Once
 }
 
-// newVMOutput opens the logs of the sandbox in dir and makes the pipes: it returns the write
-// ends, for the guest's console (VM.Console) and for QEMU's stdout and stderr
-// (VMCommand.Output); once the runner has given them to QEMU, the caller closes them. The
-// write ends are blocking, as a program's stdout and stderr usually are (QEMU makes its own
-// opening of the console's non-blocking).
-func newVMOutput(ctx context.Context, dir string) (*vmOutput, *os.File, *os.File, error) {
-	o := &vmOutput{consoleFD: -1, qemuFD: -1, stopR: -1, stopW: -1, drained: make(chan struct{})}
-	var console, qemu *os.File
+// openPipedLog opens the boundedLog at path (appending) and makes its pipe: it returns the
+// write end, named name, which the caller gives the process and then closes. The write end is
+// blocking, as a program's stdout and stderr usually are.
+func openPipedLog(ctx context.Context, path string, limit int64, name string) (*pipedLog, *os.File, error) {
+	p := &pipedLog{fd: -1, stopR: -1, stopW: -1, drained: make(chan struct{})}
+	var w *os.File
 	err := func() (err error) {
-		if o.console, err = openBoundedLog(ctx, filepath.Join(dir, consoleName), consoleFileLimit); err != nil {
+		if p.log, err = openBoundedLog(ctx, path, limit); err != nil {
 			return err
 		}
-		if o.qemu, err = openBoundedLog(ctx, filepath.Join(dir, qemuLogName), qemuFileLimit); err != nil {
+		if p.fd, w, err = outputPipe(name); err != nil {
 			return err
 		}
-		if o.consoleFD, console, err = outputPipe("console"); err != nil {
-			return err
-		}
-		if o.qemuFD, qemu, err = outputPipe("qemu"); err != nil {
-			return err
-		}
-		var p [2]int
-		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		var stop [2]int
+		if err := unix.Pipe2(stop[:], unix.O_CLOEXEC); err != nil {
 			return fmt.Errorf("pipe: %w", err)
 		}
-		o.stopR, o.stopW = p[0], p[1]
+		p.stopR, p.stopW = stop[0], stop[1]
 		return nil
 	}()
 	if err != nil {
-		for _, f := range []*os.File{console, qemu} {
-			if f != nil {
-				f.Close()
-			}
+		if w != nil {
+			w.Close()
 		}
-		o.close()
-		return nil, nil, nil, err
+		p.close()
+		return nil, nil, err
 	}
-	return o, console, qemu, nil
+	return p, w, nil
 }
 
 // outputPipe makes a pipe: its read end non-blocking, its write end a blocking *os.File named
@@ -334,30 +365,89 @@ func outputPipe(name string) (int, *os.File, error) {
 	return p[0], os.NewFile(uintptr(p[1]), name), nil
 }
 
-// close closes the pipes and the logs without draining: for a VM that did not start.
-func (o *vmOutput) close() {
-	for _, fd := range []int{o.consoleFD, o.qemuFD, o.stopR, o.stopW} {
+// close closes the pipe and the log without draining: for a process that did not start.
+func (p *pipedLog) close() {
+	for _, fd := range []int{p.fd, p.stopR, p.stopW} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
-	for _, l := range []*boundedLog{o.console, o.qemu} {
-		if l != nil {
-			l.close()
-		}
+	if p.log != nil {
+		p.log.close()
 	}
+}
+
+// start drains the pipe until every writer has closed it (the process, and any child it gave
+// it to, exited) or stop.
+func (p *pipedLog) start() {
+	go func() {
+		drain(p.fd, p.stopR, p.log)
+		unix.Close(p.fd)
+		unix.Close(p.stopR)
+		close(p.drained)
+	}()
+}
+
+// stop ends the drain (the process may still run), waits for it and closes the file. What is
+// kept in memory stays readable. start must have been called.
+func (p *pipedLog) stop() {
+	p.stopOnce.Do(func() {
+		unix.Close(p.stopW)
+		<-p.drained
+		p.log.close()
+	})
+}
+
+// finish lets the drain read what an exited process left in the pipe, for at most
+// outputDrainGrace (a child of it may still hold the pipe), then stops it.
+func (p *pipedLog) finish() {
+	select {
+	case <-p.drained:
+	case <-time.After(outputDrainGrace):
+	}
+	p.stop()
+}
+
+// vmOutput is what the sandbox keeps of its VM's output: the guest's console and QEMU's own
+// stdout and stderr, each a pipedLog.
+type vmOutput struct {
+	console, qemu *pipedLog
+	// drained is closed once both drains have ended.
+	drained chan struct{}
+}
+
+// newVMOutput opens the logs of the sandbox in dir and makes the pipes: it returns the write
+// ends, for the guest's console (VM.Console) and for QEMU's stdout and stderr
+// (VMCommand.Output); once the runner has given them to QEMU, the caller closes them. (QEMU
+// makes its own opening of the console's non-blocking.)
+func newVMOutput(ctx context.Context, dir string) (*vmOutput, *os.File, *os.File, error) {
+	o := &vmOutput{drained: make(chan struct{})}
+	var console, qemu *os.File
+	var err error
+	if o.console, console, err = openPipedLog(ctx, filepath.Join(dir, consoleName), consoleFileLimit, "console"); err != nil {
+		return nil, nil, nil, err
+	}
+	if o.qemu, qemu, err = openPipedLog(ctx, filepath.Join(dir, qemuLogName), qemuFileLimit, "qemu"); err != nil {
+		console.Close()
+		o.console.close()
+		return nil, nil, nil, err
+	}
+	return o, console, qemu, nil
+}
+
+// close closes the pipes and the logs without draining: for a VM that did not start.
+func (o *vmOutput) close() {
+	o.console.close()
+	o.qemu.close()
 }
 
 // start drains both pipes until every writer has closed them (QEMU exited) or stop.
 func (o *vmOutput) start() {
-	var wg sync.WaitGroup
-	wg.Go(func() { drain(o.consoleFD, o.stopR, o.console) })
-	wg.Go(func() { drain(o.qemuFD, o.stopR, o.qemu) })
+	o.console.start()
+	o.qemu.start()
 	go func() {
-		wg.Wait()
-		unix.Close(o.consoleFD)
-		unix.Close(o.qemuFD)
-		unix.Close(o.stopR)
+		<-o.console.drained
+		<-o.qemu.drained
 		close(o.drained)
 	}()
 }
@@ -365,14 +455,12 @@ func (o *vmOutput) start() {
 // stop ends the drains (QEMU may still run), waits for them and closes the files. What is
 // kept in memory stays readable. start must have been called.
 func (o *vmOutput) stop() {
-	unix.Close(o.stopW)
-	<-o.drained
-	o.console.close()
-	o.qemu.close()
+	o.console.stop()
+	o.qemu.stop()
 }
 
 // lastLines returns the last lines of QEMU's output and of the console, at most tailLines
 // each.
 func (o *vmOutput) lastLines() (qemu, console []string) {
-	return o.qemu.lastLines(tailLines), o.console.lastLines(tailLines)
+	return o.qemu.log.lastLines(tailLines), o.console.log.lastLines(tailLines)
 }

@@ -249,17 +249,17 @@ func TestVMOutputFlood(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the drains did not end when the pipes closed")
 	}
-	older, current := onDisk(t, o.console)
+	older, current := onDisk(t, o.console.log)
 	if len(older) > consoleFileLimit || len(current) > consoleFileLimit || len(older) == 0 {
 		t.Errorf("console files of %d and %d bytes, limit %d", len(older), len(current), consoleFileLimit)
 	}
 	if bytes.ContainsAny(append(older, current...), "\x1b\x01\xff\r") {
 		t.Error("a control byte reached the files")
 	}
-	if got := o.console.lastLines(1); len(got) != 1 || got[0] != `KVFS-FLOOD \x1b[31m\x01\xff the guest writes without end` {
+	if got := o.console.log.lastLines(1); len(got) != 1 || got[0] != `KVFS-FLOOD \x1b[31m\x01\xff the guest writes without end` {
 		t.Errorf("last console line %q", got)
 	}
-	if got := o.qemu.lastLines(5); !slices.Equal(got, []string{"qemu-system-x86_64: terminating on signal 15"}) {
+	if got := o.qemu.log.lastLines(5); !slices.Equal(got, []string{"qemu-system-x86_64: terminating on signal 15"}) {
 		t.Errorf("QEMU's lines %q", got)
 	}
 	t.Logf("drained %d MiB in %v (%.0f MiB/s), %d bytes kept on disk", sent>>20, elapsed.Round(time.Millisecond),
@@ -278,7 +278,7 @@ func TestVMOutputStop(t *testing.T) {
 	o.start()
 	console.Write([]byte("still running\n"))
 	deadline := time.Now().Add(10 * time.Second)
-	for o.console.written() == 0 && time.Now().Before(deadline) {
+	for o.console.log.written() == 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	stopped := make(chan struct{})
@@ -291,10 +291,10 @@ func TestVMOutputStop(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("stop did not end the drains")
 	}
-	if o.console.f != nil || o.qemu.f != nil {
+	if o.console.log.f != nil || o.qemu.log.f != nil {
 		t.Error("a file is still open after stop")
 	}
-	if got := o.console.lastLines(5); !slices.Equal(got, []string{"still running"}) {
+	if got := o.console.log.lastLines(5); !slices.Equal(got, []string{"still running"}) {
 		t.Errorf("lastLines after stop = %q", got)
 	}
 }

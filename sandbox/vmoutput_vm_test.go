@@ -51,7 +51,7 @@ exec yes "$line" > /dev/console
 	waitFile(t, filepath.Join(ctl, "ready"), guestTimeout, s.VMExited(), diag)
 
 	s.mu.Lock()
-	console := s.out.console
+	console := s.out.console.log
 	s.mu.Unlock()
 	onDisk := func() int64 {
 		var n int64

@@ -168,7 +168,11 @@
 // (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
 // annotations are not (see sandbox.Config.Resolve). The network namespace path comes from
 // containerd and is trusted; the guest can send any frame on its NIC, and those frames only
-// reach the pod's veth (see package sandbox/network).
+// reach the pod's veth (see package sandbox/network). The files the shim writes for a
+// Sandbox-API pod's containers (/etc/hostname, /etc/hosts, /etc/resolv.conf) are bound
+// read-write, as runc binds them, so the guest can write them through kvfsd: they live on a
+// tmpfs of 256 KiB of their own in the sandbox's bundle (podFilesSize), not on the /run of
+// containerd's state directory, and the tmpfs goes with ShutdownSandbox or the delete action.
 //
 // QEMU, whose device emulation is what a guest escape goes through, is born in the pod's
 // network namespace (its interfaces the pod's veth, the tap and lo) and in the pod's host
@@ -183,6 +187,19 @@
 // among them), or setns(2) back into the host's network namespace through /proc/1/ns/net.
 // Confining QEMU as kvfsd is (capabilities dropped, a seccomp filter, a user or mount namespace
 // of its own) is what makes these namespaces hold.
+//
+// QEMU and kvfsd hold the pod's memory, so the host's OOM killer weighs them as the pod, not as
+// the shim, which keeps containerd's oom_score_adj (containerd's own plus one, -998 typically):
+// they start with the sandbox container's process.oomScoreAdj (or a lone container's), and each
+// CRI container's raises theirs to its own before the container is made (podOOMScoreAdj,
+// sandbox.RaiseOOMScoreAdj). CRI gives the QoS class's value (Guaranteed -997, BestEffort 1000,
+// Burstable between) only to containers: the pause container gets -998 whatever the class and
+// the Sandbox API's pod config carries none, so a pod's VM is at -998 until its first
+// container, while the guest runs only its kernel and the agent. A BestEffort pod's VM is then
+// at 1000, never better protected than a runc container of its class. A value that cannot be
+// written fails the Create, as in runc (a value below containerd's own may need
+// CAP_SYS_RESOURCE; containerd's restrict_oom_score_adj keeps the values at or above its own
+// where that is withheld).
 //
 // With agent.transport = "vsock" the guest agent serves only the host connecting from a
 // privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one

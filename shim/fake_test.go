@@ -374,10 +374,12 @@ type fakePod struct {
 	// mountsIn are the mounts below each bind source (by source), what Submounts answers.
 	mountsIn map[string][]string
 	stopped  int
-	killed   []error // the reasons of Kill's calls
-	done     chan struct{}
-	dieOnce  sync.Once
-	err      error // set before done is closed
+	// oomRaises are RaiseOOMScoreAdj's values, in order.
+	oomRaises []int
+	killed    []error // the reasons of Kill's calls
+	done      chan struct{}
+	dieOnce   sync.Once
+	err       error // set before done is closed
 }
 
 func (p *fakePod) Agent() agent.AgentService {
@@ -428,6 +430,14 @@ func (p *fakePod) Unbind(name string) error {
 		return fmt.Errorf("unbind %s: not bound", name)
 	}
 	delete(p.binds, name)
+	return nil
+}
+
+// RaiseOOMScoreAdj records v.
+func (p *fakePod) RaiseOOMScoreAdj(v int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.oomRaises = append(p.oomRaises, v)
 	return nil
 }
 

@@ -228,11 +228,15 @@ func bundleShimAddress(bundle string) (string, error) {
 }
 
 // Cleanup undoes on the host what a dead shim left of the container in bundle: the rootfs
-// mount, and the sandbox the bundle names, unless its owner lives.
+// mount, a Sandbox-API sandbox's pod files, and the sandbox the bundle names, unless its
+// owner lives.
 func Cleanup(ctx context.Context, bundle string) error {
 	var errs []error
 	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), 0); err != nil {
 		errs = append(errs, fmt.Errorf("unmount the rootfs: %w", err))
+	}
+	if err := unmountPodFiles(filepath.Join(bundle, podFilesDir)); err != nil {
+		errs = append(errs, err)
 	}
 	rec, err := readBundleRecord(bundle)
 	switch {

@@ -43,6 +43,9 @@ type Pod interface {
 	// Submounts lists the mount points below the bind name, relative to it
 	// (sandbox.Submounts).
 	Submounts(name string) ([]string, error)
+	// RaiseOOMScoreAdj raises the oom_score_adj of the VM and of its server to v, if theirs is
+	// lower (sandbox.RaiseOOMScoreAdj): a container's value bounds its whole pod's.
+	RaiseOOMScoreAdj(v int) error
 	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
 	Done() <-chan struct{}
 	// Err says why Done was closed.
@@ -82,6 +85,9 @@ type PodRequest struct {
 	// or a pod's one container's spec), checked (agent.CheckSysctls), written in the guest's
 	// kernel, whose namespaces the pod's containers share.
 	Sysctls map[string]string
+	// OOMScoreAdj is the oom_score_adj of the pod's QEMU and kvfsd (podOOMScoreAdj): the
+	// sandbox container's, or a pod's one container's. Nil: the shim's.
+	OOMScoreAdj *int
 }
 
 // PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the

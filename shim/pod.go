@@ -75,7 +75,8 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			return nil, fmt.Errorf("pod %s: %w", req.ID, err)
 		}
 	}
-	sb, err := sandbox.Create(ctx, req.ID, sandbox.Options{Config: req.Config, Annotations: req.Annotations})
+	sb, err := sandbox.Create(ctx, req.ID, sandbox.Options{Config: req.Config, Annotations: req.Annotations,
+		OOMScoreAdj: req.OOMScoreAdj})
 	if err != nil {
 		if cg != nil {
 			if err := cg.leave(); err != nil {
@@ -295,6 +296,9 @@ func (p *VMPod) BindIDMapped(src, name string, flags sandbox.BindFlags, userns *
 
 // Unbind implements Pod.
 func (p *VMPod) Unbind(name string) error { return p.sb.Unbind(name) }
+
+// RaiseOOMScoreAdj implements Pod.
+func (p *VMPod) RaiseOOMScoreAdj(v int) error { return p.sb.RaiseOOMScoreAdj(v) }
 
 // Submounts implements Pod.
 func (p *VMPod) Submounts(name string) ([]string, error) { return p.sb.Submounts(name) }

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -156,7 +157,7 @@ func criPodConfig(a *anypb.Any) (*criapi.PodSandboxConfig, error) {
 // (containerd's pod_annotations filter does not apply here; sandbox.Config.Resolve takes only
 // those annotations.enabled lists), and the pod files its containers get (writePodFiles). The
 // sandbox's rootfs, if any, is not used: the VM is the sandbox.
-func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
+func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (_ *sandboxAPI.CreateSandboxResponse, retErr error) {
 	if r.SandboxID == "" {
 		return nil, fmt.Errorf("a sandbox without an id: %w", errdefs.ErrInvalidArgument)
 	}
@@ -220,6 +221,16 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	// container, where the shim, kvfsd and QEMU then run (cgroup.go).
 	cgroup := sandboxCgroupPath(pc.GetLinux().GetCgroupParent(), r.SandboxID)
 	files := filepath.Join(r.BundlePath, podFilesDir)
+	if err := mountPodFiles(files); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := unmountPodFiles(files); err != nil {
+				log.G(ctx).WithError(err).Warn("unmounting the pod files")
+			}
+		}
+	}()
 	if err := writePodFiles(files, pc); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
 	}
@@ -526,9 +537,9 @@ func (s *SandboxService) UpdateSandbox(ctx context.Context, r *sandboxAPI.Update
 	return nil, fmt.Errorf("update of sandbox %s: a VM's size is set when it boots: %w", r.SandboxID, errdefs.ErrNotImplemented)
 }
 
-// ShutdownSandbox stops the sandbox if it still runs, forgets it and ends the shim, once it
-// has answered (shutdownGrace). A shim whose CreateSandbox failed has no sandbox: it ends
-// too.
+// ShutdownSandbox stops the sandbox if it still runs, unmounts its pod files, forgets it and
+// ends the shim, once it has answered (shutdownGrace). A shim whose CreateSandbox failed has
+// no sandbox: it ends too.
 func (s *SandboxService) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
 	s.mu.Lock()
 	sb := s.sandbox
@@ -539,6 +550,9 @@ func (s *SandboxService) ShutdownSandbox(ctx context.Context, r *sandboxAPI.Shut
 		}
 		if _, err := s.StopSandbox(ctx, &sandboxAPI.StopSandboxRequest{SandboxID: sb.id}); err != nil {
 			return nil, err
+		}
+		if err := unmountPodFiles(sb.files); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", sb.id, err)
 		}
 	}
 	s.mu.Lock()
@@ -555,6 +569,46 @@ const podFilesDir = "pod-files"
 // and the Sandbox API leaves to the sandbox: the container path, the file's name in
 // podFilesDir.
 var podFiles = [...][2]string{{"/etc/hostname", "hostname"}, {"/etc/hosts", "hosts"}, {"/etc/resolv.conf", "resolv.conf"}}
+
+// podFilesSize is the size of the tmpfs that holds a Sandbox-API pod's files. Its containers
+// get them read-write, as runc containers do (kubelet's /etc/hosts is writable), so root in
+// the guest can write them through kvfsd for as long as the pod lives: on containerd's state
+// directory, a tmpfs (/run), they would take the host's memory and, once /run is full, every
+// pod's and containerd's. Bound read-only, they would differ from runc's. So they live on a
+// tmpfs of their own, this big for all three (the host's /etc/hosts, which the pod's copies,
+// is a few KiB), where a write past it fails with ENOSPC. CRI's podsandbox sandboxer makes its
+// own (the pause container's): those are not the shim's to bound.
+const podFilesSize = 256 << 10
+
+// mountPodFiles mounts a tmpfs of podFilesSize, a few inodes and no devices, set-id bits or
+// executables at dir, made if need be, for the pod files.
+func mountPodFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("size=%d,nr_inodes=16,mode=0755", podFilesSize)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("a tmpfs for the pod files at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmountPodFiles detaches what mountPodFiles mounted at dir (nothing if it is not mounted
+// there), leaving dir, empty, for containerd to remove with the bundle. The containers' binds
+// of the files go with the sandbox's share.
+func unmountPodFiles(dir string) error {
+	for {
+		err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+			continue // one more below, if CreateSandbox ran twice here
+		case err == unix.EINVAL || err == unix.ENOENT:
+			return nil // not a mount point (any more), or no directory
+		default:
+			return fmt.Errorf("unmount the pod files at %s: %w", dir, err)
+		}
+	}
+}
 
 // writePodFiles writes the pod files into dir from the pod's config, as CRI writes them for a
 // pause container: the pod's hostname (else the host's), the host's /etc/hosts, a

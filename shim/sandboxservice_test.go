@@ -34,13 +34,21 @@ import (
 
 // sandboxBundle is the bundle containerd's shim sandbox controller makes for sandbox id (no
 // config.json), with the runtime options the start action kept: ConfigPath, a configuration
-// with base_dir and a 512M, one-vCPU VM.
+// with base_dir and a 512M, one-vCPU VM. The pod files' tmpfs is unmounted when the test
+// ends.
 func (h *harness) sandboxBundle(id string) string {
 	h.t.Helper()
 	b := filepath.Join(h.dir, "bundles", id)
 	if err := os.MkdirAll(b, 0o711); err != nil {
 		h.t.Fatal(err)
 	}
+	// A test that ends before ShutdownSandbox leaves the pod files' tmpfs, which containerd's
+	// delete action would unmount.
+	h.t.Cleanup(func() {
+		if err := unmountPodFiles(filepath.Join(b, podFilesDir)); err != nil {
+			h.t.Error(err)
+		}
+	})
 	cfg := filepath.Join(h.dir, "kvfs-"+id+".toml")
 	if err := os.WriteFile(cfg, []byte("base_dir = \"/tmp/kvfs-sbx\"\n[vm]\nvcpus = 1\nmemory = \"512M\"\n"), 0o644); err != nil {
 		h.t.Fatal(err)

@@ -340,3 +340,24 @@ func baseName(p string) string {
 	}
 	return b
 }
+
+// podOOMScoreAdj says what a container's process.oomScoreAdj does to its pod's: the value
+// the pod's QEMU and kvfsd start with (start), or one they are raised to if theirs is lower
+// (raise), before the container runs. CRI gives containers their pod's QoS class (Guaranteed
+// -997, BestEffort 1000, Burstable by memory request, each at least containerd's own under
+// restrict_oom_score_adj) but gives the pod sandbox none of it: podsandbox's pause container
+// has -998 whatever the class, and the Sandbox API's pod config carries only cpu and memory.
+// So the pod's value comes from its containers: a sandbox container's, or the one container
+// of a pod without CRI, is where the pod starts; each CRI container raises it to its own, and
+// the VM, whose one OOM kill takes every container, is no better protected than the least
+// protected of them.
+func podOOMScoreAdj(spec *specs.Spec) (start, raise *int) {
+	if spec.Process == nil || spec.Process.OOMScoreAdj == nil {
+		return nil, nil
+	}
+	v := *spec.Process.OOMScoreAdj
+	if spec.Annotations[AnnotationContainerType] == containerTypeContainer {
+		return nil, &v
+	}
+	return &v, nil
+}

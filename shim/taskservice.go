@@ -25,6 +25,7 @@ import (
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/hooks"
+	"github.com/kvfs/kvfs/sandbox"
 	"github.com/kvfs/kvfs/shim/stdio"
 )
 
@@ -63,6 +64,15 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	// CRI's pod sandbox container runs nothing: the VM is the pod (sandboxtask.go).
 	isSandbox := spec.Annotations[AnnotationContainerType] == containerTypeSandbox
 	podReq := PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations, SandboxTask: isSandbox}
+	var raiseOOM *int
+	podReq.OOMScoreAdj, raiseOOM = podOOMScoreAdj(spec)
+	for _, v := range []*int{podReq.OOMScoreAdj, raiseOOM} {
+		if v != nil {
+			if err := sandbox.CheckOOMScoreAdj(*v); err != nil {
+				return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+			}
+		}
+	}
 	var guestSpec *specs.Spec
 	var submounts []string
 	var hostBinds []HostBind
@@ -148,6 +158,11 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	run, err := s.acquirePod(ctx, podReq, false)
 	if err != nil {
 		return nil, err
+	}
+	if raiseOOM != nil {
+		if err := run.pod.RaiseOOMScoreAdj(*raiseOOM); err != nil {
+			return nil, fmt.Errorf("container %s: %w", r.ID, err)
+		}
 	}
 	if !isSandbox {
 		if submounts, err = s.bindContainer(run.pod, c, r, spec, hostBinds, &undo); err != nil {

@@ -24,6 +24,9 @@ import (
 var version = "devel"
 
 func main() {
+	// A daemon's log may be a pipe (a sandbox's owner drains it): if its reader goes, a write
+	// there fails with EPIPE and is dropped, rather than end the server, as in virtiofsd.
+	signal.Ignore(syscall.SIGPIPE)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

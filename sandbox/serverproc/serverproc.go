@@ -13,7 +13,9 @@
 // it in the sandbox's state and may adopt it again after a restart. It inherits the vhost-user
 // listening socket the owner created (descriptor 3), the listening socket of its channel
 // (descriptor 4), the write end of a pipe on which it leaves its last statistics when it stops
-// serving (descriptor 5; FinalStats), and, for its stdout and stderr, the sandbox's server log. The Spec (the
+// serving (descriptor 5; FinalStats), and, for its stdout and stderr, the write end of a pipe
+// the owner drains into the sandbox's bounded server log (it writes no host file; it ignores
+// SIGPIPE, so that an owner's death drops its lines rather than end it). The Spec (the
 // server's virtiofs.Config, the sandbox's id and the log level) is in its environment.
 //
 // Init, in the new process, sees the marker and serves instead of returning; the marker is
@@ -30,7 +32,7 @@
 //	            directory and detaches the host's tree (confine.PivotRoot), which moves the
 //	            server's root too, then forwards SIGTERM, SIGINT and SIGHUP to the server and
 //	            exits as it does. It runs none of the server's code, reads nothing the guest
-//	            controls, and holds no descriptor of the host's files but its log; it keeps its
+//	            controls, and holds no descriptor of the host's files; it keeps its
 //	            capabilities (a Go program cannot drop them on all its threads in a cgo build),
 //	            which the server, with fewer and without ptrace, cannot reach.
 //	server      its child: moves its working directory into the namespace's /proc/self/fd, waits
@@ -162,6 +164,9 @@ func Init() {
 }
 
 func runStep(step string) int {
+	// stdout and stderr are a pipe the owner drains: if it dies (an adopting owner may come
+	// after it), a write there fails with EPIPE and is dropped, rather than end the server.
+	signal.Ignore(syscall.SIGPIPE)
 	log.L.Logger.SetOutput(os.Stderr)
 	var spec Spec
 	if err := json.Unmarshal([]byte(os.Getenv(specEnv)), &spec); err != nil {
