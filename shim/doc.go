@@ -167,12 +167,14 @@
 // in a read-only root the shim makes first, inside the root whatever its symlinks say
 // (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
 // annotations are not (see sandbox.Config.Resolve). The network namespace path comes from
-// containerd and is trusted; the guest can send any frame on its NIC, and those frames only
-// reach the pod's veth (see package sandbox/network). The files the shim writes for a
-// Sandbox-API pod's containers (/etc/hostname, /etc/hosts, /etc/resolv.conf) are bound
-// read-write, as runc binds them, so the guest can write them through kvfsd: they live on a
-// tmpfs of 256 KiB of their own in the sandbox's bundle (podFilesSize), not on the /run of
-// containerd's state directory, and the tmpfs goes with ShutdownSandbox or the delete action.
+// containerd and is trusted; root in the guest can write any frame to its NIC, but only those
+// from the NIC's MAC and the pod's own addresses pass the guard on the tap, to the pod's veth
+// and nowhere else, whatever capabilities the pod's spec drops (see package sandbox/network).
+// The files the shim writes for a Sandbox-API pod's containers (/etc/hostname, /etc/hosts,
+// /etc/resolv.conf) are bound read-write, as runc binds them, so the guest can write them
+// through kvfsd: they live on a tmpfs of 256 KiB of their own in the sandbox's bundle
+// (podFilesSize), not on the /run of containerd's state directory, and the tmpfs goes with
+// ShutdownSandbox or the delete action.
 //
 // QEMU, whose device emulation is what a guest escape goes through, is born in the pod's
 // network namespace (its interfaces the pod's veth, the tap and lo) and in the pod's host

@@ -2,10 +2,11 @@
 // a tap device is made in the namespace beside the pod's interface (the veth CNI put there,
 // holding the pod's IP), and two tc filters connect them — every frame arriving on the
 // interface is redirected to the tap's egress, so it reaches the guest, and every frame the
-// guest sends, arriving on the tap, is redirected to the interface's egress. The namespace's
-// own stack never sees the pod's traffic. QEMU gets the tap's queue descriptor as a
-// virtio-net NIC with the interface's MAC; the guest agent gives the guest's NIC the
-// interface's name, MTU, addresses and routes, which Attach reads and returns.
+// guest sends, arriving on the tap, is redirected to the interface's egress if the guard
+// (filter.go) finds it comes from the NIC's MAC and the pod's addresses, and dropped if not.
+// The namespace's own stack never sees the pod's traffic. QEMU gets the tap's queue
+// descriptor as a virtio-net NIC with the interface's MAC; the guest agent gives the guest's
+// NIC the interface's name, MTU, addresses and routes, which Attach reads and returns.
 //
 // # Attach and Detach
 //
@@ -41,12 +42,23 @@
 //
 // The namespace path comes from containerd (the sandbox container's spec) and is trusted to
 // name the pod's namespace; it is still checked to be a network namespace and not the host's.
-// The guest is hostile: it can send any frame on the tap, with any source address, at any
-// rate. Every frame it sends is redirected, unexamined, to the pod's interface and so only
-// ever reaches what the pod's veth reaches (its peer, and from there whatever the CNI
-// configuration lets the pod reach); the namespace's own stack, the tap's other processes and
-// the host's interfaces never see it. Filtering the pod's traffic (spoofed addresses
-// included) is the CNI configuration's job, as for any pod. Nothing the guest sends reaches
-// this package: Attach reads the namespace before the VM starts, and Detach only deletes by
-// name what Attach made.
+// The guest is hostile: root in it can write any frame to the tap, at any rate, whatever
+// capabilities the pod's spec leaves its containers (a pod without NET_RAW, as Pod Security's
+// "restricted" profile asks, has its containers confined in the guest, but the guest kernel is
+// the hostile party). The guard lets through only what a pod on a runc veth could send without
+// NET_RAW's forging: frames from the NIC's MAC, untagged, that are IPv4 from the pod's IPv4
+// addresses, ARP with the MAC and one of those as sender, or IPv6 from the pod's IPv6
+// addresses or the MAC's link-local address (and from :: only duplicate address detection of
+// those and MLD); it drops ICMPv6 router advertisements and redirects and neighbour
+// advertisements for other addresses, which would take over a neighbour's traffic with a
+// genuine source. What passes is redirected to the pod's interface and so only ever reaches
+// what the pod's veth reaches (its peer, and from there whatever the CNI configuration lets
+// the pod reach); what is dropped, and the namespace's own stack, the tap's other processes
+// and the host's interfaces never see any of it. Within those rules the guest can still send
+// anything from its own addresses — any protocol, port, destination or rate — and IPv6 from
+// its link-local address, as root in a runc pod with NET_RAW on the same veth could:
+// filtering that (network policy) stays the CNI configuration's job, as for any pod.
+// TestTapGuard sends forged frames into a tap; TestNetworkInGuest forges from a real guest.
+// Nothing the guest sends reaches this package: Attach reads the namespace before the VM
+// starts, and Detach only deletes by name what Attach made.
 package network

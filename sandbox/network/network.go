@@ -167,7 +167,8 @@ func openNetNS(path string) (netns.NsHandle, error) {
 // Attach joins the pod's network namespace at netnsPath to a new tap named tap (TapName):
 // it finds the pod's interface (see the package documentation), reads its MAC, MTU,
 // addresses and routes, makes the tap with the interface's MTU, adds an ingress qdisc to
-// both and the two redirecting filters, and brings the tap up. A failure undoes what was
+// both, the filter redirecting the interface's ingress to the tap and the guard on the tap's
+// (filter.go), and brings the tap up. A failure undoes what was
 // made. The caller owns the Endpoint's TapFile and calls Detach when the VM is gone.
 func Attach(netnsPath, tap string) (_ *Endpoint, retErr error) {
 	if err := agent.CheckInterfaceName(tap); err != nil {
@@ -238,7 +239,7 @@ func Attach(netnsPath, tap string) (_ *Endpoint, retErr error) {
 	if err := h.FilterAdd(redirect(pod, tapLink)); err != nil {
 		return nil, fail("redirecting %s's ingress to %s: %w", attrs.Name, tap, err)
 	}
-	if err := h.FilterAdd(redirect(tapLink, pod)); err != nil {
+	if err := addGuard(h, tapLink, pod, ep.Interface.Addresses); err != nil {
 		return nil, fail("redirecting %s's ingress to %s: %w", tap, attrs.Name, err)
 	}
 	if err := h.LinkSetUp(tapLink); err != nil {
@@ -514,7 +515,8 @@ func ingress(l netlink.Link) *netlink.Ingress {
 }
 
 // redirect is a filter on from's ingress that matches every frame (u32, one key with mask
-// 0) and redirects it to to's egress.
+// 0) and redirects it to to's egress: what reaches the pod's interface goes to the guest
+// unexamined. It needs cls_u32 and act_mirred of the host kernel.
 func redirect(from, to netlink.Link) *netlink.U32 {
 	return &netlink.U32{
 		FilterAttrs: netlink.FilterAttrs{
