@@ -214,9 +214,10 @@ func startScope(ctx context.Context, s systemdScope, pid int) error {
 
 // stopScope asks systemd to stop the pod's scope unit, which kills what is left in it and
 // removes its cgroup, and to forget it if it failed. A unit already gone (systemd collects an
-// empty scope itself) is no error.
+// empty scope itself) is no error. It is the pod's cleanup: a cancelled ctx does not cut it
+// short, systemdTimeout bounds it.
 func stopScope(ctx context.Context, unit string) error {
-	ctx, cancel := context.WithTimeout(ctx, systemdTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), systemdTimeout)
 	defer cancel()
 	conn, err := systemdConn(ctx)
 	if err != nil {

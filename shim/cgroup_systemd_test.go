@@ -1,8 +1,10 @@
 package shim
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -411,7 +413,10 @@ func TestSystemdScope(t *testing.T) {
 	}
 	child.Process.Kill()
 	child.Wait()
-	if err := cg.leave(t.Context()); err != nil {
+	// The pod's end may come with its request's context cancelled: the scope still goes.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := cg.leave(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if calls := f.takeCalls(); len(calls) == 0 || calls[0].method != "StopUnit" || calls[0].unit != unit {
@@ -463,5 +468,55 @@ func TestSystemdScope(t *testing.T) {
 	}
 	if d := podCgroupDirs(fs); len(d) > 0 {
 		t.Errorf("a failed join left %q", d)
+	}
+}
+
+// TestCleanupSystemdScope: the delete action after a shim's death stops the pod's scope the
+// bundle's record names, as well as removing its sandbox and the record.
+func TestCleanupSystemdScope(t *testing.T) {
+	f := startFakeSystemd(t)
+	slice, sliceFS := testSlice(t)
+	p := slice + ":cri-containerd:pod1"
+	fs := sliceFS + "/cri-containerd-pod1.scope"
+	dir := shortTempDir(t)
+	base := filepath.Join(dir, "sandboxes")
+	if err := os.MkdirAll(filepath.Join(base, "pod1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(dir, "bundles", "pod1")
+	if err := os.MkdirAll(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeBundleRecord(bundle, bundleRecord{SandboxID: "pod1", BaseDir: base, Cgroup: p}); err != nil {
+		t.Fatal(err)
+	}
+	// The shim joined the pod's scope and died: its processes left the scope, which stays.
+	cg, err := joinPodCgroup(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cg.v2 != nil {
+		err = cg.v2From.AddProc(uint64(os.Getpid()))
+	} else {
+		err = cg.v1From.Add(cgroup1.Process{Pid: os.Getpid()})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.takeCalls()
+	if err := Cleanup(t.Context(), bundle); err != nil {
+		t.Fatal(err)
+	}
+	if calls := f.takeCalls(); len(calls) == 0 || calls[0].method != "StopUnit" || calls[0].unit != "cri-containerd-pod1.scope" {
+		t.Errorf("calls to systemd by the delete action: %+v; want a StopUnit of the pod's scope", calls)
+	}
+	if d := podCgroupDirs(fs); len(d) > 0 {
+		t.Errorf("the delete action left the pod's scope: %q", d)
+	}
+	if _, err := os.Lstat(filepath.Join(base, "pod1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the sandbox directory is left: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(bundle, bundleRecordName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the record is left: %v", err)
 	}
 }
