@@ -26,12 +26,14 @@ import (
 // every call is bounded (systemdTimeout), so a hung systemd fails the pod's start rather than
 // hang it.
 //
-// These calls were checked against a private D-Bus daemon whose org.freedesktop.systemd1 is
-// the tests' (fakeSystemd in cgroup_systemd_test.go): the unit's name and properties as runc's
-// systemd driver sends them for a container of CRI's (runc's libcontainer/cgroups/systemd,
-// read, not run: no systemd runs as PID 1 on the machines the tests run on). containerd's
-// cgroups module has a systemd manager too (cgroup2.NewSystemd), not used here: v3.1.3 puts
-// the scope in system.slice whatever slice it is given, and its waits are not bounded.
+// How this was checked, no systemd running as PID 1 on the machines the tests run on: the
+// calls go over real D-Bus to a private dbus-daemon whose org.freedesktop.systemd1 is the
+// tests' own (fakeSystemd in cgroup_systemd_test.go), which places the PIDs at the slice's
+// expanded path as systemd does; the unit's name and properties were compared with what runc's
+// systemd driver (opencontainers/cgroups/systemd) sends for a container of CRI's, by reading
+// it. That systemd itself makes the scope there is its documented behaviour, not run here.
+// containerd's cgroups module has a systemd manager too (cgroup2.NewSystemd), not used: v3.1.3
+// puts the scope in system.slice whatever slice it is given, and its waits are not bounded.
 
 // systemdTimeout bounds each exchange with systemd: the connection and a call with the job
 // it starts.
