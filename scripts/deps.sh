@@ -14,6 +14,8 @@
 #   - runc: the OCI runtime of containerd's own runc shim, which the containerd tests run first;
 #   - containernetworking-plugins (in /usr/lib/cni), iproute2: the CNI bridge network and the
 #     network namespaces of the CRI tests;
+#   - dbus-daemon: the private D-Bus bus of the shim's systemd cgroup driver tests, whose
+#     org.freedesktop.systemd1 is the tests' own (no systemd runs on these machines);
 #   - a Go toolchain new enough for go.mod;
 #   - containerd, ctr and containerd-shim-runc-v2 of the version below, built with
 #     go install into ${KVFS_CACHE:-/var/cache/kvfs}/bin (never on the machine's PATH, so a
@@ -39,7 +41,7 @@ rust_virtiofsd_series=1.13
 # QEMU 10: bookworm-backports' package, of this upstream series.
 qemu10_series=10.0
 
-packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev flex bison bc libelf-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2"
+packages="qemu-system-x86 qemu-system-common busybox-static cpio kmod gcc libc6-dev flex bison bc libelf-dev fio tcc make protobuf-compiler runc xz-utils containernetworking-plugins iproute2 dbus-daemon"
 
 missing=()
 for p in $packages; do

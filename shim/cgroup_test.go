@@ -76,14 +76,14 @@ func testCgroup(t *testing.T) string {
 // and counts what runs below it; a systemd path is refused, naming it.
 func TestPodCgroupMetrics(t *testing.T) {
 	parent := testCgroup(t)
-	cg, err := joinPodCgroup(parent + "/pod")
+	cg, err := joinPodCgroup(t.Context(), parent+"/pod")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := exec.Command("sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done").Run(); err != nil {
 		t.Error(err)
 	}
-	if err := cg.leave(); err != nil {
+	if err := cg.leave(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	a, err := podCgroupMetrics(parent)
@@ -162,7 +162,7 @@ func TestPodCgroup(t *testing.T) {
 	})
 	before := cgroupsOf(t, os.Getpid())
 
-	cg, err := joinPodCgroup(path)
+	cg, err := joinPodCgroup(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,12 +183,12 @@ func TestPodCgroup(t *testing.T) {
 	if in == 0 {
 		t.Errorf("a child started after the join is not in %s: %q", path, cgroupsOf(t, child.Process.Pid))
 	}
-	if err := cg.leave(); err == nil {
+	if err := cg.leave(t.Context()); err == nil {
 		t.Error("leave with a process left in the pod's cgroup: no error")
 	}
 	child.Process.Kill()
 	child.Wait()
-	if err := cg.leave(); err != nil {
+	if err := cg.leave(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if after := cgroupsOf(t, os.Getpid()); strings.Join(after, "\n") != strings.Join(before, "\n") {
@@ -199,7 +199,7 @@ func TestPodCgroup(t *testing.T) {
 	}
 
 	// A dead shim's cgroup, removed by the delete action; then one already gone.
-	cg, err = joinPodCgroup(path)
+	cg, err = joinPodCgroup(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,13 +212,13 @@ func TestPodCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := removePodCgroup(path); err != nil {
+	if err := removePodCgroup(t.Context(), path); err != nil {
 		t.Fatal(err)
 	}
 	if d := podCgroupDirs(path); len(d) > 0 {
 		t.Errorf("removePodCgroup left %q", d)
 	}
-	if err := removePodCgroup(path); err != nil {
+	if err := removePodCgroup(t.Context(), path); err != nil {
 		t.Errorf("removePodCgroup of a cgroup already gone: %v", err)
 	}
 }

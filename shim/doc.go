@@ -63,9 +63,11 @@
 //     while it was away.
 //   - The pod's host cgroup (cgroup.go): with CRI's podsandbox, the pause container's
 //     linux.cgroupsPath; with the Sandbox API, the same path derived from the pod's cgroup
-//     parent (CRI's linux.cgroup_parent: parent/id, as podsandbox makes it). The shim joins it
-//     before it starts the pod's kvfsd and QEMU, so that the pod's stats (crictl statsp, read
-//     from the cgroup parent) are the VM's, and the kubelet's pod cgroup bounds the VM.
+//     parent (CRI's linux.cgroup_parent: parent/id, or slice:cri-containerd:id under a systemd
+//     slice, as podsandbox makes it). The shim joins it before it starts the pod's kvfsd and
+//     QEMU (a systemd one as a scope systemd makes in the slice), so that the pod's stats
+//     (crictl statsp, read from the cgroup parent) are the VM's, and the kubelet's pod cgroup
+//     bounds the VM.
 //
 // # Restarts and crashes
 //
@@ -73,8 +75,8 @@
 // keeps, and the pod goes on. A shim that dies (SIGKILL) is noticed by containerd, which runs
 // the delete action (Manager.Stop) in each of its containers' bundles, all at once: the first
 // to lock the sandbox kills the VM and kvfsd, detaches the mounts and removes the directory,
-// the others wait for it; the pod's cgroup is removed after; the tasks are reported exited
-// with 137.
+// the others wait for it; the pod's cgroup is removed after (a systemd scope stopped); the
+// tasks are reported exited with 137.
 //
 // # Processes and exits
 //
@@ -178,8 +180,10 @@
 //
 // QEMU, whose device emulation is what a guest escape goes through, is born in the pod's
 // network namespace (its interfaces the pod's veth, the tap and lo) and in the pod's host
-// cgroup, under the kubelet's pod cgroup and its limits, when the pod has a cgroupfs cgroup
-// parent (with a systemd one none is joined: the VM is then in the shim's cgroup). None of its
+// cgroup, under the kubelet's pod cgroup and its limits, when the pod has a cgroup parent: a
+// cgroupfs one, or a systemd slice, in which the pod's scope is made through systemd. A cgroup
+// the shim cannot join (a systemd one where systemd is not running) fails the pod's start:
+// the VM never runs outside the pod's limits in the shim's cgroup. None of its
 // devices needs the host's network namespace: its sockets (vhost-user, the agent's serial port)
 // are path-based Unix sockets, and AF_VSOCK knows no network namespaces in Linux 6.1, Debian
 // 12's (the vsock path is not tested here: no /dev/vhost-vsock). That keeps QEMU's own network

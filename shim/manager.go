@@ -257,13 +257,13 @@ func Cleanup(ctx context.Context, bundle string) error {
 		case errors.Is(err, sandbox.ErrInUse):
 		case err != nil:
 			errs = append(errs, err)
-		case rec.Cgroup != "" && checkCgroupPath(rec.Cgroup) == nil:
-			// The sandbox's processes are killed: its cgroup goes once they are gone. (A
-			// systemd path is never joined: nothing to remove.)
-			err := removePodCgroup(rec.Cgroup)
+		case rec.Cgroup != "":
+			// The sandbox's processes are killed: its cgroup goes once they are gone (a
+			// systemd scope is stopped).
+			err := removePodCgroup(ctx, rec.Cgroup)
 			for deadline := time.Now().Add(cleanupWait); err != nil && time.Now().Before(deadline); {
 				time.Sleep(100 * time.Millisecond)
-				err = removePodCgroup(rec.Cgroup)
+				err = removePodCgroup(ctx, rec.Cgroup)
 			}
 			if err != nil {
 				errs = append(errs, err)

@@ -78,8 +78,8 @@ type PodRequest struct {
 	NetNS string
 	// Cgroup is the pod's host cgroup, where the pod's shim, kvfsd and QEMU run (cgroup.go):
 	// CRI's pod sandbox container's (its spec's linux.cgroupsPath), or under the Sandbox API
-	// the same path derived from the pod's cgroup parent (sandboxCgroupPath). Empty: none is
-	// joined.
+	// the same path derived from the pod's cgroup parent (sandboxCgroupPath); a cgroupfs path
+	// or a systemd slice:prefix:name one. Empty: none is joined.
 	Cgroup string
 	// Sysctls are the pod's (CRI's pod sandbox container's spec, the Sandbox API's pod config,
 	// or a pod's one container's spec), checked (agent.CheckSysctls), written in the guest's

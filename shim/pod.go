@@ -66,12 +66,12 @@ func VMPodStarter(dial Dialer) PodStarter {
 }
 
 func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr error) {
-	// The pod's host cgroup first: its kvfsd and QEMU are born there.
+	// The pod's host cgroup first: its kvfsd and QEMU are born there. One the shim cannot
+	// join fails the pod: it never runs outside the cgroup it was given.
 	var cg *podCgroup
 	if req.Cgroup != "" {
-		if err := checkCgroupPath(req.Cgroup); err != nil {
-			log.G(ctx).WithError(err).Warn("the pod's VM runs in the shim's cgroup")
-		} else if cg, err = joinPodCgroup(req.Cgroup); err != nil {
+		var err error
+		if cg, err = joinPodCgroup(ctx, req.Cgroup); err != nil {
 			return nil, fmt.Errorf("pod %s: %w", req.ID, err)
 		}
 	}
@@ -79,7 +79,7 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 		OOMScoreAdj: req.OOMScoreAdj})
 	if err != nil {
 		if cg != nil {
-			if err := cg.leave(); err != nil {
+			if err := cg.leave(ctx); err != nil {
 				log.G(ctx).WithError(err).Warn("leaving the pod's cgroup")
 			}
 		}
@@ -366,7 +366,7 @@ func (p *VMPod) teardown(ctx context.Context) error {
 		}
 	}
 	if p.cg != nil {
-		if err := p.cg.leave(); err != nil {
+		if err := p.cg.leave(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

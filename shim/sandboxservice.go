@@ -69,9 +69,9 @@ type podSandbox struct {
 	id    string
 	req   PodRequest // what StartSandbox boots
 	files string     // the pod files' directory (writePodFiles)
-	// cgroupParent is the pod's cgroup parent (CRI's linux.cgroup_parent) when the shim joins
-	// the pod's cgroup under it (req.Cgroup, a cgroupfs path): SandboxMetrics reads it. Set
-	// by CreateSandbox.
+	// cgroupParent is the cgroupfs path of the pod's cgroup parent (CRI's
+	// linux.cgroup_parent; a slice's expanded path) when the shim joins the pod's cgroup under
+	// it (req.Cgroup): SandboxMetrics reads it. Set by CreateSandbox.
 	cgroupParent string
 	// stats is the guest's last Stats answer for the pod: SandboxMetrics' without a cgroup
 	// parent (stats.go).
@@ -220,6 +220,15 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	// The pod's host cgroup, under its cgroup parent: the one podsandbox would give its pause
 	// container, where the shim, kvfsd and QEMU then run (cgroup.go).
 	cgroup := sandboxCgroupPath(pc.GetLinux().GetCgroupParent(), r.SandboxID)
+	var cgroupParent string
+	if cgroup != "" {
+		if err := checkPodCgroup(cgroup); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrFailedPrecondition)
+		}
+		if cgroupParent, err = podCgroupParent(cgroup); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
+		}
+	}
 	files := filepath.Join(r.BundlePath, podFilesDir)
 	if err := mountPodFiles(files); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
@@ -239,12 +248,9 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir, Cgroup: cgroup}); err != nil {
 		return nil, err
 	}
-	sb := &podSandbox{id: r.SandboxID, files: files, createdAt: time.Now(), exited: make(chan struct{}),
+	sb := &podSandbox{id: r.SandboxID, files: files, cgroupParent: cgroupParent, createdAt: time.Now(), exited: make(chan struct{}),
 		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname, Cgroup: cgroup,
 			Sysctls: sysctls}}
-	if cgroup != "" && checkCgroupPath(cgroup) == nil {
-		sb.cgroupParent = filepath.Dir(cgroup) // the parent, cleaned
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkNoPodLocked(r.SandboxID); err != nil {

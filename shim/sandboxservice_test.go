@@ -10,13 +10,16 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
 	cgroup1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
+	"github.com/containerd/cgroups/v3/cgroup2"
 	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	bootapi "github.com/containerd/containerd/api/runtime/bootstrap/v1"
 	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
@@ -343,23 +346,37 @@ func TestSandboxAPI(t *testing.T) {
 }
 
 // TestSandboxCgroup: the pod's cgroup parent (CRI's linux.cgroup_parent) gives the pod the
-// cgroup podsandbox gives a pause container: parent/id under a cgroupfs parent, passed to
+// cgroup podsandbox gives a pause container: parent/id under a cgroupfs parent,
+// slice:cri-containerd:id under a systemd slice (the kubelet's expanded path of it), passed to
 // the pod's start and kept in the bundle's record for the delete action; the pod's stats
-// (SandboxMetrics) are then the parent's on the host, the agent not asked. Under a systemd
-// slice it is slice:cri-containerd:id (which the pod's start does not join), and the stats
-// are the guest's.
+// (SandboxMetrics) are then the parent's on the host (a slice's at its expanded path), the
+// agent not asked. Where systemd is not running, a systemd slice fails CreateSandbox, naming
+// the cgroup and why, and leaves no record.
 func TestSandboxCgroup(t *testing.T) {
 	ns := netNS(t)
 	parent := testCgroup(t)
+	slice, sliceFS := testSlice(t)
+	if cgroups.Mode() == cgroups.Unified {
+		if _, err := cgroup2.NewManager("/sys/fs/cgroup", sliceFS, &cgroup2.Resources{}); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := cgroup1.New(cgroup1.StaticPath(sliceFS), &specs.LinuxResources{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		parent, want string
-		host         bool // SandboxMetrics reads the host's cgroup parent
+		systemd      bool // systemd runs
 	}{
-		{parent + "/", parent + "/sbx", true},
-		{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice", "kubepods-burstable-pod1.slice:cri-containerd:sbx", false},
+		{parent + "/", parent + "/sbx", false},
+		{sliceFS, slice + ":cri-containerd:sbx", true},
 	} {
 		h := newHarness(t)
+		old := systemdBooted
+		if tt.systemd {
+			systemdBooted = t.TempDir()
+		}
 		h.createSandbox("sbx", ns, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{CgroupParent: tt.parent}})
+		systemdBooted = old
 		if rec, err := readBundleRecord(filepath.Join(h.dir, "bundles", "sbx")); err != nil || rec.Cgroup != tt.want {
 			t.Errorf("cgroup parent %s: the bundle's record %+v, %v; want the cgroup %s", tt.parent, rec, err, tt.want)
 		}
@@ -387,13 +404,25 @@ func TestSandboxCgroup(t *testing.T) {
 		case *cgroupstats.Metrics:
 			host = v.GetMemory() != nil && cgroups.Mode() == cgroups.Unified
 		}
-		if host != tt.host || (asked == 0) != tt.host {
-			t.Errorf("cgroup parent %s: SandboxMetrics %T (the host's cgroup: %v), the agent asked %d times; want the host's %v",
-				tt.parent, v, host, asked, tt.host)
+		if !host || asked != 0 {
+			t.Errorf("cgroup parent %s: SandboxMetrics %T (the host's cgroup: %v), the agent asked %d times; want the host's",
+				tt.parent, v, host, asked)
 		}
 		if _, err := h.svc.StopSandbox(h.ctx, &sandboxAPI.StopSandboxRequest{SandboxID: "sbx"}); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	noSystemd(t)
+	h := newHarness(t)
+	want := slice + ":cri-containerd:sbx"
+	_, err := h.svc.CreateSandbox(h.ctx, &sandboxAPI.CreateSandboxRequest{SandboxID: "sbx", BundlePath: h.sandboxBundle("sbx"),
+		NetnsPath: ns, Options: podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{CgroupParent: sliceFS}})})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), strconv.Quote(want)) || !strings.Contains(err.Error(), "systemd is not running") {
+		t.Errorf("CreateSandbox under a systemd slice without systemd: %v; want a failed precondition naming %q and that systemd is not running", err, want)
+	}
+	if _, err := readBundleRecord(filepath.Join(h.dir, "bundles", "sbx")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the bundle's record after the failed CreateSandbox: %v; want none", err)
 	}
 }
 

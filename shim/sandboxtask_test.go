@@ -65,6 +65,38 @@ func TestSandboxTaskHostNamespaces(t *testing.T) {
 	}
 }
 
+// TestSandboxTaskSystemdCgroup: where systemd is not running, a pod sandbox container whose
+// cgroup is a systemd path (containerd's SystemdCgroup) is refused, naming it and why: no pod
+// is started, no record left for the delete action.
+func TestSandboxTaskSystemdCgroup(t *testing.T) {
+	noSystemd(t)
+	h := newHarness(t)
+	b := h.bundle("pod", criSandbox("pod", nil))
+	spec, err := readSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cg = "kubepods-besteffort-pod1.slice:cri-containerd:pod"
+	spec.Linux.CgroupsPath = cg
+	data, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.svc.Create(h.ctx, &taskAPI.CreateTaskRequest{ID: "pod", Bundle: b})
+	wantKind(t, "systemd cgroup", err, errdefs.ErrFailedPrecondition)
+	if err == nil || !strings.Contains(err.Error(), `"`+cg+`"`) || !strings.Contains(err.Error(), "systemd is not running") {
+		t.Errorf("Create: %v; want a refusal naming %s and that systemd is not running", err, cg)
+	}
+	if _, err := readBundleRecord(b); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the bundle's record after the refused Create: %v; want none", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.pods) != 0 {
+		t.Errorf("%d pods started for a refused sandbox", len(h.pods))
+	}
+}
+
 // TestSandboxTask: CRI's pod sandbox container boots the pod and runs nothing: no rootfs is
 // mounted or bound, the agent never hears of it, its pid is the VM's; it exits as the pause
 // process would; the pod's containers run beside it in its VM; its stats are the pod's.

@@ -88,7 +88,12 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
 			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
-		if spec.Linux != nil {
+		if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
+			// One the shim cannot join (a systemd path where systemd is not running) fails
+			// the pod before anything is made.
+			if err := checkPodCgroup(spec.Linux.CgroupsPath); err != nil {
+				return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrFailedPrecondition)
+			}
 			podReq.Cgroup = spec.Linux.CgroupsPath
 		}
 	} else {
