@@ -10,8 +10,8 @@
 // enabled for the containers, loads the modules in /etc/kvfs/modules (finit_module), mounts
 // the virtio-fs tag of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up
 // (the containers share the VM's network namespace) and serves, on the virtio-serial port
-// io.kvfs.agent.0 or a vsock port (kvfs.agent=). Every line it logs on the console starts
-// with "kvfs-agent:". Shutdown kills every process of the machine but the agent (the
+// io.kvfs.agent.0 or a vsock port (kvfs.agent=), to the host that proves this boot's secret
+// (see Transport). Every line it logs on the console starts with "kvfs-agent:". Shutdown kills every process of the machine but the agent (the
 // container runtime is not run: its state ends with the machine); Main then lets the answer
 // leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a
 // child subreaper, so the container processes still come back to it), and Shutdown kills and
@@ -87,17 +87,40 @@
 // first bytes are taken as the rest of the old message. Seen with QEMU 7.2 and the 6.1
 // guest (TestAgentInGuest): a host that leaves and comes back half a second later ends the
 // session by POLLHUP, and Accept then waits without spinning; one that redials at once is
-// told apart only by its stream ids. vsock (ListenVsock) has real connections and none of
-// this.
+// told apart only by its stream ids (the hello's is 0, below). vsock (ListenVsock) has real
+// connections and none of this.
+//
+// Both transports serve only the host that proves this boot's secret (secretListener). The
+// host makes 32 random bytes for each boot and gives them to QEMU in a sealed memfd QEMU
+// inherits (-smbios type=11,path=/proc/self/fd/N: the bytes are on no command line, and in no
+// file); QEMU offers them to the guest as an SMBIOS OEM string, io.kvfs.agent.secret=<hex>,
+// which the agent reads once at boot from /sys/firmware/dmi/tables/DMI (ReadSecret: the
+// kernel's copy, root's only; the kvfs guest kernel has neither the fw_cfg sysfs driver nor
+// ioperm(2), so fw_cfg is out of reach without a new kernel). Without it the agent serves
+// nothing: it logs why and powers the machine off. Each connection must begin with the hello
+// (apiv1.Hello: the secret in a message of ttrpc's shape, stream id 0), read off it before
+// ttrpc has a byte: a connection whose hello is wrong (the secret compared in constant time),
+// short, or not there within 5 s is closed, and counted and logged at most once a second (a
+// peer can connect in a loop). Connections wait for their hellos each in a goroutine, at most
+// 8 at once (more are closed at once), so a silent peer does not hold up the host. One host
+// connection is served at a time: one that proves the secret replaces the one being served,
+// which is closed. Only the host has the secret, so the newer connection is the host's,
+// reconnected (after a Ping that went unanswered, say), and the older one is dead to it even
+// when the guest cannot tell; refusing the newer one would leave the host on a dead one.
+// Over serial, "closing" a refused session cannot hang up on the host (the port stays
+// open): the agent reads on for the next hello, and drops what comes before it, so that what
+// a refused host sent does not hide the next host's hello; when the port shows that a host
+// left, the bytes it read from a hello on are kept (a new host's, read before the departure
+// was seen).
 //
 // A vsock port, unlike the serial port, is open to more than the shim: to any host process
 // that knows the guest's CID (it is on QEMU's command line) and, through a loopback
-// transport, to the guest's own processes. The agent serves only the host (CID 2,
-// VMADDR_CID_HOST) connecting from a port up to 1023: the host's kernel lets a process bind
-// such a vsock port only with CAP_NET_BIND_SERVICE in the initial user namespace, and gives
-// any other a port above 1023, also when connect binds one. The shim binds one before it
-// connects. Every other connection is closed before a byte of it is read, and logged at most
-// once a second (a peer can connect in a loop), the next line counting those not logged.
+// transport, to the guest's own processes. Before the secret, the agent serves only the host
+// (CID 2, VMADDR_CID_HOST) connecting from a port up to 1023: the host's kernel lets a
+// process bind such a vsock port only with CAP_NET_BIND_SERVICE in the initial user
+// namespace, and gives any other a port above 1023, also when connect binds one. The shim
+// binds one before it connects. Every other connection is closed before a byte of it is
+// read, and logged at most once a second, the next line counting those not logged.
 //
 // # Threat model
 //
@@ -113,23 +136,24 @@
 // A host that vanishes (a shim restart) costs its connection, never the agent: the next
 // connection on the port is served.
 //
-// Over vsock the host is told from others by the host kernel's rule on privileged ports only
-// (see Transport). That keeps out unprivileged host users, other VMs and the guest's
-// containers, not a host process with CAP_NET_BIND_SERVICE in the initial user namespace,
-// which is root's equal here: among them a container without a user namespace that keeps
-// that capability (containerd's and Docker's default set has it) and can open an AF_VSOCK
-// socket. Their default seccomp profiles refuse socket(2) for AF_VSOCK but allow socketcall(2)
-// outright, which opens one all the same for a 32-bit process on x86-64; a container run
-// without seccomp (Kubernetes' default, Unconfined) needs no detour. No secret is added: it
-// would have to travel on the kernel command line, which the host shows to every user
-// (QEMU's -append in /proc/<pid>/cmdline).
+// The host is told from others by the boot's secret (see Transport), which only the shim
+// and QEMU hold: a host process that can connect, over vsock a container without a user
+// namespace that keeps CAP_NET_BIND_SERVICE and opens an AF_VSOCK socket (no seccomp
+// profile, Kubernetes' default, or a 32-bit process under containerd's and Docker's default
+// profiles, which filter socket(2) for AF_VSOCK but not socketcall(2)), gets its connection
+// closed and nothing served. The privileged-port rule still keeps unprivileged host users,
+// other VMs and the guest's containers from even making the agent wait for a hello. What
+// such a process can still do is deny service: connect in a loop to keep the 8 waits for a
+// hello full, and the host's connections are closed at once meanwhile. The secret is not
+// the guest's to keep: root in the guest can read it (it is no use to it but to speak to its
+// own agent), and a new boot has a new one.
 //
 // # Lock order
 //
 // container.op, then Service.mu. container.op serialises the runtime calls that change one
 // container (create, start, exec start, pause, resume, update, delete) and is held across
 // them; Service.mu guards the maps and every process's state and is never held across a
-// runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu, serialConn.mu and
-// hostOnlyListener.mu are leaves.
+// runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu, serialConn.mu,
+// refusalLog.mu and secretListener.mu are leaves.
 // ProcessExited takes Service.mu only.
 package agent

@@ -104,6 +104,11 @@ func run(log *logrus.Entry, pid1 bool) error {
 		log.Logger.SetLevel(logrus.DebugLevel)
 	}
 	log.WithField("kernel", KernelRelease()).Info("starting")
+	// The host's secret first: without it nothing is served, and the machine powers off.
+	secret, err := ReadSecret(DefaultDMITable)
+	if err != nil {
+		return fmt.Errorf("%w: serving nothing", err)
+	}
 	if pid1 {
 		if err := LoadModules(modulesList, filepath.Join("/lib/modules", KernelRelease())); err != nil {
 			return err
@@ -143,7 +148,7 @@ func run(log *logrus.Entry, pid1 bool) error {
 	defer cancel()
 	go reaper.Run(ctx, svc.ProcessExited)
 
-	l, err := listen(params, log)
+	l, err := listen(params, secret, log)
 	if err != nil {
 		return err
 	}
@@ -194,17 +199,17 @@ func stopServing(ctx context.Context, srv *ttrpc.Server, tl *connTracker, log *l
 	}
 }
 
-// listen opens the transport of params: the virtio-serial port (waiting for it to appear) or
-// the vsock port.
-func listen(params BootParams, log *logrus.Entry) (net.Listener, error) {
+// listen opens the transport of params, the virtio-serial port (waiting for it to appear) or
+// the vsock port, to serve the host that proves secret.
+func listen(params BootParams, secret []byte, log *logrus.Entry) (net.Listener, error) {
 	if params.Transport == TransportVsock {
-		return ListenVsock(params.VsockPort, log)
+		return ListenVsock(params.VsockPort, secret, log)
 	}
 	deadline := time.Now().Add(portWait)
 	for {
 		dev, err := FindSerialPort(DefaultVirtioPorts, apiv1.SerialPortName)
 		if err == nil {
-			return ListenSerial(dev, log)
+			return ListenSerial(dev, secret, log)
 		}
 		if time.Now().After(deadline) {
 			return nil, err

@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +18,8 @@ import (
 	"github.com/mdlayher/vsock"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
 
 // DefaultVirtioPorts is where the kernel lists virtio-serial ports.
@@ -46,16 +51,21 @@ func FindSerialPort(sysDir, name string) (string, error) {
 }
 
 // ListenSerial opens the virtio-serial port dev and answers a listener whose connections are
-// the host's sessions on it; their beginnings and ends are logged to log. The port is opened
-// with open(2), not as an os.File: Go's netpoller would register it with its epoll, whose
-// polls of the port would steal the pump's wake-ups (see serialListener).
-func ListenSerial(dev string, log *logrus.Entry) (net.Listener, error) {
+// the host's sessions on it that begin with the host's hello with secret (see
+// secretListener); their beginnings and ends are logged to log. The port is opened with
+// open(2), not as an os.File: Go's netpoller would register it with its epoll, whose polls of
+// the port would steal the pump's wake-ups (see serialListener).
+func ListenSerial(dev string, secret []byte, log *logrus.Entry) (net.Listener, error) {
+	if len(secret) != apiv1.SecretLen {
+		return nil, fmt.Errorf("a secret of %d bytes, want %d", len(secret), apiv1.SecretLen)
+	}
 	fd, err := unix.Open(dev, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: dev, Err: err}
 	}
-	return newSerialListener(serialPort{name: dev, r: fd, w: fd, close: func() { unix.Close(fd) }},
-		func() (bool, error) { return hostConnected(fd) }, log), nil
+	l := newSerialListener(serialPort{name: dev, r: fd, w: fd, close: func() { unix.Close(fd) }},
+		func() (bool, error) { return hostConnected(fd) }, log)
+	return newSecretListener(l, secret, log), nil
 }
 
 // hostConnected polls the port once: POLLHUP means no host program has the port's chardev
@@ -79,20 +89,25 @@ const (
 	// CAP_NET_BIND_SERVICE in the initial user namespace (LAST_RESERVED_PORT in the kernel's
 	// af_vsock.c); an unprivileged process gets a port above it, also when connect binds it.
 	vsockMaxPrivilegedPort = 1023
-	// refusalLogInterval is the least time between two log lines about refused vsock peers:
+	// refusalLogInterval is the least time between two log lines about refused connections:
 	// a peer can connect in a loop.
 	refusalLogInterval = time.Second
 )
 
 // ListenVsock listens on a vsock port of the guest and hands out only the connections of a
-// privileged process of the host: a peer that is not the host (VMADDR_CID_HOST), or that
-// connects from a port above 1023, is closed at once and logged to log (see checkVsockPeer).
-func ListenVsock(port uint32, log *logrus.Entry) (net.Listener, error) {
+// privileged process of the host that begin with the host's hello with secret: a peer that
+// is not the host (VMADDR_CID_HOST), or that connects from a port above 1023, is closed at
+// once (see checkVsockPeer), and one without the secret once its hello is wrong or late (see
+// secretListener); both are logged to log.
+func ListenVsock(port uint32, secret []byte, log *logrus.Entry) (net.Listener, error) {
+	if len(secret) != apiv1.SecretLen {
+		return nil, fmt.Errorf("a secret of %d bytes, want %d", len(secret), apiv1.SecretLen)
+	}
 	l, err := vsock.Listen(port, nil)
 	if err != nil {
 		return nil, err
 	}
-	return newHostOnlyListener(l, unix.VMADDR_CID_HOST, log), nil
+	return newSecretListener(newHostOnlyListener(l, unix.VMADDR_CID_HOST, log), secret, log), nil
 }
 
 // checkVsockPeer answers why the peer address a is refused, or nil if it is the host (vsock
@@ -114,21 +129,15 @@ func checkVsockPeer(a net.Addr, host uint32) error {
 // hostOnlyListener hands out the connections of a vsock listener whose peer passes
 // checkVsockPeer and closes the others unread; a refused peer costs its connection only, and
 // Accept waits for the next.
-//
-// Lock order: mu is a leaf.
 type hostOnlyListener struct {
 	net.Listener
-	host     uint32 // the CID taken for the host: VMADDR_CID_HOST but in tests
-	log      *logrus.Entry
-	logEvery time.Duration
-
-	mu       sync.Mutex
-	lastLog  time.Time // guarded by mu: when a refusal was last logged
-	unlogged int       // guarded by mu: refusals since, not logged
+	host uint32 // the CID taken for the host: VMADDR_CID_HOST but in tests
+	refusalLog
 }
 
 func newHostOnlyListener(l net.Listener, host uint32, log *logrus.Entry) *hostOnlyListener {
-	return &hostOnlyListener{Listener: l, host: host, log: log, logEvery: refusalLogInterval}
+	return &hostOnlyListener{Listener: l, host: host,
+		refusalLog: refusalLog{log: log, what: "refused a vsock connection", logEvery: refusalLogInterval}}
 }
 
 // Accept answers the next connection from the host; its errors are the listener's.
@@ -147,24 +156,206 @@ func (l *hostOnlyListener) Accept() (net.Conn, error) {
 	}
 }
 
+// refusalLog logs refused connections, at most one line a logEvery (a peer can connect in a
+// loop), and counts them.
+//
+// Lock order: mu is a leaf.
+type refusalLog struct {
+	log      *logrus.Entry
+	what     string // the line's message
+	logEvery time.Duration
+
+	mu       sync.Mutex
+	lastLog  time.Time // guarded by mu: when a refusal was last logged
+	unlogged int       // guarded by mu: refusals since, not logged
+	total    int       // guarded by mu: refusals ever
+}
+
 // refused logs a refusal, at most one a logEvery; a line counts the refusals before it that
-// were not logged.
-func (l *hostOnlyListener) refused(why error) {
+// were not logged, and all of them.
+func (l *refusalLog) refused(why error) {
 	l.mu.Lock()
+	l.total++
 	now := time.Now()
 	if !l.lastLog.IsZero() && now.Sub(l.lastLog) < l.logEvery {
 		l.unlogged++
 		l.mu.Unlock()
 		return
 	}
-	n := l.unlogged
+	n, total := l.unlogged, l.total
 	l.lastLog, l.unlogged = now, 0
 	l.mu.Unlock()
-	e := l.log.WithError(why)
+	e := l.log.WithError(why).WithField("refused", total)
 	if n > 0 {
 		e = e.WithField("unlogged", n)
 	}
-	e.Warn("refused a vsock connection")
+	e.Warn(l.what)
+}
+
+// Bounds of a new connection's hello (see secretListener).
+const (
+	// helloWait bounds the wait for a new connection's hello: the host sends it as it
+	// connects (over serial, it waits in the port for the guest).
+	helloWait = 5 * time.Second
+	// maxHelloChecks bounds the connections waiting for their hello at once; a connection
+	// beyond is closed at once.
+	maxHelloChecks = 8
+)
+
+// secretListener hands out the connections of its listener that begin with the host's hello
+// (apiv1.Hello) with this boot's secret, read off them before ttrpc sees a byte. A connection
+// whose first bytes are not that hello, that ends before them or does not send them within
+// helloWait is closed, and logged (see refusalLog). Each waits for its hello in a goroutine
+// of its own, at most maxHelloChecks at once, so that a silent peer does not hold up the host.
+//
+// It serves one host connection at a time: a connection that has proved the secret replaces
+// the one being served, which is closed. Only the host has the secret, so a newer connection
+// is the host's, that reconnected (a shim that redials after its Ping went unanswered), and
+// the older one is dead to it even if the guest cannot tell (a vsock peer gone without a
+// reset); refusing or holding the newer one would leave the host waiting on a dead one. Over
+// serial the port gives one connection at a time anyway, and the hello, a message of ttrpc's
+// shape with stream id 0, is what ends the previous session (see serialConn).
+//
+// Lock order: mu is a leaf.
+type secretListener struct {
+	inner     net.Listener
+	hello     []byte        // the hello that proves the secret
+	wait      time.Duration // helloWait but in tests
+	checks    chan struct{} // holds a token for each connection waiting for its hello
+	ready     chan net.Conn // connections that proved the secret, for Accept
+	failed    chan struct{} // closed when the inner Accept failed, with err set
+	err       error
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+	refusalLog
+
+	mu      sync.Mutex
+	current *hostConn // guarded by mu: the connection being served, or nil
+}
+
+func newSecretListener(inner net.Listener, secret []byte, log *logrus.Entry) *secretListener {
+	l := &secretListener{inner: inner, hello: apiv1.Hello(secret), wait: helloWait,
+		checks: make(chan struct{}, maxHelloChecks), ready: make(chan net.Conn),
+		failed: make(chan struct{}), done: make(chan struct{}),
+		refusalLog: refusalLog{log: log, what: "refused a host connection", logEvery: refusalLogInterval}}
+	go l.acceptLoop()
+	return l
+}
+
+// acceptLoop accepts the inner listener's connections and starts the check of each.
+func (l *secretListener) acceptLoop() {
+	for {
+		c, err := l.inner.Accept()
+		if err != nil {
+			l.err = err
+			close(l.failed)
+			return
+		}
+		select {
+		case l.checks <- struct{}{}:
+			go l.check(c)
+		default:
+			c.Close()
+			l.refused(fmt.Errorf("%d connections already wait for their hello", maxHelloChecks))
+		}
+	}
+}
+
+// check reads c's hello and hands c to Accept if it proves the secret, else closes it.
+func (l *secretListener) check(c net.Conn) {
+	defer func() { <-l.checks }()
+	if err := l.readHello(c); err != nil {
+		c.Close()
+		l.refused(err)
+		return
+	}
+	select {
+	case l.ready <- c:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// readHello reads c's first apiv1.HelloLen bytes within l.wait and answers why they are not
+// l.hello, or nil. The secret is compared in constant time. The wait is ended by closing c:
+// the serial port's connections have no deadlines.
+func (l *secretListener) readHello(c net.Conn) error {
+	timer := time.AfterFunc(l.wait, func() { c.Close() })
+	got := make([]byte, len(l.hello))
+	head := len(l.hello) - apiv1.SecretLen
+	_, err := io.ReadFull(c, got[:head])
+	if err == nil && !bytes.Equal(got[:head], l.hello[:head]) {
+		timer.Stop()
+		return errors.New("its first bytes are not a hello")
+	}
+	if err == nil {
+		_, err = io.ReadFull(c, got[head:])
+	}
+	if !timer.Stop() {
+		return fmt.Errorf("no hello within %v", l.wait)
+	}
+	if err != nil {
+		return fmt.Errorf("it ended before its hello: %w", err)
+	}
+	if subtle.ConstantTimeCompare(got[head:], l.hello[head:]) != 1 {
+		return errors.New("a hello with the wrong secret")
+	}
+	return nil
+}
+
+// Accept answers the next connection that proved the secret; the connection served until
+// then is closed.
+func (l *secretListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ready:
+		h := &hostConn{Conn: c, l: l}
+		l.mu.Lock()
+		old := l.current
+		l.current = h
+		l.mu.Unlock()
+		if old != nil {
+			l.log.Info("a new host connection replaces the one served")
+			old.Close()
+		}
+		return h, nil
+	case <-l.failed:
+		return nil, l.err
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close ends Accept and closes the inner listener; the connection served stays open.
+func (l *secretListener) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.done)
+		err = l.inner.Close()
+	})
+	return err
+}
+
+func (l *secretListener) Addr() net.Addr { return l.inner.Addr() }
+
+// hostConn is the connection a secretListener serves.
+type hostConn struct {
+	net.Conn
+	l    *secretListener
+	once sync.Once
+}
+
+// Close closes the connection, once; the listener serves none until the next.
+func (c *hostConn) Close() error {
+	err := net.ErrClosed
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		if c.l.current == c {
+			c.l.current = nil
+		}
+		c.l.mu.Unlock()
+		err = c.Conn.Close()
+	})
+	return err
 }
 
 // serialListener turns one long-lived byte stream (a virtio-serial port) into a sequence of
@@ -338,7 +529,9 @@ func (p *portPump) stop() {
 }
 
 // run is the pump. When it stops it gives the port back to the listener, without what a
-// departed host left unread: the next Accept may start the next connection's pump at once.
+// departed host left unread, but from a hello on: that is the next host's, come before the
+// departure was seen (the guest can read a new host's bytes before it learns that the old one
+// left). The next Accept may start the next connection's pump at once.
 func (p *portPump) run() {
 	defer close(p.done)
 	buf := make([]byte, pumpReadChunk)
@@ -347,7 +540,11 @@ func (p *portPump) run() {
 		if p.stopping || p.hostGone || p.err != nil {
 			p.stopped = true
 			if p.hostGone {
-				p.l.pending = nil
+				if i := bytes.Index(p.l.pending, helloHeader); i >= 0 {
+					p.l.pending = p.l.pending[i:]
+				} else {
+					p.l.pending = nil
+				}
 			}
 			p.cond.Broadcast()
 			p.mu.Unlock()
@@ -454,11 +651,14 @@ func (p *portPump) write() {
 }
 
 // serialConn is one host session on the port, served by its pump. Besides that, it follows
-// ttrpc's framing of what the host sends: a request whose stream id does not grow is the first
-// of a new host's session (a new ttrpc client starts again at 1), so the connection ends before
-// it and leaves its bytes to the next one. That catches the reconnections the port does not
-// report (a departure and a return before the pump looks), unless the previous host vanished
-// in the middle of a message.
+// ttrpc's framing of what the host sends. A session begins with the host's hello
+// (apiv1.Hello: a message of ttrpc's shape with stream id 0): what comes before its header is
+// dropped, so that the bytes a refused host left (see secretListener) do not hide the next
+// host's hello. After it, a request whose stream id does not grow is the first of a new
+// host's session (its hello, or a ttrpc client's request from 1 again), so the connection
+// ends before it and leaves its bytes to the next one. That catches the reconnections the
+// port does not report (a departure and a return before the pump looks), unless the previous
+// host vanished in the middle of a message.
 type serialConn struct {
 	l *serialListener
 	p *portPump
@@ -468,6 +668,8 @@ type serialConn struct {
 
 	// Used by the one reading goroutine (ttrpc's):
 	need    int    // bytes of the current message still to hand out
+	begun   bool   // the hello's header was found
+	dropped int    // bytes dropped before it
 	lastReq uint32 // the stream id of the last request
 	ended   bool   // the next session has begun
 }
@@ -487,6 +689,10 @@ func (c *serialConn) Read(b []byte) (int, error) {
 			return 0, p.err
 		case p.stopped || p.hostGone:
 			return 0, io.EOF
+		}
+		if !c.begun && !c.findHello() {
+			p.cond.Wait()
+			continue
 		}
 		if c.need == 0 && len(l.pending) >= ttrpcHeaderLen {
 			h := l.pending[:ttrpcHeaderLen]
@@ -513,6 +719,36 @@ func (c *serialConn) Read(b []byte) (int, error) {
 		}
 		p.cond.Wait()
 	}
+}
+
+// helloHeader is the header of every host's hello: its secret's length, stream id 0, a
+// request.
+var helloHeader = apiv1.Hello(make([]byte, apiv1.SecretLen))[:ttrpcHeaderLen]
+
+// findHello drops the pending bytes before the hello's header and reports whether the
+// header is there; the bytes that may begin one are kept. Called with the pump's lock held,
+// before the session's first message.
+func (c *serialConn) findHello() bool {
+	p, l := c.p, c.l
+	full := len(l.pending) >= pumpMaxPending
+	i := bytes.Index(l.pending, helloHeader)
+	if i < 0 {
+		i = max(0, len(l.pending)-(ttrpcHeaderLen-1))
+	}
+	c.dropped += i
+	l.pending = l.pending[i:]
+	if full {
+		p.kickLocked() // the pump stopped reading: there is room again
+	}
+	if !bytes.HasPrefix(l.pending, helloHeader) {
+		return false
+	}
+	c.begun = true
+	c.need = len(helloHeader) + apiv1.SecretLen // the hello, its first message
+	if c.dropped > 0 {
+		l.log.WithField("bytes", c.dropped).Info("dropped what came before the host's hello")
+	}
+	return true
 }
 
 // Write queues b for the pump and waits until it is written, the host left or the

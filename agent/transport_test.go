@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -147,6 +148,14 @@ func TestSerialListenerSessions(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no connection for the second host")
 	}
+	// The session begins with the host's hello, handed out whole.
+	if _, err := toGuestW.Write(apiv1.Hello(testSecret)); err != nil {
+		t.Fatal(err)
+	}
+	hello := make([]byte, apiv1.HelloLen)
+	if _, err := io.ReadFull(second, hello); err != nil || !bytes.Equal(hello, apiv1.Hello(testSecret)) {
+		t.Fatalf("the second session begins with %x, %v; want the hello", hello, err)
+	}
 	one := &oneConn{c: second, done: make(chan struct{})}
 	go srv.Serve(context.Background(), one)
 	defer srv.Close()
@@ -209,8 +218,8 @@ func TestInterceptorRecovers(t *testing.T) {
 }
 
 // TestSerialListenerNewHostAtOnce: a second host that starts talking before the first one's
-// departure could be seen (the port never reports it) gets a connection of its own: its first
-// request's stream id tells.
+// departure could be seen (the port never reports it) gets a connection of its own: its
+// hello's stream id (0) tells.
 func TestSerialListenerNewHostAtOnce(t *testing.T) {
 	toGuestR, toGuestW, err := os.Pipe()
 	if err != nil {
@@ -221,7 +230,8 @@ func TestSerialListenerNewHostAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { toGuestW.Close(); toHostR.Close() })
-	l := newSerialListener(pipePort(t, toGuestR, toHostW), func() (bool, error) { return true, nil }, discardLog())
+	l := newSecretListener(newSerialListener(pipePort(t, toGuestR, toHostW), func() (bool, error) { return true, nil }, discardLog()),
+		testSecret, discardLog())
 	fx := newFixture(t)
 	srv, err := ttrpc.NewServer()
 	if err != nil {
@@ -235,6 +245,9 @@ func TestSerialListenerNewHostAtOnce(t *testing.T) {
 	defer cancel()
 	for i := 0; i < 3; i++ {
 		if err := toHostR.SetReadDeadline(time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := toGuestW.Write(apiv1.Hello(testSecret)); err != nil {
 			t.Fatal(err)
 		}
 		client := ttrpc.NewClient(&pipeConn{r: toHostR, w: toGuestW})
@@ -314,8 +327,9 @@ func TestSerialConnReadWithoutWakeup(t *testing.T) {
 		got <- string(b[:n])
 	}()
 	time.Sleep(100 * time.Millisecond) // the reader waits on the port
-	// A request (ttrpc header: length 2, stream 1, type request, no flags) and its body.
-	msg := []byte{0, 0, 0, 2, 0, 0, 0, 1, ttrpcTypeRequest, 0, 'h', 'i'}
+	// The host's hello, then a request (ttrpc header: length 2, stream 1, type request, no
+	// flags) and its body.
+	msg := append(apiv1.Hello(testSecret), 0, 0, 0, 2, 0, 0, 0, 1, ttrpcTypeRequest, 0, 'h', 'i')
 	if _, err := wire.Write(msg); err != nil {
 		t.Fatal(err)
 	}

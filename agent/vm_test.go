@@ -89,7 +89,7 @@ func TestAgentInGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ag, closeAgent := dialAgent(t, agentSock, s.VMExited(), diag)
+	ag, closeAgent := dialAgent(t, s, diag)
 	bootCtx, cancel := context.WithTimeout(ctx, bootTimeout)
 	pong, err := ag.Ping(bootCtx, &apiv1.PingRequest{})
 	cancel()
@@ -258,11 +258,11 @@ func TestAgentInGuest(t *testing.T) {
 	// tell; TestSerialListenerNewHostAtOnce checks that path without a guest).
 	closeAgent()
 	time.Sleep(500 * time.Millisecond)
-	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
+	ag, closeAgent = dialAgent(t, s, diag)
 	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
 	call("ping after reconnecting", err)
 	closeAgent()
-	ag, closeAgent = dialAgent(t, agentSock, s.VMExited(), diag)
+	ag, closeAgent = dialAgent(t, s, diag)
 	defer closeAgent()
 	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
 	call("ping after reconnecting at once", err)
@@ -276,6 +276,26 @@ func TestAgentInGuest(t *testing.T) {
 	}
 	_, err = ag.DeleteProcess(rctx, &apiv1.DeleteProcessRequest{ContainerId: "c2"})
 	call("delete c2", err)
+
+	// A host without the boot's secret is served nothing: its hello is refused, and its
+	// Shutdown never reaches the service (the VM would power off). The shim's next connection
+	// is served.
+	closeAgent()
+	wrong := make([]byte, apiv1.SecretLen)
+	copy(wrong, s.AgentSecret())
+	wrong[0] ^= 1
+	intruder, closeIntruder := dialAgentWith(t, agentSock, wrong, s.VMExited(), diag)
+	ictx, icancel := context.WithTimeout(rctx, 10*time.Second)
+	_, err = intruder.Shutdown(ictx, &apiv1.ShutdownRequest{})
+	icancel()
+	closeIntruder()
+	if err == nil {
+		t.Fatalf("a host with a wrong secret was served Shutdown\n%s", diag())
+	}
+	t.Logf("a host with a wrong secret: %v", err)
+	ag, closeAgent = dialAgent(t, s, diag)
+	_, err = ag.Ping(rctx, &apiv1.PingRequest{})
+	call("ping after a host with a wrong secret", err)
 
 	// c4 still runs at Shutdown: the agent, as PID 1, kills every process at once without
 	// running the runtime for it (the console shows no deletion), and what c4 wrote is on the
@@ -313,6 +333,9 @@ func TestAgentInGuest(t *testing.T) {
 	// too before the next one came (a matter of microseconds): either way each of the two
 	// new hosts was noticed once.
 	// The last host hung up after Shutdown's answer, before the agent shut down.
+	if !bytes.Contains(console, []byte("refused a host connection error=a hello with the wrong secret")) {
+		t.Errorf("the console does not show the refusal of the host with a wrong secret\n%s", console)
+	}
 	reconnections, shutdown, ok := bytes.Cut(console, []byte("kvfs-agent: info container deleted container=c2"))
 	if !ok {
 		t.Fatalf("the console does not show c2's deletion\n%s", console)
@@ -386,7 +409,7 @@ func bootAgent(t *testing.T, s *sandbox.Sandbox, vm sandbox.VM) (apiv1.AgentServ
 	if err := s.Start(context.Background(), vm); err != nil {
 		t.Fatal(err)
 	}
-	ag, closeAgent := dialAgent(t, s.AgentSocketPath(), s.VMExited(), diag)
+	ag, closeAgent := dialAgent(t, s, diag)
 	t.Cleanup(closeAgent)
 	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 	defer cancel()
@@ -397,13 +420,27 @@ func bootAgent(t *testing.T, s *sandbox.Sandbox, vm sandbox.VM) (apiv1.AgentServ
 	return ag, diag
 }
 
-// dialAgent connects to the agent's chardev socket, which QEMU creates as it starts.
-func dialAgent(t *testing.T, sock string, exited <-chan struct{}, diag func() string) (apiv1.AgentService, func()) {
+// dialAgent connects to the agent of s's started VM on its chardev socket, which QEMU
+// creates as it starts, and sends the boot's secret as the shim does.
+func dialAgent(t *testing.T, s *sandbox.Sandbox, diag func() string) (apiv1.AgentService, func()) {
+	t.Helper()
+	secret := s.AgentSecret()
+	if len(secret) != apiv1.SecretLen {
+		t.Fatalf("the sandbox's agent secret has %d bytes, want %d", len(secret), apiv1.SecretLen)
+	}
+	return dialAgentWith(t, s.AgentSocketPath(), secret, s.VMExited(), diag)
+}
+
+// dialAgentWith connects to the agent's chardev socket sock and sends secret in the hello.
+func dialAgentWith(t *testing.T, sock string, secret []byte, exited <-chan struct{}, diag func() string) (apiv1.AgentService, func()) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		conn, err := net.Dial("unix", sock)
 		if err == nil {
+			if _, err := conn.Write(apiv1.Hello(secret)); err != nil {
+				t.Fatalf("the hello: %v\n%s", err, diag())
+			}
 			c := ttrpc.NewClient(conn)
 			return apiv1.NewAgentClient(c), func() { c.Close() }
 		}

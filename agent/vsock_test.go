@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -227,7 +228,7 @@ func TestHostOnlyListenerLogBounded(t *testing.T) {
 // TestListenVsockServesOnlyTheHost: the agent's real vsock listener takes the host for
 // VMADDR_CID_HOST (2), whatever tests pass to the check.
 func TestListenVsockServesOnlyTheHost(t *testing.T) {
-	l, err := ListenVsock(0, discardLog())
+	l, err := ListenVsock(0, testSecret, discardLog())
 	if errors.Is(err, unix.EAFNOSUPPORT) {
 		t.Skip("the kernel has no vsock")
 	}
@@ -235,9 +236,16 @@ func TestListenVsockServesOnlyTheHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	h, ok := l.(*hostOnlyListener)
+	sl, ok := l.(*secretListener)
 	if !ok {
-		t.Fatalf("ListenVsock answers a %T, want the host-only listener", l)
+		t.Fatalf("ListenVsock answers a %T, want the secret's listener", l)
+	}
+	if !bytes.Equal(sl.hello, apiv1.Hello(testSecret)) {
+		t.Errorf("the listener waits for the hello %x, want %x", sl.hello, apiv1.Hello(testSecret))
+	}
+	h, ok := sl.inner.(*hostOnlyListener)
+	if !ok {
+		t.Fatalf("the secret's listener is over a %T, want the host-only listener", sl.inner)
 	}
 	if h.host != 2 {
 		t.Errorf("the listener takes CID %d for the host, want 2", h.host)

@@ -207,6 +207,10 @@
 // host side is agent.sock (VM.Agent, AgentSerial), or a vhost-vsock-pci device with the
 // guest CID GuestCID(id) (AgentVsock; needs /dev/vhost-vsock). agent.boot_timeout bounds
 // the owner's wait for the agent's first answer. The agent is as untrusted as the rest of the guest.
+// Start gives a VM with an agent channel a fresh secret (AgentSecret: 32 random bytes, kept in
+// memory) as an SMBIOS OEM string QEMU reads from a sealed memfd it inherits (VM.AgentSecret,
+// -smbios type=11,path=/proc/self/fd/N), never on a command line or in a file: the agent
+// serves only a host that sends it first (api/agent/v1's Hello), which the owner's dialer does.
 //
 // # Network
 //

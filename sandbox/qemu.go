@@ -35,7 +35,7 @@ const (
 	netdevID = "kvfs-net"
 	nicID    = "kvfs-nic"
 	// firstNICFd is the descriptor number of NIC 0's tap in QEMU: the first of
-	// exec.Cmd.ExtraFiles. The console's pipe comes after the taps.
+	// exec.Cmd.ExtraFiles. The console's pipe comes after the taps, the agent's secret last.
 	firstNICFd = 3
 	// maxNICs bounds VM.NICs.
 	maxNICs = 8
@@ -90,6 +90,11 @@ type VM struct {
 	Console *os.File
 	// Agent is the channel to the guest agent; the zero value adds none.
 	Agent AgentDevice
+	// AgentSecret, if not nil, is a file holding the SMBIOS OEM string (type 11) that gives the
+	// guest agent its per-boot secret (agent.SecretOEMString). QEMU inherits it after the
+	// console (Files) and reads it at start through /proc/self/fd (-smbios type=11,path=):
+	// the secret is on no command line. It needs an agent channel. Sandbox.Start sets it.
+	AgentSecret *os.File
 	// FreePageReporting adds a virtio-balloon device with free page reporting: QEMU gives the
 	// host back the guest memory the guest reports free.
 	FreePageReporting bool
@@ -143,14 +148,17 @@ type NIC struct {
 }
 
 // Files are the descriptors QEMU inherits for vm, in order from descriptor 3: the NICs'
-// taps, then the console's pipe.
+// taps, then the console's pipe, then the agent's secret.
 func (vm *VM) Files() []*os.File {
-	files := make([]*os.File, 0, len(vm.NICs)+1)
+	files := make([]*os.File, 0, len(vm.NICs)+2)
 	for _, n := range vm.NICs {
 		files = append(files, n.Tap)
 	}
 	if vm.Console != nil {
 		files = append(files, vm.Console)
+	}
+	if vm.AgentSecret != nil {
+		files = append(files, vm.AgentSecret)
 	}
 	return files
 }
@@ -315,6 +323,13 @@ func (vm *VM) Args() ([]string, error) {
 			"-serial", "chardev:"+consoleID,
 		)
 	}
+	if vm.AgentSecret != nil {
+		fd := firstNICFd + len(vm.NICs)
+		if vm.Console != nil {
+			fd++
+		}
+		args = append(args, "-smbios", fmt.Sprintf("type=11,path=/proc/self/fd/%d", fd))
+	}
 	return append(args, vm.ExtraArgs...), nil
 }
 
@@ -338,6 +353,7 @@ func (vm *VM) validate() error {
 		{"virtio-fs num-request-queues " + strconv.Itoa(vm.FS.NumRequestQueues), checkNumRequestQueues(vm.FS.NumRequestQueues)},
 		{"kernel", checkBoot(vm)},
 		{"agent transport " + strconv.Quote(vm.Agent.Transport), checkAgentDevice(vm.Agent)},
+		{"agent secret", checkAgentSecret(vm)},
 		{"nics", checkNICs(vm.NICs)},
 		{"network namespace " + strconv.Quote(vm.NetNS), checkNetNSPath(vm.NetNS)},
 	}
@@ -490,6 +506,13 @@ func checkAgentDevice(a AgentDevice) error {
 		return nil
 	}
 	return fmt.Errorf("want %s, %s or empty", AgentSerial, AgentVsock)
+}
+
+func checkAgentSecret(vm *VM) error {
+	if vm.AgentSecret != nil && vm.Agent.Transport == "" {
+		return errors.New("a secret without an agent channel")
+	}
+	return nil
 }
 
 func checkNICs(nics []NIC) error {

@@ -226,6 +226,37 @@ func TestVMArgs(t *testing.T) {
 				[]string{"-chardev", "file,id=kvfs-console0,path=/proc/self/fd/5,append=on", "-serial", "chardev:kvfs-console0"}),
 		},
 		{
+			name: "the agent's secret after the console and a NIC: descriptor 5, read through /proc as an SMBIOS OEM string",
+			modify: func(vm *VM) {
+				vm.Agent = AgentDevice{Transport: AgentSerial, Socket: "/run/kvfs/sandboxes/p1/agent.sock"}
+				vm.AgentSecret = consoleFile
+				vm.Console = consoleFile
+				vm.NICs = []NIC{{Tap: tapFile, MAC: mustMAC("02:00:00:00:00:01")}}
+			},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{
+					"-device", "virtio-serial-pci,id=kvfs-serial0",
+					"-chardev", "socket,id=kvfs-agent0,path=/run/kvfs/sandboxes/p1/agent.sock,server=on,wait=off",
+					"-device", "virtserialport,bus=kvfs-serial0.0,chardev=kvfs-agent0,name=io.kvfs.agent.0",
+					"-netdev", "tap,id=kvfs-net0,fd=3,vhost=off",
+					"-device", "virtio-net-pci,id=kvfs-nic0,netdev=kvfs-net0,mac=02:00:00:00:00:01,romfile=,bus=pcie.0",
+				}, boot,
+				[]string{"-chardev", "file,id=kvfs-console0,path=/proc/self/fd/4,append=on", "-serial", "chardev:kvfs-console0"},
+				[]string{"-smbios", "type=11,path=/proc/self/fd/5"}),
+		},
+		{
+			name: "the agent's secret over vsock without a console: descriptor 3",
+			modify: func(vm *VM) {
+				vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 1234}
+				vm.AgentSecret = consoleFile
+			},
+			want: slices.Concat(head, cpu("q35,accel=tcg"), memfd, numa, chardev,
+				dev("tag=kataShared,queue-size=1024,bus=pcie.0"),
+				[]string{"-device", "vhost-vsock-pci,guest-cid=1234"}, boot,
+				[]string{"-smbios", "type=11,path=/proc/self/fd/3"}),
+		},
+		{
 			name:   "memory units: 1G, 1024MiB and 1073741824 are the same",
 			modify: func(vm *VM) { vm.Memory.Size = "1024MiB" },
 			want: slices.Concat(head, []string{"-machine", "q35,accel=tcg", "-cpu", "max", "-smp", "1", "-m", "1024M"},
@@ -326,6 +357,7 @@ func TestVMArgsErrors(t *testing.T) {
 		{"serial agent socket too long", func(vm *VM) {
 			vm.Agent = AgentDevice{Transport: AgentSerial, Socket: "/" + strings.Repeat("s", 110)}
 		}, "longer than the 107"},
+		{"a secret without an agent channel", func(vm *VM) { vm.AgentSecret = os.Stdin }, "agent secret: a secret without an agent channel"},
 		{"vsock CID of the host", func(vm *VM) { vm.Agent = AgentDevice{Transport: AgentVsock, GuestCID: 2} }, "guest CID 2: want 3 to"},
 		{"NIC without a tap", func(vm *VM) { vm.NICs = []NIC{{MAC: mustMAC("02:00:00:00:00:01")}} }, "nics: NIC 0: no tap descriptor"},
 		{"NIC with an 8-byte MAC", func(vm *VM) {
@@ -376,6 +408,10 @@ func TestVMFiles(t *testing.T) {
 	vm.Console = os.Stderr
 	if f := vm.Files(); len(f) != 3 || f[0] != a || f[1] != b || f[2] != os.Stderr {
 		t.Errorf("Files: %v, want the taps, then the console (descriptor 5)", f)
+	}
+	vm.AgentSecret = os.Stdin
+	if f := vm.Files(); len(f) != 4 || f[2] != os.Stderr || f[3] != os.Stdin {
+		t.Errorf("Files: %v, want the taps, the console, then the agent's secret (descriptor 6)", f)
 	}
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -74,6 +75,7 @@ type Sandbox struct {
 	vmAccel     string        // guarded by mu; the accelerator Start gave the VM
 	out         *vmOutput     // guarded by mu; the VM's console and QEMU's output
 	vmExited    chan struct{} // guarded by mu; closed by watchVM (see VMExited)
+	agentSecret []byte        // guarded by mu; the VM's agent secret (Start), nil before
 	restarts    int           // guarded by mu
 	lastFailure error         // guarded by mu; the last server failure, restarted or not
 	failure     error         // guarded by mu; why the sandbox failed (PhaseFailed)
@@ -407,6 +409,19 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 		return fmt.Errorf("sandbox %s: %w", s.id, err)
 	}
 	vm.Console = console
+	var secret []byte
+	vm.AgentSecret = nil
+	if vm.Agent.Transport != "" {
+		var f *os.File
+		if secret, f, err = newAgentSecret(); err != nil {
+			console.Close()
+			qemuOut.Close()
+			out.close()
+			return fmt.Errorf("sandbox %s: %w", s.id, err)
+		}
+		vm.AgentSecret = f
+		defer f.Close() // QEMU has read it once it runs
+	}
 	args, err := vm.Args()
 	if err != nil {
 		console.Close()
@@ -440,9 +455,11 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 	exited := make(chan struct{})
 	s.mu.Lock()
 	s.vm, s.vmRec, s.vmAccel, s.out, s.vmExited, s.phase = p, rec, vm.Accel, out, exited, PhaseRunning
+	s.agentSecret = secret
 	err = s.persistLocked()
 	if err != nil {
 		s.vm, s.vmRec, s.vmAccel, s.out, s.vmExited, s.phase = nil, nil, "", nil, nil, PhaseCreated
+		s.agentSecret = nil
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -454,6 +471,38 @@ func (s *Sandbox) Start(ctx context.Context, vm VM) error {
 	go s.watchVM(p, out, exited)
 	log.G(s.ctx).WithField("pid", p.Pid()).Info("VM started")
 	return nil
+}
+
+// AgentSecret answers the secret Start gave the VM's guest agent (api/agent/v1: SecretLen
+// bytes), which the host sends first on each connection to it (agent.Hello); nil before
+// Start, for a VM without an agent channel and for a recovered sandbox. It is kept in memory
+// only: nothing of it is on disk or on QEMU's command line.
+func (s *Sandbox) AgentSecret() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.agentSecret)
+}
+
+// newAgentSecret makes a fresh agent secret and the sealed memfd holding its SMBIOS OEM
+// string (agent.SecretOEMString), which QEMU inherits (VM.AgentSecret).
+func newAgentSecret() ([]byte, *os.File, error) {
+	secret := make([]byte, agent.SecretLen)
+	rand.Read(secret) // never fails (crypto/rand)
+	fd, err := unix.MemfdCreate("kvfs-agent-secret", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the agent's secret: memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "kvfs-agent-secret")
+	if _, err := f.WriteString(agent.SecretOEMString(secret)); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("the agent's secret: %w", err)
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("the agent's secret: sealing its memfd: %w", err)
+	}
+	return secret, f, nil
 }
 
 // BindFlags say how Bind binds its source. The zero value is a read-write bind of the

@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 )
 
 // mountLine returns the mountinfo line of the mount point path, or "".
@@ -552,6 +556,9 @@ func TestStart(t *testing.T) {
 		t.Fatalf("an invalid VM reached the runner (%d) or changed the phase (%s)", len(runner.cmds), s.Phase())
 	}
 
+	if s.AgentSecret() != nil {
+		t.Error("an agent secret before Start")
+	}
 	vm = s.DefaultVM()
 	vm.Accel = AccelTCG
 	vm.FS = FSDevice{Socket: "/elsewhere.sock", Tag: "other", QueueSize: 2, NumRequestQueues: 1}
@@ -560,10 +567,20 @@ func TestStart(t *testing.T) {
 	}
 	cmd := runner.cmds[0]
 	args := strings.Join(cmd.Args, " ")
-	if cmd.Path != "/usr/bin/qemu-system-x86_64" || cmd.Output == nil || len(cmd.ExtraFiles) != 1 ||
+	if cmd.Path != "/usr/bin/qemu-system-x86_64" || cmd.Output == nil || len(cmd.ExtraFiles) != 2 ||
 		!strings.Contains(args, "path="+s.SocketPath()) || !strings.Contains(args, "tag=kataShared,queue-size=256") ||
-		!strings.Contains(args, "-chardev file,id=kvfs-console0,path=/proc/self/fd/3,append=on") || !strings.Contains(args, "-name kvfs-start") {
+		!strings.Contains(args, "-chardev file,id=kvfs-console0,path=/proc/self/fd/3,append=on") || !strings.Contains(args, "-name kvfs-start") ||
+		!strings.Contains(args, "-smbios type=11,path=/proc/self/fd/4") {
 		t.Errorf("runner got %+v", cmd)
+	}
+	// The agent's secret: fresh, and on no command line nor in the state on disk.
+	secret := s.AgentSecret()
+	if len(secret) != agent.SecretLen || bytes.Equal(secret, make([]byte, agent.SecretLen)) {
+		t.Errorf("the agent secret after Start: %x", secret)
+	}
+	stateFile, _ := os.ReadFile(filepath.Join(s.Dir(), stateName))
+	if hexSecret := hex.EncodeToString(secret); strings.Contains(args, hexSecret) || bytes.Contains(stateFile, []byte(hexSecret)) {
+		t.Errorf("the secret is in QEMU's arguments or the state file: %s", args)
 	}
 	st, err := readState(s.Dir())
 	if err != nil || st.Phase != PhaseRunning || st.VM == nil || strings.Join(st.VM.Args, " ") != args || st.VM.Process != nil {
@@ -577,6 +594,31 @@ func TestStart(t *testing.T) {
 	}
 	if sig := <-runner.vm.signals; sig != syscall.SIGTERM {
 		t.Errorf("the VM got %v, want SIGTERM", sig)
+	}
+}
+
+// TestNewAgentSecret: the file QEMU reads holds the secret's OEM string and nothing else,
+// sealed against writes; each secret is new.
+func TestNewAgentSecret(t *testing.T) {
+	secret, f, err := newAgentSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil || string(b) != agent.SecretOEMString(secret) || len(secret) != agent.SecretLen {
+		t.Errorf("the file holds %q (%v), want %q", b, err, agent.SecretOEMString(secret))
+	}
+	if _, err := f.WriteAt([]byte("x"), 0); err == nil {
+		t.Error("the secret's file can be written")
+	}
+	other, g, err := newAgentSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	if bytes.Equal(secret, other) {
+		t.Error("two secrets are the same")
 	}
 }
 

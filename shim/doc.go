@@ -1,3 +1,19 @@
+// The guest agent serves only the host that proves the boot's secret: sandbox.Start makes 32
+// random bytes for each boot and gives them to QEMU in a sealed memfd QEMU inherits (an SMBIOS
+// OEM string, -smbios type=11,path=/proc/self/fd/N: on no command line, in no file), and
+// DialAgent sends them first on each connection (agent.Hello), before any ttrpc; a connection
+// without them is closed by the agent unserved (see package agent). With agent.transport =
+// "vsock" the agent also serves only the host connecting from a privileged port, one up to
+// 1023: DialAgent binds the highest free one before it connects, so the shim needs
+// CAP_NET_BIND_SERVICE (it has it as root), and each vsock pod's connection holds one of the
+// host's 1023 while it lasts. The port keeps an unprivileged host user, who can read the
+// guest's CID on QEMU's command line, from even connecting; the secret keeps out a process
+// with that capability too, such as a root container without a user namespace that can open
+// an AF_VSOCK socket (no seccomp profile, Kubernetes' default, or a 32-bit process under
+// containerd's and Docker's default profiles, which filter socket(2) for AF_VSOCK but allow
+// socketcall(2)): it can connect, and make the agent wait up to 5 s for its hello, but is
+// served nothing. Reading the secret needs ptrace access to QEMU or the shim (root with every
+// capability) or root in the guest, which controls the agent anyway.
 // Package shim is containerd-shim-kvfs-v2 (runtime io.containerd.kvfs.v2): containerd's task
 // API (v3, over ttrpc) for the containers of one pod, run by the kvfs guest agent in the pod's
 // QEMU VM, their files served to the guest over virtio-fs by the sandbox's kvfsd, confined in

@@ -42,16 +42,47 @@ type VMPod struct {
 // Dialer connects to the guest agent of a started sandbox.
 type Dialer func(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error)
 
-// DialAgent connects to sb's agent over its configured transport: agent.sock for serial
+// DialAgent connects to sb's agent over its configured transport, agent.sock for serial
 // (QEMU listens there once it runs), vsock port agent.DefaultVsockPort at the guest's CID from
 // a privileged port of the host (the agent serves no other; the shim needs
-// CAP_NET_BIND_SERVICE).
+// CAP_NET_BIND_SERVICE), and sends the agent its boot's secret (agent.Hello with
+// sb.AgentSecret), without which it serves nothing.
 func DialAgent(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error) {
-	if sb.Config().Agent.Transport == sandbox.AgentVsock {
-		return dialVsock(ctx, sandbox.GuestCID(sb.ID()), agent.DefaultVsockPort)
+	secret := sb.AgentSecret()
+	if len(secret) != agent.SecretLen {
+		return nil, fmt.Errorf("sandbox %s: no agent secret (the VM is not started)", sb.ID())
 	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", sb.AgentSocketPath())
+	var conn net.Conn
+	var err error
+	if sb.Config().Agent.Transport == sandbox.AgentVsock {
+		conn, err = dialVsock(ctx, sandbox.GuestCID(sb.ID()), agent.DefaultVsockPort)
+	} else {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "unix", sb.AgentSocketPath())
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := sendHello(ctx, conn, secret); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// sendHello writes agent.Hello(secret) on conn within ctx. The bytes fit in the socket's
+// buffer (over serial they wait there until the guest opens its port).
+func sendHello(ctx context.Context, conn net.Conn, secret []byte) error {
+	if d, ok := ctx.Deadline(); ok {
+		if err := conn.SetWriteDeadline(d); err != nil {
+			return fmt.Errorf("the agent's hello: %w", err)
+		}
+		defer conn.SetWriteDeadline(time.Time{})
+	}
+	if _, err := conn.Write(agent.Hello(secret)); err != nil {
+		return fmt.Errorf("the agent's hello: %w", err)
+	}
+	return nil
 }
 
 // StartVMPod is the PodStarter of the real shim: VMPodStarter(DialAgent).

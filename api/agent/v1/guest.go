@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -58,6 +60,35 @@ const (
 	// shipped image, built without the tag, refuses to boot with it.
 	CmdlineFault = "kvfs.fault"
 )
+
+// The per-boot secret the host proves it holds before the agent serves it. The host makes
+// SecretLen random bytes for each boot and gives them to QEMU in a file QEMU inherits, never on
+// its command line; QEMU offers them to the guest as an SMBIOS OEM string (type 11),
+// SecretOEMPrefix followed by the bytes in lower-case hex, which the agent reads at boot from
+// the kernel's copy of the SMBIOS tables (/sys/firmware/dmi/tables/DMI, root's only). Every
+// connection then begins with Hello(secret), before any ttrpc.
+const (
+	SecretLen       = 32
+	SecretOEMPrefix = "io.kvfs.agent.secret="
+	// HelloLen is the length of Hello's answer.
+	HelloLen = helloHeaderLen + SecretLen
+	// helloHeaderLen is ttrpc's message header: length, stream id, type, flags.
+	helloHeaderLen = 10
+)
+
+// SecretOEMString is the SMBIOS OEM string that carries secret to the guest.
+func SecretOEMString(secret []byte) string { return SecretOEMPrefix + hex.EncodeToString(secret) }
+
+// Hello is what the host sends first on each connection to the agent: secret in a message of
+// ttrpc's shape (a header of its length, stream id 0, type request, no flags; big-endian),
+// so that the agent's serial port, which follows ttrpc's framing, takes it for the start of
+// a new host session (no ttrpc client uses stream 0: their ids are odd, from 1).
+func Hello(secret []byte) []byte {
+	b := make([]byte, helloHeaderLen, helloHeaderLen+len(secret))
+	binary.BigEndian.PutUint32(b[0:4], uint32(len(secret)))
+	b[8] = 1 // ttrpc's request
+	return append(b, secret...)
+}
 
 // MaxInterfaceName is the longest network interface name the kernel takes (IFNAMSIZ less the
 // NUL).
