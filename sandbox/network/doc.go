@@ -57,7 +57,11 @@
 // and the host's interfaces never see any of it. Within those rules the guest can still send
 // anything from its own addresses — any protocol, port, destination or rate — and IPv6 from
 // its link-local address, as root in a runc pod with NET_RAW on the same veth could:
-// filtering that (network policy) stays the CNI configuration's job, as for any pod.
+// filtering that (network policy) stays the CNI configuration's job, as for any pod. Not
+// checked: the link-layer address options inside neighbour solicitations and advertisements
+// (a guest can name another MAC there, which at worst sends its own pod's traffic astray), and
+// fragmented ICMPv6 from the pod's addresses (Linux ignores fragmented neighbour discovery;
+// other systems on the pod network may not).
 // TestTapGuard sends forged frames into a tap; TestNetworkInGuest forges from a real guest.
 // Nothing the guest sends reaches this package: Attach reads the namespace before the VM
 // starts, and Detach only deletes by name what Attach made.
