@@ -701,7 +701,10 @@ func (s *TaskService) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*
 		return nil, err
 	}
 	if p.io != nil && p.io.Stdin != nil {
-		return &emptypb.Empty{}, p.io.CloseStdin()
+		if err := p.io.CloseStdin(); err != nil {
+			return nil, fmt.Errorf("the stdin of %s: %w", p.name(), err)
+		}
+		return &emptypb.Empty{}, nil
 	}
 	run, err := s.currentRun()
 	if err != nil {
