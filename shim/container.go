@@ -47,15 +47,20 @@ type container struct {
 }
 
 // endExecByHost declares c's exec p exited without the guest's report (process.endByHost),
-// and says whether it did.
+// and says whether it did. The stray is recorded under c.mu with the declaration (lock order:
+// c.mu, then p.mu): a Wait that returns may be followed at once by the container's Delete,
+// which must find it.
 func (c *container) endExecByHost(p *process) bool {
-	if !p.endByHost() {
-		return false
-	}
 	c.mu.Lock()
-	c.strays = true
+	endCalls, ok := p.endByHost()
+	if ok {
+		c.strays = true
+	}
 	c.mu.Unlock()
-	return true
+	if endCalls != nil {
+		endCalls()
+	}
+	return ok
 }
 
 // hasStrays says whether the host declared an exec of c exited that the guest had not

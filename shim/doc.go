@@ -131,11 +131,11 @@
 // # Locks
 //
 // PodOwner.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
-// phase, pid and exit); container.mu a container's execs; process.mu a process's state;
-// agentDoor.mu the door's counts. Order: PodOwner.mu, then container.mu, then process.mu; none
-// is held across a call to the agent, the VM, the sandbox, a mount or the publisher. The
-// first Create (or StartSandbox) boots the pod with no lock held; concurrent Creates wait on
-// a channel.
+// phase, pid and exit); container.mu a container's execs and its strays; process.mu a
+// process's state; agentDoor.mu the door's counts. Order: PodOwner.mu, then container.mu, then
+// process.mu; none is held across a call to the agent, the VM, the sandbox, a mount or the
+// publisher. The first Create (or StartSandbox) boots the pod with no lock held; concurrent
+// Creates wait on a channel.
 //
 // # Threat model
 //

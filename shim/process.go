@@ -165,23 +165,21 @@ func (p *process) markKilled() {
 	p.mu.Unlock()
 }
 
-// endByHost declares p exited without the guest's report: its calls to the agent end, and its
-// exit watcher runs the exit sequence with exitKilled (output cut, stdio closed, TaskExit,
-// Wait released). It says whether it did: not once the guest has reported the exit.
-func (p *process) endByHost() bool {
+// endByHost declares p exited without the guest's report, and says whether it did: not once
+// the guest has reported the exit. The declaration takes effect when the caller runs the
+// endCalls it returns (nil if watch has not started: it ends the calls as it starts them):
+// p's calls to the agent end, and its exit watcher runs the exit sequence with exitKilled
+// (output cut, stdio closed, TaskExit, Wait released).
+func (p *process) endByHost() (endCalls context.CancelFunc, ok bool) {
 	select {
 	case <-p.reported:
-		return false
+		return nil, false
 	default:
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.hostEnded = true
-	end := p.endCalls
-	p.mu.Unlock()
-	if end != nil { // else watch ends the calls as it starts them
-		end()
-	}
-	return true
+	return p.endCalls, true
 }
 
 // endedByHost says whether the host declared p's exit (endByHost).
