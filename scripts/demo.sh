@@ -104,8 +104,22 @@ took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 say "a container through containerd: building the shim, kvfsctl, the pod VM's image, the busybox image"
 go build -o bin/ ./cmd/containerd-shim-kvfs-v2 ./cmd/kvfsctl
-agentcache=${KVFS_CACHE:-/var/cache/kvfs}/agent-guest
-packaging/guest/build.sh --agent "$agentcache"
+# The pod VM boots kvfs's own kernel once it is built (make guest-kernel; make test builds it:
+# 10 to 20 minutes on 2 cores); until then Debian 12's packaged kernel, whose drivers are
+# modules loaded from an initramfs root, so that a first demo compiles no kernel.
+if packaging/guest/kernel/build.sh --check "${KVFS_CACHE:-/var/cache/kvfs}/guest-kernel"; then
+	agentcache=${KVFS_CACHE:-/var/cache/kvfs}/agent-guest
+	packaging/guest/build.sh --agent "$agentcache"
+	root_line="rootfs = \"$agentcache/rootfs.erofs\""
+	echo "the pod VM's kernel: kvfs's own (packaging/guest/kernel), its root an erofs image on virtio-pmem"
+else
+	agentcache=${KVFS_CACHE:-/var/cache/kvfs}/agent-guest-debian
+	KVFS_GUEST_KERNEL=debian packaging/guest/build.sh --agent "$agentcache"
+	root_line="rootfs = \"\"
+initrd = \"$agentcache/initramfs.gz\""
+	echo "the pod VM's kernel: Debian 12's, its drivers loaded from an initramfs root: kvfs's own kernel is not"
+	echo "built yet (make guest-kernel, or make test, builds it; demos after that boot it: a pod starts faster)"
+fi
 ctrdbin=${KVFS_CACHE:-/var/cache/kvfs}/bin
 for b in containerd ctr crictl; do
 	[ -x "$ctrdbin/$b" ] || die "$ctrdbin/$b is missing: run scripts/deps.sh (make demo does)"
@@ -138,7 +152,7 @@ base_dir = "$base"
 
 [vm]
 kernel = "$agentcache/vmlinux"
-rootfs = "$agentcache/rootfs.erofs"
+$root_line
 accel = "$accel"
 memory = "512M"
 EOF

@@ -1,7 +1,10 @@
 #!/bin/bash
 # Build the pod VM's guest kernel from Debian's kernel source package and kvfs.config.
 #
-#   packaging/guest/kernel/build.sh OUTDIR
+#   packaging/guest/kernel/build.sh [--check] OUTDIR
+#
+# --check builds and downloads nothing: it exits 0 if OUTDIR holds a kernel built from this
+# script's current inputs (below), 1 if not (make demo then boots Debian's kernel instead).
 #
 # Writes OUTDIR/vmlinux (the uncompressed kernel, which QEMU starts at its PVH entry point),
 # OUTDIR/bzImage (the same kernel for loaders that want a bzImage), OUTDIR/config (the whole
@@ -30,8 +33,16 @@ say() {
 	echo "$prog: $*" >&2
 }
 
-[ $# -eq 1 ] || die "usage: $0 OUTDIR"
+check=
+if [ "${1:-}" = --check ]; then
+	check=1
+	shift
+fi
+[ $# -eq 1 ] || die "usage: $0 [--check] OUTDIR"
 here=$(cd "$(dirname "$0")" && pwd)
+if [ -n "$check" ] && [ ! -d "$1" ]; then
+	exit 1
+fi
 mkdir -p "$1" || die "cannot create output directory $1"
 out=$(cd "$1" && pwd)
 # shellcheck source=packaging/debian-apt.sh
@@ -43,17 +54,19 @@ fragment=$here/kvfs.config
 epoch=${SOURCE_DATE_EPOCH:-0}
 [[ $epoch =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$epoch is not a number of seconds"
 
-exec 9>"$out/.lock"
-flock 9
-
-host_packages="flex bison bc libelf-dev gcc make xz-utils"
-install_missing "$prog" $host_packages
+if [ -z "$check" ]; then
+	exec 9>"$out/.lock"
+	flock 9
+	host_packages="flex bison bc libelf-dev gcc make xz-utils"
+	install_missing "$prog" $host_packages
+fi
 
 # The source package: the one in OUTDIR/debs, else the suite's current one.
 debs=$out/debs
-mkdir -p "$debs"
 src_deb=$(compgen -G "$debs/${source_package}_*.deb" | head -n 1 || true)
 if [ -z "$src_deb" ]; then
+	[ -z "$check" ] || exit 1
+	mkdir -p "$debs"
 	say "downloading $source_package ($suite)"
 	debian_download "$suite" "$debs" "$source_package" || die "cannot download $source_package from $suite"
 	src_deb=$(compgen -G "$debs/${source_package}_*.deb" | head -n 1 || true)
@@ -73,9 +86,10 @@ inputs_hash() {
 }
 hash=$(inputs_hash)
 if [ -s "$out/vmlinux" ] && [ -s "$out/bzImage" ] && [ -s "$out/source" ] && [ "$(cat "$out/inputs.sha256" 2>/dev/null)" = "$hash" ]; then
-	say "up to date: $out"
+	[ -n "$check" ] || say "up to date: $out"
 	exit 0
 fi
+[ -z "$check" ] || exit 1
 
 work=$out/work
 rm -rf "$work"
