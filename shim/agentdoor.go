@@ -134,6 +134,7 @@ var errAgentFailed = errors.New("the guest agent was cut off for misbehaving")
 // API, so that what fronts it (the pod sandbox's task, sandboxtask.go) keeps its shape.
 type agentDoor struct {
 	ctx    context.Context    // the shim's: its logger
+	pod    context.Context    // ends when the pod dies or is stopped, and every call with it
 	ag     agent.AgentService // the guest's; its answers are untrusted
 	limits GuestLimits
 	log    *guestLogger // the pod's: the door's lines are the guest's to cause
@@ -147,8 +148,9 @@ type agentDoor struct {
 
 var _ agent.AgentService = (*agentDoor)(nil)
 
-func newAgentDoor(ctx context.Context, ag agent.AgentService, limits GuestLimits, glog *guestLogger, fail func(error)) *agentDoor {
-	return &agentDoor{ctx: ctx, ag: ag, limits: limits, log: glog, fail: fail}
+// newAgentDoor is the door to ag, the agent of the pod whose life is pod; ctx is the shim's.
+func newAgentDoor(ctx, pod context.Context, ag agent.AgentService, limits GuestLimits, glog *guestLogger, fail func(error)) *agentDoor {
+	return &agentDoor{ctx: ctx, pod: pod, ag: ag, limits: limits, log: glog, fail: fail}
 }
 
 // failed is why the door cut the agent off, or nil.
@@ -234,18 +236,22 @@ func (d *agentDoor) answered() {
 	d.mu.Unlock()
 }
 
-// call makes one call through the door: refused once the agent is cut off; under the
-// deadline of its kind; a missed deadline counted; the guest's error text bounded.
+// call makes one call through the door: refused once the agent is cut off; ended with the
+// pod; under the deadline of its kind; a missed deadline counted; the guest's error text
+// bounded.
 func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what string, f func(context.Context, Req) (Resp, error), r Req) (Resp, error) {
 	var zero Resp
 	if err := d.failed(); err != nil {
 		return zero, fmt.Errorf("%s: %w (%v): %w", what, errAgentFailed, err, errdefs.ErrUnavailable)
 	}
-	cctx, cancel := ctx, context.CancelFunc(func() {})
-	if t := d.limits.timeout(k); t > 0 {
-		cctx, cancel = context.WithTimeout(ctx, t)
-	}
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer context.AfterFunc(d.pod, cancel)()
+	if t := d.limits.timeout(k); t > 0 {
+		var cancelT context.CancelFunc
+		cctx, cancelT = context.WithTimeout(cctx, t)
+		defer cancelT()
+	}
 	resp, err := f(cctx, r)
 	if err == nil {
 		if k != kindStream {

@@ -377,9 +377,7 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 // closeGuestStdin closes p's stdin in the guest (for a terminal, the agent sends its
 // end-of-file character).
 func (o *PodOwner) closeGuestStdin(ctx context.Context, run *podRun, p *process) error {
-	actx, cancel := run.call(ctx)
-	defer cancel()
-	if _, err := run.agent.CloseStdin(actx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
+	if _, err := run.agent.CloseStdin(ctx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
 		return fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
 	}
 	return nil
@@ -387,9 +385,7 @@ func (o *PodOwner) closeGuestStdin(ctx context.Context, run *podRun, p *process)
 
 // agentDelete asks the agent to forget p; a process it does not know is already forgotten.
 func (o *PodOwner) agentDelete(ctx context.Context, run *podRun, p *process) error {
-	actx, cancel := run.call(ctx)
-	defer cancel()
-	_, err := run.agent.DeleteProcess(actx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
+	_, err := run.agent.DeleteProcess(ctx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
 	if err != nil && run.live() && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
 		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
 	}

@@ -280,7 +280,8 @@ const (
 
 // podRun is the pod from its boot to its stop: its VM (a Pod), the door to its agent, the
 // agent the services call (the door, fronted by the pod sandbox's task when CRI's podsandbox
-// runs the pod), and the context of the calls that must end with the pod.
+// runs the pod), and the pod's life: its context, with which the door ends every call to the
+// agent and the processes' own calls end.
 type podRun struct {
 	id string
 	// sandboxTask says the pod was booted for CRI's pod sandbox container (its id is id),
@@ -299,7 +300,7 @@ type podRun struct {
 func (o *PodOwner) newPodRun(pod Pod, req PodRequest) *podRun {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(o.ctx))
 	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, pod: pod, ctx: ctx, cancel: cancel}
-	r.door = newAgentDoor(o.ctx, pod.Agent(), o.opts.Limits, &o.guestLog, func(why error) {
+	r.door = newAgentDoor(o.ctx, ctx, pod.Agent(), o.opts.Limits, &o.guestLog, func(why error) {
 		log.G(o.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
 		pod.Kill(why)
 	})
@@ -311,25 +312,6 @@ func (o *PodOwner) newPodRun(pod Pod, req PodRequest) *podRun {
 		r.agent = newSandboxAgent(r.door, req.ID, pod.Pid())
 	}
 	return r
-}
-
-// call is ctx for one call to the agent, ended also by the pod's end. The caller calls cancel
-// when the call is done.
-func (r *podRun) call(ctx context.Context) (context.Context, context.CancelFunc) {
-	c, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(r.ctx, cancel)
-	return c, func() { stop(); cancel() }
-}
-
-// agentCall is the pod's run and a context for one call to its agent (podRun.call). The
-// caller calls cancel when the call is done.
-func (o *PodOwner) agentCall(ctx context.Context) (*podRun, context.Context, context.CancelFunc, error) {
-	run, err := o.currentRun()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	actx, cancel := run.call(ctx)
-	return run, actx, cancel, nil
 }
 
 // live says the pod's agent can still be asked: the pod has not died (its context ends just
@@ -602,9 +584,7 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 			c.mu.Unlock()
 		}
 	}
-	actx, cancel := run.call(ctx)
-	defer cancel()
-	_, err := run.agent.SignalProcess(actx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
+	_, err := run.agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
 	if enforce {
 		// A refusal is the guest's word too: an exited process's report follows at once.
 		go o.enforceKill(run, c, p)

@@ -484,12 +484,11 @@ func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequ
 	if _, err := s.readySandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
-	run, actx, cancel, err := s.agentCall(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	if _, err := run.agent.Ping(actx, &agent.PingRequest{}); err != nil {
+	if _, err := run.agent.Ping(ctx, &agent.PingRequest{}); err != nil {
 		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", r.SandboxID, err)
 	}
 	return &sandboxAPI.PingResponse{}, nil

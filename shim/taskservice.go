@@ -187,12 +187,10 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, err
 	}
 	in, out, errw := sc.Wants()
-	actx, cancel := run.call(ctx)
-	_, err = run.agent.CreateContainer(actx, &agent.CreateContainerRequest{
+	_, err = run.agent.CreateContainer(ctx, &agent.CreateContainerRequest{
 		ContainerId: r.ID, Spec: specJSON, Submounts: submounts,
 		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
-	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("the agent creating container %s: %w", r.ID, err)
 	}
@@ -239,9 +237,7 @@ func (s *TaskService) Start(ctx context.Context, r *taskAPI.StartRequest) (*task
 	if err := p.transition(opStart, stateStarting); err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
-	_, err = run.agent.StartProcess(actx, &agent.StartProcessRequest{ContainerId: p.cid, ExecId: p.execID})
-	cancel()
+	_, err = run.agent.StartProcess(ctx, &agent.StartProcessRequest{ContainerId: p.cid, ExecId: p.execID})
 	if err != nil {
 		p.mu.Lock()
 		p.state = stateCreated
@@ -321,12 +317,10 @@ func (s *TaskService) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (
 		return nil, fmt.Errorf("exec %s: %w", r.ExecID, err)
 	}
 	in, out, errw := sc.Wants()
-	actx, cancel := run.call(ctx)
-	_, err = run.agent.ExecProcess(actx, &agent.ExecProcessRequest{
+	_, err = run.agent.ExecProcess(ctx, &agent.ExecProcessRequest{
 		ContainerId: r.ID, ExecId: r.ExecID, Process: procJSON,
 		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
-	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("the agent adding exec %s to %s: %w", r.ExecID, r.ID, err)
 	}
@@ -545,15 +539,14 @@ func (s *TaskService) pauseResume(ctx context.Context, id string, o op, next sta
 	if err := c.init.check(o); err != nil {
 		return nil, err
 	}
-	run, actx, cancel, err := s.agentCall(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
 	if o == opPause {
-		_, err = run.agent.PauseContainer(actx, &agent.PauseContainerRequest{ContainerId: id})
+		_, err = run.agent.PauseContainer(ctx, &agent.PauseContainerRequest{ContainerId: id})
 	} else {
-		_, err = run.agent.ResumeContainer(actx, &agent.ResumeContainerRequest{ContainerId: id})
+		_, err = run.agent.ResumeContainer(ctx, &agent.ResumeContainerRequest{ContainerId: id})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the agent: %s container %s: %w", o, id, err)
@@ -655,9 +648,7 @@ func (s *TaskService) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) 
 	if err != nil {
 		return nil, err
 	}
-	actx, cancel := run.call(ctx)
-	defer cancel()
-	if _, err := run.agent.UpdateContainer(actx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
+	if _, err := run.agent.UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: b}); err != nil {
 		return nil, fmt.Errorf("the agent updating %s: %w", c.id, err)
 	}
 	return &emptypb.Empty{}, nil
@@ -675,12 +666,11 @@ func (s *TaskService) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest
 	if !p.stdio.Terminal {
 		return nil, fmt.Errorf("%s has no terminal: %w", p.name(), errdefs.ErrFailedPrecondition)
 	}
-	run, actx, cancel, err := s.agentCall(ctx)
+	run, err := s.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	if _, err := run.agent.ResizePty(actx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
+	if _, err := run.agent.ResizePty(ctx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: r.Width, Height: r.Height}); err != nil {
 		return nil, fmt.Errorf("the agent resizing the pty of %s: %w", p.name(), err)
 	}
 	return &emptypb.Empty{}, nil
