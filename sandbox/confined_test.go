@@ -21,6 +21,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/internal/rpcedge"
 	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/virtiofs/confine"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
@@ -240,7 +241,7 @@ func TestConfinedServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := svc.UpdateDAXPolicy(ctx, &control.UpdateDAXPolicyRequest{Id: "conf", Policy: control.DAXPolicy_DAX_POLICY_INODE,
-		Rules: []*control.DAXRule{{Glob: "["}}}); grpcstatus.Code(toStatus(err)) != codes.InvalidArgument {
+		Rules: []*control.DAXRule{{Glob: "["}}}); grpcstatus.Code(rpcedge.Status(err)) != codes.InvalidArgument {
 		t.Errorf("a bad glob: %v, want InvalidArgument", err)
 	}
 	if _, err := svc.UpdateDAXPolicy(ctx, &control.UpdateDAXPolicyRequest{Id: "conf", Policy: control.DAXPolicy_DAX_POLICY_INODE,

@@ -4,20 +4,16 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
-	"github.com/containerd/ttrpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/internal/rpcedge"
 	"github.com/kvfs/kvfs/virtiofs/fuse"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
@@ -261,30 +257,7 @@ func unixNano(t time.Time) int64 {
 	return t.UnixNano()
 }
 
-// ErrorInterceptor is the ttrpc edge of the control API: it logs each call's failure and
-// turns the error kinds into gRPC status codes (anything else is Internal). A panic in a
-// handler becomes Internal too, with its stack logged.
-func ErrorInterceptor(ctx context.Context, um ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, h ttrpc.Method) (_ any, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			log.G(ctx).WithField("method", info.FullMethod).Errorf("control: panic: %v\n%s", p, debug.Stack())
-			err = status.Errorf(codes.Internal, "%s: internal error", info.FullMethod)
-		}
-	}()
-	resp, err := h(ctx, um)
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("method", info.FullMethod).Debug("control: call failed")
-		return nil, toStatus(err)
-	}
-	return resp, nil
-}
-
-// toStatus maps an error's errdefs kind to its status code (errgrpc.ToGRPC), keeping a status
-// the error already is; an error of no kind is Internal.
-func toStatus(err error) error {
-	g := errgrpc.ToGRPC(err)
-	if status.Code(g) == codes.Unknown && !errdefs.IsUnknown(err) {
-		return status.Error(codes.Internal, err.Error())
-	}
-	return g
-}
+// ErrorInterceptor is the ttrpc edge of the control API, the policy of every kvfs ttrpc
+// server (internal/rpcedge): a handler's panic becomes Internal, an error's kind its status
+// code, and each call is logged at debug level.
+var ErrorInterceptor = rpcedge.Interceptor(log.G, nil)

@@ -19,29 +19,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	control "github.com/kvfs/kvfs/api/control/v1"
+	"github.com/kvfs/kvfs/internal/rpcedge"
 	"github.com/kvfs/kvfs/virtiofs/passthrough"
 )
-
-func TestToStatus(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		want codes.Code
-	}{
-		{fmt.Errorf("x: %w", errdefs.ErrNotFound), codes.NotFound},
-		{fmt.Errorf("x: %w", errdefs.ErrAlreadyExists), codes.AlreadyExists},
-		{fmt.Errorf("x: %w", errdefs.ErrInvalidArgument), codes.InvalidArgument},
-		{fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition), codes.FailedPrecondition},
-		{fmt.Errorf("x: %w", errdefs.ErrNotImplemented), codes.Unimplemented},
-		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
-		{errors.New("disk on fire"), codes.Internal},
-		{status.Error(codes.Aborted, "as is"), codes.Aborted},
-	} {
-		st, _ := status.FromError(toStatus(tc.err))
-		if st.Code() != tc.want || st.Message() != tc.err.Error() && tc.want != codes.Aborted {
-			t.Errorf("toStatus(%v) = %v %q, want %v", tc.err, st.Code(), st.Message(), tc.want)
-		}
-	}
-}
 
 func TestCheckPeer(t *testing.T) {
 	for _, tc := range []struct {
@@ -68,7 +48,7 @@ func TestCheckPeer(t *testing.T) {
 func TestControlValidation(t *testing.T) {
 	svc := NewControlService(nil)
 	ctx := context.Background()
-	code := func(err error) codes.Code { return status.Code(toStatus(err)) }
+	code := func(err error) codes.Code { return status.Code(rpcedge.Status(err)) }
 
 	for _, id := range []string{"", "../x", "a/b", strings.Repeat("a", 129)} {
 		if _, err := svc.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: id}); code(err) != codes.InvalidArgument {
@@ -175,7 +155,7 @@ func TestUpdateDAXPolicy(t *testing.T) {
 			s = extSvc
 		}
 		_, err := s.UpdateDAXPolicy(ctx, tc.req)
-		st, _ := status.FromError(toStatus(err))
+		st, _ := status.FromError(rpcedge.Status(err))
 		if st.Code() != tc.want || !strings.Contains(st.Message(), tc.msg) {
 			t.Errorf("UpdateDAXPolicy(%v): %v, want %v with %q", tc.req, err, tc.want, tc.msg)
 		}
@@ -286,7 +266,7 @@ func TestControlServiceStop(t *testing.T) {
 	stopOnCleanup(t, sb)
 	svc := NewControlService(sb)
 	ctx := context.Background()
-	code := func(err error) codes.Code { return status.Code(toStatus(err)) }
+	code := func(err error) codes.Code { return status.Code(rpcedge.Status(err)) }
 	if l, err := svc.ListSandboxes(ctx, nil); err != nil || len(l.GetSandboxes()) != 1 || l.GetSandboxes()[0].GetId() != "a" {
 		t.Errorf("ListSandboxes: %v, %v", l, err)
 	}
@@ -335,7 +315,7 @@ func TestControlServiceConcurrent(t *testing.T) {
 			defer wg.Done()
 			// One of them stops it; the others find it stopped or gone.
 			_, err := svc.StopSandbox(context.Background(), &control.StopSandboxRequest{Id: "s"})
-			if err != nil && status.Code(toStatus(err)) != codes.NotFound {
+			if err != nil && status.Code(rpcedge.Status(err)) != codes.NotFound {
 				t.Error(err)
 			}
 		}()

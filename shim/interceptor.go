@@ -1,9 +1,7 @@
 package shim
 
 import (
-	"context"
 	"errors"
-	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -11,13 +9,16 @@ import (
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvfs/kvfs/internal/rpcedge"
 )
 
 // ErrorEdge is where the shim's errors leave it: a ttrpc server interceptor (containerd's
-// pkg/shim chains the interceptor of every plugin that has one) that turns the errdefs kinds
-// the services return into the gRPC status codes containerd reads, once, for the task API
-// and the Sandbox API alike. At debug level (containerd's, which it passes to its shims) it
-// also logs every call with its duration and result: where a pod's time goes, call by call.
+// pkg/shim chains the interceptor of every plugin that has one) with the policy of every kvfs
+// ttrpc server (internal/rpcedge: a panic an Internal error, errdefs kinds the gRPC status
+// codes containerd reads, every call logged with its duration at debug level, containerd's
+// level, which it passes to its shims: where a pod's time goes, call by call), once, for the
+// task API and the Sandbox API alike.
 type ErrorEdge struct{}
 
 // createMethod is the task API's Create, as ttrpc names it.
@@ -34,23 +35,10 @@ var errRestore = errors.New("restoring a checkpoint")
 // image does not have), which is a precondition of the pod; a restore is refused as what it
 // is, a request this shim does not implement.
 func (ErrorEdge) UnaryServerInterceptor() ttrpc.UnaryServerInterceptor {
-	return func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (any, error) {
-		start := time.Now()
-		resp, err := method(ctx, unmarshal)
-		if l := log.G(ctx); l.Logger.IsLevelEnabled(log.DebugLevel) {
-			l = l.WithFields(log.Fields{"method": info.FullMethod, "took": time.Since(start).Round(time.Microsecond)})
-			if err != nil {
-				l = l.WithError(err)
-			}
-			l.Debug("request")
+	return rpcedge.Interceptor(log.G, func(method string, err, st error) error {
+		if method == createMethod && errdefs.IsNotImplemented(errgrpc.ToNative(st)) && !errors.Is(err, errRestore) {
+			return status.Errorf(codes.FailedPrecondition, "%s (is the guest image older than the shim?)", err)
 		}
-		if err == nil {
-			return resp, nil
-		}
-		g := errgrpc.ToGRPC(err)
-		if info.FullMethod == createMethod && errdefs.IsNotImplemented(errgrpc.ToNative(g)) && !errors.Is(err, errRestore) {
-			return nil, status.Errorf(codes.FailedPrecondition, "%s (is the guest image older than the shim?)", err)
-		}
-		return nil, g
-	}
+		return st
+	})
 }
