@@ -125,8 +125,8 @@
 // guest's container included, then runs the poststop hooks. Poststart runs once the agent has
 // started the init, before Start returns; poststop at the init's Delete, once the guest has
 // deleted the container and its binds and rootfs are gone. Their failures are logged, not
-// returned. createContainer and startContainer stay in the guest's spec (AdaptSpec): runc in
-// the guest runs them in the container's namespaces, with guest paths.
+// returned. createContainer and startContainer stay in the guest's spec (AdaptSpec): crun, the
+// guest's runtime, runs them in the container's namespaces, with guest paths.
 //
 // # Locks
 //
@@ -181,9 +181,9 @@
 // never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
 // never follows the guest's symlinks when it unbinds and cleans up. What a container's spec
 // makes read-only (a mount's ro or rro, root.readonly) is bound read-only on the host, so root
-// in the guest cannot write there through the server either; the mount points runc would make
-// in a read-only root the shim makes first, inside the root whatever its symlinks say
-// (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
+// in the guest cannot write there through the server either; the mount points the guest's
+// runtime would make in a read-only root the shim makes first, inside the root whatever its
+// symlinks say (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
 // annotations are not (see sandbox.Config.Resolve). The network namespace path comes from
 // containerd and is trusted; root in the guest can write any frame to its NIC, but only those
 // from the NIC's MAC and the pod's own addresses pass the guard on the tap, to the pod's veth

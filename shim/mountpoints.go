@@ -19,7 +19,7 @@ const maxSymlinks = 40
 // the image lacks (a directory, or an empty file for a bind of a file) and the process's
 // working directory. With root.readonly the rootfs is bound read-only on the host, so runc in
 // the guest cannot make them. A path that resolves inside an earlier mount (/dev/pts inside
-// /dev's tmpfs) is that mount's, not the root's, and is left to runc in the guest.
+// /dev's tmpfs) is that mount's, not the root's, and is left to crun in the guest.
 //
 // The image is untrusted: its symlinks are followed as runc follows them in the container,
 // inside the root. Every path is resolved from a descriptor of rootfs with openat2's

@@ -116,7 +116,7 @@ func TestBindRootfs(t *testing.T) {
 		if got := pod.binds["c1"]; !reflect.DeepEqual(got, want) {
 			t.Errorf("readonly %v: bind %+v, want %+v", readonly, got, want)
 		}
-		// runc in the guest makes the mount points of a read-write root itself.
+		// crun in the guest makes the mount points of a read-write root itself.
 		if _, err := os.Stat(filepath.Join(rootfs, "proc")); (err == nil) != readonly {
 			t.Errorf("readonly %v: /proc made: %v", readonly, err)
 		}

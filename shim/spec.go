@@ -45,7 +45,7 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //   - linux.devices (host device nodes) are dropped, but for those the guest's kernel has
 //     of its own under the same numbers (guestDevices: tun, FUSE), and so are AppArmor/SELinux
 //     labels (the host's policy);
-//   - of the hooks, only createContainer and startContainer stay: runc in the guest runs them
+//   - of the hooks, only createContainer and startContainer stay: crun in the guest runs them
 //     in the container's namespaces, and their paths are the guest's (createContainer's in
 //     the guest's root, startContainer's in the container's). The shim runs the others on the
 //     host (package hooks);
@@ -230,7 +230,7 @@ var ipcSysctls = []string{"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "ke
 // namespaces, which the pod's containers share (the network always; IPC when joined by path,
 // as CRI's containers join their sandbox's). Those of an IPC namespace that guest, the
 // container's spec in the guest (nil for a sandbox container, which runs nothing), has of its
-// own stay in guest's linux.sysctl for runc to write there; the rest leave it.
+// own stay in guest's linux.sysctl for crun to write there; the rest leave it.
 func podSysctls(spec, guest *specs.Spec) map[string]string {
 	if spec.Linux == nil || len(spec.Linux.Sysctl) == 0 {
 		return nil

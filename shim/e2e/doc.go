@@ -1,7 +1,7 @@
 // Package e2e tests containerd-shim-kvfs-v2 as users run it: a real containerd v2.4 (a private
 // instance per test, internal/testing/ctrdtest), ctr and the containerd Go client, the busybox test
 // image, and each pod a real QEMU VM (TCG here) booted from the agent guest image, whose
-// containers run under runc in the guest with their root file systems served by the pod's
+// containers run under crun in the guest with their root file systems served by the pod's
 // kvfsd. Package cri below runs pods through containerd's CRI with crictl, on the same
 // harness (Env, Start, Main), in a test binary of its own so that both run at once. Only
 // tests; nothing here is linked into a binary.

@@ -50,7 +50,7 @@ const erofs = "Read-only file system"
 // TestReadOnlyRoot: `ctr run --read-only`. The root is bound read-only on the host, so a write
 // to it fails in the guest, and still fails once root in the container (privileged) has made
 // its root read-write again: the host's bind refuses it (kvfsd answers EROFS). The mount point
-// of a volume the image lacks was made on the host beforehand (runc in the guest cannot), and
+// of a volume the image lacks was made on the host beforehand (crun in the guest cannot), and
 // the volume is writable. The container's snapshot on the host holds nothing but mount points.
 func TestReadOnlyRoot(t *testing.T) {
 	e := newEnv(t, "")
