@@ -13,6 +13,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 )
 
 // TestCloseIO: through the containerd Go client, stdin's EOF comes from CloseIO: `cat` copies
@@ -31,7 +33,7 @@ func TestCloseIO(t *testing.T) {
 	ctn, err := cl.NewContainer(ctx, "cat",
 		client.WithImage(img),
 		client.WithNewSnapshot("cat-snapshot", img),
-		client.WithRuntime(RuntimeType, &runtimeoptions.Options{ConfigPath: e.Config}),
+		client.WithRuntime(shimtest.RuntimeType, &runtimeoptions.Options{ConfigPath: e.Config}),
 		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("cat")),
 	)
 	if err != nil {

@@ -14,25 +14,26 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
 // newEnv starts the containerd, without the CRI. extra is TOML added at the top of the kvfs
 // configuration (before its [vm] table).
-func newEnv(t *testing.T, extra string) *Env {
+func newEnv(t *testing.T, extra string) *shimtest.Env {
 	t.Helper()
-	return Start(t, extra, "")
+	return shimtest.Start(t, extra, "")
 }
 
 // run is `ctr run --runtime io.containerd.kvfs.v2 --runtime-config-path CONFIG flags... IMAGE
 // ID args...`.
-func (e *Env) run(t *testing.T, flags []string, id string, args ...string) ctrd.Result {
+func run(t *testing.T, e *shimtest.Env, flags []string, id string, args ...string) ctrd.Result {
 	t.Helper()
-	return e.C.RunCtr(t, e.runArgs(flags, id, args...)...)
+	return e.C.RunCtr(t, runArgs(e, flags, id, args...)...)
 }
 
-func (e *Env) runArgs(flags []string, id string, args ...string) []string {
-	a := append([]string{"run", "--runtime", RuntimeType, "--runtime-config-path", e.Config}, flags...)
+func runArgs(e *shimtest.Env, flags []string, id string, args ...string) []string {
+	a := append([]string{"run", "--runtime", shimtest.RuntimeType, "--runtime-config-path", e.Config}, flags...)
 	a = append(a, e.Image, id)
 	return append(a, args...)
 }
@@ -49,15 +50,15 @@ func wantResult(t *testing.T, what string, r ctrd.Result, code int, stdout strin
 // the machine's QEMU (Debian 12's 7.2) and again under QEMU 10.
 func TestRun(t *testing.T) {
 	t.Run("default-qemu", func(t *testing.T) { testRun(t, newEnv(t, "")) })
-	t.Run("qemu10", func(t *testing.T) { testRun(t, StartQEMU(t, vmtest.QEMU10(t))) })
+	t.Run("qemu10", func(t *testing.T) { testRun(t, shimtest.StartQEMU(t, vmtest.QEMU10(t))) })
 }
 
-func testRun(t *testing.T, e *Env) {
+func testRun(t *testing.T, e *shimtest.Env) {
 	var host syscall.Utsname
 	if err := syscall.Uname(&host); err != nil {
 		t.Fatal(err)
 	}
-	r := e.run(t, []string{"--rm"}, "echo", "sh", "-c", "echo hello; uname -r; grep -c ' / virtiofs ' /proc/self/mounts")
+	r := run(t, e, []string{"--rm"}, "echo", "sh", "-c", "echo hello; uname -r; grep -c ' / virtiofs ' /proc/self/mounts")
 	lines := strings.Split(strings.TrimSuffix(r.Stdout, "\n"), "\n")
 	if r.ExitCode != 0 || len(lines) != 3 || lines[0] != "hello" || lines[2] != "1" {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want 0, hello, a kernel release, 1 (the root is virtio-fs)", r.ExitCode, r.Stdout, r.Stderr)
@@ -66,13 +67,13 @@ func testRun(t *testing.T, e *Env) {
 		t.Errorf("the container's kernel is the host's (%s): it did not run in the VM", hostRelease)
 	}
 
-	r = e.run(t, []string{"--rm"}, "exit3", "sh", "-c", "echo out; echo err >&2; exit 3")
+	r = run(t, e, []string{"--rm"}, "exit3", "sh", "-c", "echo out; echo err >&2; exit 3")
 	wantResult(t, "exit 3", r, 3, "out\n")
 	if got := withoutCtrLog(r.Stderr); got != "err\n" {
 		t.Errorf("exit 3: stderr %q, want %q", got, "err\n")
 	}
 
-	a := e.startAttached(t, "kill9")
+	a := startAttached(t, e, "kill9")
 	e.C.Ctr(t, "task", "kill", "-s", "SIGKILL", "kill9")
 	if code := a.wait(t); code != 137 {
 		t.Errorf("ctr run of a task killed with SIGKILL: exit %d, want 137; stderr %s", code, a.stderr.String())
@@ -100,10 +101,10 @@ type attached struct {
 
 // startAttached starts `ctr run --rm ... ID sh -c 'echo up; exec sleep 600'` and returns once
 // the task has printed "up".
-func (e *Env) startAttached(t *testing.T, id string) *attached {
+func startAttached(t *testing.T, e *shimtest.Env, id string) *attached {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	a := &attached{cmd: e.C.CtrCmd(ctx, e.runArgs([]string{"--rm"}, id, "sh", "-c", "echo up; exec sleep 600")...), stderr: &strings.Builder{}, cancel: cancel}
+	a := &attached{cmd: e.C.CtrCmd(ctx, runArgs(e, []string{"--rm"}, id, "sh", "-c", "echo up; exec sleep 600")...), stderr: &strings.Builder{}, cancel: cancel}
 	t.Cleanup(cancel)
 	stdout, err := a.cmd.StdoutPipe()
 	if err != nil {
@@ -148,7 +149,7 @@ func TestStdin(t *testing.T) {
 	e := newEnv(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := e.C.CtrCmd(ctx, e.runArgs([]string{"--rm"}, "stdin", "sh", "-c", "read a; read b; echo got $a $b")...)
+	cmd := e.C.CtrCmd(ctx, runArgs(e, []string{"--rm"}, "stdin", "sh", "-c", "read a; read b; echo got $a $b")...)
 	cmd.Stdin = strings.NewReader("one\ntwo\n")
 	out, err := cmd.Output()
 	if err != nil || string(out) != "got one two\n" {
@@ -165,8 +166,8 @@ func TestTerminal(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ctr := e.C.CtrCmd(ctx, e.runArgs([]string{"--rm", "-t"}, "tty", "sh", "-c", "tty; stty size")...)
-	line := "stty rows 33 cols 101; exec " + ShellQuote(ctr.Args)
+	ctr := e.C.CtrCmd(ctx, runArgs(e, []string{"--rm", "-t"}, "tty", "sh", "-c", "tty; stty size")...)
+	line := "stty rows 33 cols 101; exec " + shimtest.ShellQuote(ctr.Args)
 	cmd := exec.CommandContext(ctx, script, "-qec", line, "/dev/null")
 	cmd.Env = ctr.Env
 	out, err := cmd.Output()
@@ -181,7 +182,7 @@ func TestTerminal(t *testing.T) {
 func TestSnapshotWrite(t *testing.T) {
 	e := newEnv(t, "")
 	token := fmt.Sprintf("written in the guest %d", time.Now().UnixNano())
-	r := e.run(t, nil, "writer", "sh", "-c", "echo '"+token+"' >/from-guest && sync")
+	r := run(t, e, nil, "writer", "sh", "-c", "echo '"+token+"' >/from-guest && sync")
 	wantResult(t, "write", r, 0, "")
 	files, err := filepath.Glob(filepath.Join(e.C.Dir(), "root", "io.containerd.snapshotter.v1.overlayfs", "snapshots", "*", "fs", "from-guest"))
 	if err != nil {
@@ -200,7 +201,7 @@ func TestSnapshotWrite(t *testing.T) {
 func TestTasks(t *testing.T) {
 	e := newEnv(t, "")
 	for _, id := range []string{"t1", "t2"} {
-		wantResult(t, "run -d "+id, e.run(t, []string{"-d"}, id, "sleep", "600"), 0, "")
+		wantResult(t, "run -d "+id, run(t, e, []string{"-d"}, id, "sleep", "600"), 0, "")
 	}
 	r := e.C.RunCtr(t, "task", "exec", "--exec-id", "e1", "t1", "sh", "-c", "echo in exec; cat /proc/1/cmdline; exit 5")
 	wantResult(t, "exec", r, 5, "in exec\nsleep\x00600\x00")
@@ -304,10 +305,10 @@ func TestTasks(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
-	for taskStatus(t, e)["t2"] == "RUNNING" || len(Alive(pod)) > 0 || exists(filepath.Join(e.BaseDir, "t2")) {
+	for taskStatus(t, e)["t2"] == "RUNNING" || len(shimtest.Alive(pod)) > 0 || exists(filepath.Join(e.BaseDir, "t2")) {
 		if time.Now().After(deadline) {
 			t.Fatalf("t2's shim killed: a minute later, t2 is %q, its processes %v still run, its sandbox directory exists: %v",
-				taskStatus(t, e)["t2"], Alive(pod), exists(filepath.Join(e.BaseDir, "t2")))
+				taskStatus(t, e)["t2"], shimtest.Alive(pod), exists(filepath.Join(e.BaseDir, "t2")))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -336,7 +337,7 @@ func exists(path string) bool {
 // exits 0.
 func kvfsctl(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(BinDir, "kvfsctl"), args...).Output()
+	out, err := exec.Command(filepath.Join(shimtest.BinDir, "kvfsctl"), args...).Output()
 	if err != nil {
 		t.Fatalf("kvfsctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -344,7 +345,7 @@ func kvfsctl(t *testing.T, args ...string) string {
 }
 
 // taskStatus is `ctr task ls`: each task's status.
-func taskStatus(t *testing.T, e *Env) map[string]string {
+func taskStatus(t *testing.T, e *shimtest.Env) map[string]string {
 	t.Helper()
 	out := e.C.Ctr(t, "task", "ls")
 	st := map[string]string{}
@@ -357,7 +358,7 @@ func taskStatus(t *testing.T, e *Env) map[string]string {
 	return st
 }
 
-func wantStatus(t *testing.T, e *Env, want map[string]string) {
+func wantStatus(t *testing.T, e *shimtest.Env, want map[string]string) {
 	t.Helper()
 	got := taskStatus(t, e)
 	for id, s := range want {
@@ -369,7 +370,7 @@ func wantStatus(t *testing.T, e *Env, want map[string]string) {
 
 // waitStatus waits until every task in want has its status (a killed task stops a moment
 // after the kill returns).
-func waitStatus(t *testing.T, e *Env, want map[string]string) {
+func waitStatus(t *testing.T, e *shimtest.Env, want map[string]string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -394,7 +395,7 @@ func TestBadConfig(t *testing.T) {
 	before := e.C.Snapshot(t)
 
 	missing := filepath.Join(filepath.Dir(e.Config), "missing.toml")
-	r := e.C.RunCtr(t, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", missing, e.Image, "bad1", "true")
+	r := e.C.RunCtr(t, "run", "--rm", "--runtime", shimtest.RuntimeType, "--runtime-config-path", missing, e.Image, "bad1", "true")
 	if r.ExitCode == 0 || !strings.Contains(r.Stderr, missing) {
 		t.Errorf("a missing config: exit %d, stderr %q; want a failure naming %s", r.ExitCode, r.Stderr, missing)
 	}
@@ -403,7 +404,7 @@ func TestBadConfig(t *testing.T) {
 	if err := os.WriteFile(typo, []byte("[vm]\nmemroy = \"1G\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r = e.C.RunCtr(t, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", typo, e.Image, "bad2", "true")
+	r = e.C.RunCtr(t, "run", "--rm", "--runtime", shimtest.RuntimeType, "--runtime-config-path", typo, e.Image, "bad2", "true")
 	if r.ExitCode == 0 || !strings.Contains(r.Stderr, "memroy") {
 		t.Errorf("an unknown key: exit %d, stderr %q; want a failure naming vm.memroy", r.ExitCode, r.Stderr)
 	}
@@ -423,7 +424,7 @@ func TestRunCycles(t *testing.T) {
 	const cycles = 20
 	start := time.Now()
 	for i := range cycles {
-		r := e.run(t, []string{"--rm"}, fmt.Sprintf("c%d", i), "true")
+		r := run(t, e, []string{"--rm"}, fmt.Sprintf("c%d", i), "true")
 		if r.ExitCode != 0 {
 			t.Fatalf("cycle %d: exit %d, stderr %q", i, r.ExitCode, r.Stderr)
 		}
@@ -435,11 +436,11 @@ func TestRunCycles(t *testing.T) {
 // TestServerKilled: kvfsd (here as an external daemon, so that it can be killed alone) dies
 // under a running task: the task exits with 255 and ctr returns at once, leaving nothing.
 func TestServerKilled(t *testing.T) {
-	kvfsd := filepath.Join(BinDir, "kvfsd")
+	kvfsd := filepath.Join(shimtest.BinDir, "kvfsd")
 	e := newEnv(t, fmt.Sprintf("[server]\ndaemon = %q\n", kvfsd))
 	before := e.C.Snapshot(t)
 
-	a := e.startAttached(t, "victim")
+	a := startAttached(t, e, "victim")
 	pid := serverPID(t, filepath.Join(e.BaseDir, "victim", "state.json"))
 	killed := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

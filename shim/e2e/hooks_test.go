@@ -22,6 +22,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 )
 
 // markers is a trace file that host hook scripts and the test append lines to.
@@ -93,7 +94,7 @@ func withHooks(h *specs.Hooks) oci.SpecOpts {
 }
 
 // newHookedContainer makes container id of the busybox image, running args, with hooks.
-func (e *Env) newHookedContainer(t *testing.T, ctx context.Context, cl *client.Client, id string, h *specs.Hooks, args ...string) client.Container {
+func newHookedContainer(t *testing.T, e *shimtest.Env, ctx context.Context, cl *client.Client, id string, h *specs.Hooks, args ...string) client.Container {
 	t.Helper()
 	img, err := cl.GetImage(ctx, e.Image)
 	if err != nil {
@@ -102,7 +103,7 @@ func (e *Env) newHookedContainer(t *testing.T, ctx context.Context, cl *client.C
 	ctn, err := cl.NewContainer(ctx, id,
 		client.WithImage(img),
 		client.WithNewSnapshot(id+"-snapshot", img),
-		client.WithRuntime(RuntimeType, &runtimeoptions.Options{ConfigPath: e.Config}),
+		client.WithRuntime(shimtest.RuntimeType, &runtimeoptions.Options{ConfigPath: e.Config}),
 		client.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(args...), withHooks(h)),
 	)
 	if err != nil {
@@ -134,7 +135,7 @@ func TestHooks(t *testing.T) {
 		Poststart:       []specs.Hook{m.hook("poststart", "", 0)},
 		Poststop:        []specs.Hook{m.hook("poststop", "", 0)},
 	}
-	ctn := e.newHookedContainer(t, ctx, cl, id, h, "cat", "/created-marker", "/started-marker")
+	ctn := newHookedContainer(t, e, ctx, cl, id, h, "cat", "/created-marker", "/started-marker")
 
 	var stdout, stderr strings.Builder
 	task, err := ctn.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(e.C.FIFODir())))
@@ -203,7 +204,7 @@ func TestHookPrestartFails(t *testing.T) {
 		CreateRuntime: []specs.Hook{m.hook("createRuntime", "", 0)},
 		Poststop:      []specs.Hook{m.hook("poststop", "", 0)},
 	}
-	ctn := e.newHookedContainer(t, ctx, cl, id, h, "true")
+	ctn := newHookedContainer(t, e, ctx, cl, id, h, "true")
 	before := e.C.Snapshot(t)
 
 	task, err := ctn.NewTask(ctx, cio.NullIO)

@@ -20,6 +20,7 @@ import (
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -62,7 +63,7 @@ func TestHostileAgent(t *testing.T) {
 }
 
 type hostile struct {
-	*Env
+	*shimtest.Env
 	faults  vmtest.Guest // the agent built with the kvfsfaults tag
 	shipped vmtest.Guest // the agent as images ship it, without
 }
@@ -98,7 +99,7 @@ func (h *hostile) start(t *testing.T, ids ...string) ctrd.Snapshot {
 		if !t.Failed() {
 			return
 		}
-		PrintConsoles(t, h.BaseDir)
+		shimtest.PrintConsoles(t, h.BaseDir)
 		// The pods' shims first, as a crash would end them: containerd then runs its cleanup
 		// of a dead shim (the shim binary's delete action), which is let finish before
 		// whatever remains is killed.
@@ -191,7 +192,7 @@ func (h *hostile) mustCtr(t *testing.T, limit time.Duration, args ...string) (st
 // config, and returns once it runs.
 func (h *hostile) runDetached(t *testing.T, config, id string) {
 	t.Helper()
-	_, took := h.mustCtr(t, bootLimit, "run", "-d", "--runtime", RuntimeType, "--runtime-config-path", config, h.Image, id, "sleep", "600")
+	_, took := h.mustCtr(t, bootLimit, "run", "-d", "--runtime", shimtest.RuntimeType, "--runtime-config-path", config, h.Image, id, "sleep", "600")
 	t.Logf("pod %s up in %v", id, took.Round(time.Millisecond))
 }
 
@@ -324,7 +325,7 @@ func (h *hostile) waitGone(t *testing.T, before ctrd.Snapshot, deadline time.Tim
 func (h *hostile) since(t *testing.T, before ctrd.Snapshot) (procs []ctrd.Process, entries []string) {
 	t.Helper()
 	now := h.C.Snapshot(t)
-	for _, p := range Alive(now.Processes) {
+	for _, p := range shimtest.Alive(now.Processes) {
 		if !slices.ContainsFunc(before.Processes, func(q ctrd.Process) bool { return q.PID == p.PID && q.Start == p.Start }) {
 			procs = append(procs, p)
 		}
@@ -345,7 +346,7 @@ func (h *hostile) shippedRefuses(t *testing.T) {
 	config := h.configFor(t, h.shipped, "stats-silent", "shipped.toml")
 	ran := make(chan ctrResult, 1)
 	go func() {
-		ran <- h.ctrResult(bootLimit, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", config, h.Image, "plain", "true")
+		ran <- h.ctrResult(bootLimit, "run", "--rm", "--runtime", shimtest.RuntimeType, "--runtime-config-path", config, h.Image, "plain", "true")
 	}()
 	console := h.console(t, "plain", bootLimit)
 	got := <-ran
@@ -494,7 +495,7 @@ func (h *hostile) createSilent(t *testing.T) {
 	config := h.config(t, "create-silent")
 	ran := make(chan ctrResult, 1)
 	go func() {
-		ran <- h.ctrResult(createBound+overrun, "run", "--rm", "--runtime", RuntimeType, "--runtime-config-path", config, h.Image, "hush", "true")
+		ran <- h.ctrResult(createBound+overrun, "run", "--rm", "--runtime", shimtest.RuntimeType, "--runtime-config-path", config, h.Image, "hush", "true")
 	}()
 	console := h.console(t, "hush", createBound)
 	got := <-ran

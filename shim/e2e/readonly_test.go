@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 )
 
 // tryScript defines try for sh -c: `try WHAT CMD ARGS...` runs CMD and prints "WHAT: done" or
@@ -66,7 +68,7 @@ try remove-rw rm /bin/ls
 try chmod-rw chmod 700 /bin
 try volume sh -c 'echo vol >/data/in/from-guest'
 `
-	r := e.run(t, []string{"--read-only", "--privileged", "--mount", "type=bind,src=" + vol + ",dst=/data/in,options=rbind:rw"}, "ro-root", "sh", "-c", script)
+	r := run(t, e, []string{"--read-only", "--privileged", "--mount", "type=bind,src=" + vol + ",dst=/data/in,options=rbind:rw"}, "ro-root", "sh", "-c", script)
 	if r.ExitCode != 0 {
 		t.Fatalf("ctr run --read-only: exit %d, stdout %q, stderr %q", r.ExitCode, r.Stdout, r.Stderr)
 	}
@@ -124,7 +126,7 @@ try volume sh -c 'echo vol >/data/in/from-guest'
 }
 
 // upperDir is the overlayfs upper directory of container id's snapshot.
-func upperDir(t *testing.T, e *Env, id string) string {
+func upperDir(t *testing.T, e *shimtest.Env, id string) string {
 	t.Helper()
 	out := e.C.Ctr(t, "snapshots", "mounts", "/mnt", id)
 	m := regexp.MustCompile(`upperdir=([^,\s]+)`).FindStringSubmatch(out)
@@ -162,7 +164,7 @@ for d in /rro /rro/sub /ro /ro/sub; do
 	try "$d remove-rw" rm $d/gone-rw
 done
 `
-	r := e.run(t, []string{"--rm", "--privileged",
+	r := run(t, e, []string{"--rm", "--privileged",
 		"--mount", "type=bind,src=" + dirs["rro"] + ",dst=/rro,options=rbind:rro",
 		"--mount", "type=bind,src=" + dirs["ro"] + ",dst=/ro,options=rbind:ro"}, "ro-binds", "sh", "-c", script)
 	if r.ExitCode != 0 {

@@ -25,9 +25,9 @@ import (
 
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 	"github.com/kvfs/kvfs/sandbox/network"
 	"github.com/kvfs/kvfs/sandbox/serverproc"
-	"github.com/kvfs/kvfs/shim/e2e"
 )
 
 // The CRI's sandboxers: containerd's pause-container one (its default), and the Sandbox API
@@ -42,7 +42,7 @@ var criSandboxers = []string{podSandboxer, shimSandboxer}
 
 // checkNoPause fails the test unless the pod ran the way its sandboxer runs it: a pause
 // container (with the pause image) under "podsandbox", none under "shim".
-func checkNoPause(t *testing.T, e *e2e.Env, sandboxer, podID string) {
+func checkNoPause(t *testing.T, e *shimtest.Env, sandboxer, podID string) {
 	t.Helper()
 	out := e.C.Ctr(t, "--namespace", ctrd.CRINamespace, "containers", "ls")
 	pause := strings.Contains(out, podID) || strings.Contains(out, ctrd.PauseImage)
@@ -53,7 +53,7 @@ func checkNoPause(t *testing.T, e *e2e.Env, sandboxer, podID string) {
 
 // pod is a CRI pod of the test: its config files and ids.
 type pod struct {
-	e      *e2e.Env
+	e      *shimtest.Env
 	dir    string // pod.json, the containers' configs, the logs
 	config string // pod.json
 	id     string
@@ -61,7 +61,7 @@ type pod struct {
 
 // runPod writes pod.json (with more fields from extra) and runs the pod through the kvfs
 // runtime handler.
-func runPod(t *testing.T, e *e2e.Env, name string, extra map[string]any) *pod {
+func runPod(t *testing.T, e *shimtest.Env, name string, extra map[string]any) *pod {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := map[string]any{
@@ -74,7 +74,7 @@ func runPod(t *testing.T, e *e2e.Env, name string, extra map[string]any) *pod {
 	}
 	p := &pod{e: e, dir: dir, config: filepath.Join(dir, "pod.json")}
 	writeJSON(t, p.config, cfg)
-	p.id = strings.TrimSpace(e.C.Crictl(t, "runp", "--runtime", e2e.CRIHandler, p.config))
+	p.id = strings.TrimSpace(e.C.Crictl(t, "runp", "--runtime", shimtest.CRIHandler, p.config))
 	return p
 }
 
@@ -165,7 +165,7 @@ func TestCRIPod(t *testing.T) {
 }
 
 func testCRIPod(t *testing.T, sandboxer string) {
-	e := e2e.Start(t, "", sandboxer)
+	e := shimtest.Start(t, "", sandboxer)
 	before := e.C.Snapshot(t)
 
 	// A pod on the host's network is refused, as Kata refuses it, with an error that says so,
@@ -180,7 +180,7 @@ func testCRIPod(t *testing.T, sandboxer string) {
 			"metadata": map[string]any{"name": tc.name, "namespace": "default", "uid": tc.name + "-uid"},
 			"linux":    map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{tc.ns: 2}}},
 		})
-		if r := e.C.RunCrictl(t, "runp", "--runtime", e2e.CRIHandler, cfg); r.ExitCode == 0 || !strings.Contains(r.Stderr, tc.want) {
+		if r := e.C.RunCrictl(t, "runp", "--runtime", shimtest.CRIHandler, cfg); r.ExitCode == 0 || !strings.Contains(r.Stderr, tc.want) {
 			t.Errorf("a %s pod: %+v, want a refusal with %q", tc.name, r, tc.want)
 		}
 	}
@@ -560,7 +560,7 @@ wait
 	base := filepath.Join(h.dir, "base-spec.json")
 	writeJSON(t, base, spec)
 	h.dropin = filepath.Join(h.dir, "hooks.toml")
-	dropin := fmt.Sprintf("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]\n  base_runtime_spec = %q\n", e2e.CRIHandler, base)
+	dropin := fmt.Sprintf("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.%s]\n  base_runtime_spec = %q\n", shimtest.CRIHandler, base)
 	if err := os.WriteFile(h.dropin, []byte(dropin), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -648,7 +648,7 @@ func cgroupDirs(t *testing.T, path string) []string {
 // (parent/id), where the memory and CPU accounting is, and that crictl statsp (containerd's
 // podsandbox reads the parent, and so does the shim's SandboxMetrics) reports the VM's use: more CPU than the shim alone spends (the
 // guest booted under TCG) and memory as much as the guest's RAM QEMU holds.
-func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
+func checkPodCgroup(t *testing.T, e *shimtest.Env, id, parent string) {
 	t.Helper()
 	var qemu, kvfsd []ctrd.Process
 	for _, pr := range e.C.Snapshot(t).Processes {
@@ -702,7 +702,7 @@ func checkPodCgroup(t *testing.T, e *e2e.Env, id, parent string) {
 
 // checkQEMUNetNS checks that the pod's QEMU runs in the pod's network namespace, where its
 // tap is, and not in containerd's (where the shim runs).
-func checkQEMUNetNS(t *testing.T, e *e2e.Env, id string) {
+func checkQEMUNetNS(t *testing.T, e *shimtest.Env, id string) {
 	t.Helper()
 	var qemu []ctrd.Process
 	for _, pr := range e.C.Snapshot(t).Processes {
@@ -762,7 +762,7 @@ func TestCRILifecycle(t *testing.T) {
 
 func testCRILifecycle(t *testing.T, sandboxer string) {
 	hook := newSlowHook(t)
-	e := e2e.StartWith(t, "", sandboxer, []string{hook.dropin})
+	e := shimtest.StartWith(t, "", sandboxer, []string{hook.dropin})
 	before := e.C.Snapshot(t)
 	p := runPod(t, e, "p2", nil)
 	checkNoPause(t, e, sandboxer, p.id)
@@ -780,7 +780,7 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	// first look may see 0 0, so the process polls, for 10 s at most.
 	crictl := e.C.CrictlCmd(ctx, "exec", "-it", c1, "sh", "-c",
 		`tty; i=0; until [ "$(stty size 2>/dev/null)" = "33 101" ] || [ $i = 100 ]; do i=$((i+1)); sleep 0.1; done; echo "size $(stty size) after $i polls"`)
-	cmd := exec.CommandContext(ctx, script, "-qec", "stty rows 33 cols 101; exec "+e2e.ShellQuote(crictl.Args), "/dev/null")
+	cmd := exec.CommandContext(ctx, script, "-qec", "stty rows 33 cols 101; exec "+shimtest.ShellQuote(crictl.Args), "/dev/null")
 	cmd.Env = crictl.Env
 	out, err := cmd.Output()
 	tty := strings.ReplaceAll(string(out), "\r", "")
@@ -869,14 +869,14 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for ; time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		state := e.C.Crictl(t, "ps", "-a", "--quiet", "--state", "exited", "--id", c2)
-		if strings.TrimSpace(state) == c2 && len(e2e.Alive(pod)) == 0 && len(sandboxDirs(t, e)) == 0 {
+		if strings.TrimSpace(state) == c2 && len(shimtest.Alive(pod)) == 0 && len(sandboxDirs(t, e)) == 0 {
 			break
 		}
 	}
 	if out := e.C.Crictl(t, "ps", "-a", "--quiet", "--state", "exited", "--id", c2); strings.TrimSpace(out) != c2 {
 		t.Errorf("the shim killed: container %s is not reported exited (crictl ps -a --state exited: %q)", c2, out)
 	}
-	if left := e2e.Alive(pod); len(left) > 0 {
+	if left := shimtest.Alive(pod); len(left) > 0 {
 		t.Errorf("the shim killed: the pod's processes still run 2 minutes later: %v", left)
 	}
 	if dirs := sandboxDirs(t, e); len(dirs) > 0 {
@@ -891,7 +891,7 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 	var runp time.Duration // the pod starts' share of the cycles
 	for i := range cycles {
 		t0 := time.Now()
-		id := strings.TrimSpace(e.C.Crictl(t, "runp", "--runtime", e2e.CRIHandler, p.config))
+		id := strings.TrimSpace(e.C.Crictl(t, "runp", "--runtime", shimtest.CRIHandler, p.config))
 		runp += time.Since(t0)
 		e.C.Crictl(t, "stopp", id)
 		e.C.Crictl(t, "rmp", id)
@@ -905,7 +905,7 @@ func testCRILifecycle(t *testing.T, sandboxer string) {
 }
 
 // sandboxDirs are the sandbox directories in the kvfs configuration's base_dir.
-func sandboxDirs(t *testing.T, e *e2e.Env) []string {
+func sandboxDirs(t *testing.T, e *shimtest.Env) []string {
 	ents, err := os.ReadDir(e.BaseDir)
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)

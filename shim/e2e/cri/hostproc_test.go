@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvfs/kvfs/shim/e2e"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 )
 
 // TestCRIHostProcesses checks what a CRI pod is on the host: its VM at the oom_score_adj its
@@ -22,7 +22,7 @@ func TestCRIHostProcesses(t *testing.T) {
 }
 
 func testCRIHostProcesses(t *testing.T, sandboxer string) {
-	e := e2e.Start(t, "", sandboxer)
+	e := shimtest.Start(t, "", sandboxer)
 	before := e.C.Snapshot(t)
 	p := runPod(t, e, "hp", nil)
 	const adj = 700

@@ -8,7 +8,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kvfs/kvfs/shim/e2e"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(e2e.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(shimtest.Main(m)) }

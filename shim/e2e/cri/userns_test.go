@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvfs/kvfs/shim/e2e"
+	"github.com/kvfs/kvfs/internal/testing/shimtest"
 )
 
 // usernsHostID is where the test's user-namespaced pod maps its container ids 0-65535.
@@ -29,7 +29,7 @@ func TestCRIUserns(t *testing.T) {
 }
 
 func testCRIUserns(t *testing.T, sandboxer string) {
-	e := e2e.Start(t, "", sandboxer)
+	e := shimtest.Start(t, "", sandboxer)
 	before := e.C.Snapshot(t)
 
 	mapping := func(container, host int) []map[string]any {
@@ -58,7 +58,7 @@ func testCRIUserns(t *testing.T, sandboxer string) {
 			"metadata": map[string]any{"name": tc.name, "namespace": "default", "uid": tc.name + "-uid"},
 			"linux":    tc.linux,
 		})
-		r := e.C.RunCrictl(t, "runp", "--runtime", e2e.CRIHandler, cfg)
+		r := e.C.RunCrictl(t, "runp", "--runtime", shimtest.CRIHandler, cfg)
 		for _, w := range tc.want {
 			if r.ExitCode == 0 || !strings.Contains(r.Stderr, w) {
 				t.Errorf("a pod with user namespace %s: %+v, want a refusal with %q", tc.name, r, w)

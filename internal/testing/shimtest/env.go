@@ -1,4 +1,8 @@
-package e2e
+// Package shimtest is the harness of the kvfs shim's end-to-end tests (shim/e2e and
+// shim/e2e/cri): the binaries under test built once per test binary (Main), and a private
+// containerd per test (Env) with the kvfs shim first on its PATH, the busybox image imported
+// and, for CRI tests, the runtime handler kvfs with a CNI network.
+package shimtest
 
 import (
 	"context"
