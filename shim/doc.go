@@ -1,19 +1,3 @@
-// The guest agent serves only the host that proves the boot's secret: sandbox.Start makes 32
-// random bytes for each boot and gives them to QEMU in a sealed memfd QEMU inherits (an SMBIOS
-// OEM string, -smbios type=11,path=/proc/self/fd/N: on no command line, in no file), and
-// DialAgent sends them first on each connection (agent.Hello), before any ttrpc; a connection
-// without them is closed by the agent unserved (see package agent). With agent.transport =
-// "vsock" the agent also serves only the host connecting from a privileged port, one up to
-// 1023: DialAgent binds the highest free one before it connects, so the shim needs
-// CAP_NET_BIND_SERVICE (it has it as root), and each vsock pod's connection holds one of the
-// host's 1023 while it lasts. The port keeps an unprivileged host user, who can read the
-// guest's CID on QEMU's command line, from even connecting; the secret keeps out a process
-// with that capability too, such as a root container without a user namespace that can open
-// an AF_VSOCK socket (no seccomp profile, Kubernetes' default, or a 32-bit process under
-// containerd's and Docker's default profiles, which filter socket(2) for AF_VSOCK but allow
-// socketcall(2)): it can connect, and make the agent wait up to 5 s for its hello, but is
-// served nothing. Reading the secret needs ptrace access to QEMU or the shim (root with every
-// capability) or root in the guest, which controls the agent anyway.
 // Package shim is containerd-shim-kvfs-v2 (runtime io.containerd.kvfs.v2): containerd's task
 // API (v3, over ttrpc) for the containers of one pod, run by the kvfs guest agent in the pod's
 // QEMU VM, their files served to the guest over virtio-fs by the sandbox's kvfsd, confined in
@@ -31,7 +15,9 @@
 //     its agent, agentdoor.go, and the failure policy) and the Sandbox API's sandbox. The two
 //     services below share it; each is a plugin of its own (package shim/plugin), and
 //     ErrorEdge (interceptor.go), a ttrpc server interceptor, is the one place their errors
-//     become gRPC codes. A container's create and exit sequence is in container.go.
+//     become gRPC codes. A container's create and exit sequence is in container.go. Either
+//     API's pod request is made in one place (newPodRequest, podrequest.go): one set of checks,
+//     one sizing of the VM.
 //   - TaskService (taskservice.go) is the task API. The first Create makes and boots the pod
 //     (a PodStarter: StartVMPod in production), the last Delete stops it (without deleting
 //     the container in the guest first: the agent's Shutdown ends it there), Shutdown with no
@@ -48,7 +34,7 @@
 //     ShutdownSandbox ends the shim. Such a pod outlives its last container.
 //   - The pod sandbox's task (sandboxtask.go): with CRI's podsandbox sandboxer the first
 //     container is the pause container. The VM is the pod, so it runs nothing: its Create
-//     boots the pod, sized by CRI's resource annotations (SizePod), named by its hostname (the
+//     boots the pod, sized by CRI's resource annotations (sizePod), named by its hostname (the
 //     guest's, kvfs.hostname=), with the network of its namespace; a sandboxAgent in front of
 //     the guest agent answers every call about it (the VM's pid, the pause process's exits,
 //     the pod's stats), so its task runs through the same state machine as any. Its Delete
@@ -139,60 +125,67 @@
 //
 // # Threat model
 //
-// The guest is hostile to the host: root in the VM controls the agent, so everything it answers
-// is untrusted, and the shim treats it as kvfsd treats the guest's driver. Every call to it
-// goes through one door (agentDoor), which gives it a deadline by kind (GuestLimits: queries 5
-// s, signals 5 s, lifecycle calls 60 s; only the streams, the waits for exits, OOM events and
-// output, have none, and they end with the pod), checks the answer (an exit status a process
-// can have, no more output than asked, metrics of a bounded size that decode as what
-// containerd's CRI decodes), rebuilds the guest's errors from their code and a printable text
-// of at most 1 KiB (their details dropped), and counts misbehaviour: three missed deadlines in
-// a row, one missed lifecycle deadline or three broken answers and the guest is cut off, its VM killed, every process reported exited once
-// (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
+// The guest is hostile to the host: root in the VM controls the agent, so everything it answers is
+// untrusted, and the shim treats it as kvfsd treats the guest's driver. Every call to it goes
+// through one door (agentDoor), which gives it a deadline by kind (GuestLimits: queries 5 s,
+// signals 5 s, lifecycle calls 60 s; only the streams, the waits for exits, OOM events and output,
+// have none, and they end with the pod), checks the answer (an exit status a process can have, no
+// more output than asked, metrics of a bounded size that decode as what containerd's CRI decodes),
+// rebuilds the guest's errors from their code and a printable text of at most 1 KiB (their details
+// dropped), and counts misbehaviour: three missed deadlines in a row, one missed lifecycle deadline
+// or three broken answers and the guest is cut off, its VM killed, every process reported exited
+// once (137 if the host was asked to kill it, 255 otherwise), and containerd's Deletes then leave
 // nothing. A SIGKILL (of an init, an exec, or all of a container's processes) is the host's to
-// finish, whatever the agent answers (a refusal, such as NotFound for a process the guest says
-// has exited, also goes to containerd): unless the guest reports each exit within
-// GuestLimits.KillGrace, the host ends the process. An init is ended by killing the VM, which
-// ends every container of the pod (the guest cannot be trusted to have killed one and not the
-// others). An exec is declared exited (137: output cut, TaskExit, Wait and Delete work) and
-// the pod goes on: a healthy guest's exec can outlive a SIGKILL while it sleeps
-// uninterruptibly, which must not take the pod down, and a guest that keeps one running on
-// purpose keeps a process of its own VM, which root in it could start anyway; so it is not
-// counted as misbehaviour. A pod's end, StopSandbox or the Delete of its last container or of
-// CRI's pod sandbox container, always stops the VM, and every Delete after it works.
-// Below ttrpc, the agent connection is filtered (agentwire.go): ttrpc's client, which trusts
-// its server and logs every frame it did not wait for, gets only the answers to the requests
-// it has outstanding, each a response of at most 256 KiB that decodes as one. Any other frame
-// (on a stream with no request outstanding, of another type, malformed) is dropped and counts
-// as a broken answer; a longer frame ends the connection and cuts the guest off at once. A
-// call whose caller gave up is answered by the filter, and the agent's late answer dropped
-// without a word (it is no violation: the missed deadline is counted). Nothing the guest
-// sends is logged but through the pod's one rate-limited guest logger, its text escaped and
-// cut (guestText).
+// finish, whatever the agent answers (a refusal, such as NotFound for a process the guest says has
+// exited, also goes to containerd): unless the guest reports each exit within
+// GuestLimits.KillGrace, the host ends the process. An init is ended by killing the VM, which ends
+// every container of the pod (the guest cannot be trusted to have killed one and not the others).
+// An exec is declared exited (137: output cut, TaskExit, Wait and Delete work) and the pod goes on:
+// a healthy guest's exec can outlive a SIGKILL while it sleeps uninterruptibly, which must not take
+// the pod down, and a guest that keeps one running on purpose keeps a process of its own VM, which
+// root in it could start anyway; so it is not counted as misbehaviour. A pod's end, StopSandbox or
+// the Delete of its last container or of CRI's pod sandbox container, always stops the VM, and
+// every Delete after it works.
+//
+// Below ttrpc, the agent connection is filtered (agentwire.go): ttrpc's client, which trusts its
+// server and logs every frame it did not wait for, gets only the answers to the requests it has
+// outstanding, each a response of at most 256 KiB that decodes as one. Any other frame (on a stream
+// with no request outstanding, of another type, malformed) is dropped and counts as a broken
+// answer; a longer frame ends the connection and cuts the guest off at once. A call whose caller
+// gave up is answered by the filter, and the agent's late answer dropped without a word (it is no
+// violation: the missed deadline is counted). Nothing the guest sends is logged but through the
+// pod's one rate-limited guest logger, its text escaped and cut (guestText).
+//
 // What the guest can send at will is capped: at most one TaskOOM per container per second, its
 // answers taken at most one per 10 ms; the log lines it can cause, one per kind per 10 s (20,000
-// frames on streams the shim never opened make three lines, and cut the guest off). A
-// slow guest's Stats are served from its last answer after GuestLimits.StatsWait (stats.go), so
-// containerd's node-wide metrics never wait seconds on one pod. The task API's pids, Pids' too,
-// are the VM's (as Kata gives its hypervisor's): a pid the guest names is never shown to
-// containerd, which reads them as host processes (CRI's metrics open /proc/<pid>/fd). The
-// shim copies the guest's output (bounded per read), and bounds every wait on it (the drain of a process's
-// output after its exit, the execs' exits before an init's, the boot, the stop). The guest
-// never names a host path: the shim decides every bind (AdaptSpec), and the sandbox package
-// never follows the guest's symlinks when it unbinds and cleans up. What a container's spec
-// makes read-only (a mount's ro or rro, root.readonly) is bound read-only on the host, so root
-// in the guest cannot write there through the server either; the mount points the guest's
-// runtime would make in a read-only root the shim makes first, inside the root whatever its
-// symlinks say (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
-// annotations are not (see sandbox.Config.Resolve). The network namespace path comes from
-// containerd and is trusted; root in the guest can write any frame to its NIC, but only those
-// from the NIC's MAC and the pod's own addresses pass the guard on the tap, to the pod's veth
-// and nowhere else, whatever capabilities the pod's spec drops (see package sandbox/network).
+// frames on streams the shim never opened make three lines, and cut the guest off). A slow guest's
+// Stats are served from its last answer after GuestLimits.StatsWait (stats.go), so containerd's
+// node-wide metrics never wait seconds on one pod.
+//
+// The task API's pids, Pids' too, are the VM's (as Kata gives its hypervisor's): a pid the guest
+// names is never shown to containerd, which reads them as host processes (CRI's metrics open
+// /proc/<pid>/fd). The shim copies the guest's output (bounded per read), and bounds every wait on
+// it (the drain of a process's output after its exit, the execs' exits before an init's, the boot,
+// the stop).
+//
+// The guest never names a host path: the shim decides every bind (AdaptSpec), and the sandbox
+// package never follows the guest's symlinks when it unbinds and cleans up. What a container's spec
+// makes read-only (a mount's ro or rro, root.readonly) is bound read-only on the host, so root in
+// the guest cannot write there through the server either; the mount points the guest's runtime
+// would make in a read-only root the shim makes first, inside the root whatever its symlinks say
+// (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
+// annotations are not (see sandbox.Config.Resolve).
+//
+// The network namespace path comes from containerd and is trusted; root in the guest can write any
+// frame to its NIC, but only those from the NIC's MAC and the pod's own addresses pass the guard on
+// the tap, to the pod's veth and nowhere else, whatever capabilities the pod's spec drops (see
+// package sandbox/network).
+//
 // The files the shim writes for a Sandbox-API pod's containers (/etc/hostname, /etc/hosts,
-// /etc/resolv.conf) are bound read-write, as runc binds them, so the guest can write them
-// through kvfsd: they live on a tmpfs of 256 KiB of their own in the sandbox's bundle
-// (podFilesSize), not on the /run of containerd's state directory, and the tmpfs goes with
-// ShutdownSandbox or the delete action.
+// /etc/resolv.conf) are bound read-write, as runc binds them, so the guest can write them through
+// kvfsd: they live on a tmpfs of 256 KiB of their own in the sandbox's bundle (podFilesSize), not
+// on the /run of containerd's state directory, and the tmpfs goes with ShutdownSandbox or the
+// delete action.
 //
 // QEMU, whose device emulation is what a guest escape goes through, is born in the pod's
 // network namespace (its interfaces the pod's veth, the tap and lo) and in the pod's host
@@ -223,14 +216,20 @@
 // CAP_SYS_RESOURCE; containerd's restrict_oom_score_adj keeps the values at or above its own
 // where that is withheld).
 //
-// With agent.transport = "vsock" the guest agent serves only the host connecting from a
-// privileged port, one up to 1023 (see package agent): DialAgent binds the highest free one
-// before it connects, so the shim needs CAP_NET_BIND_SERVICE (it has it as root), and each
-// vsock pod's connection holds one of the host's 1023 while it lasts. That keeps an
-// unprivileged host user, who can read the guest's CID on QEMU's command line, off the pod's
-// agent; not a process with that capability in the initial user namespace, root's equal here,
-// among them a root container without a user namespace (containerd's default capabilities
-// include it) that can open an AF_VSOCK socket: with no seccomp profile (Kubernetes' default),
-// or from a 32-bit process under containerd's and Docker's default profiles, which filter
-// socket(2) for AF_VSOCK but allow socketcall(2).
+// The guest agent serves only the host that proves the boot's secret: sandbox.Start makes 32
+// random bytes for each boot and gives them to QEMU in a sealed memfd QEMU inherits (an SMBIOS
+// OEM string, -smbios type=11,path=/proc/self/fd/N: on no command line, in no file), and
+// DialAgent sends them first on each connection (agent.Hello), before any ttrpc; a connection
+// without them is closed by the agent unserved (see package agent). With agent.transport =
+// "vsock" the agent also serves only the host connecting from a privileged port, one up to
+// 1023: DialAgent binds the highest free one before it connects, so the shim needs
+// CAP_NET_BIND_SERVICE (it has it as root), and each vsock pod's connection holds one of the
+// host's 1023 while it lasts. The port keeps an unprivileged host user, who can read the
+// guest's CID on QEMU's command line, from even connecting; the secret keeps out a process
+// with that capability too, such as a root container without a user namespace that can open
+// an AF_VSOCK socket (no seccomp profile, Kubernetes' default, or a 32-bit process under
+// containerd's and Docker's default profiles, which filter socket(2) for AF_VSOCK but allow
+// socketcall(2)): it can connect, and make the agent wait up to 5 s for its hello, but is
+// served nothing. Reading the secret needs ptrace access to QEMU or the shim (root with every
+// capability) or root in the guest, which controls the agent anyway.
 package shim

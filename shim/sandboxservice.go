@@ -179,15 +179,8 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
-	nsOpts := pc.GetLinux().GetSecurityContext().GetNamespaceOptions()
-	if nsOpts.GetNetwork() == criapi.NamespaceMode_NODE {
+	if pc.GetLinux().GetSecurityContext().GetNamespaceOptions().GetNetwork() == criapi.NamespaceMode_NODE {
 		return nil, fmt.Errorf("sandbox %s: the pod asks for the node's network namespace: %v: %w", r.SandboxID, network.ErrHostNetwork, errdefs.ErrInvalidArgument)
-	}
-	if err := hostNamespaces(nsOpts.GetPid() == criapi.NamespaceMode_NODE, nsOpts.GetIpc() == criapi.NamespaceMode_NODE); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
-	}
-	if err := checkCRIUserNamespace(nsOpts.GetUsernsOptions()); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
 	}
 	if err := network.CheckPodNetNS(r.NetnsPath); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
@@ -197,34 +190,19 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 		annotations = map[string]string{}
 	}
 	maps.Copy(annotations, r.Annotations)
-	// The VM's size comes from the pod's resources only, never from the pod's annotations.
-	for _, k := range []string{AnnotationSandboxCPUPeriod, AnnotationSandboxCPUQuota, AnnotationSandboxMemory} {
-		delete(annotations, k)
-	}
-	maps.Copy(annotations, podResourceAnnotations(pc.GetLinux().GetResources()))
-	sized, err := SizePod(cfg, annotations)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
-	}
-	// The pod's hostname is the guest's, which its containers share (the UTS namespace).
-	hostname := pc.GetHostname()
-	if hostname != "" {
-		if err := agent.CheckHostname(hostname); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
-		}
-	}
-	sysctls := pc.GetLinux().GetSysctls()
-	if err := agent.CheckSysctls(sysctls); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrInvalidArgument)
-	}
 	// The pod's host cgroup, under its cgroup parent: the one podsandbox would give its pause
 	// container, where the shim, kvfsd and QEMU then run (cgroup.go).
 	cgroup := sandboxCgroupPath(pc.GetLinux().GetCgroupParent(), r.SandboxID)
+	ask, err := podAskOfCRI(r.SandboxID, pc, annotations, r.NetnsPath, cgroup)
+	if err != nil {
+		return nil, err
+	}
+	req, err := newPodRequest(cfg, ask)
+	if err != nil {
+		return nil, err
+	}
 	var cgroupParent string
 	if cgroup != "" {
-		if err := checkPodCgroup(cgroup); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %v: %w", r.SandboxID, err, errdefs.ErrFailedPrecondition)
-		}
 		if cgroupParent, err = podCgroupParent(cgroup); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
 		}
@@ -249,8 +227,7 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 		return nil, err
 	}
 	sb := &podSandbox{id: r.SandboxID, files: files, cgroupParent: cgroupParent, createdAt: time.Now(), exited: make(chan struct{}),
-		req: PodRequest{ID: r.SandboxID, Config: sized, Annotations: annotations, NetNS: r.NetnsPath, Hostname: hostname, Cgroup: cgroup,
-			Sysctls: sysctls}}
+		req: req}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkNoPodLocked(r.SandboxID); err != nil {

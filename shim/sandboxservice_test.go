@@ -492,7 +492,7 @@ func TestSandboxAPIRefusals(t *testing.T) {
 		{"hostIPC and hostPID", ns, nodeNS(&criapi.NamespaceOption{Pid: criapi.NamespaceMode_NODE, Ipc: criapi.NamespaceMode_NODE}), "the node's PID (hostPID) and IPC (hostIPC) namespace"},
 		{"options that are not a PodSandboxConfig", ns, podConfig(t, &criapi.PodSandboxStatus{}), "want runtime.v1.PodSandboxConfig"},
 		{"a bad memory limit", ns, podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{
-			Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: -1}}}), AnnotationSandboxMemory},
+			Resources: &criapi.LinuxContainerResources{MemoryLimitInBytes: -1}}}), "linux.resources.memory_limit_in_bytes -1"},
 		{"a sysctl that is no name", ns, podConfig(t, &criapi.PodSandboxConfig{Linux: &criapi.LinuxPodSandboxConfig{
 			Sysctls: map[string]string{"kernel.shm_rmid_forced": "1", "net/../../x": "1"}}}), `sysctl "net/../../x"`},
 	} {

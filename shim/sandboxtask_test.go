@@ -217,7 +217,14 @@ func TestSandboxTaskTerm(t *testing.T) {
 func TestSandboxSizing(t *testing.T) {
 	cfg := sandbox.DefaultConfig()
 	cfg.VM.VCPUs, cfg.VM.Memory = 1, "512M"
-	got, err := SizePod(cfg, map[string]string{
+	sizeOf := func(annotations map[string]string) (*sandbox.Config, error) {
+		r, err := resourcesOfAnnotations(annotations)
+		if err != nil {
+			return nil, err
+		}
+		return sizePod(cfg, r)
+	}
+	got, err := sizeOf(map[string]string{
 		AnnotationSandboxCPUPeriod: "100000", AnnotationSandboxCPUQuota: "150000",
 		AnnotationSandboxMemory: "268435457"})
 	if err != nil {
@@ -228,13 +235,13 @@ func TestSandboxSizing(t *testing.T) {
 		t.Errorf("sized %d vCPUs, %s; want %d, 769M", got.VM.VCPUs, got.VM.Memory, wantCPUs)
 	}
 	if cfg.VM.VCPUs != 1 || cfg.VM.Memory != "512M" {
-		t.Error("SizePod changed its argument")
+		t.Error("sizePod changed its argument")
 	}
-	same, err := SizePod(cfg, map[string]string{AnnotationSandboxCPUQuota: "0", AnnotationSandboxCPUPeriod: "100000"})
+	same, err := sizeOf(map[string]string{AnnotationSandboxCPUQuota: "0", AnnotationSandboxCPUPeriod: "100000"})
 	if err != nil || same.VM.VCPUs != 1 || same.VM.Memory != "512M" {
 		t.Errorf("without limits: %v %v %v", same.VM.VCPUs, same.VM.Memory, err)
 	}
-	huge, err := SizePod(cfg, map[string]string{AnnotationSandboxCPUQuota: "100000000", AnnotationSandboxCPUPeriod: "1000"})
+	huge, err := sizeOf(map[string]string{AnnotationSandboxCPUQuota: "100000000", AnnotationSandboxCPUPeriod: "1000"})
 	if err != nil || huge.VM.VCPUs != runtime.NumCPU() {
 		t.Errorf("a quota beyond the host: %d vCPUs, %v; want the host's %d", huge.VM.VCPUs, err, runtime.NumCPU())
 	}
@@ -243,7 +250,7 @@ func TestSandboxSizing(t *testing.T) {
 		{AnnotationSandboxCPUQuota: "lots"},
 		{AnnotationSandboxMemory: "9223372036854775807"},
 	} {
-		if _, err := SizePod(cfg, bad); err == nil {
+		if _, err := sizeOf(bad); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
 	}

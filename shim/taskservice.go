@@ -63,40 +63,16 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	}
 	// CRI's pod sandbox container runs nothing: the VM is the pod (sandboxtask.go).
 	isSandbox := spec.Annotations[AnnotationContainerType] == containerTypeSandbox
-	podReq := PodRequest{ID: sandboxID, Config: cfg, Annotations: spec.Annotations, SandboxTask: isSandbox}
-	var raiseOOM *int
-	podReq.OOMScoreAdj, raiseOOM = podOOMScoreAdj(spec)
-	for _, v := range []*int{podReq.OOMScoreAdj, raiseOOM} {
-		if v != nil {
-			if err := sandbox.CheckOOMScoreAdj(*v); err != nil {
-				return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-			}
+	_, raiseOOM := podOOMScoreAdj(spec)
+	if raiseOOM != nil {
+		if err := sandbox.CheckOOMScoreAdj(*raiseOOM); err != nil {
+			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
 	}
 	var guestSpec *specs.Spec
 	var submounts []string
 	var hostBinds []HostBind
-	if isSandbox {
-		if err := hostNamespaces(!hasNamespace(spec, specs.PIDNamespace), !hasNamespace(spec, specs.IPCNamespace)); err != nil {
-			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-		}
-		if spec.Linux != nil {
-			if err := checkUserNamespace(spec.Linux); err != nil {
-				return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-			}
-		}
-		if podReq.Config, err = SizePod(cfg, spec.Annotations); err != nil {
-			return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-		}
-		if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
-			// One the shim cannot join (a systemd path where systemd is not running) fails
-			// the pod before anything is made.
-			if err := checkPodCgroup(spec.Linux.CgroupsPath); err != nil {
-				return nil, fmt.Errorf("pod sandbox %s: %v: %w", r.ID, err, errdefs.ErrFailedPrecondition)
-			}
-			podReq.Cgroup = spec.Linux.CgroupsPath
-		}
-	} else {
+	if !isSandbox {
 		// The Sandbox API leaves a container's /etc/hosts, /etc/resolv.conf and
 		// /etc/hostname to the sandbox, and its /dev/shm (the pod's, in the guest).
 		dir, apiSandbox := s.podFilesOf(sandboxID)
@@ -110,22 +86,13 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 			withPodShm(guestSpec)
 		}
 	}
-	// The pod's network is its sandbox's (or, without CRI, its one container's). A CRI
-	// container joins the pod's VM, whose network it shares: its spec names the sandbox task's
-	// namespace by pid, the VM's, which is not the pod's.
-	if spec.Annotations[AnnotationContainerType] != containerTypeContainer {
-		if podReq.NetNS, err = podNetNS(spec); err != nil {
-			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-		}
-		if podReq.Hostname = spec.Hostname; podReq.Hostname != "" {
-			if err := agent.CheckHostname(podReq.Hostname); err != nil {
-				return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-			}
-		}
-		podReq.Sysctls = podSysctls(spec, guestSpec)
-		if err := agent.CheckSysctls(podReq.Sysctls); err != nil {
-			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
-		}
+	ask, err := podAskOfSpec(sandboxID, spec, guestSpec)
+	if err != nil {
+		return nil, err
+	}
+	podReq, err := newPodRequest(cfg, ask)
+	if err != nil {
+		return nil, err
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
