@@ -48,9 +48,10 @@
 // whether or not a network comes. SetSysctls writes the pod's sysctls below /proc/sys, checked
 // whole first (names as sysctl(8) takes them, through an os.Root).
 //
-// [Interceptor] wraps every request with the policy of every kvfs ttrpc server
-// (internal/rpcedge): a panic answers Internal with a logged stack instead of ending PID 1
-// (and the VM), and kvfs.debug=1 logs each request with its duration and error.
+// The service's errors are of errdefs kinds (errf), as the shim's are; [Interceptor] wraps
+// every request with the policy of every kvfs ttrpc server (internal/rpcedge): a kind leaves as
+// its gRPC code, a panic answers Internal with a logged stack instead of ending PID 1 (and
+// the VM), and kvfs.debug=1 logs each request with its duration and error.
 // An agent built with the kvfsfaults tag, for the tests of the host against a hostile guest
 // only (packaging/guest/build.sh --agent-faults), chains a second one that misbehaves as
 // kvfs.fault=MODE on the kernel command line says (fault.go); the agent built without it, the

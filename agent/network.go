@@ -9,9 +9,9 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
@@ -83,10 +83,10 @@ func (s *Service) ConfigureNetwork(ctx context.Context, req *apiv1.ConfigureNetw
 func ParseNetworkRequest(req *apiv1.ConfigureNetworkRequest) (*NetworkConfig, error) {
 	ifs, rs := req.GetInterfaces(), req.GetRoutes()
 	if len(ifs) > maxInterfaces {
-		return nil, errf(codes.InvalidArgument, "interfaces: %d, more than %d", len(ifs), maxInterfaces)
+		return nil, errf(errdefs.ErrInvalidArgument, "interfaces: %d, more than %d", len(ifs), maxInterfaces)
 	}
 	if len(rs) > maxRoutes {
-		return nil, errf(codes.InvalidArgument, "routes: %d, more than %d", len(rs), maxRoutes)
+		return nil, errf(errdefs.ErrInvalidArgument, "routes: %d, more than %d", len(rs), maxRoutes)
 	}
 	cfg := &NetworkConfig{}
 	names := map[string]bool{}
@@ -96,42 +96,42 @@ func ParseNetworkRequest(req *apiv1.ConfigureNetworkRequest) (*NetworkConfig, er
 		mac, err := net.ParseMAC(in.GetMac())
 		switch {
 		case err != nil:
-			return nil, errf(codes.InvalidArgument, "%s.mac %q: %v", field, in.GetMac(), err)
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.mac %q: %v", field, in.GetMac(), err)
 		case len(mac) != 6:
-			return nil, errf(codes.InvalidArgument, "%s.mac %q: not a 6-byte Ethernet address", field, in.GetMac())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.mac %q: not a 6-byte Ethernet address", field, in.GetMac())
 		case mac[0]&1 != 0:
-			return nil, errf(codes.InvalidArgument, "%s.mac %q: a multicast address", field, in.GetMac())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.mac %q: a multicast address", field, in.GetMac())
 		case bytes.Equal(mac, make(net.HardwareAddr, 6)):
-			return nil, errf(codes.InvalidArgument, "%s.mac %q: all zeros", field, in.GetMac())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.mac %q: all zeros", field, in.GetMac())
 		case macs[mac.String()]:
-			return nil, errf(codes.InvalidArgument, "%s.mac %q: another interface's", field, in.GetMac())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.mac %q: another interface's", field, in.GetMac())
 		}
 		macs[mac.String()] = true
 		if err := checkIfName(in.GetName()); err != nil {
-			return nil, errf(codes.InvalidArgument, "%s.name %q: %v", field, in.GetName(), err)
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.name %q: %v", field, in.GetName(), err)
 		}
 		if names[in.GetName()] {
-			return nil, errf(codes.InvalidArgument, "%s.name %q: another interface's", field, in.GetName())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.name %q: another interface's", field, in.GetName())
 		}
 		names[in.GetName()] = true
 		if m := in.GetMtu(); m != 0 && (m < minMTU || m > maxMTU) {
-			return nil, errf(codes.InvalidArgument, "%s.mtu %d: want %d to %d, or 0 to leave it", field, m, minMTU, maxMTU)
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.mtu %d: want %d to %d, or 0 to leave it", field, m, minMTU, maxMTU)
 		}
 		if len(in.GetAddresses()) > maxAddresses {
-			return nil, errf(codes.InvalidArgument, "%s.addresses: %d, more than %d", field, len(in.GetAddresses()), maxAddresses)
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.addresses: %d, more than %d", field, len(in.GetAddresses()), maxAddresses)
 		}
 		ni := NetInterface{MAC: mac, Name: in.GetName(), MTU: int(in.GetMtu())}
 		for j, a := range in.GetAddresses() {
 			p, err := netip.ParsePrefix(a)
 			switch {
 			case err != nil:
-				return nil, errf(codes.InvalidArgument, "%s.addresses[%d] %q: want an address and a prefix length, \"10.0.0.2/24\"", field, j, a)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.addresses[%d] %q: want an address and a prefix length, \"10.0.0.2/24\"", field, j, a)
 			case p.Addr().Is4In6() || p.Addr().Zone() != "":
-				return nil, errf(codes.InvalidArgument, "%s.addresses[%d] %q: an IPv4-mapped or zoned address", field, j, a)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.addresses[%d] %q: an IPv4-mapped or zoned address", field, j, a)
 			case p.Addr().IsUnspecified() || p.Addr().IsMulticast() || p.Addr().IsLoopback():
-				return nil, errf(codes.InvalidArgument, "%s.addresses[%d] %q: unspecified, multicast or loopback", field, j, a)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.addresses[%d] %q: unspecified, multicast or loopback", field, j, a)
 			case slices.Contains(ni.Addresses, p):
-				return nil, errf(codes.InvalidArgument, "%s.addresses[%d] %q: given twice", field, j, a)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.addresses[%d] %q: given twice", field, j, a)
 			}
 			ni.Addresses = append(ni.Addresses, p)
 		}
@@ -145,9 +145,9 @@ func ParseNetworkRequest(req *apiv1.ConfigureNetworkRequest) (*NetworkConfig, er
 			gw, err := netip.ParseAddr(r.GetGateway())
 			switch {
 			case err != nil:
-				return nil, errf(codes.InvalidArgument, "%s.gateway %q: not an IP address", field, r.GetGateway())
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.gateway %q: not an IP address", field, r.GetGateway())
 			case gw.Is4In6() || gw.Zone() != "" || gw.IsUnspecified() || gw.IsMulticast():
-				return nil, errf(codes.InvalidArgument, "%s.gateway %q: IPv4-mapped, zoned, unspecified or multicast", field, r.GetGateway())
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.gateway %q: IPv4-mapped, zoned, unspecified or multicast", field, r.GetGateway())
 			}
 			out.Gateway = gw
 		}
@@ -159,24 +159,24 @@ func ParseNetworkRequest(req *apiv1.ConfigureNetworkRequest) (*NetworkConfig, er
 			case out.Gateway.Is6():
 				out.Dst = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 			default:
-				return nil, errf(codes.InvalidArgument, "%s.destination %q: a default route without a gateway has no family: write 0.0.0.0/0 or ::/0", field, d)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.destination %q: a default route without a gateway has no family: write 0.0.0.0/0 or ::/0", field, d)
 			}
 		default:
 			p, err := netip.ParsePrefix(d)
 			switch {
 			case err != nil:
-				return nil, errf(codes.InvalidArgument, "%s.destination %q: want a prefix, \"10.1.0.0/16\", or \"default\"", field, d)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.destination %q: want a prefix, \"10.1.0.0/16\", or \"default\"", field, d)
 			case p.Addr().Is4In6() || p.Addr().Zone() != "":
-				return nil, errf(codes.InvalidArgument, "%s.destination %q: an IPv4-mapped or zoned prefix", field, d)
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.destination %q: an IPv4-mapped or zoned prefix", field, d)
 			case p != p.Masked():
-				return nil, errf(codes.InvalidArgument, "%s.destination %q: has bits set past the prefix length (want %v)", field, d, p.Masked())
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.destination %q: has bits set past the prefix length (want %v)", field, d, p.Masked())
 			case out.Gateway.IsValid() && out.Gateway.Is4() != p.Addr().Is4():
-				return nil, errf(codes.InvalidArgument, "%s.gateway %q: not of the destination's family", field, r.GetGateway())
+				return nil, errf(errdefs.ErrInvalidArgument, "%s.gateway %q: not of the destination's family", field, r.GetGateway())
 			}
 			out.Dst = p
 		}
 		if !names[r.GetInterface()] {
-			return nil, errf(codes.InvalidArgument, "%s.interface %q: not one of the request's interfaces", field, r.GetInterface())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.interface %q: not one of the request's interfaces", field, r.GetInterface())
 		}
 		out.Interface = r.GetInterface()
 		switch r.GetScope() {
@@ -187,10 +187,10 @@ func ParseNetworkRequest(req *apiv1.ConfigureNetworkRequest) (*NetworkConfig, er
 		case apiv1.RouteScope_ROUTE_SCOPE_HOST:
 			out.Scope = netlink.SCOPE_HOST
 		default:
-			return nil, errf(codes.InvalidArgument, "%s.scope %d: not a RouteScope", field, r.GetScope())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.scope %d: not a RouteScope", field, r.GetScope())
 		}
 		if out.Gateway.IsValid() && out.Scope != netlink.SCOPE_UNIVERSE {
-			return nil, errf(codes.InvalidArgument, "%s.scope %s: a route through a gateway has universe scope", field, r.GetScope())
+			return nil, errf(errdefs.ErrInvalidArgument, "%s.scope %s: a route through a gateway has universe scope", field, r.GetScope())
 		}
 		if out.Gateway.IsValid() {
 			viaGateway = append(viaGateway, out)
@@ -237,7 +237,7 @@ func (n Netlink) Configure(cfg *NetworkConfig) error {
 	for _, in := range cfg.Interfaces {
 		i := slices.IndexFunc(links, func(l netlink.Link) bool { return bytes.Equal(l.Attrs().HardwareAddr, in.MAC) })
 		if i < 0 {
-			return errf(codes.NotFound, "no interface has MAC %s", in.MAC)
+			return errf(errdefs.ErrNotFound, "no interface has MAC %s", in.MAC)
 		}
 		l := links[i]
 		if err := configureLink(h, l, in); err != nil {
@@ -264,7 +264,7 @@ func (n Netlink) Configure(cfg *NetworkConfig) error {
 func configureLink(h *netlink.Handle, l netlink.Link, in NetInterface) error {
 	if l.Attrs().Name != in.Name {
 		if other, err := h.LinkByName(in.Name); err == nil && other.Attrs().Index != l.Attrs().Index {
-			return errf(codes.FailedPrecondition, "another interface is named %s", in.Name)
+			return errf(errdefs.ErrFailedPrecondition, "another interface is named %s", in.Name)
 		}
 		if err := h.LinkSetDown(l); err != nil {
 			return fmt.Errorf("down: %w", err)

@@ -10,12 +10,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/internal/rpcedge"
 	"github.com/kvfs/kvfs/internal/testing/nettest"
 )
 
@@ -102,7 +104,7 @@ func TestParseNetworkRequest(t *testing.T) {
 			r := validNetRequest()
 			tt.modify(r)
 			_, err := ParseNetworkRequest(r)
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+			if status.Code(rpcedge.Status(err)) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error %v, want InvalidArgument containing %q", err, tt.want)
 			}
 		})
@@ -131,7 +133,7 @@ func TestServiceConfigureNetwork(t *testing.T) {
 	ctx := context.Background()
 	bad := validNetRequest()
 	bad.Routes[0].Interface = "eth9"
-	if _, err := svc.ConfigureNetwork(ctx, bad); status.Code(err) != codes.InvalidArgument {
+	if _, err := svc.ConfigureNetwork(ctx, bad); status.Code(rpcedge.Status(err)) != codes.InvalidArgument {
 		t.Errorf("a bad request: %v, want InvalidArgument", err)
 	}
 	if len(fn.got) != 0 {
@@ -143,14 +145,14 @@ func TestServiceConfigureNetwork(t *testing.T) {
 	if len(fn.got) != 1 || fn.got[0].Interfaces[0].Name != "eth0" || len(fn.got[0].Routes) != 3 {
 		t.Errorf("the network was given %+v", fn.got)
 	}
-	fn.err = errf(codes.NotFound, "no interface has MAC 02:42:0a:58:00:02")
-	if _, err := svc.ConfigureNetwork(ctx, validNetRequest()); status.Code(err) != codes.NotFound {
+	fn.err = errf(errdefs.ErrNotFound, "no interface has MAC 02:42:0a:58:00:02")
+	if _, err := svc.ConfigureNetwork(ctx, validNetRequest()); status.Code(rpcedge.Status(err)) != codes.NotFound {
 		t.Errorf("a MAC no NIC has: %v, want NotFound", err)
 	}
 	if _, err := svc.Shutdown(ctx, &apiv1.ShutdownRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.ConfigureNetwork(ctx, validNetRequest()); status.Code(err) != codes.Unavailable {
+	if _, err := svc.ConfigureNetwork(ctx, validNetRequest()); status.Code(rpcedge.Status(err)) != codes.Unavailable {
 		t.Errorf("after Shutdown: %v, want Unavailable", err)
 	}
 }
@@ -222,7 +224,7 @@ func TestNetlinkConfigure(t *testing.T) {
 
 	req.Interfaces[0].Mac = "02:99:99:99:99:99"
 	cfg, _ = ParseNetworkRequest(req)
-	if err := n.Configure(cfg); status.Code(err) != codes.NotFound {
+	if err := n.Configure(cfg); status.Code(rpcedge.Status(err)) != codes.NotFound {
 		t.Errorf("a MAC no NIC has: %v, want NotFound", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
@@ -14,11 +15,10 @@ import (
 	"time"
 
 	"github.com/containerd/console"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
@@ -44,7 +44,7 @@ const (
 // exit before the refusal is answered.
 const exitReportWait = time.Second
 
-var errShuttingDown = status.Error(codes.Unavailable, "the agent is shutting down")
+var errShuttingDown = errf(errdefs.ErrUnavailable, "the agent is shutting down")
 
 // Config configures a Service. Runtime and Cgroups are required.
 type Config struct {
@@ -267,16 +267,22 @@ func (s *Service) registerLocked(p *process, col *exitCollector, pid int) {
 
 // --- errors and validation ---------------------------------------------------------------------
 
-func errf(code codes.Code, format string, args ...any) error {
-	return status.Errorf(code, format, args...)
+// errf is an error of kind (an errdefs kind), whose text is the format's alone: the agent's
+// edge (Interceptor) answers it with the kind's code.
+func errf(kind error, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if k, ok := kind.(interface{ WithMessage(string) error }); ok {
+		return k.WithMessage(msg)
+	}
+	return fmt.Errorf("%s: %w", msg, kind)
 }
 
-// runtimeErr is a runtime failure at the API edge.
+// runtimeErr is a runtime failure at the API edge: Internal, unless it is of a kind already.
 func runtimeErr(what string, err error) error {
-	if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
+	if !errdefs.IsUnknown(errdefs.Resolve(err)) {
 		return err
 	}
-	return errf(codes.Internal, "%s: %v", what, err)
+	return errf(errdefs.ErrInternal, "%s: %v", what, err)
 }
 
 // checkID accepts a container or exec id: one path component, no "." or "..", nothing a
@@ -284,17 +290,17 @@ func runtimeErr(what string, err error) error {
 func checkID(what, id string) error {
 	switch {
 	case id == "":
-		return errf(codes.InvalidArgument, "%s is empty", what)
+		return errf(errdefs.ErrInvalidArgument, "%s is empty", what)
 	case len(id) > maxIDLen:
-		return errf(codes.InvalidArgument, "%s is %d bytes long, more than %d", what, len(id), maxIDLen)
+		return errf(errdefs.ErrInvalidArgument, "%s is %d bytes long, more than %d", what, len(id), maxIDLen)
 	case id == "." || id == "..":
-		return errf(codes.InvalidArgument, "%s %q is not a name", what, id)
+		return errf(errdefs.ErrInvalidArgument, "%s %q is not a name", what, id)
 	case strings.HasPrefix(id, "-"):
-		return errf(codes.InvalidArgument, "%s %q starts with '-'", what, id)
+		return errf(errdefs.ErrInvalidArgument, "%s %q starts with '-'", what, id)
 	}
 	for _, r := range id {
 		if r == '/' || r < ' ' || r == 0x7f {
-			return errf(codes.InvalidArgument, "%s %q contains '/' or a control character", what, id)
+			return errf(errdefs.ErrInvalidArgument, "%s %q contains '/' or a control character", what, id)
 		}
 	}
 	return nil
@@ -328,7 +334,7 @@ func (s *Service) lookup(id string) (*container, error) {
 	}
 	c, ok := s.containers[id]
 	if !ok {
-		return nil, errf(codes.NotFound, "container %q not found", id)
+		return nil, errf(errdefs.ErrNotFound, "container %q not found", id)
 	}
 	return c, nil
 }
@@ -349,14 +355,14 @@ func (s *Service) lookupProcess(cid, eid string) (*process, error) {
 
 func (s *Service) processLocked(c *container, eid string) (*process, error) {
 	if c.gone {
-		return nil, errf(codes.NotFound, "container %q not found", c.id)
+		return nil, errf(errdefs.ErrNotFound, "container %q not found", c.id)
 	}
 	if eid == "" {
 		return c.init, nil
 	}
 	p, ok := c.execs[eid]
 	if !ok {
-		return nil, errf(codes.NotFound, "process %q of container %q not found", eid, c.id)
+		return nil, errf(errdefs.ErrNotFound, "process %q of container %q not found", eid, c.id)
 	}
 	return p, nil
 }
@@ -402,24 +408,24 @@ func newProcess(c *container, execID string, stdio *apiv1.Stdio) (_ *process, er
 	var stdout, stderr *os.File
 	if stdio.Stdin {
 		if p.childIO.Stdin, p.stdin, err = pipe(); err != nil {
-			return nil, errf(codes.Internal, "stdin pipe: %v", err)
+			return nil, errf(errdefs.ErrInternal, "stdin pipe: %v", err)
 		}
 	} else if p.childIO.Stdin, err = devNull(os.O_RDONLY); err != nil {
-		return nil, errf(codes.Internal, "%v", err)
+		return nil, errf(errdefs.ErrInternal, "%v", err)
 	}
 	if stdio.Stdout {
 		if stdout, p.childIO.Stdout, err = pipe(); err != nil {
-			return nil, errf(codes.Internal, "stdout pipe: %v", err)
+			return nil, errf(errdefs.ErrInternal, "stdout pipe: %v", err)
 		}
 	} else if p.childIO.Stdout, err = devNull(os.O_WRONLY); err != nil {
-		return nil, errf(codes.Internal, "%v", err)
+		return nil, errf(errdefs.ErrInternal, "%v", err)
 	}
 	if stdio.Stderr {
 		if stderr, p.childIO.Stderr, err = pipe(); err != nil {
-			return nil, errf(codes.Internal, "stderr pipe: %v", err)
+			return nil, errf(errdefs.ErrInternal, "stderr pipe: %v", err)
 		}
 	} else if p.childIO.Stderr, err = devNull(os.O_WRONLY); err != nil {
-		return nil, errf(codes.Internal, "%v", err)
+		return nil, errf(errdefs.ErrInternal, "%v", err)
 	}
 	p.stdout, p.stderr = newOutStream(), newOutStream()
 	p.stdout.attach(fileOrNil(stdout))
@@ -491,10 +497,10 @@ func (s *Service) Ping(ctx context.Context, _ *apiv1.PingRequest) (*apiv1.PingRe
 // at most specLimit bytes; errors are InvalidArgument naming it.
 func decodeJSON(what string, data []byte, v any) error {
 	if len(data) > specLimit {
-		return errf(codes.InvalidArgument, "%s is %d bytes, more than %d", what, len(data), specLimit)
+		return errf(errdefs.ErrInvalidArgument, "%s is %d bytes, more than %d", what, len(data), specLimit)
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		return errf(codes.InvalidArgument, "%s: %v", what, err)
+		return errf(errdefs.ErrInvalidArgument, "%s: %v", what, err)
 	}
 	return nil
 }
@@ -502,7 +508,7 @@ func decodeJSON(what string, data []byte, v any) error {
 // parseSpec decodes and checks a container's spec and adapts it to the request's stdio.
 func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.Spec, error) {
 	if len(data) == 0 {
-		return nil, errf(codes.InvalidArgument, "spec is empty")
+		return nil, errf(errdefs.ErrInvalidArgument, "spec is empty")
 	}
 	var spec specs.Spec
 	if err := decodeJSON("spec", data, &spec); err != nil {
@@ -510,20 +516,20 @@ func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.
 	}
 	switch {
 	case spec.Process == nil:
-		return nil, errf(codes.InvalidArgument, "spec: process is missing")
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: process is missing")
 	case len(spec.Process.Args) == 0:
-		return nil, errf(codes.InvalidArgument, "spec: process.args is empty")
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: process.args is empty")
 	case spec.Root == nil || spec.Root.Path == "":
-		return nil, errf(codes.InvalidArgument, "spec: root.path is missing")
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: root.path is missing")
 	case spec.Linux == nil:
-		return nil, errf(codes.InvalidArgument, "spec: linux is missing")
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: linux is missing")
 	}
 	root := filepath.Clean(spec.Root.Path)
 	if !filepath.IsAbs(root) || !strings.HasPrefix(root, s.cfg.RootDir+"/") {
-		return nil, errf(codes.InvalidArgument, "spec: root.path %q is not below %s", spec.Root.Path, s.cfg.RootDir)
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: root.path %q is not below %s", spec.Root.Path, s.cfg.RootDir)
 	}
 	if h := spec.Hooks; h != nil && (len(h.Prestart) > 0 || len(h.CreateRuntime) > 0 || len(h.Poststart) > 0 || len(h.Poststop) > 0) {
-		return nil, errf(codes.InvalidArgument, "spec: prestart, createRuntime, poststart and poststop hooks run on the host, not in the guest")
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: prestart, createRuntime, poststart and poststop hooks run on the host, not in the guest")
 	}
 	spec.Root.Path = root
 	spec.Process.Terminal = stdio != nil && stdio.Terminal
@@ -531,7 +537,7 @@ func (s *Service) parseSpec(id string, data []byte, stdio *apiv1.Stdio) (*specs.
 		spec.Linux.CgroupsPath = path.Join(apiv1.ContainersCgroup, id)
 	}
 	if !strings.HasPrefix(spec.Linux.CgroupsPath, "/") {
-		return nil, errf(codes.InvalidArgument, "spec: linux.cgroupsPath %q is not an absolute cgroup path (the guest runs runc with cgroupfs)", spec.Linux.CgroupsPath)
+		return nil, errf(errdefs.ErrInvalidArgument, "spec: linux.cgroupsPath %q is not an absolute cgroup path (the guest runs runc with cgroupfs)", spec.Linux.CgroupsPath)
 	}
 	if err := s.joinPodNamespaces(spec.Linux); err != nil {
 		return nil, err
@@ -556,7 +562,7 @@ func (s *Service) joinPodNamespaces(l *specs.Linux) error {
 				continue
 			}
 			if err != nil {
-				return errf(codes.FailedPrecondition, "spec: %v", err)
+				return errf(errdefs.ErrFailedPrecondition, "spec: %v", err)
 			}
 			l.Namespaces[i].Path = p
 		}
@@ -575,7 +581,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 		return nil, err
 	}
 	if err := apiv1.CheckSubmounts(req.Submounts); err != nil {
-		return nil, errf(codes.InvalidArgument, "%v", err)
+		return nil, errf(errdefs.ErrInvalidArgument, "%v", err)
 	}
 	c := &container{id: id, bundle: filepath.Join(s.cfg.StateDir, id), cgroup: spec.Linux.CgroupsPath, execs: make(map[string]*process)}
 	p, err := newProcess(c, "", req.Stdio)
@@ -613,7 +619,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	}()
 
 	if err := writeBundle(c.bundle, spec); err != nil {
-		return nil, errf(codes.Internal, "bundle: %v", err)
+		return nil, errf(errdefs.ErrInternal, "bundle: %v", err)
 	}
 	c.pins = s.mounts.pin(spec, req.Submounts)
 	col := s.startCollecting()
@@ -641,7 +647,7 @@ func (s *Service) checkNewLocked(id string) error {
 		return errShuttingDown
 	}
 	if _, ok := s.containers[id]; ok {
-		return errf(codes.AlreadyExists, "container %q already exists", id)
+		return errf(errdefs.ErrAlreadyExists, "container %q already exists", id)
 	}
 	return nil
 }
@@ -674,19 +680,19 @@ func (s *Service) ExecProcess(ctx context.Context, req *apiv1.ExecProcessRequest
 		return nil, err
 	}
 	if len(ps.Args) == 0 {
-		return nil, errf(codes.InvalidArgument, "process: args is empty")
+		return nil, errf(errdefs.ErrInvalidArgument, "process: args is empty")
 	}
 	ps.Terminal = req.Stdio != nil && req.Stdio.Terminal
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.gone {
-		return nil, errf(codes.NotFound, "container %q not found", c.id)
+		return nil, errf(errdefs.ErrNotFound, "container %q not found", c.id)
 	}
 	if _, ok := c.execs[req.ExecId]; ok {
-		return nil, errf(codes.AlreadyExists, "process %q of container %q already exists", req.ExecId, c.id)
+		return nil, errf(errdefs.ErrAlreadyExists, "process %q of container %q already exists", req.ExecId, c.id)
 	}
 	if st := c.init.state; st != stateRunning {
-		return nil, errf(codes.FailedPrecondition, "container %q is %s, not running", c.id, st)
+		return nil, errf(errdefs.ErrFailedPrecondition, "container %q is %s, not running", c.id, st)
 	}
 	p, err := newProcess(c, req.ExecId, req.Stdio)
 	if err != nil {
@@ -763,11 +769,11 @@ func (s *Service) startableLocked(c *container, eid string) (*process, int, erro
 	case err != nil:
 		return nil, 0, err
 	case p.state != stateCreated:
-		return nil, 0, errf(codes.FailedPrecondition, "process %q of container %q is %s, not created", eid, c.id, p.state)
+		return nil, 0, errf(errdefs.ErrFailedPrecondition, "process %q of container %q is %s, not created", eid, c.id, p.state)
 	case c.paused:
-		return nil, 0, errf(codes.FailedPrecondition, "container %q is paused", c.id)
+		return nil, 0, errf(errdefs.ErrFailedPrecondition, "container %q is paused", c.id)
 	case p != c.init && c.init.state != stateRunning:
-		return nil, 0, errf(codes.FailedPrecondition, "container %q is %s, not running", c.id, c.init.state)
+		return nil, 0, errf(errdefs.ErrFailedPrecondition, "container %q is %s, not running", c.id, c.init.state)
 	}
 	return p, p.pid, nil
 }
@@ -775,7 +781,7 @@ func (s *Service) startableLocked(c *container, eid string) (*process, int, erro
 // SignalProcess signals a process, or with all every process of the container.
 func (s *Service) SignalProcess(ctx context.Context, req *apiv1.SignalProcessRequest) (*apiv1.SignalProcessResponse, error) {
 	if req.Signal == 0 || req.Signal > 64 {
-		return nil, errf(codes.InvalidArgument, "signal %d is not a signal (1 to 64)", req.Signal)
+		return nil, errf(errdefs.ErrInvalidArgument, "signal %d is not a signal (1 to 64)", req.Signal)
 	}
 	p, err := s.lookupProcess(req.ContainerId, req.ExecId)
 	if err != nil {
@@ -787,14 +793,14 @@ func (s *Service) SignalProcess(ctx context.Context, req *apiv1.SignalProcessReq
 	s.mu.Unlock()
 	if p == p.c.init {
 		if state == stateStopped && !req.All {
-			return nil, errf(codes.NotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
+			return nil, errf(errdefs.ErrNotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
 		}
 		if err := s.cfg.Runtime.Kill(ctx, p.c.id, sig, req.All); err != nil {
 			// runc refuses ("container not running") an init that has exited and that the
 			// reaper has not reported yet: once it has, the signal was for an exited process.
 			select {
 			case <-p.exited:
-				return nil, errf(codes.NotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
+				return nil, errf(errdefs.ErrNotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
 			case <-time.After(exitReportWait):
 			}
 			return nil, runtimeErr("runc kill", err)
@@ -803,9 +809,9 @@ func (s *Service) SignalProcess(ctx context.Context, req *apiv1.SignalProcessReq
 	}
 	switch state {
 	case stateCreated:
-		return nil, errf(codes.FailedPrecondition, "process %q of container %q is not started", req.ExecId, p.c.id)
+		return nil, errf(errdefs.ErrFailedPrecondition, "process %q of container %q is not started", req.ExecId, p.c.id)
 	case stateStopped:
-		return nil, errf(codes.NotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
+		return nil, errf(errdefs.ErrNotFound, "process %q of container %q has exited", req.ExecId, p.c.id)
 	}
 	if err := s.cfg.Runtime.Signal(pid, sig); err != nil {
 		return nil, runtimeErr("kill", err)
@@ -854,7 +860,7 @@ func (s *Service) DeleteProcess(ctx context.Context, req *apiv1.DeleteProcessReq
 			return nil, err
 		}
 		if p.state == stateRunning {
-			return nil, errf(codes.FailedPrecondition, "process %q of container %q is running", req.ExecId, c.id)
+			return nil, errf(errdefs.ErrFailedPrecondition, "process %q of container %q is running", req.ExecId, c.id)
 		}
 		delete(c.execs, req.ExecId)
 		// An exec deleted before it started never runs: whoever waits for it hears 255.
@@ -866,17 +872,17 @@ func (s *Service) DeleteProcess(ctx context.Context, req *apiv1.DeleteProcessReq
 	s.mu.Lock()
 	if c.gone {
 		s.mu.Unlock()
-		return nil, errf(codes.NotFound, "container %q not found", c.id)
+		return nil, errf(errdefs.ErrNotFound, "container %q not found", c.id)
 	}
 	initState := c.init.state
 	if initState == stateRunning {
 		s.mu.Unlock()
-		return nil, errf(codes.FailedPrecondition, "container %q is running", c.id)
+		return nil, errf(errdefs.ErrFailedPrecondition, "container %q is running", c.id)
 	}
 	for eid, p := range c.execs {
 		if p.state == stateRunning {
 			s.mu.Unlock()
-			return nil, errf(codes.FailedPrecondition, "container %q still runs its process %q", c.id, eid)
+			return nil, errf(errdefs.ErrFailedPrecondition, "container %q still runs its process %q", c.id, eid)
 		}
 	}
 	s.mu.Unlock()
@@ -910,7 +916,7 @@ func (s *Service) forget(c *container) {
 
 func checkMax(max uint32) error {
 	if max == 0 || max > MaxRead {
-		return errf(codes.InvalidArgument, "max %d is not 1 to %d", max, MaxRead)
+		return errf(errdefs.ErrInvalidArgument, "max %d is not 1 to %d", max, MaxRead)
 	}
 	return nil
 }
@@ -949,16 +955,16 @@ func (s *Service) stdinOf(cid, eid string) (io.Writer, *process, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p.stdinShut {
-		return nil, nil, errf(codes.FailedPrecondition, "the stdin of process %q of container %q is closed", eid, cid)
+		return nil, nil, errf(errdefs.ErrFailedPrecondition, "the stdin of process %q of container %q is closed", eid, cid)
 	}
 	if p.terminal {
 		if p.console == nil {
-			return nil, nil, errf(codes.FailedPrecondition, "process %q of container %q is not started: no terminal yet", eid, cid)
+			return nil, nil, errf(errdefs.ErrFailedPrecondition, "process %q of container %q is not started: no terminal yet", eid, cid)
 		}
 		return p.console, p, nil
 	}
 	if p.stdin == nil {
-		return nil, nil, errf(codes.FailedPrecondition, "process %q of container %q was created without stdin", eid, cid)
+		return nil, nil, errf(errdefs.ErrFailedPrecondition, "process %q of container %q was created without stdin", eid, cid)
 	}
 	return p.stdin, p, nil
 }
@@ -970,7 +976,7 @@ func (s *Service) WriteStdin(ctx context.Context, req *apiv1.WriteStdinRequest) 
 		return nil, err
 	}
 	if _, err := w.Write(req.Data); err != nil {
-		return nil, errf(codes.FailedPrecondition, "writing stdin: %v", err)
+		return nil, errf(errdefs.ErrFailedPrecondition, "writing stdin: %v", err)
 	}
 	return &apiv1.WriteStdinResponse{}, nil
 }
@@ -991,7 +997,7 @@ func (s *Service) CloseStdin(ctx context.Context, req *apiv1.CloseStdinRequest) 
 		err = w.(*os.File).Close()
 	}
 	if err != nil {
-		return nil, errf(codes.Internal, "closing stdin: %v", err)
+		return nil, errf(errdefs.ErrInternal, "closing stdin: %v", err)
 	}
 	return &apiv1.CloseStdinResponse{}, nil
 }
@@ -999,7 +1005,7 @@ func (s *Service) CloseStdin(ctx context.Context, req *apiv1.CloseStdinRequest) 
 // ResizePty sets a terminal process's window size.
 func (s *Service) ResizePty(ctx context.Context, req *apiv1.ResizePtyRequest) (*apiv1.ResizePtyResponse, error) {
 	if req.Width > 0xffff || req.Height > 0xffff {
-		return nil, errf(codes.InvalidArgument, "window size %dx%d is larger than 65535x65535", req.Width, req.Height)
+		return nil, errf(errdefs.ErrInvalidArgument, "window size %dx%d is larger than 65535x65535", req.Width, req.Height)
 	}
 	p, err := s.lookupProcess(req.ContainerId, req.ExecId)
 	if err != nil {
@@ -1009,13 +1015,13 @@ func (s *Service) ResizePty(ctx context.Context, req *apiv1.ResizePtyRequest) (*
 	con := p.console
 	s.mu.Unlock()
 	if !p.terminal {
-		return nil, errf(codes.FailedPrecondition, "process %q of container %q has no terminal", req.ExecId, req.ContainerId)
+		return nil, errf(errdefs.ErrFailedPrecondition, "process %q of container %q has no terminal", req.ExecId, req.ContainerId)
 	}
 	if con == nil {
-		return nil, errf(codes.FailedPrecondition, "process %q of container %q is not started: no terminal yet", req.ExecId, req.ContainerId)
+		return nil, errf(errdefs.ErrFailedPrecondition, "process %q of container %q is not started: no terminal yet", req.ExecId, req.ContainerId)
 	}
 	if err := con.Resize(console.WinSize{Width: uint16(req.Width), Height: uint16(req.Height)}); err != nil {
-		return nil, errf(codes.Internal, "resize: %v", err)
+		return nil, errf(errdefs.ErrInternal, "resize: %v", err)
 	}
 	return &apiv1.ResizePtyResponse{}, nil
 }
@@ -1033,11 +1039,11 @@ func (s *Service) Stats(ctx context.Context, req *apiv1.StatsRequest) (*apiv1.St
 	}
 	m, err := s.cfg.Cgroups.Stats(group)
 	if err != nil {
-		return nil, errf(codes.Internal, "cgroup %s: %v", group, err)
+		return nil, errf(errdefs.ErrInternal, "cgroup %s: %v", group, err)
 	}
 	a, err := typeurl.MarshalAnyToProto(m)
 	if err != nil {
-		return nil, errf(codes.Internal, "marshal stats: %v", err)
+		return nil, errf(errdefs.ErrInternal, "marshal stats: %v", err)
 	}
 	return &apiv1.StatsResponse{Stats: a}, nil
 }
@@ -1088,13 +1094,13 @@ func (s *Service) setPaused(ctx context.Context, id string, pause bool) error {
 	s.mu.Unlock()
 	switch {
 	case gone:
-		return errf(codes.NotFound, "container %q not found", id)
+		return errf(errdefs.ErrNotFound, "container %q not found", id)
 	case state != stateRunning:
-		return errf(codes.FailedPrecondition, "container %q is %s, not running", id, state)
+		return errf(errdefs.ErrFailedPrecondition, "container %q is %s, not running", id, state)
 	case pause && paused:
-		return errf(codes.FailedPrecondition, "container %q is already paused", id)
+		return errf(errdefs.ErrFailedPrecondition, "container %q is already paused", id)
 	case !pause && !paused:
-		return errf(codes.FailedPrecondition, "container %q is not paused", id)
+		return errf(errdefs.ErrFailedPrecondition, "container %q is not paused", id)
 	}
 	if pause {
 		err = s.cfg.Runtime.Pause(context.WithoutCancel(ctx), id)

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/internal/rpcedge"
 )
 
 // fakeRuntime plays runc: a "process" is a goroutine running a behaviour chosen by its
@@ -431,6 +432,7 @@ func (fx *fixture) readAll(t *testing.T, stderr bool, cid, eid string) string {
 
 func wantCode(t *testing.T, what string, err error, code codes.Code, substr string) {
 	t.Helper()
+	err = rpcedge.Status(err) // as the agent's edge answers it
 	if status.Code(err) != code {
 		t.Errorf("%s: %v, want %s", what, err, code)
 		return
@@ -1180,7 +1182,7 @@ func TestPodUserNamespace(t *testing.T) {
 	}
 
 	other := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 200000, Size: 65536}}
-	if _, err := create("c", other); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "maps uids") {
+	if _, err := create("c", other); status.Code(rpcedge.Status(err)) != codes.FailedPrecondition || !strings.Contains(err.Error(), "maps uids") {
 		t.Errorf("a container of other mappings: %v, want FailedPrecondition", err)
 	}
 

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"syscall"
 
-	"google.golang.org/grpc/codes"
+	"github.com/containerd/errdefs"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
@@ -21,13 +21,13 @@ import (
 // calls unsafe (which the kubelet has already applied).
 func (s *Service) SetSysctls(ctx context.Context, req *apiv1.SetSysctlsRequest) (*apiv1.SetSysctlsResponse, error) {
 	if err := apiv1.CheckSysctls(req.Sysctls); err != nil {
-		return nil, errf(codes.InvalidArgument, "%v", err)
+		return nil, errf(errdefs.ErrInvalidArgument, "%v", err)
 	}
 	s.netMu.Lock()
 	defer s.netMu.Unlock()
 	root, err := os.OpenRoot(s.cfg.SysctlDir)
 	if err != nil {
-		return nil, errf(codes.Internal, "%v", err)
+		return nil, errf(errdefs.ErrInternal, "%v", err)
 	}
 	defer root.Close()
 	for _, name := range slices.Sorted(maps.Keys(req.Sysctls)) {
@@ -35,11 +35,11 @@ func (s *Service) SetSysctls(ctx context.Context, req *apiv1.SetSysctlsRequest) 
 		if err := writeSysctl(root, p, req.Sysctls[name]); err != nil {
 			switch {
 			case errors.Is(err, fs.ErrNotExist):
-				return nil, errf(codes.NotFound, "sysctl %s: the guest's kernel has none", name)
+				return nil, errf(errdefs.ErrNotFound, "sysctl %s: the guest's kernel has none", name)
 			case errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.ERANGE):
-				return nil, errf(codes.InvalidArgument, "sysctl %s: the guest's kernel refuses %q: %v", name, req.Sysctls[name], err)
+				return nil, errf(errdefs.ErrInvalidArgument, "sysctl %s: the guest's kernel refuses %q: %v", name, req.Sysctls[name], err)
 			}
-			return nil, errf(codes.Internal, "sysctl %s: %v", name, err)
+			return nil, errf(errdefs.ErrInternal, "sysctl %s: %v", name, err)
 		}
 		s.log.WithField("sysctl", name).WithField("value", req.Sysctls[name]).Info("sysctl set")
 	}
