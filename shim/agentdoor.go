@@ -13,6 +13,7 @@ import (
 
 	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/grpc/codes"
@@ -267,8 +268,10 @@ func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what str
 }
 
 // guestError rebuilds an error the agent answered (a gRPC status over ttrpc, all of it the
-// guest's) from its code and its text alone: the code kept if it is one gRPC defines (else
-// Unknown), the text made printable and cut (guestText), the status details dropped.
+// guest's) from its code and its text alone, as an error of the code's errdefs kind
+// (errgrpc.ToNative), what the shim's code and its error edge read: the code kept if it is
+// one gRPC defines (else Unknown), the text made printable and cut (guestText), the status
+// details dropped.
 // containerd would otherwise pass the details on whole (whatever their size) and decode the
 // types they name; and the text reaches containerd's log and the kubelet's events.
 func guestError(err error) error {
@@ -280,7 +283,7 @@ func guestError(err error) error {
 	if code > codes.Unauthenticated {
 		code = codes.Unknown
 	}
-	return status.Error(code, guestText(st.Message()))
+	return errgrpc.ToNative(status.Error(code, guestText(st.Message())))
 }
 
 // guestText is s, text from the guest, made fit for a log line or an error: every character

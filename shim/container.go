@@ -20,7 +20,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
@@ -386,7 +385,7 @@ func (o *PodOwner) closeGuestStdin(ctx context.Context, run *podRun, p *process)
 // agentDelete asks the agent to forget p; a process it does not know is already forgotten.
 func (o *PodOwner) agentDelete(ctx context.Context, run *podRun, p *process) error {
 	_, err := run.agent.DeleteProcess(ctx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
-	if err != nil && run.live() && !agentErrIs(err, codes.NotFound, errdefs.ErrNotFound) {
+	if err != nil && run.live() && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
 	}
 	return nil

@@ -17,8 +17,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
@@ -238,16 +236,6 @@ func loadConfig(path string, body []byte, defaultPath string) (*sandbox.Config, 
 		return sandbox.LoadConfig(defaultPath)
 	}
 	return sandbox.DefaultConfig(), nil
-}
-
-// agentErrIs says whether an agent's error is of a kind: a gRPC code over ttrpc, or an errdefs
-// kind from an in-process agent.
-func agentErrIs(err error, code codes.Code, kind error) bool {
-	if errors.Is(err, kind) {
-		return true
-	}
-	st, ok := status.FromError(err)
-	return ok && st.Code() == code
 }
 
 // Close is the shim's last act (a shutdown callback): the pod, if one still runs, is stopped
@@ -512,11 +500,11 @@ func (o *PodOwner) oomLoop(run *podRun) {
 			if run.ctx.Err() != nil {
 				return
 			}
-			if agentErrIs(err, codes.Unimplemented, errdefs.ErrNotImplemented) {
+			if errdefs.IsNotImplemented(err) {
 				log.G(o.ctx).WithError(err).Warn("the agent reports no OOM events")
 				return
 			}
-			if agentErrIs(err, codes.Unavailable, errdefs.ErrUnavailable) {
+			if errdefs.IsUnavailable(err) {
 				return // the agent is shutting down, or was cut off
 			}
 			if errors.Is(err, ttrpc.ErrClosed) {
@@ -597,7 +585,7 @@ func (o *PodOwner) kill(ctx context.Context, run *podRun, c *container, p *proce
 		}
 	}
 	switch {
-	case agentErrIs(err, codes.NotFound, errdefs.ErrNotFound):
+	case errdefs.IsNotFound(err):
 		// Exited in the guest, its report on the way: as runc's shim, "already dead".
 		return fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
 	case err != nil:
