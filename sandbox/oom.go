@@ -106,3 +106,43 @@ func childrenOf(pid int) ([]int, error) {
 	}
 	return pids, nil
 }
+
+// RaiseOOMScoreAdj raises the oom_score_adj of the sandbox's VM and server to v, if theirs is
+// lower: a pod's container whose value is higher than the pod's so far (a BestEffort
+// container's 1000, say) makes the whole VM, which holds its memory, no better protected than
+// it. A lower v changes nothing: the VM's one value covers every container of the pod, and one
+// OOM kill takes them all.
+func (s *Sandbox) RaiseOOMScoreAdj(v int) error {
+	if err := CheckOOMScoreAdj(v); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.id, err)
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	cur, srv, vm := s.oomAdj, s.srv, s.vm
+	s.mu.Unlock()
+	if cur == nil {
+		own, err := readOOMScoreAdj(os.Getpid())
+		if err != nil {
+			return fmt.Errorf("sandbox %s: the owner's oom_score_adj: %w", s.id, err)
+		}
+		cur = &own
+	}
+	if v <= *cur {
+		return nil
+	}
+	if vm != nil && vm.Pid() > 0 && !isClosed(vm.Exited()) {
+		if err := setOOMScoreAdj(vm.Pid(), v); err != nil && !isClosed(vm.Exited()) {
+			return fmt.Errorf("sandbox %s: the VM: %w", s.id, err)
+		}
+	}
+	if p := srv.process(); p != nil && !isClosed(p.Exited()) {
+		if err := setOOMScoreAdj(p.Pid(), v); err != nil && !isClosed(p.Exited()) {
+			return fmt.Errorf("sandbox %s: %s: %w", s.id, srv.describe(), err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.oomAdj = &v
+	return s.persistLocked()
+}
