@@ -4,41 +4,45 @@
 //
 // # What it does
 //
-// As PID 1 (Main) it leaves the initramfs for a bind mount of it (the runtime's pivot_root
-// refuses the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
-// /dev/shm, /dev/mqueue, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller
-// enabled for the containers, loads the modules in /etc/kvfs/modules (finit_module), mounts
-// the virtio-fs tag of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up
-// (the containers share the VM's network namespace) and serves, on the virtio-serial port
-// io.kvfs.agent.0 or a vsock port (kvfs.agent=), to the host that proves this boot's secret
-// (see Transport). Every line it logs on the console starts with "kvfs-agent:". Shutdown kills every process of the machine but the agent (the
-// container runtime is not run: its state ends with the machine); Main then lets the answer
-// leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a
-// child subreaper, so the container processes still come back to it), and Shutdown kills and
-// deletes each container through the runtime.
+// As PID 1 (Main) it leaves the initramfs for a bind mount of it (the runtime's pivot_root refuses
+// the initial rootfs), mounts /proc, /sys, /dev, /dev/pts (its own instance, ptmxmode=0666),
+// /dev/shm, /dev/mqueue, /run, /tmp and cgroup2 at /sys/fs/cgroup with every controller enabled for
+// the containers, loads the modules in /etc/kvfs/modules (finit_module), mounts the virtio-fs tag
+// of the kernel command line (kvfs.tag=) at /run/kvfs/shared, brings lo up (the containers share
+// the VM's network namespace) and serves, on the virtio-serial port io.kvfs.agent.0 or a vsock port
+// (kvfs.agent=), to the host that proves this boot's secret (see Transport). Every line it logs on
+// the console starts with "kvfs-agent:". Shutdown kills every process of the machine but the agent
+// (the container runtime is not run: its state ends with the machine); Main then lets the answer
+// leave, syncs, unmounts the share and powers off. Outside PID 1 only the service runs (as a child
+// subreaper, so the container processes still come back to it), and Shutdown kills and deletes each
+// container through the runtime.
 //
 // [Service] implements the API on a [Runtime] ([OCIRuntime]: crun create, start, exec, kill,
 // delete, ps, pause, resume, update through go-runc) and [Cgroups] ([Cgroup2]: metrics and OOM
-// kills from the container's cgroup). Each container's bundle is
-// /run/kvfs/containers/<id>/config.json, written from the request's spec. A process's stdio
-// are pipes the agent holds the other ends of, /dev/null for a stream the host did not ask for,
-// or a pty whose master the runtime passes back over a console socket. Its output is read into a
-// bounded buffer (1 MiB; past it the process blocks on write) that ReadStdout and ReadStderr
-// drain, so what a process wrote is still there after it exited: WaitProcess answers after the
-// exit, the reads answer the rest and then eof. A pipe that a child left behind still holds
-// open is read out and ended 2 s after the process exited (Config.OutputGrace; containerd's
-// runc shim waits as long for an exec's output), so the host's wait for eof ends; a pty is
-// not (its end comes when the last process holding the terminal goes).
+// kills from the container's cgroup), a file per job: containers.go (create, stats, resources,
+// pause, OOM events), processes.go (execs, signals, waits, deletes and the exits the reaper
+// reports), stdio.go (a process's streams and terminal), podns.go (the pod's namespaces),
+// network.go, sysctl.go, and service.go (its state, lookups, errors and Shutdown). Adding an RPC
+// touches the proto, the file of its job, the shim's door and its caller. Each container's bundle
+// is /run/kvfs/containers/<id>/config.json, written from the request's spec. A process's stdio are
+// pipes the agent holds the other ends of, /dev/null for a stream the host did not ask for, or a
+// pty whose master the runtime passes back over a console socket. Its output is read into a bounded
+// buffer (1 MiB; past it the process blocks on write) that ReadStdout and ReadStderr drain, so what
+// a process wrote is still there after it exited: WaitProcess answers after the exit, the reads
+// answer the rest and then eof. A pipe that a child left behind still holds open is read out and
+// ended 2 s after the process exited (Config.OutputGrace; containerd's runc shim waits as long for
+// an exec's output), so the host's wait for eof ends; a pty is not (its end comes when the last
+// process holding the terminal goes).
 //
-// Before the runtime creates a container, the agent walks into the share's submounts the container's
-// root and binds cross, and those the host names below them, so that its own mount namespace
-// holds them until the last container using them is deleted (submounts.go): the exit of a
-// container's last process then never tears a virtio-fs superblock down, which Debian's 6.1
-// kernel can do with an inode still busy and stop on, and a bind carries the host's mounts
-// inside it with their own flags. A spec whose PID namespace is apiv1.PodPIDNamespace joins
-// the pod's shared one, and one whose user namespace is apiv1.PodUserNamespace the pod's user
-// namespace, both made at first use with an init of their own, kvfs-pod-init (podns.go). A kill that the runtime refuses because the init has exited, not yet reaped,
-// answers NotFound once the reaper reports the exit.
+// Before the runtime creates a container, the agent walks into the share's submounts the
+// container's root and binds cross, and those the host names below them, so that its own mount
+// namespace holds them until the last container using them is deleted (submounts.go): the exit of a
+// container's last process then never tears a virtio-fs superblock down, which Debian's 6.1 kernel
+// can do with an inode still busy and stop on, and a bind carries the host's mounts inside it with
+// their own flags. A spec whose PID namespace is apiv1.PodPIDNamespace joins the pod's shared one,
+// and one whose user namespace is apiv1.PodUserNamespace the pod's user namespace, both made at
+// first use with an init of their own, kvfs-pod-init (podns.go). A kill that the runtime refuses
+// because the init has exited, not yet reaped, answers NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host
 // gave QEMU, is renamed, given its MTU and addresses and brought up, then the routes are

@@ -8,8 +8,11 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 )
 
 // The pod's shared namespaces, those a runc pod's containers join from its pause container:
@@ -136,4 +139,29 @@ func sysIDMap(m []specs.LinuxIDMapping) []syscall.SysProcIDMap {
 		out[i] = syscall.SysProcIDMap{ContainerID: int(e.ContainerID), HostID: int(e.HostID), Size: int(e.Size)}
 	}
 	return out
+}
+
+// joinPodNamespaces replaces the names of the pod's shared namespaces in l
+// (apiv1.PodUserNamespace, apiv1.PodPIDNamespace) with the paths runc joins them by, the user
+// namespace first: the pod's PID namespace is made in it.
+func (s *Service) joinPodNamespaces(l *specs.Linux) error {
+	for _, t := range []specs.LinuxNamespaceType{specs.UserNamespace, specs.PIDNamespace} {
+		for i, ns := range l.Namespaces {
+			var p string
+			var err error
+			switch {
+			case t == specs.UserNamespace && ns.Type == t && ns.Path == apiv1.PodUserNamespace:
+				p, err = s.podNS.User(l.UIDMappings, l.GIDMappings)
+			case t == specs.PIDNamespace && ns.Type == t && ns.Path == apiv1.PodPIDNamespace:
+				p, err = s.podNS.PID()
+			default:
+				continue
+			}
+			if err != nil {
+				return errf(errdefs.ErrFailedPrecondition, "spec: %v", err)
+			}
+			l.Namespaces[i].Path = p
+		}
+	}
+	return nil
 }
