@@ -215,7 +215,7 @@ func TestConfinedServer(t *testing.T) {
 	}
 
 	// The control API, as kvfsctl status, metrics, log-level and dax-policy use it.
-	svc := NewControlService(s)
+	svc := NewControlService(s, nil)
 	status, err := svc.SandboxStatus(ctx, &control.SandboxStatusRequest{Id: "conf"})
 	if err != nil {
 		t.Fatal(err)

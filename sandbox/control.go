@@ -19,20 +19,31 @@ import (
 )
 
 // ControlService implements the control API (api/control/v1) of one sandbox: its owner (a
-// shim) serves it on the sandbox's control.sock, where kvfsctl finds it. Once StopSandbox has
-// stopped the sandbox, the service has none: it lists nothing and answers NotFound. Its
+// shim) serves it on the sandbox's control.sock, where kvfsctl finds it. StopSandbox ends the
+// pod as its owner does (the service's StopFunc), never behind its back; a service without
+// one stops the sandbox itself. Once StopSandbox has returned, the service has none: it lists
+// nothing and answers NotFound. Its
 // methods return errors of the kinds above; the ttrpc edge (ControlServer, or
 // ErrorInterceptor for another server) turns them into status codes. Its lock guards only
 // which sandbox it has: it is never held while the sandbox is asked anything (Stats, Stop).
 type ControlService struct {
-	mu sync.Mutex
-	sb *Sandbox // guarded by mu; nil once stopped through StopSandbox
+	stop StopFunc
+	mu   sync.Mutex
+	sb   *Sandbox // guarded by mu; nil once stopped through StopSandbox
 }
 
 var _ control.ControlService = (*ControlService)(nil)
 
-// NewControlService returns the control service of sb (nil: a service with no sandbox).
-func NewControlService(sb *Sandbox) *ControlService { return &ControlService{sb: sb} }
+// StopFunc ends a sandbox's pod the way its owner does: for a shim, every process of the pod
+// reported exited to containerd and the VM stopped, as when the VM dies; the sandbox itself
+// is then the owner's to remove, when containerd deletes what ran in it.
+type StopFunc func(ctx context.Context) error
+
+// NewControlService returns the control service of sb (nil: a service with no sandbox), whose
+// StopSandbox calls stop (nil: it stops sb itself, for a sandbox no one else owns).
+func NewControlService(sb *Sandbox, stop StopFunc) *ControlService {
+	return &ControlService{sb: sb, stop: stop}
+}
 
 // sandbox is the service's sandbox, or nil.
 func (c *ControlService) sandbox() *Sandbox {
@@ -159,7 +170,11 @@ func (c *ControlService) StopSandbox(ctx context.Context, req *control.StopSandb
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Stop(ctx); err != nil {
+	stop := s.Stop
+	if c.stop != nil {
+		stop = c.stop
+	}
+	if err := stop(ctx); err != nil {
 		return nil, fmt.Errorf("stop sandbox %q: %w", s.ID(), err)
 	}
 	c.mu.Lock()

@@ -26,8 +26,9 @@ type ControlServer struct {
 
 // NewControlServer creates the socket at path (its directory made 0700 if missing; a stale
 // socket there is replaced, anything else is an error) and the server of sb's control API on
-// it (NewControlService). Serve serves it; Close stops it and removes the socket.
-func NewControlServer(sb *Sandbox, path string) (*ControlServer, error) {
+// it (NewControlService, its StopSandbox calling stop). Serve serves it; Close stops it and
+// removes the socket.
+func NewControlServer(sb *Sandbox, path string, stop StopFunc) (*ControlServer, error) {
 	if path == "" {
 		return nil, errors.New("control socket: no path")
 	}
@@ -41,7 +42,7 @@ func NewControlServer(sb *Sandbox, path string) (*ControlServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	control.RegisterControlService(srv, NewControlService(sb))
+	control.RegisterControlService(srv, NewControlService(sb, stop))
 	l, err := listen(path)
 	if err != nil {
 		srv.Close()

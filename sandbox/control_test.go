@@ -46,7 +46,7 @@ func TestCheckPeer(t *testing.T) {
 }
 
 func TestControlValidation(t *testing.T) {
-	svc := NewControlService(nil)
+	svc := NewControlService(nil, nil)
 	ctx := context.Background()
 	code := func(err error) codes.Code { return status.Code(rpcedge.Status(err)) }
 
@@ -115,7 +115,7 @@ func TestUpdateDAXPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, ext)
-	svc, extSvc := NewControlService(sb), NewControlService(ext)
+	svc, extSvc := NewControlService(sb, nil), NewControlService(ext, nil)
 	ctx := context.Background()
 	req := &control.UpdateDAXPolicyRequest{Id: "dax", Policy: control.DAXPolicy_DAX_POLICY_INODE,
 		Rules: []*control.DAXRule{{Glob: "*.so", Dax: true}, {MinSize: 1 << 20}}}
@@ -225,7 +225,7 @@ func TestErrorInterceptor(t *testing.T) {
 // without Serve) removes it.
 func TestControlServerSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run", "kvfs.sock")
-	cs, err := NewControlServer(nil, path)
+	cs, err := NewControlServer(nil, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestControlServerSocket(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewControlServer(nil, path); err == nil || !strings.Contains(err.Error(), "refusing to replace") {
+	if _, err := NewControlServer(nil, path, nil); err == nil || !strings.Contains(err.Error(), "refusing to replace") {
 		t.Errorf("over a regular file: %v", err)
 	}
 }
@@ -264,7 +264,7 @@ func TestControlServiceStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, sb)
-	svc := NewControlService(sb)
+	svc := NewControlService(sb, nil)
 	ctx := context.Background()
 	code := func(err error) codes.Code { return status.Code(rpcedge.Status(err)) }
 	if l, err := svc.ListSandboxes(ctx, nil); err != nil || len(l.GetSandboxes()) != 1 || l.GetSandboxes()[0].GetId() != "a" {
@@ -290,6 +290,41 @@ func TestControlServiceStop(t *testing.T) {
 	}
 }
 
+// TestControlStopThroughOwner: a service with its owner's StopFunc ends the pod through it: the
+// owner is asked, with the request's context, and the sandbox is left to the owner, not
+// stopped behind its back; an owner's refusal is StopSandbox's error.
+func TestControlStopThroughOwner(t *testing.T) {
+	requireRoot(t)
+	base := testBase(t)
+	sb, err := Create(context.Background(), "a", Options{Config: testConfig(base)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, sb)
+	var asked int
+	refuse := errors.New("the owner is busy")
+	var answer error
+	svc := NewControlService(sb, func(context.Context) error {
+		asked++
+		return answer
+	})
+	ctx := context.Background()
+	answer = refuse
+	if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: "a"}); !errors.Is(err, refuse) {
+		t.Errorf("StopSandbox with the owner refusing: %v, want its error", err)
+	}
+	answer = nil
+	if _, err := svc.StopSandbox(ctx, &control.StopSandboxRequest{Id: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if asked != 2 || sb.Phase() == PhaseStopped {
+		t.Errorf("the owner was asked %d times, the sandbox is %s; want twice, and the sandbox left to it", asked, sb.Phase())
+	}
+	if l, err := svc.ListSandboxes(ctx, nil); err != nil || len(l.GetSandboxes()) != 0 {
+		t.Errorf("ListSandboxes after the stop: %v, %v", l, err)
+	}
+}
+
 // TestControlServiceConcurrent lists and stops the sandbox from many goroutines (for -race):
 // Stats and Stop are called without the service's lock.
 func TestControlServiceConcurrent(t *testing.T) {
@@ -300,7 +335,7 @@ func TestControlServiceConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, sb)
-	svc := NewControlService(sb)
+	svc := NewControlService(sb, nil)
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Add(2)

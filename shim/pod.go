@@ -21,6 +21,9 @@ import (
 // agentShutdownTimeout bounds the agent's Shutdown at the pod's stop; the VM is killed after.
 const agentShutdownTimeout = 10 * time.Second
 
+// errStoppedByControl is the end of a pod that kvfsctl stopped (the control API's StopSandbox).
+var errStoppedByControl = errors.New("stopped through the sandbox's control API (kvfsctl stop)")
+
 // VMPod is a pod in a QEMU VM: a sandbox (layout, confined kvfsd, VM) whose guest agent is
 // reached over agent.sock (or vsock), and the sandbox's control API on control.sock.
 type VMPod struct {
@@ -122,7 +125,13 @@ func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr
 			p.teardown(ctx)
 		}
 	}()
-	if p.ctl, err = sandbox.NewControlServer(sb, filepath.Join(sb.Dir(), sandbox.ControlSocketName)); err != nil {
+	// kvfsctl's stop ends the pod as a VM's death does: through this shim, which reports every
+	// process exited and removes the sandbox when containerd deletes them.
+	stop := func(context.Context) error {
+		p.Kill(errStoppedByControl)
+		return nil
+	}
+	if p.ctl, err = sandbox.NewControlServer(sb, filepath.Join(sb.Dir(), sandbox.ControlSocketName), stop); err != nil {
 		return nil, err
 	}
 	go func() {

@@ -460,6 +460,26 @@ func TestServerKilled(t *testing.T) {
 	e.C.CheckNoLeaks(t, before)
 }
 
+// TestControlStop: kvfsctl stop of a running task's pod ends it through the pod's shim, as a
+// VM's death does: the task stops, its sandbox stays until containerd deletes the task (the
+// shim removes it then, not kvfsctl behind the shim's back), and nothing is left after.
+func TestControlStop(t *testing.T) {
+	e := newEnv(t, "")
+	before := e.C.Snapshot(t)
+	wantResult(t, "run -d halted", run(t, e, []string{"-d"}, "halted", "sleep", "600"), 0, "")
+	kvfsctl(t, "--base-dir", e.BaseDir, "stop", "halted")
+	waitStatus(t, e, map[string]string{"halted": "STOPPED"})
+	if !exists(filepath.Join(e.BaseDir, "halted")) {
+		t.Error("kvfsctl stop removed the sandbox of a task its shim still has")
+	}
+	e.C.Ctr(t, "task", "rm", "halted")
+	if exists(filepath.Join(e.BaseDir, "halted")) {
+		t.Error("the task's Delete left its sandbox")
+	}
+	e.C.Ctr(t, "container", "rm", "halted")
+	e.C.CheckNoLeaks(t, before)
+}
+
 // serverPID reads the pid of the sandbox's external server from its state.json.
 func serverPID(t *testing.T, path string) int {
 	t.Helper()

@@ -41,7 +41,8 @@ Commands:
   list                              list the sandboxes
   status ID                         a sandbox's state and its server's statistics
   metrics ID                        the same statistics in Prometheus text format
-  stop ID                           stop a sandbox and forget it
+  stop ID                           end a sandbox's pod (through the shim that owns it:
+                                    its tasks exit as when the VM dies)
   log-level LEVEL                   set the log level (trace, debug, info, warn, error)
   dax-policy [--rules RULES] [--window BYTES] ID POLICY
                                     set the DAX policy (never, always, inode) of a

@@ -92,7 +92,7 @@ func newEnv(t *testing.T, ids ...string) *env {
 		made = append(made, s)
 		e.boxes[id] = s
 		path := filepath.Join(s.Dir(), sandbox.ControlSocketName)
-		cs, err := sandbox.NewControlServer(s, path)
+		cs, err := sandbox.NewControlServer(s, path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
