@@ -253,17 +253,23 @@ func TestControlServerSocket(t *testing.T) {
 	}
 }
 
-// TestControlServiceStop: the service answers for its sandbox alone (another id is
-// NotFound), and StopSandbox stops it and forgets it: it is no longer listed, and a second
-// StopSandbox is NotFound.
-func TestControlServiceStop(t *testing.T) {
+// controlSandbox creates sandbox id for a control service's test, stopped at its end.
+func controlSandbox(t *testing.T, id string) *Sandbox {
+	t.Helper()
 	requireRoot(t)
-	base := testBase(t)
-	sb, err := Create(context.Background(), "a", Options{Config: testConfig(base)})
+	sb, err := Create(context.Background(), id, Options{Config: testConfig(testBase(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stopOnCleanup(t, sb)
+	return sb
+}
+
+// TestControlServiceStop: the service answers for its sandbox alone (another id is
+// NotFound), and StopSandbox stops it and forgets it: it is no longer listed, and a second
+// StopSandbox is NotFound.
+func TestControlServiceStop(t *testing.T) {
+	sb := controlSandbox(t, "a")
 	svc := NewControlService(sb, nil)
 	ctx := context.Background()
 	code := func(err error) codes.Code { return status.Code(rpcedge.Status(err)) }
@@ -294,13 +300,7 @@ func TestControlServiceStop(t *testing.T) {
 // owner is asked, with the request's context, and the sandbox is left to the owner, not
 // stopped behind its back; an owner's refusal is StopSandbox's error.
 func TestControlStopThroughOwner(t *testing.T) {
-	requireRoot(t)
-	base := testBase(t)
-	sb, err := Create(context.Background(), "a", Options{Config: testConfig(base)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopOnCleanup(t, sb)
+	sb := controlSandbox(t, "a")
 	var asked int
 	refuse := errors.New("the owner is busy")
 	var answer error
@@ -328,13 +328,7 @@ func TestControlStopThroughOwner(t *testing.T) {
 // TestControlServiceConcurrent lists and stops the sandbox from many goroutines (for -race):
 // Stats and Stop are called without the service's lock.
 func TestControlServiceConcurrent(t *testing.T) {
-	requireRoot(t)
-	base := testBase(t)
-	sb, err := Create(context.Background(), "s", Options{Config: testConfig(base)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopOnCleanup(t, sb)
+	sb := controlSandbox(t, "s")
 	svc := NewControlService(sb, nil)
 	var wg sync.WaitGroup
 	for range 4 {
