@@ -197,3 +197,30 @@ func sizePod(cfg *sandbox.Config, r podResources) (*sandbox.Config, error) {
 	}
 	return out, nil
 }
+
+// checkCRIUserNamespace accepts the pod's user namespace options as checkUserNamespace takes
+// a container's: none, or mode NODE (the node's user namespace, as without one), or mode POD
+// with one uid and one gid mapping, each mapping container id 0.
+func checkCRIUserNamespace(o *criapi.UserNamespace) error {
+	switch o.GetMode() {
+	case criapi.NamespaceMode_NODE:
+		return nil
+	case criapi.NamespaceMode_POD:
+		if o == nil {
+			return nil
+		}
+	default:
+		return fmt.Errorf("user namespace mode %s: kvfs takes POD or NODE", o.GetMode())
+	}
+	ids := func(m []*criapi.IDMapping) []specs.LinuxIDMapping {
+		out := make([]specs.LinuxIDMapping, len(m))
+		for i, e := range m {
+			out[i] = specs.LinuxIDMapping{ContainerID: e.GetContainerId(), HostID: e.GetHostId(), Size: e.GetLength()}
+		}
+		return out
+	}
+	if err := checkIDMappings(ids(o.GetUids()), ids(o.GetGids())); err != nil {
+		return fmt.Errorf("user namespace: %w", err)
+	}
+	return nil
+}
