@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	cgroupstats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
@@ -50,8 +47,6 @@ const (
 	missLimit = 3
 	// violationLimit is how many answers that break the protocol the agent may give.
 	violationLimit = 3
-	// guestTextMax bounds the guest's text (an error's message) the shim passes on.
-	guestTextMax = 1024
 	// maxStatsBytes bounds a Stats answer: a container's cgroup2 metrics take well under 2
 	// KiB (its memory counters, an entry per block device, page size and interface).
 	maxStatsBytes = 16 << 10
@@ -205,15 +200,10 @@ func (d *agentDoor) violation(what string, args ...any) error {
 	return err
 }
 
-// dropped counts a frame the agent connection's filter dropped (agentwire.go) as an answer
-// that breaks the protocol; a fatal one, after which the connection carries nothing, cuts the
-// guest off at once.
-func (d *agentDoor) dropped(v wireViolation) {
-	d.broke(v.kind, fmt.Errorf("the guest agent broke the protocol: %w", v), v.fatal)
-}
-
 // broke counts err, a violation of kind, logs it (at most one line of its kind per
-// guestLogInterval) and cuts the guest off if it was fatal or one too many.
+// guestLogInterval) and cuts the guest off if it was fatal or one too many: an answer that
+// breaks the protocol, or a frame the agent connection's filter dropped (agentwire.go; a
+// fatal one, after which the connection carries nothing, cuts the guest off at once).
 func (d *agentDoor) broke(kind string, err error, fatal bool) {
 	d.mu.Lock()
 	d.violations++
@@ -284,30 +274,6 @@ func guestError(err error) error {
 		code = codes.Unknown
 	}
 	return errgrpc.ToNative(status.Error(code, guestText(st.Message())))
-}
-
-// guestText is s, text from the guest, made fit for a log line or an error: every character
-// that is not printable (control characters, invalid UTF-8, the format characters that turn
-// text around) escaped as Go quotes it, and the result cut to guestTextMax bytes.
-func guestText(s string) string {
-	var b strings.Builder
-	for len(s) > 0 {
-		r, n := utf8.DecodeRuneInString(s)
-		piece := s[:n]
-		switch {
-		case r == utf8.RuneError && n == 1:
-			piece = fmt.Sprintf(`\x%02x`, s[0])
-		case !unicode.IsPrint(r):
-			q := strconv.QuoteRune(r)
-			piece = q[1 : len(q)-1]
-		}
-		if b.Len()+len(piece) > guestTextMax {
-			return b.String() + "…"
-		}
-		b.WriteString(piece)
-		s = s[n:]
-	}
-	return b.String()
 }
 
 func (d *agentDoor) Ping(ctx context.Context, r *agent.PingRequest) (*agent.PingResponse, error) {

@@ -32,7 +32,7 @@ import (
 //     more than maxAnswerFrame bytes, that decodes as ttrpc's Response, on a stream whose
 //     request is outstanding; that response closes the stream;
 //   - anything else is dropped whole, its payload skipped by its length, and reported as a
-//     wireViolation to the run's door (agentDoor.dropped), which counts it as a broken answer
+//     wireViolation to the run's door (agentDoor.broke), which counts it as a broken answer
 //     and logs it through the pod's rate-limited guest logger. The filter itself logs nothing.
 //     A call whose stream carried the dropped frame fails with an answer the filter writes in
 //     its place, so that no call waits for an answer that will not come;

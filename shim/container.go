@@ -26,6 +26,19 @@ import (
 	"github.com/kvfs/kvfs/sandbox"
 )
 
+// Timeouts of the exit sequence. A hostile or broken guest must not hold an exit forever.
+const (
+	// drainTimeout bounds, after the agent reported an exit, the copy of what is left of the
+	// process's output.
+	drainTimeout = 30 * time.Second
+	// execsTimeout bounds how long an init's exit waits for its running execs' exits, which
+	// containerd wants published first; the host then declares exited those the guest has not
+	// reported (waitExecs), and waits as long again for their exit sequences.
+	execsTimeout = 10 * time.Second
+	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
+	readMax = 32 << 10
+)
+
 // container is one container of the pod.
 type container struct {
 	id, bundle string
@@ -404,4 +417,24 @@ func unmountRootfs(ctx context.Context, rootfs string) {
 	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
 		log.G(ctx).WithError(err).Warnf("unmounting %s", rootfs)
 	}
+}
+
+// markKilled marks every process of cs as killed by the host: those the pod's end that
+// follows ends exit with exitKilled.
+func markKilled(cs []*container) {
+	for _, c := range cs {
+		c.init.markKilled()
+		c.mu.Lock()
+		for _, e := range c.execs {
+			e.markKilled()
+		}
+		c.mu.Unlock()
+	}
+}
+
+// containerHooks is what a container's host hooks are run with: its spec's hooks and
+// annotations. (AdaptSpec gives the guest the container-namespace phases.)
+type containerHooks struct {
+	hooks       *specs.Hooks
+	annotations map[string]string
 }

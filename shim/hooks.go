@@ -9,13 +9,6 @@ import (
 	"github.com/kvfs/kvfs/hooks"
 )
 
-// containerHooks is what a container's host hooks are run with: its spec's hooks and
-// annotations. (AdaptSpec gives the guest the container-namespace phases.)
-type containerHooks struct {
-	hooks       *specs.Hooks
-	annotations map[string]string
-}
-
 // runHooks runs c's hooks of a host phase with the shim's context, the state saying status.
 // The state's pid is the VM's of run, c's pod (as Kata gives its hypervisor's), 0 once the
 // pod is gone (run nil): a host hook that looks a pid up in /proc must find a process of the

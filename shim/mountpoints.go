@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -196,4 +197,8 @@ func readlinkat(fd int, name string) (string, error) {
 		return "", fmt.Errorf("readlink %s: the target is longer than %d bytes", name, len(buf)-1)
 	}
 	return string(buf[:n]), nil
+}
+
+func isBind(m specs.Mount) bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }

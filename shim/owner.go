@@ -27,89 +27,6 @@ import (
 // pod's life as they see it: booted by the first Create (or StartSandbox), owned by a podRun
 // until it is stopped, failed by the host when its guest misbehaves.
 
-// Pod is one pod's running sandbox as the task service uses it: the agent in its VM, the
-// share its containers' files reach the guest through, and its end.
-type Pod interface {
-	// Agent is the guest agent's API. Its answers are untrusted.
-	Agent() agent.AgentService
-	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
-	Bind(src, name string, flags sandbox.BindFlags) error
-	// BindIDMapped is Bind through a mount idmapped by the user namespace userns
-	// (sandbox.BindIDMapped).
-	BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error
-	Unbind(name string) error
-	// Submounts lists the mount points below the bind name, relative to it
-	// (sandbox.Submounts).
-	Submounts(name string) ([]string, error)
-	// RaiseOOMScoreAdj raises the oom_score_adj of the VM and of its server to v, if theirs is
-	// lower (sandbox.RaiseOOMScoreAdj): a container's value bounds its whole pod's.
-	RaiseOOMScoreAdj(v int) error
-	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
-	Done() <-chan struct{}
-	// Err says why Done was closed.
-	Err() error
-	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
-	Pid() uint32
-	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
-	// stopped). What is left (the server, the share, the network) goes with Stop.
-	Kill(why error)
-	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
-	Stop(ctx context.Context) error
-}
-
-// PodRequest is what a pod is made from: the first container's Create.
-type PodRequest struct {
-	// ID is the sandbox id: the CRI sandbox id, or the container's id without one.
-	ID string
-	// Config is the sandbox configuration (validated).
-	Config *sandbox.Config
-	// Annotations are the first container's (untrusted; see sandbox.Config.Resolve).
-	Annotations map[string]string
-	// SandboxTask says the first container is CRI's pod sandbox container: its task is the
-	// VM's, answered by the shim (sandboxtask.go).
-	SandboxTask bool
-	// Hostname is the pod's (the sandbox container's spec), given to the guest, whose UTS
-	// namespace the pod's containers share. Empty: none.
-	Hostname string
-	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
-	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
-	NetNS string
-	// Cgroup is the pod's host cgroup, where the pod's shim, kvfsd and QEMU run (cgroup.go):
-	// CRI's pod sandbox container's (its spec's linux.cgroupsPath), or under the Sandbox API
-	// the same path derived from the pod's cgroup parent (sandboxCgroupPath); a cgroupfs path
-	// or a systemd slice:prefix:name one. Empty: none is joined.
-	Cgroup string
-	// Sysctls are the pod's (CRI's pod sandbox container's spec, the Sandbox API's pod config,
-	// or a pod's one container's spec), checked (agent.CheckSysctls), written in the guest's
-	// kernel, whose namespaces the pod's containers share.
-	Sysctls map[string]string
-	// OOMScoreAdj is the oom_score_adj of the pod's QEMU and kvfsd (podOOMScoreAdj): the
-	// sandbox container's, or a pod's one container's. Nil: the shim's.
-	OOMScoreAdj *int
-}
-
-// PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
-// real one.
-type PodStarter func(ctx context.Context, req PodRequest) (Pod, error)
-
-// Timeouts of the exit sequence. A hostile or broken guest must not hold an exit forever.
-const (
-	// drainTimeout bounds, after the agent reported an exit, the copy of what is left of the
-	// process's output.
-	drainTimeout = 30 * time.Second
-	// execsTimeout bounds how long an init's exit waits for its running execs' exits, which
-	// containerd wants published first; the host then declares exited those the guest has not
-	// reported (waitExecs), and waits as long again for their exit sequences.
-	execsTimeout = 10 * time.Second
-	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
-	readMax = 32 << 10
-	// exitVMDied is the exit status of every process of a pod whose VM or server died.
-	exitVMDied = 255
-	// exitKilled is the exit status of a process the host was asked to SIGKILL and whose exit
-	// came with its VM's end, and of an exec the host declared exited (process.endByHost).
-	exitKilled = 128 + uint32(syscall.SIGKILL)
-)
-
 // Options configure a PodOwner.
 type Options struct {
 	// Publisher receives the task events, in order.
@@ -255,12 +172,13 @@ func (o *PodOwner) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// sandboxStopTimeout bounds, when StopSandbox gives no timeout, its wait for the exits of the
+// processes it killed, and, after the VM stopped, the wait for the exits of those left.
+const sandboxStopTimeout = 30 * time.Second
+
 const (
 	// oomPace is the least time between two of the guest's OOM answers the shim takes.
 	oomPace = 10 * time.Millisecond
-	// guestLogInterval is the least time between two log lines of one kind that the guest can
-	// cause at will.
-	guestLogInterval = 10 * time.Second
 	// oomKept is how many containers' last TaskOOM times the OOM loop keeps before it drops
 	// those older than GuestLimits.OOMInterval.
 	oomKept = 64
@@ -293,7 +211,9 @@ func (o *PodOwner) newPodRun(pod Pod, req PodRequest) *podRun {
 		pod.Kill(why)
 	})
 	if w, ok := pod.(wireFiltered); ok && w.agentWire() != nil {
-		w.agentWire().watch(r.door.dropped)
+		w.agentWire().watch(func(v wireViolation) {
+			r.door.broke(v.kind, fmt.Errorf("the guest agent broke the protocol: %w", v), v.fatal)
+		})
 	}
 	r.agent = r.door
 	if req.SandboxTask {
@@ -476,19 +396,6 @@ func (o *PodOwner) endRun(run *podRun, cs []*container) {
 	}
 }
 
-// markKilled marks every process of cs as killed by the host: those the pod's end that
-// follows ends exit with exitKilled.
-func markKilled(cs []*container) {
-	for _, c := range cs {
-		c.init.markKilled()
-		c.mu.Lock()
-		for _, e := range c.execs {
-			e.markKilled()
-		}
-		c.mu.Unlock()
-	}
-}
-
 // oomLoop publishes TaskOOM for the OOM kills the agent reports, until the pod ends: at most
 // one per container per GuestLimits.OOMInterval, and no more than one of the agent's answers taken per
 // oomPace, so that a guest that answers at once, for ever, costs the host little.
@@ -629,36 +536,6 @@ func (o *PodOwner) enforceKill(run *podRun, c *container, p *process) {
 	}
 }
 
-// guestLogger lets through at most one log line of each kind per guestLogInterval, saying how
-// many it held back: what the guest can cause to be logged must not flood containerd's log.
-// It is the one way the guest's misbehaviour reaches the log (the door's violations, the
-// frames the agent connection drops, failed output reads and waits, OOM reports); the guest's
-// text in its lines goes through guestText.
-type guestLogger struct {
-	mu   sync.Mutex
-	last map[string]time.Time // guarded by mu; kinds are the shim's constants, a few
-	held map[string]int       // guarded by mu
-}
-
-func (g *guestLogger) warn(kind string, e *log.Entry, msg string) {
-	g.mu.Lock()
-	if g.last == nil {
-		g.last, g.held = map[string]time.Time{}, map[string]int{}
-	}
-	if time.Since(g.last[kind]) < guestLogInterval {
-		g.held[kind]++
-		g.mu.Unlock()
-		return
-	}
-	held := g.held[kind]
-	g.last[kind], g.held[kind] = time.Now(), 0
-	g.mu.Unlock()
-	if held > 0 {
-		e = e.WithField("held_back", held)
-	}
-	e.Warn(msg)
-}
-
 // podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
 func (o *PodOwner) podFilesOf(id string) (string, bool) {
 	o.mu.Lock()
@@ -678,4 +555,16 @@ func (o *PodOwner) checkNoPodLocked(id string) error {
 		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// waitAll waits for every channel to close, until ctx ends; it says whether they did.
+func waitAll(ctx context.Context, chans []chan struct{}) bool {
+	for _, c := range chans {
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }

@@ -5,12 +5,21 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/errdefs"
 
 	"github.com/kvfs/kvfs/shim/stdio"
+)
+
+const (
+	// exitVMDied is the exit status of every process of a pod whose VM or server died.
+	exitVMDied = 255
+	// exitKilled is the exit status of a process the host was asked to SIGKILL and whose exit
+	// came with its VM's end, and of an exec the host declared exited (process.endByHost).
+	exitKilled = 128 + uint32(syscall.SIGKILL)
 )
 
 // state is where a process is in its life. The table below is the whole state machine: an

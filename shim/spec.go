@@ -323,10 +323,6 @@ func adaptProcess(p *specs.Process) *specs.Process {
 	return &q
 }
 
-func isBind(m specs.Mount) bool {
-	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
-}
-
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 
 // baseName is the last element of a host path as a safe single path component.
