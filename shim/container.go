@@ -83,12 +83,12 @@ func (c *container) hasStrays() bool {
 	return c.strays
 }
 
-// bindContainer puts container c's files in the pod's share: its root filesystem (Create's
-// mounts, mounted on <bundle>/rootfs, or the spec's root path) at the container's id, then its
-// bind mounts. It returns the guest paths of the host's mounts the recursive binds carried
+// bind puts c's files in the pod's share: its root filesystem (Create's mounts, mounted on
+// <bundle>/rootfs, or the spec's root path) at the container's id, then its bind mounts. It
+// returns the guest paths of the host's mounts the recursive binds carried
 // (CreateContainerRequest.submounts). What it did is undone by the functions it appends to
-// undo.
-func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) ([]string, error) {
+// undo. ctx is the shim's: its logger.
+func (c *container) bind(ctx context.Context, pod Pod, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) ([]string, error) {
 	rootfs := filepath.Join(r.Bundle, "rootfs")
 	if len(r.Rootfs) > 0 {
 		if err := os.MkdirAll(rootfs, 0o711); err != nil {
@@ -98,7 +98,7 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 			return nil, fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
 		}
 		c.rootfsMounted = true
-		*undo = append(*undo, func() { unmountRootfs(o.ctx, rootfs) })
+		*undo = append(*undo, func() { unmountRootfs(ctx, rootfs) })
 	} else if spec.Root != nil && spec.Root.Path != "" {
 		rootfs = spec.Root.Path
 		if !filepath.IsAbs(rootfs) {
@@ -109,7 +109,7 @@ func (o *PodOwner) bindContainer(pod Pod, c *container, r *taskAPI.CreateTaskReq
 		return nil, fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
 	}
 	c.binds = append(c.binds, r.ID)
-	*undo = append(*undo, func() { o.unbindAll(pod, c) })
+	*undo = append(*undo, func() { c.unbind(ctx, pod) })
 	recursive := []string{r.ID}
 	// One user namespace per mapping the container's idmapped binds use (most often one,
 	// for /etc/hosts, hostname and resolv.conf alike), each made by a process of its own.
@@ -374,7 +374,7 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 				}
 			}
 			if errors.Is(rerr, io.EOF) {
-				if err := o.closeGuestStdin(ctx, run, p); err != nil && run.live() {
+				if err := run.closeStdin(ctx, p); err != nil && run.live() {
 					o.guestLog.warn("close-stdin", log.G(o.ctx).WithError(err).WithField("process", p.name()), "closing stdin")
 				}
 				return
@@ -386,17 +386,17 @@ func (o *PodOwner) copyStdin(run *podRun, p *process) {
 	}()
 }
 
-// closeGuestStdin closes p's stdin in the guest (for a terminal, the agent sends its
-// end-of-file character).
-func (o *PodOwner) closeGuestStdin(ctx context.Context, run *podRun, p *process) error {
+// closeStdin closes p's stdin in the guest (for a terminal, the agent sends its end-of-file
+// character).
+func (run *podRun) closeStdin(ctx context.Context, p *process) error {
 	if _, err := run.agent.CloseStdin(ctx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
 		return fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
 	}
 	return nil
 }
 
-// agentDelete asks the agent to forget p; a process it does not know is already forgotten.
-func (o *PodOwner) agentDelete(ctx context.Context, run *podRun, p *process) error {
+// forget asks the agent to forget p; a process it does not know is already forgotten.
+func (run *podRun) forget(ctx context.Context, p *process) error {
 	_, err := run.agent.DeleteProcess(ctx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
 	if err != nil && run.live() && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
@@ -404,10 +404,12 @@ func (o *PodOwner) agentDelete(ctx context.Context, run *podRun, p *process) err
 	return nil
 }
 
-func (o *PodOwner) unbindAll(pod Pod, c *container) {
+// unbind takes c's files out of the pod's share, the last bound first. ctx is the shim's: its
+// logger.
+func (c *container) unbind(ctx context.Context, pod Pod) {
 	for i := len(c.binds) - 1; i >= 0; i-- {
 		if err := pod.Unbind(c.binds[i]); err != nil {
-			log.G(o.ctx).WithError(err).WithField("container", c.id).Warnf("unbinding %s from the pod's share", c.binds[i])
+			log.G(ctx).WithError(err).WithField("container", c.id).Warnf("unbinding %s from the pod's share", c.binds[i])
 		}
 	}
 	c.binds = nil

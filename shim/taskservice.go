@@ -137,7 +137,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		}
 	}
 	if !isSandbox {
-		if submounts, err = s.bindContainer(run.pod, c, r, spec, hostBinds, &undo); err != nil {
+		if submounts, err = c.bind(s.ctx, run.pod, r, spec, hostBinds, &undo); err != nil {
 			return nil, err
 		}
 	}
@@ -164,7 +164,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	pid := run.pod.Pid()
 	c.init.pid = pid
 	undo = append(undo, func() {
-		if err := s.agentDelete(s.ctx, run, c.init); err != nil {
+		if err := run.forget(s.ctx, c.init); err != nil {
 			log.G(s.ctx).WithError(err).Warnf("deleting container %s in the guest after its failed create", r.ID)
 		}
 	})
@@ -380,7 +380,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		// A never-started exec has no process in the guest to kill: the agent forgets it,
 		// and its waiters are released as if it had been killed.
 		if live() {
-			if err := s.agentDelete(ctx, run, p); err != nil {
+			if err := run.forget(ctx, p); err != nil {
 				return nil, err
 			}
 		}
@@ -426,7 +426,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		s.endRun(ending, others)
 	}
 	if live() && !forgotten && ending == nil {
-		if err := s.agentDelete(ctx, run, p); err != nil {
+		if err := run.forget(ctx, p); err != nil {
 			// A process the host declared exited may still run in the guest, which then
 			// refuses to delete it (or its container): it stays in the VM until the pod ends,
 			// and containerd's Delete is done.
@@ -453,7 +453,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		return resp, nil
 	}
 	if run != nil {
-		s.unbindAll(run.pod, c)
+		c.unbind(s.ctx, run.pod)
 	}
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
@@ -667,7 +667,7 @@ func (s *TaskService) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := s.closeGuestStdin(ctx, run, p); err != nil {
+	if err := run.closeStdin(ctx, p); err != nil {
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil
