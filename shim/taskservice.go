@@ -168,10 +168,10 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 			log.G(s.ctx).WithError(err).Warnf("deleting container %s in the guest after its failed create", r.ID)
 		}
 	})
-	if err := s.createHooks(run, c); err != nil {
+	if err := c.createHooks(s.ctx, run); err != nil {
 		// The runtime spec goes on from a failed hook to the destroy, then the poststop
 		// hooks: first in the undo chain, they run once everything else is undone.
-		undo = slices.Insert(undo, 0, func() { s.postHooks(hooks.Poststop, run, c, specs.StateStopped) })
+		undo = slices.Insert(undo, 0, func() { c.postHooks(s.ctx, hooks.Poststop, run, specs.StateStopped) })
 		return nil, err
 	}
 
@@ -235,7 +235,7 @@ func (s *TaskService) Start(ctx context.Context, r *taskAPI.StartRequest) (*task
 	}
 	s.copyStdin(run, p)
 	if p.execID == "" {
-		s.postHooks(hooks.Poststart, run, c, specs.StateRunning)
+		c.postHooks(s.ctx, hooks.Poststart, run, specs.StateRunning)
 	}
 	return &taskAPI.StartResponse{Pid: pid}, nil
 }
@@ -458,7 +458,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
 	}
-	s.postHooks(hooks.Poststop, run, c, specs.StateStopped)
+	c.postHooks(s.ctx, hooks.Poststop, run, specs.StateStopped)
 	s.mu.Lock()
 	delete(s.containers, c.id)
 	s.mu.Unlock()
