@@ -314,17 +314,17 @@ func (o *PodOwner) watchPod(run *podRun) {
 }
 
 // takeRunLocked takes the pod's run from the service, so that nothing new uses it: the caller
-// stops it (stopRun). o.mu is held.
+// stops it (podRun.stop). o.mu is held.
 func (o *PodOwner) takeRunLocked() *podRun {
 	run := o.run
 	o.run = nil
 	return run
 }
 
-// stopRun stops the pod's VM: the agent's Shutdown answers the pending GetOOMEvent
+// stop stops the pod's VM: the agent's Shutdown answers the pending GetOOMEvent
 // (Unavailable), which ends the OOM loop; the run's context goes after, and with it the
 // calls left.
-func (o *PodOwner) stopRun(ctx context.Context, run *podRun) error {
+func (run *podRun) stop(ctx context.Context) error {
 	err := run.pod.Stop(ctx)
 	run.cancel()
 	return err
@@ -369,7 +369,7 @@ func (o *PodOwner) takeEndingRun(c *container) (*podRun, []*container) {
 
 // stopTakenRun stops a run taken from the service, saying in the log when that fails.
 func (o *PodOwner) stopTakenRun(run *podRun) {
-	if err := o.stopRun(o.ctx, run); err != nil {
+	if err := run.stop(o.ctx); err != nil {
 		log.G(o.ctx).WithError(err).Error("stopping the pod")
 	}
 }
