@@ -24,6 +24,40 @@ const agentShutdownTimeout = 10 * time.Second
 // errStoppedByControl is the end of a pod that kvfsctl stopped (the control API's StopSandbox).
 var errStoppedByControl = errors.New("stopped through the sandbox's control API (kvfsctl stop)")
 
+// Pod is one pod's running sandbox as the task service uses it: the agent in its VM, the
+// share its containers' files reach the guest through, and its end.
+type Pod interface {
+	// Agent is the guest agent's API. Its answers are untrusted.
+	Agent() agent.AgentService
+	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
+	Bind(src, name string, flags sandbox.BindFlags) error
+	// BindIDMapped is Bind through a mount idmapped by the user namespace userns
+	// (sandbox.BindIDMapped).
+	BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error
+	Unbind(name string) error
+	// Submounts lists the mount points below the bind name, relative to it
+	// (sandbox.Submounts).
+	Submounts(name string) ([]string, error)
+	// RaiseOOMScoreAdj raises the oom_score_adj of the VM and of its server to v, if theirs is
+	// lower (sandbox.RaiseOOMScoreAdj): a container's value bounds its whole pod's.
+	RaiseOOMScoreAdj(v int) error
+	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
+	Done() <-chan struct{}
+	// Err says why Done was closed.
+	Err() error
+	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
+	Pid() uint32
+	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
+	// stopped). What is left (the server, the share, the network) goes with Stop.
+	Kill(why error)
+	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
+	Stop(ctx context.Context) error
+}
+
+// PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
+// real one.
+type PodStarter func(ctx context.Context, req PodRequest) (Pod, error)
+
 // VMPod is a pod in a QEMU VM: a sandbox (layout, confined kvfsd, VM) whose guest agent is
 // reached over agent.sock (or vsock), and the sandbox's control API on control.sock.
 type VMPod struct {
@@ -413,37 +447,3 @@ func (p *VMPod) teardown(ctx context.Context) error {
 	p.doneOnce.Do(func() { close(p.done) })
 	return errors.Join(errs...)
 }
-
-// Pod is one pod's running sandbox as the task service uses it: the agent in its VM, the
-// share its containers' files reach the guest through, and its end.
-type Pod interface {
-	// Agent is the guest agent's API. Its answers are untrusted.
-	Agent() agent.AgentService
-	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
-	Bind(src, name string, flags sandbox.BindFlags) error
-	// BindIDMapped is Bind through a mount idmapped by the user namespace userns
-	// (sandbox.BindIDMapped).
-	BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error
-	Unbind(name string) error
-	// Submounts lists the mount points below the bind name, relative to it
-	// (sandbox.Submounts).
-	Submounts(name string) ([]string, error)
-	// RaiseOOMScoreAdj raises the oom_score_adj of the VM and of its server to v, if theirs is
-	// lower (sandbox.RaiseOOMScoreAdj): a container's value bounds its whole pod's.
-	RaiseOOMScoreAdj(v int) error
-	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
-	Done() <-chan struct{}
-	// Err says why Done was closed.
-	Err() error
-	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
-	Pid() uint32
-	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
-	// stopped). What is left (the server, the share, the network) goes with Stop.
-	Kill(why error)
-	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
-	Stop(ctx context.Context) error
-}
-
-// PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
-// real one.
-type PodStarter func(ctx context.Context, req PodRequest) (Pod, error)
