@@ -105,7 +105,7 @@ took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 say "a container through containerd: building the shim, kvfsctl, the pod VM's image, the busybox image"
 go build -o bin/ ./cmd/containerd-shim-kvfs-v2 ./cmd/kvfsctl
 # The pod VM boots kvfs's own kernel once it is built (make guest-kernel; make test builds it:
-# 10 to 20 minutes on 2 cores); until then Debian 12's packaged kernel, whose drivers are
+# about 7½ minutes on 2 cores); until then Debian 12's packaged kernel, whose drivers are
 # modules loaded from an initramfs root, so that a first demo compiles no kernel.
 if packaging/guest/kernel/build.sh --check "${KVFS_CACHE:-/var/cache/kvfs}/guest-kernel"; then
 	agentcache=${KVFS_CACHE:-/var/cache/kvfs}/agent-guest
