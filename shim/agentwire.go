@@ -120,7 +120,7 @@ type wireCall struct {
 	abandoned error  // why its caller gave up on it; nil while it waits
 }
 
-// wireFiltered is a Pod whose agent connection runs through an agentWire (VMPod's): its run's
+// wireFiltered is a Pod whose agent connection runs through an agentWire (QEMUVM's): its run's
 // door hears of the frames it drops.
 type wireFiltered interface {
 	agentWire() *agentWire

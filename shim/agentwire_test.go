@@ -340,7 +340,7 @@ func (r *frameRelay) carry(from net.Conn) {
 	}
 }
 
-// wiredHarness is a hostile harness whose pods' agent connection is filtered, as VMPod's is,
+// wiredHarness is a hostile harness whose pods' agent connection is filtered, as QEMUVM's is,
 // and runs through a frameRelay.
 func wiredHarness(t *testing.T, limits GuestLimits) (*harness, *hostileAgent, *frameRelay) {
 	h := newHarnessWith(t, limits, nil)

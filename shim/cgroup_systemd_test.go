@@ -161,7 +161,7 @@ func TestSystemdCgroupNoSystemd(t *testing.T) {
 	base := t.TempDir()
 	cfg := sandbox.DefaultConfig()
 	cfg.BaseDir = base
-	_, err = startVMPod(t.Context(), PodRequest{ID: "sbx", Config: cfg, Cgroup: p}, DialAgent)
+	_, err = startQEMUVM(t.Context(), PodRequest{ID: "sbx", Config: cfg, Cgroup: p}, DialAgent)
 	check("startVMPod", err)
 	if ents, err := os.ReadDir(base); err != nil || len(ents) > 0 {
 		t.Errorf("the sandboxes' directory after the failed start: %v, %v; want it empty", ents, err)

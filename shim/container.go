@@ -39,8 +39,8 @@ const (
 	readMax = 32 << 10
 )
 
-// container is one container of the pod.
-type container struct {
+// Container is one Container of the pod.
+type Container struct {
 	id, bundle string
 	init       *process
 	// Set by Create before the container is ready, read after: no lock.
@@ -62,7 +62,7 @@ type container struct {
 // and says whether it did. The stray is recorded under c.mu with the declaration (lock order:
 // c.mu, then p.mu): a Wait that returns may be followed at once by the container's Delete,
 // which must find it.
-func (c *container) endExecByHost(p *process) bool {
+func (c *Container) endExecByHost(p *process) bool {
 	c.mu.Lock()
 	endCalls, ok := p.endByHost()
 	if ok {
@@ -77,7 +77,7 @@ func (c *container) endExecByHost(p *process) bool {
 
 // hasStrays says whether the host declared an exec of c exited that the guest had not
 // reported.
-func (c *container) hasStrays() bool {
+func (c *Container) hasStrays() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.strays
@@ -88,7 +88,7 @@ func (c *container) hasStrays() bool {
 // returns the guest paths of the host's mounts the recursive binds carried
 // (CreateContainerRequest.submounts). What it did is undone by the functions it appends to
 // undo. ctx is the shim's: its logger.
-func (c *container) bind(ctx context.Context, pod Pod, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) ([]string, error) {
+func (c *Container) bind(ctx context.Context, pod VM, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) ([]string, error) {
 	rootfs := filepath.Join(r.Bundle, "rootfs")
 	if len(r.Rootfs) > 0 {
 		if err := os.MkdirAll(rootfs, 0o711); err != nil {
@@ -146,7 +146,7 @@ func (c *container) bind(ctx context.Context, pod Pod, r *taskAPI.CreateTaskRequ
 
 // bindHost binds b into the pod's share, idmapped by a user namespace of its mappings if it
 // has them: the one in userns (by the mappings) if there is one, else a new one it adds there.
-func bindHost(pod Pod, b HostBind, userns map[string]*os.File) error {
+func bindHost(pod VM, b HostBind, userns map[string]*os.File) error {
 	if b.UIDMappings == nil {
 		return pod.Bind(b.Source, b.Name, b.Flags)
 	}
@@ -186,7 +186,7 @@ func readSpec(bundle string) (*specs.Spec, error) {
 // so a process killed before it starts still exits. p's own calls to the agent (the wait, the
 // copies, Start's stdin copy) end with the pod, or when the host declares p exited
 // (endByHost): then its output is cut, and its exit is exitKilled.
-func (o *PodOwner) watch(run *podRun, c *container, p *process) {
+func (o *Pod) watch(run *podRun, c *Container, p *process) {
 	calls, endCalls := context.WithCancel(run.ctx)
 	p.mu.Lock()
 	p.calls, p.endCalls = calls, endCalls
@@ -243,7 +243,7 @@ func (o *PodOwner) watch(run *podRun, c *container, p *process) {
 		case err != nil:
 			// A lost connection is usually the pod's death, reported (and logged) just after.
 			select {
-			case <-run.pod.Done():
+			case <-run.vm.Done():
 			case <-time.After(2 * time.Second):
 				o.guestLog.warn("wait", log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), fmt.Sprintf("the agent's wait failed: exit status %d", exitVMDied))
 			}
@@ -267,7 +267,7 @@ func (o *PodOwner) watch(run *podRun, c *container, p *process) {
 // exited runs p's exit sequence once: output drained (by the caller), stdio closed, the exit
 // recorded, TaskExit published, Wait released. An exit that comes while the process is
 // starting waits for Start to publish TaskStart first.
-func (o *PodOwner) exited(c *container, p *process, e exit) {
+func (o *Pod) exited(c *Container, p *process, e exit) {
 	p.mu.Lock()
 	if p.finishing {
 		p.mu.Unlock()
@@ -312,7 +312,7 @@ func execOrContainer(p *process) string {
 // container's init kills what runs in its PID namespace, and an exec the guest does not
 // report then is its to account for, not the host's to wait on), and their exit sequences are
 // waited for, within execsTimeout again: so the container's Delete finds no exec running.
-func (o *PodOwner) waitExecs(c *container) {
+func (o *Pod) waitExecs(c *Container) {
 	c.mu.Lock()
 	execs := slices.Collect(maps.Values(c.execs))
 	c.mu.Unlock()
@@ -356,7 +356,7 @@ wait:
 // closing its side alone has not asked for EOF (ctr at the end of its input). That is
 // containerd's runc shim's behaviour. The copy also ends when the process's streams are closed
 // (its exit) or the pod ends.
-func (o *PodOwner) copyStdin(run *podRun, p *process) {
+func (o *Pod) copyStdin(run *podRun, p *process) {
 	if p.io == nil || p.io.Stdin == nil {
 		return
 	}
@@ -406,7 +406,7 @@ func (run *podRun) forget(ctx context.Context, p *process) error {
 
 // unbind takes c's files out of the pod's share, the last bound first. ctx is the shim's: its
 // logger.
-func (c *container) unbind(ctx context.Context, pod Pod) {
+func (c *Container) unbind(ctx context.Context, pod VM) {
 	for i := len(c.binds) - 1; i >= 0; i-- {
 		if err := pod.Unbind(c.binds[i]); err != nil {
 			log.G(ctx).WithError(err).WithField("container", c.id).Warnf("unbinding %s from the pod's share", c.binds[i])
@@ -423,7 +423,7 @@ func unmountRootfs(ctx context.Context, rootfs string) {
 
 // markKilled marks every process of cs as killed by the host: those the pod's end that
 // follows ends exit with exitKilled.
-func markKilled(cs []*container) {
+func markKilled(cs []*Container) {
 	for _, c := range cs {
 		c.init.markKilled()
 		c.mu.Lock()

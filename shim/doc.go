@@ -11,7 +11,7 @@
 //     or the container's own id for ctr and nerdctl) into one long-lived shim process per pod,
 //     on a socket named after the pod; the delete action (Cleanup) undoes what a dead shim
 //     left: the rootfs mount and the sandbox (VM killed, mounts detached, directory removed).
-//   - PodOwner (owner.go) owns the pod: its containers, its run (podRun: the VM, the door to
+//   - Pod (pod.go) owns the pod: its containers, its run (podRun: the VM, the door to
 //     its agent, agentdoor.go, and the failure policy) and the Sandbox API's sandbox. The two
 //     services below share it; each is a plugin of its own (package shim/plugin), and
 //     ErrorEdge (interceptor.go), a ttrpc server interceptor, is the one place their errors
@@ -19,7 +19,7 @@
 //     API's pod request is made in one place (newPodRequest, podrequest.go): one set of checks,
 //     one sizing of the VM.
 //   - TaskService (taskservice.go) is the task API. The first Create makes and boots the pod
-//     (a PodStarter: StartVMPod in production), the last Delete stops it (without deleting
+//     (a VMStarter: StartQEMUVM in production), the last Delete stops it (without deleting
 //     the container in the guest first: the agent's Shutdown ends it there), Shutdown with no
 //     container left ends the shim. That is the pod's life with CRI's default sandboxer
 //     "podsandbox".
@@ -41,11 +41,11 @@
 //     (after CRI's StopPodSandbox, or in its cleanup) ends the pod, as the last container's
 //     does: its VM stopped, whatever container is left ended by the host (its processes exit
 //     137) and deletable after.
-//   - Pod is the narrow interface to the VM: the agent (api/agent/v1), the share's Bind and
-//     Unbind, the pod's death, and Kill, the host's last word. Booted, a pod is run by a
-//     podRun (owner.go): the pod, the door to its agent (agentdoor.go), the context of the
-//     calls that end with it; the owner runs its OOM loop and the host's end of a SIGKILL.
-//     VMPod is the real Pod: a sandbox.Sandbox booted with sandbox.DefaultVM, the agent
+//   - VM (vm.go) is the narrow interface to the pod's VM: the agent (api/agent/v1), the
+//     share's Bind and Unbind, the VM's death, and Kill, the host's last word. Booted, a VM is
+//     run by a podRun (pod.go): the VM, the door to its agent (agentdoor.go), the context of
+//     the calls that end with it; the Pod runs its OOM loop and the host's end of a SIGKILL.
+//     QEMUVM is the real VM: a sandbox.Sandbox booted with sandbox.DefaultVM, the agent
 //     dialled on agent.sock (virtio-serial) or vsock until it answers Ping within
 //     agent.boot_timeout, and the sandbox's control API served on control.sock in the sandbox
 //     directory.
@@ -116,9 +116,9 @@
 //
 // # Locks
 //
-// PodOwner.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
+// Pod.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
 // phase, pid and exit); container.mu a container's execs and its strays; process.mu a
-// process's state; agentDoor.mu the door's counts. Order: PodOwner.mu, then container.mu, then
+// process's state; agentDoor.mu the door's counts. Order: Pod.mu, then container.mu, then
 // process.mu; none is held across a call to the agent, the VM, the sandbox, a mount or the
 // publisher. The first Create (or StartSandbox) boots the pod with no lock held; concurrent
 // Creates wait on a channel.

@@ -4,446 +4,567 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
+	"syscall"
 	"time"
 
+	eventstypes "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/v2/core/events"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
-// agentShutdownTimeout bounds the agent's Shutdown at the pod's stop; the VM is killed after.
-const agentShutdownTimeout = 10 * time.Second
+// The pod's owner: the state the task service and the Sandbox API service share, and the
+// pod's life as they see it: booted by the first Create (or StartSandbox), owned by a podRun
+// until it is stopped, failed by the host when its guest misbehaves.
 
-// errStoppedByControl is the end of a pod that kvfsctl stopped (the control API's StopSandbox).
-var errStoppedByControl = errors.New("stopped through the sandbox's control API (kvfsctl stop)")
-
-// Pod is one pod's running sandbox as the task service uses it: the agent in its VM, the
-// share its containers' files reach the guest through, and its end.
-type Pod interface {
-	// Agent is the guest agent's API. Its answers are untrusted.
-	Agent() agent.AgentService
-	// Bind puts src at agent.SharedDir/name in the guest (sandbox.Bind); Unbind undoes it.
-	Bind(src, name string, flags sandbox.BindFlags) error
-	// BindIDMapped is Bind through a mount idmapped by the user namespace userns
-	// (sandbox.BindIDMapped).
-	BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error
-	Unbind(name string) error
-	// Submounts lists the mount points below the bind name, relative to it
-	// (sandbox.Submounts).
-	Submounts(name string) ([]string, error)
-	// RaiseOOMScoreAdj raises the oom_score_adj of the VM and of its server to v, if theirs is
-	// lower (sandbox.RaiseOOMScoreAdj): a container's value bounds its whole pod's.
-	RaiseOOMScoreAdj(v int) error
-	// Done is closed when the pod died: its VM or its virtio-fs server ended (not by Stop).
-	Done() <-chan struct{}
-	// Err says why Done was closed.
-	Err() error
-	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
-	Pid() uint32
-	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
-	// stopped). What is left (the server, the share, the network) goes with Stop.
-	Kill(why error)
-	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
-	Stop(ctx context.Context) error
+// Options configure a Pod.
+type Options struct {
+	// Publisher receives the task events, in order.
+	Publisher events.Publisher
+	// Shutdown is the shim's: Shutdown with no container left ends the process.
+	Shutdown shutdown.Service
+	// StartVM makes the pod at the first Create.
+	StartVM VMStarter
+	// DefaultConfigPath is the sandbox configuration used when Create's options name none
+	// (DefaultConfigPath, if it exists; else sandbox.DefaultConfig()).
+	DefaultConfigPath string
+	// Limits bound the waits on the guest (agentdoor.go); zero fields are the defaults.
+	Limits GuestLimits
 }
 
-// PodStarter makes and boots a pod; it returns once its agent answers. StartVMPod is the
-// real one.
-type PodStarter func(ctx context.Context, req PodRequest) (Pod, error)
+// DefaultConfigPath is where the node's sandbox configuration is, if it has one.
+const DefaultConfigPath = "/etc/kvfs/configuration.toml"
 
-// VMPod is a pod in a QEMU VM: a sandbox (layout, confined kvfsd, VM) whose guest agent is
-// reached over agent.sock (or vsock), and the sandbox's control API on control.sock.
-type VMPod struct {
-	sb     *sandbox.Sandbox
-	ctl    *sandbox.ControlServer
-	client *ttrpc.Client
-	wire   *agentWire // the client's connection: the filter below ttrpc
-	agent  agent.AgentService
-	net    *podNetwork // nil: no network namespace, no NIC
-	cg     *podCgroup  // nil: no host cgroup of the pod's joined
+// ConfigFileEnv is the environment variable that names the sandbox configuration in place of
+// DefaultConfigPath, for a runtime handler without options: set in containerd's environment,
+// its shims inherit it. Such a handler is what runs user-namespaced CRI pods: containerd's
+// CRI (v2.4) gives their tasks runc's options (IoUid, IoGid), and fails on a handler whose
+// options are of another type, as ConfigPath's are.
+const ConfigFileEnv = "KVFS_CONFIG_FILE"
 
-	done     chan struct{}
-	doneOnce sync.Once
-	mu       sync.Mutex
-	err      error // guarded by mu
-	stopping bool  // guarded by mu
+// Pod owns the pod of one shim: its containers, its run (the VM, the door to its agent,
+// the failure policy), and the Sandbox API's sandbox. TaskService and SandboxService serve
+// containerd's calls on it. See the package documentation for the lock order and the threat
+// model.
+type Pod struct {
+	ctx  context.Context // the shim's; outlives requests
+	opts Options
+
+	mu         sync.Mutex
+	containers map[string]*Container // guarded by mu; a container is listed from Create's start
+	run        *podRun               // guarded by mu; the pod, from its boot to its stop
+	booting    chan struct{}         // guarded by mu; non-nil while a Create boots the pod
+	guestLog   guestLogger           // the log lines the guest can cause, rate-limited
+	// sandbox is the Sandbox API's pod (sandboxservice.go), from CreateSandbox to
+	// ShutdownSandbox; nil when the task API makes the pod (its first Create).
+	sandbox *podSandbox // guarded by mu
 }
 
-// Dialer connects to the guest agent of a started sandbox.
-type Dialer func(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error)
+// NewPod returns the owner of a shim's pod, with no pod yet. ctx is the shim's: it
+// carries the logger and the namespace.
+func NewPod(ctx context.Context, opts Options) *Pod {
+	if opts.DefaultConfigPath == "" {
+		opts.DefaultConfigPath = DefaultConfigPath
+	}
+	opts.Limits = opts.Limits.withDefaults()
+	return &Pod{ctx: ctx, opts: opts, containers: make(map[string]*Container)}
+}
 
-// DialAgent connects to sb's agent over its configured transport, agent.sock for serial
-// (QEMU listens there once it runs), vsock port agent.DefaultVsockPort at the guest's CID from
-// a privileged port of the host (the agent serves no other; the shim needs
-// CAP_NET_BIND_SERVICE), and sends the agent its boot's secret (agent.Hello with
-// sb.AgentSecret), without which it serves nothing.
-func DialAgent(ctx context.Context, sb *sandbox.Sandbox) (net.Conn, error) {
-	secret := sb.AgentSecret()
-	if len(secret) != agent.SecretLen {
-		return nil, fmt.Errorf("sandbox %s: no agent secret (the VM is not started)", sb.ID())
+func (o *Pod) publish(evt any) {
+	if err := o.opts.Publisher.Publish(o.ctx, runtime.GetTopic(evt), evt); err != nil {
+		log.G(o.ctx).WithError(err).Error("publish event")
 	}
-	var conn net.Conn
-	var err error
-	if sb.Config().Agent.Transport == sandbox.AgentVsock {
-		conn, err = dialVsock(ctx, sandbox.GuestCID(sb.ID()), agent.DefaultVsockPort)
-	} else {
-		var d net.Dialer
-		conn, err = d.DialContext(ctx, "unix", sb.AgentSocketPath())
+}
+
+// getContainer returns a container whose Create has finished.
+func (o *Pod) getContainer(id string) (*Container, error) {
+	o.mu.Lock()
+	c := o.containers[id]
+	o.mu.Unlock()
+	if c == nil {
+		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ready {
+		return nil, fmt.Errorf("container %s is being created: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return c, nil
+}
+
+func (o *Pod) getProcess(id, execID string) (*Container, *process, error) {
+	c, err := o.getContainer(id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := sendHello(ctx, conn, secret); err != nil {
-		conn.Close()
-		return nil, err
+	if execID == "" {
+		return c, c.init, nil
 	}
-	return conn, nil
+	c.mu.Lock()
+	p := c.execs[execID]
+	c.mu.Unlock()
+	if p == nil {
+		return nil, nil, fmt.Errorf("exec %s of container %s: %w", execID, id, errdefs.ErrNotFound)
+	}
+	return c, p, nil
 }
 
-// sendHello writes agent.Hello(secret) on conn within ctx. The bytes fit in the socket's
-// buffer (over serial they wait there until the guest opens its port).
-func sendHello(ctx context.Context, conn net.Conn, secret []byte) error {
-	if d, ok := ctx.Deadline(); ok {
-		if err := conn.SetWriteDeadline(d); err != nil {
-			return fmt.Errorf("the agent's hello: %w", err)
-		}
-		defer conn.SetWriteDeadline(time.Time{})
+// loadConfig decodes runtime options (Create's, or those the shim was started with) into the
+// sandbox configuration (loadConfig).
+func (o *Pod) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
+	path, body, err := ConfigSource(opts)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	if _, err := conn.Write(agent.Hello(secret)); err != nil {
-		return fmt.Errorf("the agent's hello: %w", err)
+	cfg, err := loadConfig(path, body, o.opts.DefaultConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return cfg, nil
+}
+
+// loadConfig reads the sandbox configuration runtime options give (runtimeoptions'
+// ConfigBody, else ConfigPath), else the file $KVFS_CONFIG_FILE names (ConfigFileEnv), else
+// defaultPath if it exists, else the defaults.
+func loadConfig(path string, body []byte, defaultPath string) (*sandbox.Config, error) {
+	switch {
+	case len(body) > 0:
+		return sandbox.ParseConfig(body)
+	case path != "":
+		return sandbox.LoadConfig(path)
+	}
+	if env := os.Getenv(ConfigFileEnv); env != "" {
+		if !filepath.IsAbs(env) {
+			return nil, fmt.Errorf("%s=%q: not an absolute path", ConfigFileEnv, env)
+		}
+		return sandbox.LoadConfig(env)
+	}
+	if _, err := os.Stat(defaultPath); err == nil {
+		return sandbox.LoadConfig(defaultPath)
+	}
+	return sandbox.DefaultConfig(), nil
+}
+
+// Close is the shim's last act (a shutdown callback): the pod, if one still runs, is stopped
+// and the publisher closed.
+func (o *Pod) Close(ctx context.Context) error {
+	o.mu.Lock()
+	run := o.takeRunLocked()
+	o.mu.Unlock()
+	var errs []error
+	if run != nil {
+		run.cancel()
+		errs = append(errs, run.vm.Stop(ctx))
+	}
+	if c, ok := o.opts.Publisher.(interface{ Close() error }); ok {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// sandboxStopTimeout bounds, when StopSandbox gives no timeout, its wait for the exits of the
+// processes it killed, and, after the VM stopped, the wait for the exits of those left.
+const sandboxStopTimeout = 30 * time.Second
+
+const (
+	// oomPace is the least time between two of the guest's OOM answers the shim takes.
+	oomPace = 10 * time.Millisecond
+	// oomKept is how many containers' last TaskOOM times the OOM loop keeps before it drops
+	// those older than GuestLimits.OOMInterval.
+	oomKept = 64
+)
+
+// podRun is the pod from its boot to its stop: its VM (a Pod), the door to its agent, the
+// agent the services call (the door, fronted by the pod sandbox's task when CRI's podsandbox
+// runs the pod), and the pod's life: its context, with which the door ends every call to the
+// agent and the processes' own calls end.
+type podRun struct {
+	id string
+	// sandboxTask says the pod was booted for CRI's pod sandbox container (its id is id),
+	// whose task is the pod's life: its Delete ends the pod.
+	sandboxTask bool
+	vm          VM
+	door        *agentDoor
+	agent       agent.AgentService
+	ctx         context.Context // ends when the pod dies or is stopped
+	cancel      context.CancelFunc
+}
+
+// newPodRun is the run of pod, booted for req. The door's failure policy kills the VM: the
+// pod's death then ends every process (watch). The frames the pod's agent connection drops,
+// if it is filtered (agentwire.go), count at the door.
+func (o *Pod) newPodRun(pod VM, req PodRequest) *podRun {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(o.ctx))
+	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, vm: pod, ctx: ctx, cancel: cancel}
+	r.door = newAgentDoor(o.ctx, ctx, pod.Agent(), o.opts.Limits, &o.guestLog, func(why error) {
+		log.G(o.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
+		pod.Kill(why)
+	})
+	if w, ok := pod.(wireFiltered); ok && w.agentWire() != nil {
+		w.agentWire().watch(func(v wireViolation) {
+			r.door.broke(v.kind, fmt.Errorf("the guest agent broke the protocol: %w", v), v.fatal)
+		})
+	}
+	r.agent = r.door
+	if req.SandboxTask {
+		r.agent = newSandboxAgent(r.door, req.ID, pod.Pid())
+	}
+	return r
+}
+
+// live says the pod's agent can still be asked: the pod has not died (its context ends just
+// after) nor been stopped.
+func (r *podRun) live() bool {
+	select {
+	case <-r.vm.Done():
+		return false
+	default:
+		return r.ctx.Err() == nil
+	}
+}
+
+// currentRun returns the pod's run.
+func (o *Pod) currentRun() (*podRun, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.run == nil {
+		return nil, fmt.Errorf("the pod is not running: %w", errdefs.ErrFailedPrecondition)
+	}
+	return o.run, nil
+}
+
+// acquirePod returns the pod, booting it if this is the first container (or, bySandbox, for
+// StartSandbox). A pod of the Sandbox API is booted only by StartSandbox: a container
+// joins it while it is ready. No lock is held while it boots; concurrent Creates wait for
+// the boot.
+func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*podRun, error) {
+	for {
+		o.mu.Lock()
+		if sb := o.sandbox; sb != nil && !bySandbox && sb.phase != sandboxReady {
+			o.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s is %s, not ready: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
+		}
+		if run := o.run; run != nil {
+			o.mu.Unlock()
+			if run.id != req.ID {
+				return nil, fmt.Errorf("this shim serves sandbox %s, not %s: %w", run.id, req.ID, errdefs.ErrInvalidArgument)
+			}
+			select {
+			case <-run.vm.Done():
+				return nil, fmt.Errorf("the pod's VM is gone (%v): %w", run.vm.Err(), errdefs.ErrFailedPrecondition)
+			default:
+			}
+			return run, nil
+		}
+		if ch := o.booting; ch != nil {
+			o.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		o.booting = ch
+		o.mu.Unlock()
+
+		pod, err := o.opts.StartVM(ctx, req)
+		var run *podRun
+		if err == nil {
+			run = o.newPodRun(pod, req)
+		}
+		o.mu.Lock()
+		o.booting = nil
+		o.run = run
+		o.mu.Unlock()
+		close(ch)
+		if err != nil {
+			return nil, fmt.Errorf("start sandbox %s: %w", req.ID, err)
+		}
+		go o.watchPod(run)
+		go o.oomLoop(run)
+		return run, nil
+	}
+}
+
+// watchPod ends every process when the pod dies: their agent calls are cancelled, and each
+// exit watcher then runs the exit sequence (status exitVMDied, or exitKilled for one the host
+// was asked to kill).
+func (o *Pod) watchPod(run *podRun) {
+	<-run.vm.Done()
+	o.mu.Lock()
+	if o.run != run {
+		o.mu.Unlock()
+		return // stopped by us
+	}
+	run.cancel()
+	o.mu.Unlock()
+	log.G(o.ctx).WithError(run.vm.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends (exit status %d, %d if it was killed)", exitVMDied, exitKilled)
+}
+
+// takeRunLocked takes the pod's run from the service, so that nothing new uses it: the caller
+// stops it (podRun.stop). o.mu is held.
+func (o *Pod) takeRunLocked() *podRun {
+	run := o.run
+	o.run = nil
+	return run
+}
+
+// stop stops the pod's VM: the agent's Shutdown answers the pending GetOOMEvent
+// (Unavailable), which ends the OOM loop; the run's context goes after, and with it the
+// calls left.
+func (run *podRun) stop(ctx context.Context) error {
+	err := run.vm.Stop(ctx)
+	run.cancel()
+	return err
+}
+
+// stopPodIfEmpty stops the pod once no container is left (and none is being created), unless
+// it is the Sandbox API's, which StopSandbox stops.
+func (o *Pod) stopPodIfEmpty() {
+	o.mu.Lock()
+	if len(o.containers) > 0 || o.run == nil || o.booting != nil || o.sandbox != nil {
+		o.mu.Unlock()
+		return
+	}
+	run := o.takeRunLocked()
+	o.mu.Unlock()
+	o.stopTakenRun(run)
+}
+
+// takeEndingRun takes the pod's run when c's Delete ends the pod: c is its only container
+// (stopPodIfEmpty's conditions once c is gone), or CRI's pod sandbox container, whose task is
+// the pod's life (its Delete comes after CRI's StopPodSandbox, or from its cleanup: either way
+// the pod is over). Nothing new uses the run then; the caller ends it (endRun) with the other
+// containers it returns, still in the pod. Nil otherwise.
+func (o *Pod) takeEndingRun(c *Container) (*podRun, []*Container) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	run := o.run
+	if o.containers[c.id] != c || run == nil || o.booting != nil || o.sandbox != nil {
+		return nil, nil
+	}
+	if len(o.containers) != 1 && !(run.sandboxTask && c.id == run.id) {
+		return nil, nil
+	}
+	var others []*Container
+	for _, oc := range o.containers {
+		if oc != c {
+			others = append(others, oc)
+		}
+	}
+	return o.takeRunLocked(), others
+}
+
+// stopTakenRun stops a run taken from the service, saying in the log when that fails.
+func (o *Pod) stopTakenRun(run *podRun) {
+	if err := run.stop(o.ctx); err != nil {
+		log.G(o.ctx).WithError(err).Error("stopping the pod")
+	}
+}
+
+// endRun stops a run taken from the service with containers cs still in its pod, then waits
+// for the exits of their processes, which the pod's end brings (exitKilled for those marked
+// killed, exitVMDied for the others), within sandboxStopTimeout: once it returns, their tasks
+// are stopped, and their Deletes need nothing of the pod.
+func (o *Pod) endRun(run *podRun, cs []*Container) {
+	o.stopTakenRun(run)
+	var waits []chan struct{}
+	for _, c := range cs {
+		c.mu.Lock()
+		ready := c.ready
+		c.mu.Unlock()
+		if ready {
+			waits = append(waits, c.init.exited)
+		}
+	}
+	ctx, cancel := context.WithTimeout(o.ctx, sandboxStopTimeout)
+	defer cancel()
+	if !waitAll(ctx, waits) {
+		log.G(o.ctx).Warnf("processes of the stopped pod had not exited %v after its VM stopped", sandboxStopTimeout)
+	}
+}
+
+// oomLoop publishes TaskOOM for the OOM kills the agent reports, until the pod ends: at most
+// one per container per GuestLimits.OOMInterval, and no more than one of the agent's answers taken per
+// oomPace, so that a guest that answers at once, for ever, costs the host little.
+func (o *Pod) oomLoop(run *podRun) {
+	last := map[string]time.Time{} // when each container's last TaskOOM went
+	for {
+		resp, err := run.agent.GetOOMEvent(run.ctx, &agent.GetOOMEventRequest{})
+		if err != nil {
+			if run.ctx.Err() != nil {
+				return
+			}
+			if errdefs.IsNotImplemented(err) {
+				log.G(o.ctx).WithError(err).Warn("the agent reports no OOM events")
+				return
+			}
+			if errdefs.IsUnavailable(err) {
+				return // the agent is shutting down, or was cut off
+			}
+			if errors.Is(err, ttrpc.ErrClosed) {
+				return // the connection is gone: the pod is stopping (Stop hangs up) or dead
+			}
+			o.guestLog.warn("oom-wait", log.G(o.ctx).WithField("error", guestText(err.Error())), "waiting for OOM events")
+			if !sleepCtx(run.ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		id := resp.ContainerId
+		o.mu.Lock()
+		_, known := o.containers[id]
+		o.mu.Unlock()
+		switch {
+		case !known:
+			o.guestLog.warn("oom-unknown", log.G(o.ctx).WithField("container", guestText(id)), "the agent reported an OOM kill in an unknown container")
+		case time.Since(last[id]) >= o.opts.Limits.OOMInterval:
+			last[id] = time.Now()
+			o.publish(&eventstypes.TaskOOM{ContainerID: id})
+		}
+		if len(last) > oomKept {
+			for id, t := range last {
+				if time.Since(t) >= o.opts.Limits.OOMInterval { // as good as absent
+					delete(last, id)
+				}
+			}
+		}
+		if !sleepCtx(run.ctx, oomPace) {
+			return
+		}
+	}
+}
+
+// sleepCtx sleeps for d, or until ctx ends; it says whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// kill sends sig to p (with all, to every process of p's container). A SIGKILL is the host's
+// to finish, whatever the agent answers: the processes it is for are marked killed (exitKilled
+// if the VM has to go), and unless the guest reports each one's exit within
+// GuestLimits.KillGrace, the host ends it (enforceKill). Without an answer the SIGKILL succeeds
+// for containerd all the same; an answer that refuses it (the guest says the process has
+// exited: NotFound) goes to containerd as it is.
+func (o *Pod) kill(ctx context.Context, run *podRun, c *Container, p *process, sig uint32, all bool) error {
+	enforce := sig == uint32(syscall.SIGKILL)
+	var execs []*process // with all, the init's execs the SIGKILL is for too
+	if enforce {
+		p.markKilled()
+		if all && p.execID == "" {
+			c.mu.Lock()
+			for _, e := range c.execs {
+				e.markKilled()
+				execs = append(execs, e)
+			}
+			c.mu.Unlock()
+		}
+	}
+	_, err := run.agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
+	if enforce {
+		// A refusal is the guest's word too: an exited process's report follows at once.
+		go o.enforceKill(run, c, p)
+		for _, e := range execs {
+			go o.enforceKill(run, c, e)
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
+			log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("no answer to SIGKILL: the host ends the process within %v", o.opts.Limits.KillGrace)
+			return nil
+		}
+	}
+	switch {
+	case errdefs.IsNotFound(err):
+		// Exited in the guest, its report on the way: as runc's shim, "already dead".
+		return fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
 	}
 	return nil
 }
 
-// StartVMPod is the PodStarter of the real shim: VMPodStarter(DialAgent).
-func StartVMPod(ctx context.Context, req PodRequest) (Pod, error) {
-	return startVMPod(ctx, req, DialAgent)
-}
-
-// VMPodStarter is StartVMPod with another way to reach the agent (ttrpc over what dial
-// returns).
-func VMPodStarter(dial Dialer) PodStarter {
-	return func(ctx context.Context, req PodRequest) (Pod, error) { return startVMPod(ctx, req, dial) }
-}
-
-func startVMPod(ctx context.Context, req PodRequest, dial Dialer) (_ Pod, retErr error) {
-	// The pod's host cgroup first: its kvfsd and QEMU are born there. One the shim cannot
-	// join fails the pod: it never runs outside the cgroup it was given.
-	var cg *podCgroup
-	if req.Cgroup != "" {
-		var err error
-		if cg, err = joinPodCgroup(ctx, req.Cgroup); err != nil {
-			return nil, fmt.Errorf("pod %s: %w", req.ID, err)
-		}
-	}
-	sb, err := sandbox.Create(ctx, req.ID, sandbox.Options{Config: req.Config, Annotations: req.Annotations,
-		OOMScoreAdj: req.OOMScoreAdj})
-	if err != nil {
-		if cg != nil {
-			if err := cg.leave(ctx); err != nil {
-				log.G(ctx).WithError(err).Warn("leaving the pod's cgroup")
-			}
-		}
-		return nil, err
-	}
-	p := &VMPod{sb: sb, cg: cg, done: make(chan struct{})}
-	defer func() {
-		if retErr != nil {
-			p.teardown(ctx)
-		}
-	}()
-	// kvfsctl's stop ends the pod as a VM's death does: through this shim, which reports every
-	// process exited and removes the sandbox when containerd deletes them.
-	stop := func(context.Context) error {
-		p.Kill(errStoppedByControl)
-		return nil
-	}
-	if p.ctl, err = sandbox.NewControlServer(sb, filepath.Join(sb.Dir(), sandbox.ControlSocketName), stop); err != nil {
-		return nil, err
-	}
-	go func() {
-		if err := p.ctl.Serve(context.WithoutCancel(ctx)); err != nil {
-			log.G(ctx).WithError(err).Error("serving the sandbox's control API")
-		}
-	}()
-	vm := sb.DefaultVM()
-	if req.Hostname != "" {
-		vm.Cmdline += " " + agent.CmdlineHostname + "=" + req.Hostname
-	}
-	if req.NetNS != "" {
-		if p.net, err = attachNetwork(req.NetNS, sb.ID()); err != nil {
-			return nil, err
-		}
-		vm.NICs = p.net.nics()
-		vm.NetNS = req.NetNS // QEMU is born in the pod's namespace, beside its tap
-	}
-	vmStart := time.Now()
-	if err := sb.Start(ctx, vm); err != nil {
-		return nil, err
-	}
-	timeout := sb.Config().Agent.BootTimeoutDuration()
-	start := time.Now()
-	client, wire, pong, err := connectAgent(ctx, func(ctx context.Context) (net.Conn, error) { return dial(ctx, sb) },
-		sb.VMExited(), timeout, p.connectionClosed)
-	if err != nil {
-		// The sandbox directory, console.log with it, is gone once the pod's start has failed:
-		// the error itself quotes QEMU and the console.
-		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", sb.ID(), sb.VMError(err))
-	}
-	p.client, p.wire, p.agent = client, wire, agent.NewAgentClient(client)
-	fields := log.Fields{"sandbox": sb.ID(), "agent": guestText(pong.GetVersion()), "kernel": guestText(pong.GetKernel()),
-		"boot": time.Since(start).Round(time.Millisecond)}
-	for k, v := range bootSplit(time.Since(vmStart), pong) {
-		fields[k] = v
-	}
-	log.G(ctx).WithFields(fields).Info("the guest agent answers")
-	if p.net != nil {
-		if err := p.net.configure(ctx, p.agent); err != nil {
-			return nil, err
-		}
-	}
-	if len(req.Sysctls) > 0 {
-		sctx, cancel := context.WithTimeout(ctx, setSysctlsTimeout)
-		_, err := p.agent.SetSysctls(sctx, &agent.SetSysctlsRequest{Sysctls: req.Sysctls})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("pod %s: its sysctls in the guest: %w", req.ID, err)
-		}
-	}
-	go p.watch()
-	return p, nil
-}
-
-// bootSplit splits total, the time from QEMU's start to the agent's answer, with the guest's
-// times in pong (untrusted, only logged): boot_total; boot_qemu, QEMU and the firmware (total
-// less the guest's uptime at the answer); boot_kernel, the kernel's boot (when the agent
-// started); boot_agent, the agent's start-up to its answer. Only boot_total when the agent
-// answered no times or times that do not fit in total.
-func bootSplit(total time.Duration, pong *agent.PingResponse) log.Fields {
-	f := log.Fields{"boot_total": total.Round(time.Millisecond)}
-	const maxNs = uint64(1<<63 - 1)
-	up, init := pong.GetUptimeNs(), pong.GetInitStartedNs()
-	if up == 0 || init == 0 || up > maxNs || init > up || time.Duration(up) > total {
-		return f
-	}
-	f["boot_qemu"] = (total - time.Duration(up)).Round(time.Millisecond)
-	f["boot_kernel"] = time.Duration(init).Round(time.Millisecond)
-	f["boot_agent"] = time.Duration(up - init).Round(time.Millisecond)
-	return f
-}
-
-// connectAgent dials until the agent answers Ping, within timeout; the VM's exit ends the
-// wait at once. The client it returns runs over the connection's filter, which it returns too
-// (agentwire.go). onClose is called if the connection it returns closes later. Over
-// virtio-serial, a connection made before the guest opened its port is fine: what is written
-// waits in QEMU until it does; so a connection is kept while it lives and Ping waits on it.
-func connectAgent(ctx context.Context, dial func(context.Context) (net.Conn, error), vmExited <-chan struct{},
-	timeout time.Duration, onClose func(error)) (*ttrpc.Client, *agentWire, *agent.PingResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-vmExited:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	var last error
-	for {
-		conn, err := dial(ctx)
-		if err == nil {
-			closed := make(chan struct{})
-			var accepted atomic.Bool
-			wire := newAgentWire(conn)
-			client := ttrpc.NewClient(wire, ttrpc.WithUnaryClientInterceptor(wire.intercept), ttrpc.WithOnClose(func() {
-				close(closed)
-				if accepted.Load() {
-					onClose(errors.New("the connection to the guest agent closed"))
-				}
-			}))
-			resp, err := agent.NewAgentClient(client).Ping(ctx, &agent.PingRequest{})
-			if err == nil {
-				accepted.Store(true)
-				return client, wire, resp, nil
-			}
-			client.Close()
-			<-closed
-			last = err
-		} else {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			if isClosed(vmExited) {
-				return nil, nil, nil, fmt.Errorf("the VM exited before the agent answered (last: %v)", last)
-			}
-			return nil, nil, nil, fmt.Errorf("no answer within agent.boot_timeout %v (last: %v)", timeout, last)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func isClosed(c <-chan struct{}) bool {
+// enforceKill ends p, SIGKILLed, unless the agent reports its exit within
+// GuestLimits.KillGrace. (What follows the report, the drain of its output and its execs'
+// exits, has bounds of its own and is no longer the guest's to confirm.)
+//
+// A container's init is ended by killing the pod's VM: the guest cannot be trusted to have
+// killed one container and not the others, and a container's end is what frees what the host
+// gave it (its binds in the share, its rootfs, CRI's pod stop after it). An exec is declared
+// exited by the host (exitKilled: its output cut, TaskExit published, Wait released, Delete
+// allowed), and the pod goes on. That is not counted as the guest's misbehaviour at the door:
+// a healthy guest's exec can outlive a SIGKILL for as long as it sleeps uninterruptibly (a
+// hung mount, a stuck device), which must not take its pod down; and a guest that keeps an
+// exec running on purpose gains nothing root in it could not have anyway, since the process
+// runs inside the VM, on the pod's resources, and the host keeps nothing of it once deleted.
+func (o *Pod) enforceKill(run *podRun, c *Container, p *process) {
+	grace := o.opts.Limits.KillGrace
+	t := time.NewTimer(grace)
+	defer t.Stop()
 	select {
-	case <-c:
-		return true
-	default:
-		return false
+	case <-p.reported:
+		return
+	case <-run.ctx.Done(): // the pod ended: p's exit comes with it
+		return
+	case <-t.C:
 	}
-}
-
-// died records why the pod ended, unless it is being stopped.
-func (p *VMPod) died(why error) {
-	p.mu.Lock()
-	if p.stopping {
-		p.mu.Unlock()
+	why := fmt.Errorf("the guest did not end %s within %v of SIGKILL", p.name(), grace)
+	if p.execID == "" {
+		run.door.cutOff(why)
 		return
 	}
-	if p.err == nil {
-		p.err = why
+	if c.endExecByHost(p) {
+		o.guestLog.warn("exec-kill", log.G(o.ctx).WithError(why),
+			fmt.Sprintf("the host declares the exec exited (%d); it may still run in the guest", exitKilled))
 	}
-	p.mu.Unlock()
-	p.doneOnce.Do(func() { close(p.done) })
 }
 
-// connectionClosed is the agent connection's end. It usually means the VM died: the VM's
-// exit, noticed a moment later, is the better reason, so it is given a second to come.
-func (p *VMPod) connectionClosed(why error) {
-	go func() {
+// podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
+func (o *Pod) podFilesOf(id string) (string, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sandbox == nil || o.sandbox.id != id {
+		return "", false
+	}
+	return o.sandbox.files, true
+}
+
+// checkNoPodLocked refuses sandbox id in a shim that has a pod already. o.mu is held.
+func (o *Pod) checkNoPodLocked(id string) error {
+	switch {
+	case o.sandbox != nil:
+		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, o.sandbox.id, errdefs.ErrAlreadyExists)
+	case o.run != nil || o.booting != nil || len(o.containers) > 0:
+		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// waitAll waits for every channel to close, until ctx ends; it says whether they did.
+func waitAll(ctx context.Context, chans []chan struct{}) bool {
+	for _, c := range chans {
 		select {
-		case <-p.done:
-		case <-time.After(time.Second):
-			p.died(why)
-		}
-	}()
-}
-
-// setSysctlsTimeout bounds the agent's SetSysctls (a few writes into /proc/sys).
-const setSysctlsTimeout = 30 * time.Second
-
-// watch turns the sandbox's failure or the VM's exit into Done.
-func (p *VMPod) watch() {
-	select {
-	case <-p.sb.Done():
-		if err := p.sb.Err(); err != nil {
-			p.died(err)
-		} else {
-			p.died(errors.New("the sandbox was stopped"))
-		}
-	case <-p.sb.VMExited():
-		// The error quotes QEMU and the console: their files go with the sandbox.
-		p.died(p.sb.VMError(errors.New("the VM exited")))
-	case <-p.done:
-	}
-}
-
-// Kill implements Pod: the VM is killed, the pod dead for why.
-func (p *VMPod) Kill(why error) {
-	p.died(why)
-	if err := p.sb.KillVM(); err != nil {
-		log.L.WithError(err).WithField("sandbox", p.sb.ID()).Error("killing the VM")
-	}
-}
-
-// Agent implements Pod.
-func (p *VMPod) Agent() agent.AgentService { return p.agent }
-
-// agentWire implements wireFiltered.
-func (p *VMPod) agentWire() *agentWire { return p.wire }
-
-// Bind implements Pod.
-func (p *VMPod) Bind(src, name string, flags sandbox.BindFlags) error {
-	return p.sb.Bind(src, name, flags)
-}
-
-// BindIDMapped implements Pod.
-func (p *VMPod) BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error {
-	return p.sb.BindIDMapped(src, name, flags, userns)
-}
-
-// Unbind implements Pod.
-func (p *VMPod) Unbind(name string) error { return p.sb.Unbind(name) }
-
-// RaiseOOMScoreAdj implements Pod.
-func (p *VMPod) RaiseOOMScoreAdj(v int) error { return p.sb.RaiseOOMScoreAdj(v) }
-
-// Submounts implements Pod.
-func (p *VMPod) Submounts(name string) ([]string, error) { return p.sb.Submounts(name) }
-
-// Done implements Pod.
-func (p *VMPod) Done() <-chan struct{} { return p.done }
-
-// Pid implements Pod: the QEMU process's.
-func (p *VMPod) Pid() uint32 {
-	if vm := p.sb.Stats().VM; vm != nil && vm.PID > 0 {
-		return uint32(vm.PID)
-	}
-	return 0
-}
-
-// Err implements Pod.
-func (p *VMPod) Err() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
-}
-
-// Stop implements Pod: the agent's Shutdown (it powers the guest off), then the sandbox's
-// Stop (the VM, the server, the layout), then the control socket.
-func (p *VMPod) Stop(ctx context.Context) error {
-	p.mu.Lock()
-	p.stopping = true
-	p.mu.Unlock()
-	if p.agent != nil && !isClosed(p.done) {
-		sctx, cancel := context.WithTimeout(ctx, agentShutdownTimeout)
-		if _, err := p.agent.Shutdown(sctx, &agent.ShutdownRequest{}); err != nil {
-			log.G(ctx).WithError(err).Warn("the agent's shutdown")
-		} else {
-			// Nothing more to ask: hanging up tells the agent that its answer arrived, and it
-			// powers off without waiting for that.
-			if p.client != nil {
-				p.client.Close()
-			}
-			select {
-			case <-p.sb.VMExited():
-			case <-sctx.Done():
-			}
-		}
-		cancel()
-	}
-	return p.teardown(ctx)
-}
-
-func (p *VMPod) teardown(ctx context.Context) error {
-	var errs []error
-	if p.client != nil {
-		p.client.Close()
-	}
-	if p.ctl != nil {
-		if err := p.ctl.Close(); err != nil {
-			errs = append(errs, err)
+		case <-c:
+		case <-ctx.Done():
+			return false
 		}
 	}
-	if err := p.sb.Stop(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	if p.net != nil {
-		if err := p.net.detach(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if p.cg != nil {
-		if err := p.cg.leave(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	p.doneOnce.Do(func() { close(p.done) })
-	return errors.Join(errs...)
+	return true
 }

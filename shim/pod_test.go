@@ -66,7 +66,7 @@ exit 1
 	cfg := sandbox.DefaultConfig()
 	cfg.BaseDir, cfg.VM.QEMU, cfg.VM.Accel, cfg.VM.Memory = filepath.Join(dir, "sb"), qemu, sandbox.AccelTCG, "512M"
 	cfg.VM.Rootfs = "" // the fake QEMU boots nothing
-	_, err := StartVMPod(context.Background(), PodRequest{ID: "bootfail", Config: cfg})
+	_, err := StartQEMUVM(context.Background(), PodRequest{ID: "bootfail", Config: cfg})
 	if err == nil {
 		t.Fatal("the pod started")
 	}

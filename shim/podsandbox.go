@@ -43,10 +43,10 @@ type podSandbox struct {
 	// cancelStart cancels StartSandbox's boot, and started is closed when StartSandbox has
 	// ended (booted or not): a stop or shutdown that comes during the boot ends it, rather
 	// than leave a shim whose containerd gave up on it.
-	cancelStart context.CancelFunc // guarded by PodOwner.mu; set while starting
+	cancelStart context.CancelFunc // guarded by Pod.mu; set while starting
 	started     chan struct{}
 
-	phase sandboxPhase // guarded by PodOwner.mu
-	pid   uint32       // guarded by PodOwner.mu; the VM's, while it runs
-	exit  exit         // guarded by PodOwner.mu; set when phase becomes sandboxStopped
+	phase sandboxPhase // guarded by Pod.mu
+	pid   uint32       // guarded by Pod.mu; the VM's, while it runs
+	exit  exit         // guarded by Pod.mu; set when phase becomes sandboxStopped
 }

@@ -40,12 +40,12 @@ const (
 )
 
 // SandboxService is containerd's Sandbox API for the pod (CRI's sandboxer "shim").
-type SandboxService struct{ *PodOwner }
+type SandboxService struct{ *Pod }
 
 var _ sandboxAPI.TTRPCSandboxService = (*SandboxService)(nil)
 
 // NewSandboxService returns the Sandbox API of o's pod.
-func NewSandboxService(o *PodOwner) *SandboxService { return &SandboxService{o} }
+func NewSandboxService(o *Pod) *SandboxService { return &SandboxService{o} }
 
 // RegisterTTRPC registers the Sandbox API (its errors translated by ErrorEdge).
 func (s *SandboxService) RegisterTTRPC(server *ttrpc.Server) error {
@@ -221,17 +221,17 @@ func (s *SandboxService) StartSandbox(ctx context.Context, r *sandboxAPI.StartSa
 		s.mu.Unlock()
 		return nil, err
 	}
-	pid := run.pod.Pid()
+	pid := run.vm.Pid()
 	sb.phase, sb.pid = sandboxReady, pid
 	s.mu.Unlock()
-	go s.watchSandbox(sb, run.pod)
+	go s.watchSandbox(sb, run.vm)
 	return &sandboxAPI.StartSandboxResponse{Pid: pid, CreatedAt: timestamppb.New(sb.createdAt)}, nil
 }
 
 // watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied or
 // exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and
 // WaitSandbox answers exitVMDied.
-func (s *SandboxService) watchSandbox(sb *podSandbox, pod Pod) {
+func (s *SandboxService) watchSandbox(sb *podSandbox, pod VM) {
 	select {
 	case <-pod.Done():
 	case <-sb.exited:
@@ -306,14 +306,14 @@ func (s *SandboxService) StopSandbox(ctx context.Context, r *sandboxAPI.StopSand
 
 // stopSandboxPod stops the pod under the sandbox. With kill, every container not yet exited
 // gets SIGKILL (all its processes, the host finishing what the guest does not: see
-// PodOwner.kill), all at once, and their exits are waited for: the kills and the waits
+// Pod.kill), all at once, and their exits are waited for: the kills and the waits
 // together within timeout. Then the pod is stopped whatever the guest did, and the exits of
 // the processes left (exitKilled, or exitVMDied) are waited for within sandboxStopTimeout:
 // once it returns, the containers' tasks are stopped.
 func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
 	s.mu.Lock()
 	run := s.run
-	var cs []*container
+	var cs []*Container
 	for _, c := range s.containers {
 		c.mu.Lock()
 		if c.ready {

@@ -553,8 +553,8 @@ func TestSandboxAPIStopWhileStarting(t *testing.T) {
 			h := newHarness(t)
 			booting := make(chan struct{})
 			release := make(chan struct{})
-			inner := h.svc.opts.StartPod
-			h.svc.opts.StartPod = func(ctx context.Context, req PodRequest) (Pod, error) {
+			inner := h.svc.opts.StartVM
+			h.svc.opts.StartVM = func(ctx context.Context, req PodRequest) (VM, error) {
 				close(booting)
 				if tc.honoursCtx {
 					<-ctx.Done()

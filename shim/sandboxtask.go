@@ -19,7 +19,7 @@ import (
 // not even in the guest, and nothing of its image is mounted. Its task is answered by the shim:
 // sandboxAgent stands in front of the guest agent and answers every call about the sandbox
 // container itself, so the task service runs it through the same state machine and exit
-// sequence as any container. Its task's Delete ends the pod (PodOwner.takeEndingRun): CRI
+// sequence as any container. Its task's Delete ends the pod (Pod.takeEndingRun): CRI
 // deletes it once StopPodSandbox has killed it, and a container left then (its stop or its
 // Delete failed) must not keep the VM running; it is ended by the host, and deleted after.
 

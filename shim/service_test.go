@@ -58,12 +58,12 @@ type harness struct {
 
 // services are a pod's owner and both its services, as the shim's plugins make them.
 type services struct {
-	*PodOwner
+	*Pod
 	*TaskService
 	*SandboxService
 }
 
-func newServices(o *PodOwner) services {
+func newServices(o *Pod) services {
 	return services{o, NewTaskService(o), NewSandboxService(o)}
 }
 
@@ -74,7 +74,7 @@ func newHarness(t *testing.T) *harness { return newHarnessWith(t, GuestLimits{},
 func newHarnessWith(t *testing.T, limits GuestLimits, remote agent.AgentService) *harness {
 	h := &harness{t: t, agent: newFakeAgent(), rec: newRecorder(), sd: &fakeShutdown{done: make(chan struct{})}, dir: t.TempDir(), remote: remote}
 	h.ctx = namespaces.WithNamespace(context.Background(), "kvfs-test")
-	h.svc = newServices(NewPodOwner(h.ctx, Options{Publisher: h.rec, Shutdown: h.sd, StartPod: h.startPod,
+	h.svc = newServices(NewPod(h.ctx, Options{Publisher: h.rec, Shutdown: h.sd, StartVM: h.startPod,
 		DefaultConfigPath: filepath.Join(h.dir, "no-such-config.toml"), Limits: limits}))
 	t.Cleanup(func() {
 		if err := h.svc.Close(context.Background()); err != nil {
@@ -84,7 +84,7 @@ func newHarnessWith(t *testing.T, limits GuestLimits, remote agent.AgentService)
 	return h
 }
 
-func (h *harness) startPod(_ context.Context, req PodRequest) (Pod, error) {
+func (h *harness) startPod(_ context.Context, req PodRequest) (VM, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.startErr != nil {
@@ -1096,8 +1096,8 @@ func TestConcurrentCreates(t *testing.T) {
 	h := newHarness(t)
 	release := make(chan struct{})
 	booting := make(chan struct{})
-	inner := h.svc.opts.StartPod
-	h.svc.opts.StartPod = func(ctx context.Context, req PodRequest) (Pod, error) {
+	inner := h.svc.opts.StartVM
+	h.svc.opts.StartVM = func(ctx context.Context, req PodRequest) (VM, error) {
 		close(booting)
 		<-release
 		return inner(ctx, req)

@@ -296,7 +296,7 @@ func bindFlags(opts []string) sandbox.BindFlags {
 // pod's share, with its submounts as runc binds a root. A read-only root (root.readonly,
 // ctr run --read-only) is bound read-only, its own mount as runc makes it in a container,
 // once the mount points runc would create in it exist (makeMountPoints).
-func bindRootfs(pod Pod, rootfs, id string, s *specs.Spec) error {
+func bindRootfs(pod VM, rootfs, id string, s *specs.Spec) error {
 	flags := sandbox.BindRecursive
 	if s.Root != nil && s.Root.Readonly {
 		if err := makeMountPoints(rootfs, s); err != nil {

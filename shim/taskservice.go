@@ -31,12 +31,12 @@ import (
 
 // TaskService is containerd's task API (v3) for the pod's containers: each call checked
 // against its process's state, then done on the pod its owner runs.
-type TaskService struct{ *PodOwner }
+type TaskService struct{ *Pod }
 
 var _ taskAPI.TTRPCTaskService = (*TaskService)(nil)
 
 // NewTaskService returns the task API of o's pod.
-func NewTaskService(o *PodOwner) *TaskService { return &TaskService{o} }
+func NewTaskService(o *Pod) *TaskService { return &TaskService{o} }
 
 // RegisterTTRPC registers the task service (its errors translated by ErrorEdge).
 func (s *TaskService) RegisterTTRPC(server *ttrpc.Server) error {
@@ -96,7 +96,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	}
 	ns, _ := namespaces.Namespace(ctx)
 	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
-	c := &container{id: r.ID, bundle: r.Bundle, init: newProcess(r.ID, "", sc), execs: map[string]*process{},
+	c := &Container{id: r.ID, bundle: r.Bundle, init: newProcess(r.ID, "", sc), execs: map[string]*process{},
 		hooks: containerHooks{hooks: spec.Hooks, annotations: spec.Annotations}}
 
 	s.mu.Lock()
@@ -132,12 +132,12 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 		return nil, err
 	}
 	if raiseOOM != nil {
-		if err := run.pod.RaiseOOMScoreAdj(*raiseOOM); err != nil {
+		if err := run.vm.RaiseOOMScoreAdj(*raiseOOM); err != nil {
 			return nil, fmt.Errorf("container %s: %w", r.ID, err)
 		}
 	}
 	if !isSandbox {
-		if submounts, err = c.bind(s.ctx, run.pod, r, spec, hostBinds, &undo); err != nil {
+		if submounts, err = c.bind(s.ctx, run.vm, r, spec, hostBinds, &undo); err != nil {
 			return nil, err
 		}
 	}
@@ -161,7 +161,7 @@ func (s *TaskService) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) 
 	if err != nil {
 		return nil, fmt.Errorf("the agent creating container %s: %w", r.ID, err)
 	}
-	pid := run.pod.Pid()
+	pid := run.vm.Pid()
 	c.init.pid = pid
 	undo = append(undo, func() {
 		if err := run.forget(s.ctx, c.init); err != nil {
@@ -216,7 +216,7 @@ func (s *TaskService) Start(ctx context.Context, r *taskAPI.StartRequest) (*task
 		}
 		return nil, fmt.Errorf("the agent starting %s: %w", p.name(), err)
 	}
-	pid := run.pod.Pid()
+	pid := run.vm.Pid()
 	p.mu.Lock()
 	p.pid = pid
 	p.mu.Unlock()
@@ -313,7 +313,7 @@ func execProcess(a interface {
 }
 
 // Kill signals a process; with All, every process of the container. A SIGKILL is finished by
-// the host if the guest does not (PodOwner.kill).
+// the host if the guest does not (Pod.kill).
 func (s *TaskService) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
 	c, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
@@ -417,7 +417,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 	// before the VM's end. The pod's other containers left (after a pod sandbox's) are
 	// ended by the host: their processes exit with exitKilled, and their Deletes follow.
 	var ending *podRun
-	var others []*container
+	var others []*Container
 	if p.execID == "" && run != nil {
 		ending, others = s.takeEndingRun(c)
 	}
@@ -453,7 +453,7 @@ func (s *TaskService) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*ta
 		return resp, nil
 	}
 	if run != nil {
-		c.unbind(s.ctx, run.pod)
+		c.unbind(s.ctx, run.vm)
 	}
 	if c.rootfsMounted {
 		unmountRootfs(s.ctx, filepath.Join(c.bundle, "rootfs"))
@@ -541,7 +541,7 @@ func (s *TaskService) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAP
 		return nil, err
 	}
 	out := &taskAPI.PidsResponse{}
-	if pid := run.pod.Pid(); pid != 0 {
+	if pid := run.vm.Pid(); pid != 0 {
 		out.Processes = []*task.ProcessInfo{{Pid: pid}}
 	}
 	return out, nil
@@ -549,7 +549,7 @@ func (s *TaskService) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAP
 
 // query is the common start of the container-wide queries: the container, which must not
 // have exited, and the pod's run.
-func (s *TaskService) query(id string) (*container, *podRun, error) {
+func (s *TaskService) query(id string) (*Container, *podRun, error) {
 	c, err := s.getContainer(id)
 	if err != nil {
 		return nil, nil, err
@@ -582,7 +582,7 @@ func (s *TaskService) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*task
 	}
 	run, err := s.currentRun()
 	if err == nil && !run.live() {
-		err = fmt.Errorf("the pod's VM is gone (%v)", run.pod.Err())
+		err = fmt.Errorf("the pod's VM is gone (%v)", run.vm.Err())
 	}
 	if err != nil {
 		// Stopped with its pod: its cgroup went with the VM.

@@ -42,7 +42,7 @@ func agentGuest(t *testing.T) (g vmtest.Guest, accel string) {
 
 // realPod is what a test of a real pod starts from: a directory, a configuration in it that
 // boots guest g with accel (512 MiB, sandboxes under the directory), and the pod's owner and
-// services with StartVMPod, whose events rec records.
+// services with StartQEMUVM, whose events rec records.
 func realPod(t *testing.T, g vmtest.Guest, accel string) (dir, cfg string, ctx context.Context, svc services, rec *recorder) {
 	dir = shortTempDir(t)
 	cfg = filepath.Join(dir, "kvfs.toml")
@@ -56,7 +56,7 @@ initrd = "`+g.Initrd+`"
 `), 0o644)
 	rec = newRecorder()
 	ctx = namespaces.WithNamespace(context.Background(), "kvfs-test")
-	svc = newServices(NewPodOwner(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartPod: StartVMPod}))
+	svc = newServices(NewPod(ctx, Options{Publisher: rec, Shutdown: &fakeShutdown{done: make(chan struct{})}, StartVM: StartQEMUVM}))
 	t.Cleanup(func() { svc.Close(context.Background()) })
 	return dir, cfg, ctx, svc, rec
 }
@@ -105,7 +105,7 @@ func busyboxBundle(t *testing.T, dir, netns string, args ...string) string {
 }
 
 // TestVMPod boots a real pod: the guest image with the agent under QEMU, behind the task
-// service with StartVMPod. The pod's network namespace (a veth, eth0, to a client namespace)
+// service with StartQEMUVM. The pod's network namespace (a veth, eth0, to a client namespace)
 // is joined to the VM, whose QEMU runs in that namespace: the container sees eth0's address,
 // and the client's ping reaches the guest. The container's process, in the VM, reads its
 // stdin and writes to its stdout fifo, exits 3; the last Delete powers the VM off and
@@ -250,7 +250,7 @@ func TestVMPodCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qemu := run.pod.Pid()
+	qemu := run.vm.Pid()
 	_, p, err := svc.getProcess("t1", "")
 	if err != nil {
 		t.Fatal(err)

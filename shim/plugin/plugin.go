@@ -2,7 +2,7 @@
 // (pkg/shim.RunShim loads them in the order of what they require): importing it is what a
 // shim binary does. The parts:
 //
-//   - "pod" (of the shim's own type, PodPlugin): the PodOwner, the pod's state and life,
+//   - "pod" (of the shim's own type, PodPlugin): the Pod, the pod's state and life,
 //     which the two services share; stopped by the shim's shutdown.
 //   - "task" and "sandbox" (ttrpc): containerd's task API and Sandbox API on that pod.
 //   - "kvfs.errors" (internal): ErrorEdge, the ttrpc server interceptor that translates the
@@ -19,11 +19,11 @@ import (
 	"github.com/kvfs/kvfs/shim"
 )
 
-// PodPlugin is the type of the PodOwner's plugin. It is a type of its own because a plugin may
+// PodPlugin is the type of the Pod's plugin. It is a type of its own because a plugin may
 // not require its own type, and the owner requires the internal shutdown plugin.
 const PodPlugin plugin.Type = "io.kvfs.pod.v1"
 
-// podPluginID is the PodOwner's plugin.
+// podPluginID is the Pod's plugin.
 const podPluginID = "pod"
 
 func init() {
@@ -47,18 +47,18 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			o := shim.NewPodOwner(ic.Context, shim.Options{
+			o := shim.NewPod(ic.Context, shim.Options{
 				Publisher: pp.(cshim.Publisher),
 				Shutdown:  sd.(shutdown.Service),
-				StartPod:  shim.StartVMPod,
+				StartVM:   shim.StartQEMUVM,
 			})
 			sd.(shutdown.Service).RegisterCallback(o.Close)
 			return o, nil
 		},
 	})
-	for id, service := range map[string]func(*shim.PodOwner) any{
-		"task":    func(o *shim.PodOwner) any { return shim.NewTaskService(o) },
-		"sandbox": func(o *shim.PodOwner) any { return shim.NewSandboxService(o) },
+	for id, service := range map[string]func(*shim.Pod) any{
+		"task":    func(o *shim.Pod) any { return shim.NewTaskService(o) },
+		"sandbox": func(o *shim.Pod) any { return shim.NewSandboxService(o) },
 	} {
 		registry.Register(&plugin.Registration{
 			Type:     plugins.TTRPCPlugin,
@@ -69,7 +69,7 @@ func init() {
 				if err != nil {
 					return nil, err
 				}
-				return service(o.(*shim.PodOwner)), nil
+				return service(o.(*shim.Pod)), nil
 			},
 		})
 	}
