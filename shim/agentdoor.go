@@ -27,7 +27,7 @@ import (
 // (or one lifecycle deadline), or breaks the protocol violationLimit times (a broken answer,
 // or a frame the agent connection's filter dropped, agentwire.go; one frame too long for it is
 // enough), has failed: the door calls its fail function once, which stops the pod's VM (the
-// pod owner's failure policy), and every later call fails at once. What it logs of the
+// Pod's failure policy), and every later call fails at once. What it logs of the
 // guest's misbehaviour goes through the pod's guestLogger.
 //
 // The deadlines, by kind (GuestLimits, whose defaults are below):
@@ -35,7 +35,7 @@ import (
 //     asks every task's Stats one after another with no deadline of its own, so one silent
 //     guest would otherwise hold the metrics of every pod on the node.
 //   - signals (SignalProcess): Signal. A SIGKILL the agent does not confirm is finished
-//     by the host (see Pod.kill).
+//     by the host (see Container.kill).
 //   - lifecycle calls (CreateContainer, ExecProcess, StartProcess, DeleteProcess, Pause,
 //     Resume, Update, ConfigureNetwork, Shutdown): Lifecycle, as Kata's shim bounds its
 //     agent requests. A healthy agent never takes that long: one miss fails the pod.
@@ -72,7 +72,7 @@ type GuestLimits struct {
 	Query, Signal, Lifecycle time.Duration
 	// KillGrace is how long the guest may take to confirm a SIGKILL (report the process's
 	// exit) before the host ends the process: a container's init by killing the pod's VM, an
-	// exec by declaring it exited (Pod.enforceKill).
+	// exec by declaring it exited (Container.enforceKill).
 	KillGrace time.Duration
 	// OOMInterval is the least time between two TaskOOM events of one container: the guest
 	// can report OOM kills as fast as it likes, and containerd handles events on the queue

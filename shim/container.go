@@ -5,438 +5,317 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"maps"
-	"os"
-	"path"
 	"path/filepath"
 	"slices"
-	"sync"
-	"time"
+	"syscall"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
-	"github.com/kvfs/kvfs/sandbox"
+	"github.com/kvfs/kvfs/hooks"
+	"github.com/kvfs/kvfs/shim/stdio"
 )
 
-// Timeouts of the exit sequence. A hostile or broken guest must not hold an exit forever.
-const (
-	// drainTimeout bounds, after the agent reported an exit, the copy of what is left of the
-	// process's output.
-	drainTimeout = 30 * time.Second
-	// execsTimeout bounds how long an init's exit waits for its running execs' exits, which
-	// containerd wants published first; the host then declares exited those the guest has not
-	// reported (waitExecs), and waits as long again for their exit sequences.
-	execsTimeout = 10 * time.Second
-	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
-	readMax = 32 << 10
-)
+// A container's life, its own to run once the pod has it: created in the pod's VM (its
+// files bound into the share, the agent's container, its hooks), its processes started,
+// execs added, signals sent (a SIGKILL finished by the host), paused and resumed, measured,
+// updated, and what its Create did on the host undone at its Delete. Each call takes the
+// pod's run it is made in: the agent through its door, the VM.
 
-// Container is one Container of the pod.
-type Container struct {
-	id, bundle string
-	init       *process
-	// Set by Create before the container is ready, read after: no lock.
-	rootfsMounted bool     // <bundle>/rootfs was mounted by us
-	binds         []string // names bound in the share, the rootfs (the id) first
-	hooks         containerHooks
-
-	stats statsCache // the guest's last Stats answer (stats.go)
-
-	mu    sync.Mutex
-	ready bool                // guarded by mu; Create has finished
-	execs map[string]*process // guarded by mu
-	// strays says the host declared an exec of c exited that the guest had not reported
-	// (guarded by mu): it may still run there, and the guest may refuse to delete c for it.
-	strays bool
+// newContainer is the container req asks for, not yet created: the pod lists it from here,
+// and it is ready once create has finished.
+func newContainer(env *podEnv, req *containerRequest) *Container {
+	r := req.task
+	return &Container{id: r.ID, bundle: r.Bundle, env: env, init: newProcess(r.ID, "", req.stdio), execs: map[string]*process{},
+		hooks: containerHooks{hooks: req.spec.Hooks, annotations: req.spec.Annotations}}
 }
 
-// endExecByHost declares c's exec p exited without the guest's report (process.endByHost),
-// and says whether it did. The stray is recorded under c.mu with the declaration (lock order:
-// c.mu, then p.mu): a Wait that returns may be followed at once by the container's Delete,
-// which must find it.
-func (c *Container) endExecByHost(p *process) bool {
-	c.mu.Lock()
-	endCalls, ok := p.endByHost()
-	if ok {
-		c.strays = true
-	}
-	c.mu.Unlock()
-	if endCalls != nil {
-		endCalls()
-	}
-	return ok
-}
-
-// hasStrays says whether the host declared an exec of c exited that the guest had not
-// reported.
-func (c *Container) hasStrays() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.strays
-}
-
-// bind puts c's files in the pod's share: its root filesystem (Create's mounts, mounted on
-// <bundle>/rootfs, or the spec's root path) at the container's id, then its bind mounts. It
-// returns the guest paths of the host's mounts the recursive binds carried
-// (CreateContainerRequest.submounts). What it did is undone by the functions it appends to
-// undo. ctx is the shim's: its logger.
-func (c *Container) bind(ctx context.Context, pod VM, r *taskAPI.CreateTaskRequest, spec *specs.Spec, hostBinds []HostBind, undo *[]func()) ([]string, error) {
-	rootfs := filepath.Join(r.Bundle, "rootfs")
-	if len(r.Rootfs) > 0 {
-		if err := os.MkdirAll(rootfs, 0o711); err != nil {
-			return nil, err
-		}
-		if err := mount.All(mount.FromProto(r.Rootfs), rootfs); err != nil {
-			return nil, fmt.Errorf("mount the rootfs of %s: %w", r.ID, err)
-		}
-		c.rootfsMounted = true
-		*undo = append(*undo, func() { unmountRootfs(ctx, rootfs) })
-	} else if spec.Root != nil && spec.Root.Path != "" {
-		rootfs = spec.Root.Path
-		if !filepath.IsAbs(rootfs) {
-			rootfs = filepath.Join(r.Bundle, rootfs)
-		}
-	}
-	if err := bindRootfs(pod, rootfs, r.ID, spec); err != nil {
-		return nil, fmt.Errorf("bind the rootfs of %s into the pod's share: %w", r.ID, err)
-	}
-	c.binds = append(c.binds, r.ID)
-	*undo = append(*undo, func() { c.unbind(ctx, pod) })
-	recursive := []string{r.ID}
-	// One user namespace per mapping the container's idmapped binds use (most often one,
-	// for /etc/hosts, hostname and resolv.conf alike), each made by a process of its own.
-	userns := map[string]*os.File{}
-	defer func() {
-		for _, f := range userns {
-			f.Close()
-		}
-	}()
-	for _, b := range hostBinds {
-		if err := bindHost(pod, b, userns); err != nil {
-			return nil, fmt.Errorf("bind mount %s of %s into the pod's share: %w", b.Source, r.ID, err)
-		}
-		c.binds = append(c.binds, b.Name)
-		if b.Flags&sandbox.BindRecursive != 0 {
-			recursive = append(recursive, b.Name)
+// create makes c in run's pod: the pod's oom_score_adj raised to c's if it bounds it, c's
+// files bound into the share, its stdio opened, the agent's container created, then its
+// prestart and createRuntime hooks run. What it did is undone by the functions it appends to
+// undo, last first. Once it returns, c is ready, TaskCreate published and its init watched.
+func (c *Container) create(ctx context.Context, run *podRun, req *containerRequest, undo *[]func()) error {
+	r := req.task
+	if req.raiseOOM != nil {
+		if err := run.vm.RaiseOOMScoreAdj(*req.raiseOOM); err != nil {
+			return fmt.Errorf("container %s: %w", r.ID, err)
 		}
 	}
 	var submounts []string
-	for _, name := range recursive {
-		below, err := pod.Submounts(name)
-		if err != nil {
-			return nil, fmt.Errorf("the mounts below %s in the pod's share: %w", name, err)
-		}
-		for _, rel := range below {
-			submounts = append(submounts, path.Join(agent.SharedDir, name, rel))
-		}
-	}
-	if len(submounts) > agent.MaxSubmounts {
-		return nil, fmt.Errorf("container %s: %d mounts below its root and volumes, more than %d: %w", r.ID, len(submounts), agent.MaxSubmounts, errdefs.ErrInvalidArgument)
-	}
-	return submounts, nil
-}
-
-// bindHost binds b into the pod's share, idmapped by a user namespace of its mappings if it
-// has them: the one in userns (by the mappings) if there is one, else a new one it adds there.
-func bindHost(pod VM, b HostBind, userns map[string]*os.File) error {
-	if b.UIDMappings == nil {
-		return pod.Bind(b.Source, b.Name, b.Flags)
-	}
-	key := fmt.Sprint(b.UIDMappings, b.GIDMappings)
-	ns, ok := userns[key]
-	if !ok {
+	if req.guestSpec != nil {
 		var err error
-		if ns, err = sandbox.UserNamespace(idMappings(b.UIDMappings), idMappings(b.GIDMappings)); err != nil {
-			return fmt.Errorf("a user namespace for its idmapped mount: %w", err)
+		if submounts, err = c.bind(run.vm, r, req.spec, req.hostBinds, undo); err != nil {
+			return err
 		}
-		userns[key] = ns
 	}
-	return pod.BindIDMapped(b.Source, b.Name, b.Flags, ns)
-}
-
-func idMappings(m []specs.LinuxIDMapping) []sandbox.IDMapping {
-	out := make([]sandbox.IDMapping, len(m))
-	for i, e := range m {
-		out[i] = sandbox.IDMapping{ContainerID: e.ContainerID, HostID: e.HostID, Size: e.Size}
-	}
-	return out
-}
-
-func readSpec(bundle string) (*specs.Spec, error) {
-	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	pio, err := stdio.Open(c.env.ctx, req.stdio)
 	if err != nil {
-		return nil, fmt.Errorf("the bundle's spec: %w", err)
+		return fmt.Errorf("container %s: %w", r.ID, err)
 	}
-	var spec specs.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		return nil, fmt.Errorf("the bundle's spec %s: %v: %w", filepath.Join(bundle, "config.json"), err, errdefs.ErrInvalidArgument)
+	c.init.io = pio
+	*undo = append(*undo, func() { pio.Close() })
+	specJSON, err := json.Marshal(req.guestSpec)
+	if err != nil {
+		return err
 	}
-	return &spec, nil
-}
-
-// watch starts p's output copies and its exit watcher. The exit watcher runs from creation,
-// so a process killed before it starts still exits. p's own calls to the agent (the wait, the
-// copies, Start's stdin copy) end with the pod, or when the host declares p exited
-// (endByHost): then its output is cut, and its exit is exitKilled.
-func (o *Pod) watch(run *podRun, c *Container, p *process) {
-	calls, endCalls := context.WithCancel(run.ctx)
-	p.mu.Lock()
-	p.calls, p.endCalls = calls, endCalls
-	if p.hostEnded { // declared before its Exec had returned
-		endCalls()
-	}
-	p.mu.Unlock()
-	drainCtx, cancelDrain := context.WithCancel(calls)
-	var wg sync.WaitGroup
-	copyOut := func(w interface{ Write([]byte) (int, error) }, read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), stream string) {
-		defer wg.Done()
-		var werr error
-		for {
-			resp, err := read(drainCtx, &agent.ReadStreamRequest{ContainerId: p.cid, ExecId: p.execID, Max: readMax})
-			if err != nil {
-				if drainCtx.Err() == nil {
-					o.guestLog.warn("read-"+stream, log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), "reading "+stream)
-				}
-				return
-			}
-			if len(resp.Data) > 0 && werr == nil {
-				// A reader gone (containerd restarted) must not stop the drain: the
-				// process would block on a full pty or pipe in the guest.
-				if _, werr = w.Write(resp.Data); werr != nil {
-					log.G(o.ctx).WithError(werr).WithField("process", p.name()).Warnf("writing %s", stream)
-				}
-			}
-			if resp.Eof {
-				return
-			}
-		}
-	}
-	if p.io.Stdout != nil {
-		wg.Add(1)
-		go copyOut(p.io.Stdout, run.agent.ReadStdout, "stdout")
-	}
-	if p.io.Stderr != nil {
-		wg.Add(1)
-		go copyOut(p.io.Stderr, run.agent.ReadStderr, "stderr")
-	}
-	go func() { wg.Wait(); close(p.outputDone) }()
-
-	go func() {
-		defer endCalls() // what is left of its calls (its stdin copy) ends with its exit
-		defer cancelDrain()
-		var e exit
-		resp, err := run.agent.WaitProcess(calls, &agent.WaitProcessRequest{ContainerId: p.cid, ExecId: p.execID})
-		close(p.reported)
-		switch {
-		case err != nil && run.ctx.Err() != nil:
-			e = exit{status: p.vmEndStatus(), at: time.Now()}
-		case err != nil && p.endedByHost():
-			e = exit{status: exitKilled, at: time.Now()} // its output copies were cut with its wait
-		case err != nil:
-			// A lost connection is usually the pod's death, reported (and logged) just after.
-			select {
-			case <-run.vm.Done():
-			case <-time.After(2 * time.Second):
-				o.guestLog.warn("wait", log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), fmt.Sprintf("the agent's wait failed: exit status %d", exitVMDied))
-			}
-			e = exit{status: p.vmEndStatus(), at: time.Now()}
-		default:
-			e = exit{status: resp.ExitStatus, at: time.Now()}
-			if t := resp.ExitedAt; t != nil && t.IsValid() {
-				e.at = t.AsTime()
-			}
-		}
-		select {
-		case <-p.outputDone:
-		case <-run.ctx.Done():
-		case <-time.After(drainTimeout):
-			log.G(o.ctx).WithField("process", p.name()).Warnf("its output was not drained %v after its exit: cut", drainTimeout)
-		}
-		o.exited(c, p, e)
-	}()
-}
-
-// exited runs p's exit sequence once: output drained (by the caller), stdio closed, the exit
-// recorded, TaskExit published, Wait released. An exit that comes while the process is
-// starting waits for Start to publish TaskStart first.
-func (o *Pod) exited(c *Container, p *process, e exit) {
-	p.mu.Lock()
-	if p.finishing {
-		p.mu.Unlock()
-		return
-	}
-	if p.state == stateStarting {
-		p.pending = &e
-		p.mu.Unlock()
-		return
-	}
-	p.finishing = true
-	p.mu.Unlock()
-
-	if p.execID == "" {
-		o.waitExecs(c)
-	}
-	if p.io != nil {
-		if err := p.io.Close(); err != nil {
-			log.G(o.ctx).WithError(err).WithField("process", p.name()).Warn("closing stdio")
-		}
-	}
-	p.mu.Lock()
-	p.state, p.exit = stateStopped, e
-	pid := p.pid
-	p.mu.Unlock()
-	o.publish(&eventstypes.TaskExit{
-		ContainerID: p.cid, ID: execOrContainer(p), Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at),
+	in, out, errw := req.stdio.Wants()
+	_, err = run.agent.CreateContainer(ctx, &agent.CreateContainerRequest{
+		ContainerId: r.ID, Spec: specJSON, Submounts: submounts,
+		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
-	close(p.exited)
-}
-
-func execOrContainer(p *process) string {
-	if p.execID == "" {
-		return p.cid
+	if err != nil {
+		return fmt.Errorf("the agent creating container %s: %w", r.ID, err)
 	}
-	return p.execID
-}
-
-// waitExecs waits for the exits of c's execs, which containerd wants published before the
-// init's. The started ones get execsTimeout to exit; then every exec the guest has not
-// reported (a created one at once) is declared exited by the host (exitKilled: the end of a
-// container's init kills what runs in its PID namespace, and an exec the guest does not
-// report then is its to account for, not the host's to wait on), and their exit sequences are
-// waited for, within execsTimeout again: so the container's Delete finds no exec running.
-func (o *Pod) waitExecs(c *Container) {
+	pid := run.vm.Pid()
+	c.init.pid = pid
+	*undo = append(*undo, func() {
+		if err := run.forget(c.env.ctx, c.init); err != nil {
+			log.G(c.env.ctx).WithError(err).Warnf("deleting container %s in the guest after its failed create", r.ID)
+		}
+	})
+	if err := c.createHooks(run); err != nil {
+		// The runtime spec goes on from a failed hook to the destroy, then the poststop
+		// hooks: first in the undo chain, they run once everything else is undone.
+		*undo = slices.Insert(*undo, 0, func() { c.postHooks(hooks.Poststop, run, specs.StateStopped) })
+		return err
+	}
 	c.mu.Lock()
-	execs := slices.Collect(maps.Values(c.execs))
+	c.ready = true
 	c.mu.Unlock()
-	deadline := time.NewTimer(execsTimeout)
-	defer deadline.Stop()
-wait:
-	for _, p := range execs {
-		if st, _, _ := p.snapshot(); st == stateCreated {
-			continue // never started: no exit to wait for
-		}
-		select {
-		case <-p.exited:
-		case <-deadline.C:
-			break wait
-		}
-	}
-	var declared []string
-	for _, p := range execs {
-		if c.endExecByHost(p) {
-			declared = append(declared, p.execID)
+	c.env.publish(&eventstypes.TaskCreate{
+		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Pid: pid,
+		IO: &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+	})
+	c.watch(run, c.init)
+	return nil
+}
+
+// start starts c's created process p (an exec only while the init runs) and returns its pid:
+// TaskStart (or TaskExecStarted) is published before an exit that came meanwhile runs its
+// exit sequence. Then its stdin is copied, and an init's poststart hooks run.
+func (c *Container) start(ctx context.Context, run *podRun, p *process) (uint32, error) {
+	if p.execID != "" {
+		if err := c.init.check(opExec); err != nil {
+			return 0, err
 		}
 	}
-	if len(declared) > 0 {
-		o.guestLog.warn("exec-exits", log.G(o.ctx).WithField("container", c.id).WithField("execs", declared),
-			fmt.Sprintf("execs the guest did not report exited after the init: the host declares them exited (%d)", exitKilled))
+	if err := p.transition(opStart, stateStarting); err != nil {
+		return 0, err
 	}
-	deadline.Reset(execsTimeout)
-	for _, p := range execs {
-		select {
-		case <-p.exited:
-		case <-deadline.C:
-			log.G(o.ctx).WithField("container", c.id).Warnf("its execs had not exited %v after the host declared them exited", execsTimeout)
-			return
-		}
+	if _, err := run.agent.StartProcess(ctx, &agent.StartProcessRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
+		c.startEnded(p, stateCreated)
+		return 0, fmt.Errorf("the agent starting %s: %w", p.name(), err)
+	}
+	pid := run.vm.Pid()
+	p.mu.Lock()
+	p.pid = pid
+	p.mu.Unlock()
+	if p.execID == "" {
+		c.env.publish(&eventstypes.TaskStart{ContainerID: p.cid, Pid: pid})
+	} else {
+		c.env.publish(&eventstypes.TaskExecStarted{ContainerID: p.cid, ExecID: p.execID, Pid: pid})
+	}
+	c.startEnded(p, stateRunning)
+	c.copyStdin(run, p)
+	if p.execID == "" {
+		c.postHooks(hooks.Poststart, run, specs.StateRunning)
+	}
+	return pid, nil
+}
+
+// startEnded moves p, starting, to next, and runs the exit sequence of an exit that came
+// while it was starting.
+func (c *Container) startEnded(p *process, next state) {
+	p.mu.Lock()
+	p.state = next
+	pending := p.pending
+	p.pending = nil
+	p.mu.Unlock()
+	if pending != nil {
+		go c.exited(p, *pending)
 	}
 }
 
-// copyStdin copies the stdin fifo to the agent until its end of file, which comes once CloseIO
-// has closed the shim's write side and the client its own (package stdio), and then closes the
-// process's stdin in the guest: every byte written before is delivered first. The client
-// closing its side alone has not asked for EOF (ctr at the end of its input). That is
-// containerd's runc shim's behaviour. The copy also ends when the process's streams are closed
-// (its exit) or the pod ends.
-func (o *Pod) copyStdin(run *podRun, p *process) {
-	if p.io == nil || p.io.Stdin == nil {
-		return
+// exec adds exec r.ExecID to c, which must be running; it is started by Start, once exec has
+// returned. ns is the containerd namespace of its stdio.
+func (c *Container) exec(ctx context.Context, run *podRun, r *taskAPI.ExecProcessRequest, ns string) (retErr error) {
+	if r.ExecID == "" {
+		return fmt.Errorf("exec without an id: %w", errdefs.ErrInvalidArgument)
 	}
-	ctx := p.callContext()
-	go func() {
-		buf := make([]byte, readMax)
-		for {
-			n, rerr := p.io.Stdin.Read(buf)
-			if n > 0 {
-				if _, err := run.agent.WriteStdin(ctx, &agent.WriteStdinRequest{ContainerId: p.cid, ExecId: p.execID, Data: slices.Clone(buf[:n])}); err != nil {
-					if ctx.Err() == nil {
-						o.guestLog.warn("write-stdin", log.G(o.ctx).WithField("error", guestText(err.Error())).WithField("process", p.name()), "writing stdin")
-					}
-					return
-				}
-			}
-			if errors.Is(rerr, io.EOF) {
-				if err := run.closeStdin(ctx, p); err != nil && run.live() {
-					o.guestLog.warn("close-stdin", log.G(o.ctx).WithError(err).WithField("process", p.name()), "closing stdin")
-				}
-				return
-			}
-			if rerr != nil {
-				return
+	if err := c.init.check(opExec); err != nil {
+		return err
+	}
+	procJSON, err := execProcess(r.Spec)
+	if err != nil {
+		return fmt.Errorf("exec %s: %v: %w", r.ExecID, err, errdefs.ErrInvalidArgument)
+	}
+	sc := stdio.Config{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal, ContainerID: r.ID, Namespace: ns}
+	p := newProcess(r.ID, r.ExecID, sc)
+	c.mu.Lock()
+	if _, ok := c.execs[r.ExecID]; ok {
+		c.mu.Unlock()
+		return fmt.Errorf("exec %s of container %s: %w", r.ExecID, r.ID, errdefs.ErrAlreadyExists)
+	}
+	c.execs[r.ExecID] = p // reserved; started only once Exec returns
+	c.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			c.forgetExec(p)
+			if p.io != nil {
+				p.io.Close()
 			}
 		}
 	}()
+	if p.io, err = stdio.Open(c.env.ctx, sc); err != nil {
+		return fmt.Errorf("exec %s: %w", r.ExecID, err)
+	}
+	in, out, errw := sc.Wants()
+	_, err = run.agent.ExecProcess(ctx, &agent.ExecProcessRequest{
+		ContainerId: r.ID, ExecId: r.ExecID, Process: procJSON,
+		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
+	})
+	if err != nil {
+		return fmt.Errorf("the agent adding exec %s to %s: %w", r.ExecID, r.ID, err)
+	}
+	c.env.publish(&eventstypes.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
+	c.watch(run, p)
+	return nil
 }
 
-// closeStdin closes p's stdin in the guest (for a terminal, the agent sends its end-of-file
-// character).
-func (run *podRun) closeStdin(ctx context.Context, p *process) error {
-	if _, err := run.agent.CloseStdin(ctx, &agent.CloseStdinRequest{ContainerId: p.cid, ExecId: p.execID}); err != nil {
-		return fmt.Errorf("the agent closing the stdin of %s: %w", p.name(), err)
+// execProcess checks an exec's process spec (JSON in an Any, as containerd sends
+// specs.Process) and returns it adapted for the guest, as JSON.
+func execProcess(a interface {
+	GetTypeUrl() string
+	GetValue() []byte
+}) ([]byte, error) {
+	if a == nil || len(a.GetValue()) == 0 {
+		return nil, errors.New("no process spec")
+	}
+	var proc specs.Process
+	if err := json.Unmarshal(a.GetValue(), &proc); err != nil {
+		return nil, fmt.Errorf("process spec (%s): %v", a.GetTypeUrl(), err)
+	}
+	return json.Marshal(adaptProcess(&proc))
+}
+
+// remove undoes on the host what c's Create did, once its init is deleted: its binds taken out
+// of run's share (none once the pod is gone: run nil), its rootfs unmounted, then its poststop
+// hooks run.
+func (c *Container) remove(run *podRun) {
+	if run != nil {
+		c.unbind(run.vm)
+	}
+	if c.rootfsMounted {
+		unmountRootfs(c.env.ctx, filepath.Join(c.bundle, "rootfs"))
+	}
+	c.postHooks(hooks.Poststop, run, specs.StateStopped)
+}
+
+// kill sends sig to p (with all, to every process of p's container). A SIGKILL is the host's
+// to finish, whatever the agent answers: the processes it is for are marked killed (exitKilled
+// if the VM has to go), and unless the guest reports each one's exit within
+// GuestLimits.KillGrace, the host ends it (enforceKill). Without an answer the SIGKILL succeeds
+// for containerd all the same; an answer that refuses it (the guest says the process has
+// exited: NotFound) goes to containerd as it is.
+func (c *Container) kill(ctx context.Context, run *podRun, p *process, sig uint32, all bool) error {
+	enforce := sig == uint32(syscall.SIGKILL)
+	var execs []*process // with all, the init's execs the SIGKILL is for too
+	if enforce {
+		p.markKilled()
+		if all && p.execID == "" {
+			c.mu.Lock()
+			for _, e := range c.execs {
+				e.markKilled()
+				execs = append(execs, e)
+			}
+			c.mu.Unlock()
+		}
+	}
+	_, err := run.agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
+	if enforce {
+		// A refusal is the guest's word too: an exited process's report follows at once.
+		go c.enforceKill(run, p)
+		for _, e := range execs {
+			go c.enforceKill(run, e)
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
+			log.G(c.env.ctx).WithError(err).WithField("process", p.name()).Warnf("no answer to SIGKILL: the host ends the process within %v", c.env.limits.KillGrace)
+			return nil
+		}
+	}
+	switch {
+	case errdefs.IsNotFound(err):
+		// Exited in the guest, its report on the way: as runc's shim, "already dead".
+		return fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
 	}
 	return nil
 }
 
-// forget asks the agent to forget p; a process it does not know is already forgotten.
-func (run *podRun) forget(ctx context.Context, p *process) error {
-	_, err := run.agent.DeleteProcess(ctx, &agent.DeleteProcessRequest{ContainerId: p.cid, ExecId: p.execID})
-	if err != nil && run.live() && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("the agent deleting %s: %w", p.name(), err)
+// pauseResume freezes (opPause) or thaws (opResume) c in the guest, then moves its init to
+// next unless it exited meanwhile.
+func (c *Container) pauseResume(ctx context.Context, run *podRun, o op, next state) error {
+	if err := c.init.check(o); err != nil {
+		return err
+	}
+	var err error
+	if o == opPause {
+		_, err = run.agent.PauseContainer(ctx, &agent.PauseContainerRequest{ContainerId: c.id})
+	} else {
+		_, err = run.agent.ResumeContainer(ctx, &agent.ResumeContainerRequest{ContainerId: c.id})
+	}
+	if err != nil {
+		return fmt.Errorf("the agent: %s container %s: %w", o, c.id, err)
+	}
+	// The process may have exited meanwhile: then it stays stopped.
+	if err := c.init.transition(o, next); err != nil {
+		return err
+	}
+	if o == opPause {
+		c.env.publish(&eventstypes.TaskPaused{ContainerID: c.id})
+	} else {
+		c.env.publish(&eventstypes.TaskResumed{ContainerID: c.id})
 	}
 	return nil
 }
 
-// unbind takes c's files out of the pod's share, the last bound first. ctx is the shim's: its
-// logger.
-func (c *Container) unbind(ctx context.Context, pod VM) {
-	for i := len(c.binds) - 1; i >= 0; i-- {
-		if err := pod.Unbind(c.binds[i]); err != nil {
-			log.G(ctx).WithError(err).WithField("container", c.id).Warnf("unbinding %s from the pod's share", c.binds[i])
-		}
+// stats is the agent's cgroup metrics of c (the pod's, for the pod sandbox), as the door
+// checked them, served from the guest's last answer when the guest is slow (stats.go).
+func (c *Container) stats(ctx context.Context, run *podRun) (*anypb.Any, error) {
+	v, err := c.lastStats.get(ctx, run.ctx, c.env.limits.StatsWait, func(ctx context.Context) (*anypb.Any, error) {
+		resp, err := run.agent.Stats(ctx, &agent.StatsRequest{ContainerId: c.id})
+		return resp.GetStats(), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the agent's stats of %s: %w", c.id, err)
 	}
-	c.binds = nil
+	return v, nil
 }
 
-func unmountRootfs(ctx context.Context, rootfs string) {
-	if err := mount.UnmountRecursive(rootfs, 0); err != nil {
-		log.G(ctx).WithError(err).Warnf("unmounting %s", rootfs)
+// update gives c new resource limits (linux.resources JSON).
+func (c *Container) update(ctx context.Context, run *podRun, resources []byte) error {
+	if _, err := run.agent.UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: c.id, Resources: resources}); err != nil {
+		return fmt.Errorf("the agent updating %s: %w", c.id, err)
 	}
+	return nil
 }
 
-// markKilled marks every process of cs as killed by the host: those the pod's end that
-// follows ends exit with exitKilled.
-func markKilled(cs []*Container) {
-	for _, c := range cs {
-		c.init.markKilled()
-		c.mu.Lock()
-		for _, e := range c.execs {
-			e.markKilled()
-		}
-		c.mu.Unlock()
+// resizePty resizes the pty of p, a process of c with a terminal.
+func (c *Container) resizePty(ctx context.Context, run *podRun, p *process, width, height uint32) error {
+	if err := p.check(opIO); err != nil {
+		return err
 	}
-}
-
-// containerHooks is what a container's host hooks are run with: its spec's hooks and
-// annotations. (AdaptSpec gives the guest the container-namespace phases.)
-type containerHooks struct {
-	hooks       *specs.Hooks
-	annotations map[string]string
+	if !p.stdio.Terminal {
+		return fmt.Errorf("%s has no terminal: %w", p.name(), errdefs.ErrFailedPrecondition)
+	}
+	if _, err := run.agent.ResizePty(ctx, &agent.ResizePtyRequest{ContainerId: p.cid, ExecId: p.execID, Width: width, Height: height}); err != nil {
+		return fmt.Errorf("the agent resizing the pty of %s: %w", p.name(), err)
+	}
+	return nil
 }

@@ -11,27 +11,40 @@
 //     or the container's own id for ctr and nerdctl) into one long-lived shim process per pod,
 //     on a socket named after the pod; the delete action (Cleanup) undoes what a dead shim
 //     left: the rootfs mount and the sandbox (VM killed, mounts detached, directory removed).
-//   - Pod (pod.go) owns the pod: its containers, its run (podRun: the VM, the door to
-//     its agent, agentdoor.go, and the failure policy) and the Sandbox API's sandbox. The two
-//     services below share it; each is a plugin of its own (package shim/plugin), and
-//     ErrorEdge (interceptor.go), a ttrpc server interceptor, is the one place their errors
-//     become gRPC codes. A container's create and exit sequence is in container.go. Either
-//     API's pod request is made in one place (newPodRequest, podrequest.go): one set of checks,
-//     one sizing of the VM.
-//   - TaskService (taskservice.go) is the task API. The first Create makes and boots the pod
-//     (a VMStarter: StartQEMUVM in production), the last Delete stops it (without deleting
-//     the container in the guest first: the agent's Shutdown ends it there), Shutdown with no
-//     container left ends the shim. That is the pod's life with CRI's default sandboxer
-//     "podsandbox".
-//   - SandboxService (sandboxservice.go, containerd.runtime.sandbox.v1) is the pod's life
-//     with CRI's sandboxer "shim": CreateSandbox takes the pod's CRI config and network
-//     namespace (the configuration from the runtime options the start action kept in the
-//     bundle), StartSandbox boots the pod, with no pause container; the containers, created
-//     through the task API, join it. StopSandbox kills what still runs (SIGKILL, which the
-//     host finishes) and stops the pod, WaitSandbox returns at its end (0 when stopped,
-//     255 when its VM died), SandboxMetrics is the pod's host cgroup parent's metrics (as
-//     podsandbox reads them; the guest's cgroup metrics for a pod without a cgroup parent),
-//     ShutdownSandbox ends the shim. Such a pod outlives its last container.
+//   - Pod (pod.go) owns the pod: its containers, its run (podRun, podrun.go: the VM, the
+//     door to its agent, agentdoor.go, with the failure policy, and the context the calls end
+//     with), its OOM event stream and the Sandbox API's sandbox. What the pod and its
+//     containers share for the shim's life (the shim's context, the event publisher, the
+//     guest logger, the limits) is a podEnv (podenv.go). The pod's containers come and go
+//     through it (podcontainers.go): a container listed, the pod acquired (booted for the
+//     first), the container created in it; deleted, and the pod ended with the last.
+//   - Container (containerstate.go) is one container: its init and execs (process.go, the
+//     state table) and what the host declared of them. Its life is its own (container.go):
+//     create (its files into the share, containerfiles.go, the agent's container, its hooks,
+//     hooks.go), start, exec, kill (a SIGKILL the host finishes), pause, resume, stats,
+//     update, and the host's side undone at its Delete; each process's output, stdin and exit
+//     sequence (watch.go). Each call takes the pod's run it is made in.
+//   - TaskService (taskservice.go) and SandboxService (sandboxservice.go) are containerd's two
+//     APIs, thin adapters holding the Pod: each call finds its container or process, turns
+//     the request into the Pod's or the Container's terms and the answer back. Each is a
+//     plugin of its own (package shim/plugin); ErrorEdge (interceptor.go), a ttrpc server
+//     interceptor, is the one place their errors become gRPC codes. A task Create is checked
+//     whole first (newContainerRequest, containerrequest.go); either API's pod request is made
+//     in one place (newPodRequest, podrequest.go): one set of checks, one sizing of the VM.
+//   - The task API's pod: the first Create makes and boots it (a VMStarter: StartQEMUVM in
+//     production), the last Delete stops it (without deleting the container in the guest
+//     first: the agent's Shutdown ends it there), Shutdown with no container left ends the
+//     shim. That is the pod's life with CRI's default sandboxer "podsandbox".
+//   - The Sandbox API's pod (containerd.runtime.sandbox.v1; podsandbox.go, its life in
+//     sandboxlife.go) is the pod's life with CRI's sandboxer "shim": CreateSandbox takes the
+//     pod's CRI config and network namespace (the configuration from the runtime options the
+//     start action kept in the bundle), StartSandbox boots the pod, with no pause container;
+//     the containers, created through the task API, join it. StopSandbox kills what still
+//     runs (SIGKILL, which the host finishes) and stops the pod, WaitSandbox returns at its
+//     end (0 when stopped, 255 when its VM died), SandboxMetrics is the pod's host cgroup
+//     parent's metrics (as podsandbox reads them; the guest's cgroup metrics for a pod
+//     without a cgroup parent), ShutdownSandbox ends the shim. Such a pod outlives its last
+//     container.
 //   - The pod sandbox's task (sandboxtask.go): with CRI's podsandbox sandboxer the first
 //     container is the pause container. The VM is the pod, so it runs nothing: its Create
 //     boots the pod, sized by CRI's resource annotations (sizePod), named by its hostname (the
@@ -42,13 +55,10 @@
 //     does: its VM stopped, whatever container is left ended by the host (its processes exit
 //     137) and deletable after.
 //   - VM (vm.go) is the narrow interface to the pod's VM: the agent (api/agent/v1), the
-//     share's Bind and Unbind, the VM's death, and Kill, the host's last word. Booted, a VM is
-//     run by a podRun (pod.go): the VM, the door to its agent (agentdoor.go), the context of
-//     the calls that end with it; the Pod runs its OOM loop and the host's end of a SIGKILL.
-//     QEMUVM is the real VM: a sandbox.Sandbox booted with sandbox.DefaultVM, the agent
-//     dialled on agent.sock (virtio-serial) or vsock until it answers Ping within
-//     agent.boot_timeout, and the sandbox's control API served on control.sock in the sandbox
-//     directory.
+//     share's Bind and Unbind, the VM's death, and Kill, the host's last word. QEMUVM is the
+//     real one: a sandbox.Sandbox booted with sandbox.DefaultVM, the agent dialled on
+//     agent.sock (virtio-serial) or vsock until it answers Ping within agent.boot_timeout,
+//     and the sandbox's control API served on control.sock in the sandbox directory.
 //   - The pod's network (network.go): the sandbox container's network namespace path
 //     (PodRequest.NetNS) is joined to the VM by package sandbox/network before the VM starts
 //     (a tap and tc redirects beside the pod's veth, the tap a virtio-net NIC with the veth's
@@ -117,8 +127,8 @@
 // # Locks
 //
 // Pod.mu guards the container map, the pod's run and the Sandbox API's sandbox (its
-// phase, pid and exit); container.mu a container's execs and its strays; process.mu a
-// process's state; agentDoor.mu the door's counts. Order: Pod.mu, then container.mu, then
+// phase, pid and exit); Container.mu a container's execs and its strays; process.mu a
+// process's state; agentDoor.mu the door's counts. Order: Pod.mu, then Container.mu, then
 // process.mu; none is held across a call to the agent, the VM, the sandbox, a mount or the
 // publisher. The first Create (or StartSandbox) boots the pod with no lock held; concurrent
 // Creates wait on a channel.

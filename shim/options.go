@@ -13,6 +13,8 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/kvfs/kvfs/sandbox"
 )
 
 // Version is the shim's version, answered by Connect and -info.
@@ -150,4 +152,36 @@ func readRuntimeOptions(bundle string) (*anypb.Any, error) {
 		return nil, fmt.Errorf("the shim's runtime options %s: %w", filepath.Join(bundle, runtimeOptionsName), err)
 	}
 	return typeurl.MarshalAnyToProto(&ro)
+}
+
+// DefaultConfigPath is where the node's sandbox configuration is, if it has one.
+const DefaultConfigPath = "/etc/kvfs/configuration.toml"
+
+// ConfigFileEnv is the environment variable that names the sandbox configuration in place of
+// DefaultConfigPath, for a runtime handler without options: set in containerd's environment,
+// its shims inherit it. Such a handler is what runs user-namespaced CRI pods: containerd's
+// CRI (v2.4) gives their tasks runc's options (IoUid, IoGid), and fails on a handler whose
+// options are of another type, as ConfigPath's are.
+const ConfigFileEnv = "KVFS_CONFIG_FILE"
+
+// loadConfig reads the sandbox configuration runtime options give (runtimeoptions'
+// ConfigBody, else ConfigPath), else the file $KVFS_CONFIG_FILE names (ConfigFileEnv), else
+// defaultPath if it exists, else the defaults.
+func loadConfig(path string, body []byte, defaultPath string) (*sandbox.Config, error) {
+	switch {
+	case len(body) > 0:
+		return sandbox.ParseConfig(body)
+	case path != "":
+		return sandbox.LoadConfig(path)
+	}
+	if env := os.Getenv(ConfigFileEnv); env != "" {
+		if !filepath.IsAbs(env) {
+			return nil, fmt.Errorf("%s=%q: not an absolute path", ConfigFileEnv, env)
+		}
+		return sandbox.LoadConfig(env)
+	}
+	if _, err := os.Stat(defaultPath); err == nil {
+		return sandbox.LoadConfig(defaultPath)
+	}
+	return sandbox.DefaultConfig(), nil
 }

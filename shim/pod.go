@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/v2/core/events"
-	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/containerd/v2/pkg/shutdown"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -23,9 +19,8 @@ import (
 	"github.com/kvfs/kvfs/sandbox"
 )
 
-// The pod's owner: the state the task service and the Sandbox API service share, and the
-// pod's life as they see it: booted by the first Create (or StartSandbox), owned by a podRun
-// until it is stopped, failed by the host when its guest misbehaves.
+// The pod: its containers, and its life: booted by the first Create (or StartSandbox), run by
+// a podRun until it is stopped, failed by the host when its guest misbehaves.
 
 // Options configure a Pod.
 type Options struct {
@@ -42,48 +37,31 @@ type Options struct {
 	Limits GuestLimits
 }
 
-// DefaultConfigPath is where the node's sandbox configuration is, if it has one.
-const DefaultConfigPath = "/etc/kvfs/configuration.toml"
-
-// ConfigFileEnv is the environment variable that names the sandbox configuration in place of
-// DefaultConfigPath, for a runtime handler without options: set in containerd's environment,
-// its shims inherit it. Such a handler is what runs user-namespaced CRI pods: containerd's
-// CRI (v2.4) gives their tasks runc's options (IoUid, IoGid), and fails on a handler whose
-// options are of another type, as ConfigPath's are.
-const ConfigFileEnv = "KVFS_CONFIG_FILE"
-
-// Pod owns the pod of one shim: its containers, its run (the VM, the door to its agent,
-// the failure policy), and the Sandbox API's sandbox. TaskService and SandboxService serve
-// containerd's calls on it. See the package documentation for the lock order and the threat
-// model.
+// Pod is the pod of one shim: its containers, its run (the VM, the door to its agent, the
+// failure policy), its OOM events, and the Sandbox API's sandbox. TaskService and
+// SandboxService serve containerd's calls on it. See the package documentation for the lock
+// order and the threat model.
 type Pod struct {
-	ctx  context.Context // the shim's; outlives requests
-	opts Options
+	*podEnv // the shim's context, the publisher, the guest logger, the limits
+	opts    Options
 
 	mu         sync.Mutex
 	containers map[string]*Container // guarded by mu; a container is listed from Create's start
 	run        *podRun               // guarded by mu; the pod, from its boot to its stop
 	booting    chan struct{}         // guarded by mu; non-nil while a Create boots the pod
-	guestLog   guestLogger           // the log lines the guest can cause, rate-limited
-	// sandbox is the Sandbox API's pod (sandboxservice.go), from CreateSandbox to
+	// sandbox is the Sandbox API's pod (sandboxlife.go), from CreateSandbox to
 	// ShutdownSandbox; nil when the task API makes the pod (its first Create).
 	sandbox *podSandbox // guarded by mu
 }
 
-// NewPod returns the owner of a shim's pod, with no pod yet. ctx is the shim's: it
-// carries the logger and the namespace.
+// NewPod returns a shim's pod, not yet booted. ctx is the shim's: it carries the logger and
+// the namespace.
 func NewPod(ctx context.Context, opts Options) *Pod {
 	if opts.DefaultConfigPath == "" {
 		opts.DefaultConfigPath = DefaultConfigPath
 	}
-	opts.Limits = opts.Limits.withDefaults()
-	return &Pod{ctx: ctx, opts: opts, containers: make(map[string]*Container)}
-}
-
-func (o *Pod) publish(evt any) {
-	if err := o.opts.Publisher.Publish(o.ctx, runtime.GetTopic(evt), evt); err != nil {
-		log.G(o.ctx).WithError(err).Error("publish event")
-	}
+	env := &podEnv{ctx: ctx, pub: opts.Publisher, limits: opts.Limits.withDefaults()}
+	return &Pod{podEnv: env, opts: opts, containers: make(map[string]*Container)}
 }
 
 // getContainer returns a container whose Create has finished.
@@ -133,28 +111,6 @@ func (o *Pod) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
 	return cfg, nil
 }
 
-// loadConfig reads the sandbox configuration runtime options give (runtimeoptions'
-// ConfigBody, else ConfigPath), else the file $KVFS_CONFIG_FILE names (ConfigFileEnv), else
-// defaultPath if it exists, else the defaults.
-func loadConfig(path string, body []byte, defaultPath string) (*sandbox.Config, error) {
-	switch {
-	case len(body) > 0:
-		return sandbox.ParseConfig(body)
-	case path != "":
-		return sandbox.LoadConfig(path)
-	}
-	if env := os.Getenv(ConfigFileEnv); env != "" {
-		if !filepath.IsAbs(env) {
-			return nil, fmt.Errorf("%s=%q: not an absolute path", ConfigFileEnv, env)
-		}
-		return sandbox.LoadConfig(env)
-	}
-	if _, err := os.Stat(defaultPath); err == nil {
-		return sandbox.LoadConfig(defaultPath)
-	}
-	return sandbox.DefaultConfig(), nil
-}
-
 // Close is the shim's last act (a shutdown callback): the pod, if one still runs, is stopped
 // and the publisher closed.
 func (o *Pod) Close(ctx context.Context) error {
@@ -183,55 +139,6 @@ const (
 	// those older than GuestLimits.OOMInterval.
 	oomKept = 64
 )
-
-// podRun is the pod from its boot to its stop: its VM (a Pod), the door to its agent, the
-// agent the services call (the door, fronted by the pod sandbox's task when CRI's podsandbox
-// runs the pod), and the pod's life: its context, with which the door ends every call to the
-// agent and the processes' own calls end.
-type podRun struct {
-	id string
-	// sandboxTask says the pod was booted for CRI's pod sandbox container (its id is id),
-	// whose task is the pod's life: its Delete ends the pod.
-	sandboxTask bool
-	vm          VM
-	door        *agentDoor
-	agent       agent.AgentService
-	ctx         context.Context // ends when the pod dies or is stopped
-	cancel      context.CancelFunc
-}
-
-// newPodRun is the run of pod, booted for req. The door's failure policy kills the VM: the
-// pod's death then ends every process (watch). The frames the pod's agent connection drops,
-// if it is filtered (agentwire.go), count at the door.
-func (o *Pod) newPodRun(pod VM, req PodRequest) *podRun {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(o.ctx))
-	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, vm: pod, ctx: ctx, cancel: cancel}
-	r.door = newAgentDoor(o.ctx, ctx, pod.Agent(), o.opts.Limits, &o.guestLog, func(why error) {
-		log.G(o.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
-		pod.Kill(why)
-	})
-	if w, ok := pod.(wireFiltered); ok && w.agentWire() != nil {
-		w.agentWire().watch(func(v wireViolation) {
-			r.door.broke(v.kind, fmt.Errorf("the guest agent broke the protocol: %w", v), v.fatal)
-		})
-	}
-	r.agent = r.door
-	if req.SandboxTask {
-		r.agent = newSandboxAgent(r.door, req.ID, pod.Pid())
-	}
-	return r
-}
-
-// live says the pod's agent can still be asked: the pod has not died (its context ends just
-// after) nor been stopped.
-func (r *podRun) live() bool {
-	select {
-	case <-r.vm.Done():
-		return false
-	default:
-		return r.ctx.Err() == nil
-	}
-}
 
 // currentRun returns the pod's run.
 func (o *Pod) currentRun() (*podRun, error) {
@@ -282,7 +189,7 @@ func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*
 		pod, err := o.opts.StartVM(ctx, req)
 		var run *podRun
 		if err == nil {
-			run = o.newPodRun(pod, req)
+			run = newPodRun(o.podEnv, pod, req)
 		}
 		o.mu.Lock()
 		o.booting = nil
@@ -319,15 +226,6 @@ func (o *Pod) takeRunLocked() *podRun {
 	run := o.run
 	o.run = nil
 	return run
-}
-
-// stop stops the pod's VM: the agent's Shutdown answers the pending GetOOMEvent
-// (Unavailable), which ends the OOM loop; the run's context goes after, and with it the
-// calls left.
-func (run *podRun) stop(ctx context.Context) error {
-	err := run.vm.Stop(ctx)
-	run.cancel()
-	return err
 }
 
 // stopPodIfEmpty stops the pod once no container is left (and none is being created), unless
@@ -430,13 +328,13 @@ func (o *Pod) oomLoop(run *podRun) {
 		switch {
 		case !known:
 			o.guestLog.warn("oom-unknown", log.G(o.ctx).WithField("container", guestText(id)), "the agent reported an OOM kill in an unknown container")
-		case time.Since(last[id]) >= o.opts.Limits.OOMInterval:
+		case time.Since(last[id]) >= o.limits.OOMInterval:
 			last[id] = time.Now()
 			o.publish(&eventstypes.TaskOOM{ContainerID: id})
 		}
 		if len(last) > oomKept {
 			for id, t := range last {
-				if time.Since(t) >= o.opts.Limits.OOMInterval { // as good as absent
+				if time.Since(t) >= o.limits.OOMInterval { // as good as absent
 					delete(last, id)
 				}
 			}
@@ -459,81 +357,17 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// kill sends sig to p (with all, to every process of p's container). A SIGKILL is the host's
-// to finish, whatever the agent answers: the processes it is for are marked killed (exitKilled
-// if the VM has to go), and unless the guest reports each one's exit within
-// GuestLimits.KillGrace, the host ends it (enforceKill). Without an answer the SIGKILL succeeds
-// for containerd all the same; an answer that refuses it (the guest says the process has
-// exited: NotFound) goes to containerd as it is.
-func (o *Pod) kill(ctx context.Context, run *podRun, c *Container, p *process, sig uint32, all bool) error {
-	enforce := sig == uint32(syscall.SIGKILL)
-	var execs []*process // with all, the init's execs the SIGKILL is for too
-	if enforce {
-		p.markKilled()
-		if all && p.execID == "" {
-			c.mu.Lock()
-			for _, e := range c.execs {
-				e.markKilled()
-				execs = append(execs, e)
-			}
-			c.mu.Unlock()
-		}
-	}
-	_, err := run.agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: p.cid, ExecId: p.execID, Signal: sig, All: all})
-	if enforce {
-		// A refusal is the guest's word too: an exited process's report follows at once.
-		go o.enforceKill(run, c, p)
-		for _, e := range execs {
-			go o.enforceKill(run, c, e)
-		}
-		if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
-			log.G(o.ctx).WithError(err).WithField("process", p.name()).Warnf("no answer to SIGKILL: the host ends the process within %v", o.opts.Limits.KillGrace)
-			return nil
-		}
-	}
-	switch {
-	case errdefs.IsNotFound(err):
-		// Exited in the guest, its report on the way: as runc's shim, "already dead".
-		return fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
-	case err != nil:
-		return fmt.Errorf("the agent signalling %s: %w", p.name(), err)
-	}
-	return nil
-}
-
-// enforceKill ends p, SIGKILLed, unless the agent reports its exit within
-// GuestLimits.KillGrace. (What follows the report, the drain of its output and its execs'
-// exits, has bounds of its own and is no longer the guest's to confirm.)
-//
-// A container's init is ended by killing the pod's VM: the guest cannot be trusted to have
-// killed one container and not the others, and a container's end is what frees what the host
-// gave it (its binds in the share, its rootfs, CRI's pod stop after it). An exec is declared
-// exited by the host (exitKilled: its output cut, TaskExit published, Wait released, Delete
-// allowed), and the pod goes on. That is not counted as the guest's misbehaviour at the door:
-// a healthy guest's exec can outlive a SIGKILL for as long as it sleeps uninterruptibly (a
-// hung mount, a stuck device), which must not take its pod down; and a guest that keeps an
-// exec running on purpose gains nothing root in it could not have anyway, since the process
-// runs inside the VM, on the pod's resources, and the host keeps nothing of it once deleted.
-func (o *Pod) enforceKill(run *podRun, c *Container, p *process) {
-	grace := o.opts.Limits.KillGrace
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-p.reported:
-		return
-	case <-run.ctx.Done(): // the pod ended: p's exit comes with it
-		return
-	case <-t.C:
-	}
-	why := fmt.Errorf("the guest did not end %s within %v of SIGKILL", p.name(), grace)
-	if p.execID == "" {
-		run.door.cutOff(why)
+// shutdownIfIdle ends the shim once it serves no container, boots no pod and has no sandbox
+// of the Sandbox API (ShutdownSandbox ends that).
+func (o *Pod) shutdownIfIdle() {
+	o.mu.Lock()
+	busy := len(o.containers) > 0 || o.booting != nil || o.sandbox != nil
+	o.mu.Unlock()
+	if busy {
 		return
 	}
-	if c.endExecByHost(p) {
-		o.guestLog.warn("exec-kill", log.G(o.ctx).WithError(why),
-			fmt.Sprintf("the host declares the exec exited (%d); it may still run in the guest", exitKilled))
-	}
+	o.stopPodIfEmpty()
+	o.opts.Shutdown.Shutdown()
 }
 
 // podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.

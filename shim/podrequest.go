@@ -19,38 +19,6 @@ import (
 // common terms (a podAsk: podAskOfSpec, podAskOfCRI); newPodRequest checks it whole and sizes
 // the VM.
 
-// PodRequest is what a pod is made from (newPodRequest): its first container's Create, or the
-// Sandbox API's CreateSandbox.
-type PodRequest struct {
-	// ID is the sandbox id: the CRI sandbox id, or the container's id without one.
-	ID string
-	// Config is the sandbox configuration (validated).
-	Config *sandbox.Config
-	// Annotations are the first container's (untrusted; see sandbox.Config.Resolve).
-	Annotations map[string]string
-	// SandboxTask says the first container is CRI's pod sandbox container: its task is the
-	// VM's, answered by the shim (sandboxtask.go).
-	SandboxTask bool
-	// Hostname is the pod's (the sandbox container's spec), given to the guest, whose UTS
-	// namespace the pod's containers share. Empty: none.
-	Hostname string
-	// NetNS is the pod's network namespace path (the sandbox container's spec, linux.namespaces
-	// type network): joined to the VM by a tap. Empty: the VM has no NIC.
-	NetNS string
-	// Cgroup is the pod's host cgroup, where the pod's shim, kvfsd and QEMU run (cgroup.go):
-	// CRI's pod sandbox container's (its spec's linux.cgroupsPath), or under the Sandbox API
-	// the same path derived from the pod's cgroup parent (sandboxCgroupPath); a cgroupfs path
-	// or a systemd slice:prefix:name one. Empty: none is joined.
-	Cgroup string
-	// Sysctls are the pod's (CRI's pod sandbox container's spec, the Sandbox API's pod config,
-	// or a pod's one container's spec), checked (agent.CheckSysctls), written in the guest's
-	// kernel, whose namespaces the pod's containers share.
-	Sysctls map[string]string
-	// OOMScoreAdj is the oom_score_adj of the pod's QEMU and kvfsd (podOOMScoreAdj): the
-	// sandbox container's, or a pod's one container's. Nil: the shim's.
-	OOMScoreAdj *int
-}
-
 // podAsk is what a pod asks of its VM and its guest.
 type podAsk struct {
 	id          string
@@ -106,12 +74,12 @@ func podAskOfSpec(id string, spec, guestSpec *specs.Spec) (podAsk, error) {
 			return podAsk{}, fmt.Errorf("pod %s: %v: %w", id, err, errdefs.ErrInvalidArgument)
 		}
 	}
+	a.hostname = spec.Hostname
+	a.sysctls = podSysctls(spec, guestSpec)
 	var err error
 	if a.netNS, err = podNetNS(spec); err != nil {
 		return podAsk{}, fmt.Errorf("pod %s: %v: %w", id, err, errdefs.ErrInvalidArgument)
 	}
-	a.hostname = spec.Hostname
-	a.sysctls = podSysctls(spec, guestSpec)
 	return a, nil
 }
 

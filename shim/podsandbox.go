@@ -6,7 +6,7 @@ import (
 )
 
 // The Sandbox API's pod (CRI's sandboxer "shim"): what CreateSandbox records, StartSandbox
-// boots and the pod's owner guards (its phase, pid and exit), beside the task API's pod.
+// boots and the Pod guards (its phase, pid and exit), beside the task API's pod.
 
 // sandboxPhase is where the Sandbox API's pod is: created, starting (its VM booting), ready,
 // stopping, stopped. StartSandbox is allowed only once created; containers join it only when
@@ -49,4 +49,12 @@ type podSandbox struct {
 	phase sandboxPhase // guarded by Pod.mu
 	pid   uint32       // guarded by Pod.mu; the VM's, while it runs
 	exit  exit         // guarded by Pod.mu; set when phase becomes sandboxStopped
+}
+
+// sandboxStatus is a podSandbox's state at one time.
+type sandboxStatus struct {
+	phase     sandboxPhase
+	pid       uint32
+	createdAt time.Time
+	exit      exit
 }

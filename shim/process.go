@@ -221,3 +221,15 @@ func (p *process) snapshot() (state, uint32, exit) {
 	defer p.mu.Unlock()
 	return p.state, p.pid, p.exit
 }
+
+// checkKill reports whether p may be signalled. As runc's shim, a finished process is not
+// found, which containerd's callers (CRI's StopContainer, ctr kill) take as "already dead"; a
+// deleted one is still found while its Delete cleans up (binds, hooks): it is as dead.
+func (p *process) checkKill() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state == stateStopped || p.state == stateDeleted {
+		return fmt.Errorf("%s: process already finished: %w", p.name(), errdefs.ErrNotFound)
+	}
+	return p.checkLocked(opKill)
+}

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"path/filepath"
 	"runtime"
-	"syscall"
 	"time"
 
 	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
@@ -18,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/sandbox/network"
 )
 
@@ -40,48 +38,17 @@ const (
 )
 
 // SandboxService is containerd's Sandbox API for the pod (CRI's sandboxer "shim").
-type SandboxService struct{ *Pod }
+type SandboxService struct{ pod *Pod }
 
 var _ sandboxAPI.TTRPCSandboxService = (*SandboxService)(nil)
 
-// NewSandboxService returns the Sandbox API of o's pod.
-func NewSandboxService(o *Pod) *SandboxService { return &SandboxService{o} }
+// NewSandboxService returns the Sandbox API of pod.
+func NewSandboxService(pod *Pod) *SandboxService { return &SandboxService{pod} }
 
 // RegisterTTRPC registers the Sandbox API (its errors translated by ErrorEdge).
 func (s *SandboxService) RegisterTTRPC(server *ttrpc.Server) error {
 	sandboxAPI.RegisterTTRPCSandboxService(server, s)
 	return nil
-}
-
-// sandboxLocked is sandbox id, if it is this shim's. s.mu is held.
-func (s *SandboxService) sandboxLocked(id string) (*podSandbox, error) {
-	if s.sandbox == nil || s.sandbox.id != id {
-		return nil, fmt.Errorf("sandbox %s is not this shim's: %w", id, errdefs.ErrNotFound)
-	}
-	return s.sandbox, nil
-}
-
-// readySandbox returns sandbox id if it is this shim's and ready.
-func (s *SandboxService) readySandbox(id string) (*podSandbox, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sb, err := s.sandboxLocked(id)
-	if err != nil {
-		return nil, err
-	}
-	if sb.phase != sandboxReady {
-		return nil, fmt.Errorf("sandbox %s is %s, not ready: %w", id, sb.phase, errdefs.ErrFailedPrecondition)
-	}
-	return sb, nil
-}
-
-// endSandboxLocked records sb's end: stopped, with exit e; WaitSandbox returns. s.mu is held.
-func (s *SandboxService) endSandboxLocked(sb *podSandbox, e exit) {
-	if sb.phase == sandboxStopped {
-		return
-	}
-	sb.phase, sb.pid, sb.exit = sandboxStopped, 0, e
-	close(sb.exited)
 }
 
 // criPodConfig decodes CreateSandbox's options: CRI's PodSandboxConfig. No options (not
@@ -110,17 +77,14 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	if r.SandboxID == "" {
 		return nil, fmt.Errorf("a sandbox without an id: %w", errdefs.ErrInvalidArgument)
 	}
-	s.mu.Lock()
-	err := s.checkNoPodLocked(r.SandboxID) // before its files are written over
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.pod.checkNoPod(r.SandboxID); err != nil { // before its files are written over
 		return nil, err
 	}
 	opts, err := readRuntimeOptions(r.BundlePath)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := s.loadConfig(opts)
+	cfg, err := s.pod.loadConfig(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -177,274 +141,85 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	}
 	sb := &podSandbox{id: r.SandboxID, files: files, cgroupParent: cgroupParent, createdAt: time.Now(), exited: make(chan struct{}),
 		req: req}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.checkNoPodLocked(r.SandboxID); err != nil {
+	if err := s.pod.addSandbox(sb); err != nil {
 		return nil, err
 	}
-	s.sandbox = sb
 	return &sandboxAPI.CreateSandboxResponse{}, nil
 }
 
 // StartSandbox boots the pod's VM; it returns once the guest agent answers. A failed start
 // ends the sandbox (containerd then shuts it down).
 func (s *SandboxService) StartSandbox(ctx context.Context, r *sandboxAPI.StartSandboxRequest) (*sandboxAPI.StartSandboxResponse, error) {
-	s.mu.Lock()
-	sb, err := s.sandboxLocked(r.SandboxID)
-	if err == nil && sb.phase != sandboxCreated {
-		err = fmt.Errorf("sandbox %s is %s: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
-	}
+	pid, createdAt, err := s.pod.startSandbox(ctx, r.SandboxID)
 	if err != nil {
-		s.mu.Unlock()
 		return nil, err
 	}
-	sb.phase = sandboxStarting
-	bootCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sb.cancelStart, sb.started = cancel, make(chan struct{})
-	s.mu.Unlock()
-	defer close(sb.started)
-
-	run, err := s.acquirePod(bootCtx, sb.req, true)
-	s.mu.Lock()
-	sb.cancelStart = nil
-	if err == nil && bootCtx.Err() != nil {
-		// A stop came as the boot ended: the pod is this sandbox's, and the stop waits for
-		// this start to stop it.
-		err = fmt.Errorf("sandbox %s: stopped while it started: %w", sb.id, context.Cause(bootCtx))
-		s.mu.Unlock()
-		s.stopSandboxPod(s.ctx, sandboxStopTimeout, true)
-		s.mu.Lock()
-	}
-	if err != nil {
-		s.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
-		s.mu.Unlock()
-		return nil, err
-	}
-	pid := run.vm.Pid()
-	sb.phase, sb.pid = sandboxReady, pid
-	s.mu.Unlock()
-	go s.watchSandbox(sb, run.vm)
-	return &sandboxAPI.StartSandboxResponse{Pid: pid, CreatedAt: timestamppb.New(sb.createdAt)}, nil
+	return &sandboxAPI.StartSandboxResponse{Pid: pid, CreatedAt: timestamppb.New(createdAt)}, nil
 }
 
-// watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied or
-// exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and
-// WaitSandbox answers exitVMDied.
-func (s *SandboxService) watchSandbox(sb *podSandbox, pod VM) {
-	select {
-	case <-pod.Done():
-	case <-sb.exited:
-		return
-	}
-	s.mu.Lock()
-	if sb.phase != sandboxReady {
-		s.mu.Unlock()
-		return // StopSandbox is stopping it
-	}
-	sb.phase = sandboxStopping
-	s.mu.Unlock()
-	log.G(s.ctx).WithError(pod.Err()).WithField("sandbox", sb.id).Error("the sandbox's VM or virtio-fs server died")
-	s.stopSandboxPod(s.ctx, sandboxStopTimeout, false)
-	s.mu.Lock()
-	s.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
-	s.mu.Unlock()
-}
-
-// StopSandbox stops the pod: every process of its containers still running is killed
-// (SIGKILL, which the host finishes within GuestLimits.KillGrace if the guest does not; CRI
-// has stopped its containers already) and their exits waited for, within the request's
-// timeout; then the VM, the share and the tap go. The containers stay, stopped, until their
-// Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
-// A sandbox still starting has its boot cancelled and waited for: StartSandbox fails (and
-// stops the pod if the boot had got one), and the stop is then done.
+// StopSandbox stops the pod (Pod.stopSandbox), within the request's timeout or
+// sandboxStopTimeout. Stopping a stopped sandbox is done.
 func (s *SandboxService) StopSandbox(ctx context.Context, r *sandboxAPI.StopSandboxRequest) (*sandboxAPI.StopSandboxResponse, error) {
 	timeout := sandboxStopTimeout
 	if r.TimeoutSecs > 0 {
 		timeout = time.Duration(r.TimeoutSecs) * time.Second
 	}
-	s.mu.Lock()
-	sb, err := s.sandboxLocked(r.SandboxID)
-	if err != nil {
-		s.mu.Unlock()
+	if err := s.pod.stopSandbox(ctx, r.SandboxID, timeout); err != nil {
 		return nil, err
 	}
-	switch sb.phase {
-	case sandboxCreated:
-		s.endSandboxLocked(sb, exit{at: time.Now()}) // never started: nothing runs
-		s.mu.Unlock()
-		return &sandboxAPI.StopSandboxResponse{}, nil
-	case sandboxStarting:
-		// Its boot is cancelled: StartSandbox fails, ends the sandbox, and stops what it
-		// booted. containerd's controller gives up on a shim whose stop or shutdown fails
-		// (it never deletes it), so a stop during the boot must not be refused.
-		sb.cancelStart()
-		s.mu.Unlock()
-		select {
-		case <-sb.started:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		return s.StopSandbox(ctx, r)
-	case sandboxStopping, sandboxStopped:
-		s.mu.Unlock()
-		select { // another stop, or the pod's death, is under way: done when it is
-		case <-sb.exited:
-			return &sandboxAPI.StopSandboxResponse{}, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	sb.phase = sandboxStopping
-	s.mu.Unlock()
-	s.stopSandboxPod(ctx, timeout, true)
-	s.mu.Lock()
-	s.endSandboxLocked(sb, exit{at: time.Now()})
-	s.mu.Unlock()
 	return &sandboxAPI.StopSandboxResponse{}, nil
 }
 
-// stopSandboxPod stops the pod under the sandbox. With kill, every container not yet exited
-// gets SIGKILL (all its processes, the host finishing what the guest does not: see
-// Pod.kill), all at once, and their exits are waited for: the kills and the waits
-// together within timeout. Then the pod is stopped whatever the guest did, and the exits of
-// the processes left (exitKilled, or exitVMDied) are waited for within sandboxStopTimeout:
-// once it returns, the containers' tasks are stopped.
-func (s *SandboxService) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
-	s.mu.Lock()
-	run := s.run
-	var cs []*Container
-	for _, c := range s.containers {
-		c.mu.Lock()
-		if c.ready {
-			cs = append(cs, c)
-		}
-		c.mu.Unlock()
-	}
-	s.mu.Unlock()
-	if run == nil {
-		return
-	}
-	if kill {
-		markKilled(cs)
-		kctx, cancel := context.WithTimeout(ctx, timeout)
-		var waits []chan struct{}
-		for _, c := range cs {
-			p := c.init
-			if st, _, _ := p.snapshot(); st == stateStopped || st == stateDeleted {
-				continue
-			}
-			go func() {
-				if err := s.kill(kctx, run, c, p, uint32(syscall.SIGKILL), true); err != nil && !errdefs.IsNotFound(err) {
-					log.G(s.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
-				}
-			}()
-			waits = append(waits, p.exited)
-		}
-		waitAll(kctx, waits)
-		cancel()
-	}
-	s.mu.Lock()
-	if s.run == run {
-		s.takeRunLocked()
-	}
-	s.mu.Unlock()
-	s.endRun(run, cs)
-}
-
 // WaitSandbox returns once the sandbox has stopped, with its exit: 0 when stopped by
-// StopSandbox (or never started), exitVMDied when its VM or virtio-fs server died or it
-// failed to start.
+// StopSandbox (or never started), 255 when its VM or virtio-fs server died or it failed to
+// start.
 func (s *SandboxService) WaitSandbox(ctx context.Context, r *sandboxAPI.WaitSandboxRequest) (*sandboxAPI.WaitSandboxResponse, error) {
-	s.mu.Lock()
-	sb, err := s.sandboxLocked(r.SandboxID)
-	s.mu.Unlock()
+	e, err := s.pod.waitSandbox(ctx, r.SandboxID)
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-sb.exited:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	s.mu.Lock()
-	e := sb.exit
-	s.mu.Unlock()
 	return &sandboxAPI.WaitSandboxResponse{ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)}, nil
 }
 
 // SandboxStatus answers the sandbox's state as CRI names it (SANDBOX_READY while its VM
 // runs, else SANDBOX_NOTREADY), the VM's pid while it runs, and its times.
 func (s *SandboxService) SandboxStatus(ctx context.Context, r *sandboxAPI.SandboxStatusRequest) (*sandboxAPI.SandboxStatusResponse, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sb, err := s.sandboxLocked(r.SandboxID)
+	st, err := s.pod.sandboxStatus(r.SandboxID)
 	if err != nil {
 		return nil, err
 	}
-	resp := &sandboxAPI.SandboxStatusResponse{SandboxID: sb.id, Pid: sb.pid, CreatedAt: timestamppb.New(sb.createdAt),
+	resp := &sandboxAPI.SandboxStatusResponse{SandboxID: r.SandboxID, Pid: st.pid, CreatedAt: timestamppb.New(st.createdAt),
 		State: criapi.PodSandboxState_SANDBOX_NOTREADY.String()}
-	switch sb.phase {
+	switch st.phase {
 	case sandboxReady:
 		resp.State = criapi.PodSandboxState_SANDBOX_READY.String()
 	case sandboxStopped:
-		resp.ExitedAt = timestamppb.New(sb.exit.at)
+		resp.ExitedAt = timestamppb.New(st.exit.at)
 	}
 	return resp, nil
 }
 
 // PingSandbox answers once the ready sandbox's guest agent answers Ping.
 func (s *SandboxService) PingSandbox(ctx context.Context, r *sandboxAPI.PingRequest) (*sandboxAPI.PingResponse, error) {
-	if _, err := s.readySandbox(r.SandboxID); err != nil {
+	if err := s.pod.pingSandbox(ctx, r.SandboxID); err != nil {
 		return nil, err
-	}
-	run, err := s.currentRun()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := run.agent.Ping(ctx, &agent.PingRequest{}); err != nil {
-		return nil, fmt.Errorf("the guest agent of sandbox %s: %w", r.SandboxID, err)
 	}
 	return &sandboxAPI.PingResponse{}, nil
 }
 
-// SandboxMetrics answers the pod's metrics. With a cgroup parent the shim's pod cgroup is
-// under, they are that parent's CPU and memory on the host, as containerd's podsandbox reads
-// them: the VM's, its kvfsd's and the shim's use, which the guest has no say in. Without one,
-// the pod's cgroup2 metrics from the guest: the agent's Stats of every container (no
-// container id), checked by the door and served on a budget as the task API's Stats are.
+// SandboxMetrics answers the pod's metrics (Pod.sandboxMetrics): its host cgroup parent's,
+// or the guest's without one.
 func (s *SandboxService) SandboxMetrics(ctx context.Context, r *sandboxAPI.SandboxMetricsRequest) (*sandboxAPI.SandboxMetricsResponse, error) {
-	sb, err := s.readySandbox(r.SandboxID)
+	data, err := s.pod.sandboxMetrics(ctx, r.SandboxID)
 	if err != nil {
 		return nil, err
-	}
-	if sb.cgroupParent != "" {
-		data, err := podCgroupMetrics(sb.cgroupParent)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
-		}
-		return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: data}}, nil
-	}
-	run, err := s.currentRun()
-	if err != nil {
-		return nil, err
-	}
-	data, err := sb.stats.get(ctx, run.ctx, s.opts.Limits.StatsWait, func(ctx context.Context) (*anypb.Any, error) {
-		resp, err := run.agent.Stats(ctx, &agent.StatsRequest{})
-		return resp.GetStats(), err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("the agent's stats of sandbox %s: %w", r.SandboxID, err)
 	}
 	return &sandboxAPI.SandboxMetricsResponse{Metrics: &types.Metric{Timestamp: timestamppb.Now(), ID: r.SandboxID, Data: data}}, nil
 }
 
 // Platform is the guest's: Linux on the host's architecture (QEMU runs the host's).
 func (s *SandboxService) Platform(ctx context.Context, r *sandboxAPI.PlatformRequest) (*sandboxAPI.PlatformResponse, error) {
-	s.mu.Lock()
-	_, err := s.sandboxLocked(r.SandboxID)
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.pod.checkSandbox(r.SandboxID); err != nil {
 		return nil, err
 	}
 	return &sandboxAPI.PlatformResponse{Platform: &types.Platform{OS: "linux", Architecture: runtime.GOARCH}}, nil
@@ -460,23 +235,8 @@ func (s *SandboxService) UpdateSandbox(ctx context.Context, r *sandboxAPI.Update
 // ends the shim, once it has answered (shutdownGrace). A shim whose CreateSandbox failed has
 // no sandbox: it ends too.
 func (s *SandboxService) ShutdownSandbox(ctx context.Context, r *sandboxAPI.ShutdownSandboxRequest) (*sandboxAPI.ShutdownSandboxResponse, error) {
-	s.mu.Lock()
-	sb := s.sandbox
-	s.mu.Unlock()
-	if sb != nil {
-		if sb.id != r.SandboxID {
-			return nil, fmt.Errorf("sandbox %s is not this shim's: %w", r.SandboxID, errdefs.ErrNotFound)
-		}
-		if _, err := s.StopSandbox(ctx, &sandboxAPI.StopSandboxRequest{SandboxID: sb.id}); err != nil {
-			return nil, err
-		}
-		if err := unmountPodFiles(sb.files); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", sb.id, err)
-		}
+	if err := s.pod.shutdownSandbox(ctx, r.SandboxID); err != nil {
+		return nil, err
 	}
-	s.mu.Lock()
-	s.sandbox = nil
-	s.mu.Unlock()
-	time.AfterFunc(shutdownGrace, s.opts.Shutdown.Shutdown)
 	return &sandboxAPI.ShutdownSandboxResponse{}, nil
 }
