@@ -28,7 +28,11 @@ import (
 // or a frame the agent connection's filter dropped, agentwire.go; one frame too long for it is
 // enough), has failed: the door calls its fail function once, which stops the pod's VM (the
 // Pod's failure policy), and every later call fails at once. What it logs of the
-// guest's misbehaviour goes through the pod's guestLogger.
+// guest's misbehaviour goes through the pod's guestLogger. The door is made as soon as the
+// agent has answered the Ping that ends the VM's boot (connectAgent: a handshake on each new
+// connection, under agent.boot_timeout, before there is an agent to misbehave): the guest's
+// configuration after the boot (its network, its sysctls), every container's call, and the
+// Shutdown at the pod's stop all go through it.
 //
 // The deadlines, by kind (GuestLimits, whose defaults are below):
 //   - queries (Ping, Stats, ResizePty, CloseStdin): Query. containerd's CRI
@@ -37,8 +41,8 @@ import (
 //   - signals (SignalProcess): Signal. A SIGKILL the agent does not confirm is finished
 //     by the host (see Container.kill).
 //   - lifecycle calls (CreateContainer, ExecProcess, StartProcess, DeleteProcess, Pause,
-//     Resume, Update, ConfigureNetwork, Shutdown): Lifecycle, as Kata's shim bounds its
-//     agent requests. A healthy agent never takes that long: one miss fails the pod.
+//     Resume, Update, ConfigureNetwork, SetSysctls, Shutdown): Lifecycle, as Kata's shim
+//     bounds its agent requests. A healthy agent never takes that long: one miss fails the pod.
 //   - streams (WaitProcess, GetOOMEvent, ReadStdout, ReadStderr, WriteStdin): no deadline of
 //     the door's; they wait on the guest's processes, and their callers end them with the
 //     pod (or, for output, a drain deadline after the exit).

@@ -467,12 +467,16 @@ func (p *fakePod) kills() []error {
 	return slices.Clone(p.killed)
 }
 
-func (p *fakePod) Stop(ctx context.Context) error {
+// ConfigureNetwork implements VM: the fake VM has no NIC.
+func (p *fakePod) ConfigureNetwork(context.Context, agent.AgentService) error { return nil }
+
+// Stop implements VM: as QEMUVM's, a guest that does not shut down is stopped all the same.
+func (p *fakePod) Stop(ctx context.Context, shutdown func(context.Context) error) error {
 	p.mu.Lock()
 	p.stopped++
 	p.mu.Unlock()
-	_, err := p.agent.Shutdown(ctx, &agent.ShutdownRequest{})
-	return err
+	shutdown(ctx)
+	return nil
 }
 
 func (p *fakePod) die(err error) {

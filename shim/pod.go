@@ -119,8 +119,7 @@ func (o *Pod) Close(ctx context.Context) error {
 	o.mu.Unlock()
 	var errs []error
 	if run != nil {
-		run.cancel()
-		errs = append(errs, run.vm.Stop(ctx))
+		errs = append(errs, run.stop(ctx))
 	}
 	if c, ok := o.opts.Publisher.(interface{ Close() error }); ok {
 		errs = append(errs, c.Close())
@@ -186,11 +185,7 @@ func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*
 		o.booting = ch
 		o.mu.Unlock()
 
-		pod, err := o.opts.StartVM(ctx, req)
-		var run *podRun
-		if err == nil {
-			run = newPodRun(o.podEnv, pod, req)
-		}
+		run, err := o.boot(ctx, req)
 		o.mu.Lock()
 		o.booting = nil
 		o.run = run
@@ -203,6 +198,20 @@ func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*
 		go o.oomLoop(run)
 		return run, nil
 	}
+}
+
+// boot starts the pod's VM for req and configures its guest through the run's door.
+func (o *Pod) boot(ctx context.Context, req PodRequest) (*podRun, error) {
+	vm, err := o.opts.StartVM(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	run := newPodRun(o.podEnv, vm, req)
+	if err := run.configure(ctx, req.Sysctls); err != nil {
+		o.stopTakenRun(run)
+		return nil, err
+	}
+	return run, nil
 }
 
 // watchPod ends every process when the pod dies: their agent calls are cancelled, and each

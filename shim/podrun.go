@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -59,12 +60,38 @@ func (r *podRun) live() bool {
 	}
 }
 
-// stop stops the pod's VM: the agent's Shutdown answers the pending GetOOMEvent
-// (Unavailable), which ends the OOM loop; the run's context goes after, and with it the
-// calls left.
+// setSysctlsTimeout bounds the agent's SetSysctls (a few writes into /proc/sys).
+const setSysctlsTimeout = 30 * time.Second
+
+// configure gives the booted guest, through the door, what its pod was asked: the network of
+// its NIC (the VM's) and the pod's sysctls.
+func (run *podRun) configure(ctx context.Context, sysctls map[string]string) error {
+	if err := run.vm.ConfigureNetwork(ctx, run.door); err != nil {
+		return err
+	}
+	if len(sysctls) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, setSysctlsTimeout)
+	defer cancel()
+	if _, err := run.door.SetSysctls(ctx, &agent.SetSysctlsRequest{Sysctls: sysctls}); err != nil {
+		return fmt.Errorf("pod %s: its sysctls in the guest: %w", run.id, err)
+	}
+	return nil
+}
+
+// stop stops the pod's VM, its guest shut down through the door first (shutdownGuest): the
+// agent's Shutdown answers the pending GetOOMEvent (Unavailable), which ends the OOM loop;
+// the run's context goes after, and with it the calls left.
 func (run *podRun) stop(ctx context.Context) error {
-	err := run.vm.Stop(ctx)
+	err := run.vm.Stop(ctx, run.shutdownGuest)
 	run.cancel()
+	return err
+}
+
+// shutdownGuest asks the agent to end every process of the guest and power it off.
+func (run *podRun) shutdownGuest(ctx context.Context) error {
+	_, err := run.door.Shutdown(ctx, &agent.ShutdownRequest{})
 	return err
 }
 

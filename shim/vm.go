@@ -24,8 +24,8 @@ const agentShutdownTimeout = 10 * time.Second
 // errStoppedByControl is the end of a pod that kvfsctl stopped (the control API's StopSandbox).
 var errStoppedByControl = errors.New("stopped through the sandbox's control API (kvfsctl stop)")
 
-// VM is one pod's running sandbox as the task service uses it: the agent in its VM, the
-// share its containers' files reach the guest through, and its end.
+// VM is one pod's running sandbox as its Pod uses it: the agent in the VM, the share its
+// containers' files reach the guest through, and its end.
 type VM interface {
 	// Agent is the guest agent's API. Its answers are untrusted.
 	Agent() agent.AgentService
@@ -47,11 +47,16 @@ type VM interface {
 	Err() error
 	// Pid is the VM's process id (0 if it has none on this host): every task's pid.
 	Pid() uint32
+	// ConfigureNetwork gives the guest's NIC, through a (the pod's door to the agent), the
+	// pod interface's name, MTU, addresses and routes; nothing for a VM without a NIC.
+	ConfigureNetwork(ctx context.Context, a agent.AgentService) error
 	// Kill ends the VM at once: the pod is dead, Done closes with why (unless it was being
 	// stopped). What is left (the server, the share, the network) goes with Stop.
 	Kill(why error)
-	// Stop shuts the agent down, stops the VM and the server and removes the sandbox.
-	Stop(ctx context.Context) error
+	// Stop stops the VM: unless it died, shutdown asks its guest to power off (the agent's
+	// Shutdown, through the pod's door), and if it agrees the VM is given the time to; then
+	// the VM, the server and the network go and the sandbox is removed.
+	Stop(ctx context.Context, shutdown func(context.Context) error) error
 }
 
 // VMStarter makes and boots a pod; it returns once its agent answers. StartQEMUVM is the
@@ -90,7 +95,7 @@ type PodRequest struct {
 	OOMScoreAdj *int
 }
 
-// QEMUVM is a pod in a QEMU VM: a sandbox (layout, confined kvfsd, VM) whose guest agent is
+// QEMUVM is a pod's VM under QEMU: a sandbox (layout, confined kvfsd, VM) whose guest agent is
 // reached over agent.sock (or vsock), and the sandbox's control API on control.sock.
 type QEMUVM struct {
 	sb     *sandbox.Sandbox
@@ -236,19 +241,6 @@ func startQEMUVM(ctx context.Context, req PodRequest, dial Dialer) (_ VM, retErr
 		fields[k] = v
 	}
 	log.G(ctx).WithFields(fields).Info("the guest agent answers")
-	if p.net != nil {
-		if err := p.net.configure(ctx, p.agent); err != nil {
-			return nil, err
-		}
-	}
-	if len(req.Sysctls) > 0 {
-		sctx, cancel := context.WithTimeout(ctx, setSysctlsTimeout)
-		_, err := p.agent.SetSysctls(sctx, &agent.SetSysctlsRequest{Sysctls: req.Sysctls})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("pod %s: its sysctls in the guest: %w", req.ID, err)
-		}
-	}
 	go p.watch()
 	return p, nil
 }
@@ -357,9 +349,6 @@ func (p *QEMUVM) connectionClosed(why error) {
 	}()
 }
 
-// setSysctlsTimeout bounds the agent's SetSysctls (a few writes into /proc/sys).
-const setSysctlsTimeout = 30 * time.Second
-
 // watch turns the sandbox's failure or the VM's exit into Done.
 func (p *QEMUVM) watch() {
 	select {
@@ -376,7 +365,7 @@ func (p *QEMUVM) watch() {
 	}
 }
 
-// Kill implements Pod: the VM is killed, the pod dead for why.
+// Kill implements VM: the VM is killed, the pod dead for why.
 func (p *QEMUVM) Kill(why error) {
 	p.died(why)
 	if err := p.sb.KillVM(); err != nil {
@@ -384,35 +373,35 @@ func (p *QEMUVM) Kill(why error) {
 	}
 }
 
-// Agent implements Pod.
+// Agent implements VM.
 func (p *QEMUVM) Agent() agent.AgentService { return p.agent }
 
 // agentWire implements wireFiltered.
 func (p *QEMUVM) agentWire() *agentWire { return p.wire }
 
-// Bind implements Pod.
+// Bind implements VM.
 func (p *QEMUVM) Bind(src, name string, flags sandbox.BindFlags) error {
 	return p.sb.Bind(src, name, flags)
 }
 
-// BindIDMapped implements Pod.
+// BindIDMapped implements VM.
 func (p *QEMUVM) BindIDMapped(src, name string, flags sandbox.BindFlags, userns *os.File) error {
 	return p.sb.BindIDMapped(src, name, flags, userns)
 }
 
-// Unbind implements Pod.
+// Unbind implements VM.
 func (p *QEMUVM) Unbind(name string) error { return p.sb.Unbind(name) }
 
-// RaiseOOMScoreAdj implements Pod.
+// RaiseOOMScoreAdj implements VM.
 func (p *QEMUVM) RaiseOOMScoreAdj(v int) error { return p.sb.RaiseOOMScoreAdj(v) }
 
-// Submounts implements Pod.
+// Submounts implements VM.
 func (p *QEMUVM) Submounts(name string) ([]string, error) { return p.sb.Submounts(name) }
 
-// Done implements Pod.
+// Done implements VM.
 func (p *QEMUVM) Done() <-chan struct{} { return p.done }
 
-// Pid implements Pod: the QEMU process's.
+// Pid implements VM: the QEMU process's.
 func (p *QEMUVM) Pid() uint32 {
 	if vm := p.sb.Stats().VM; vm != nil && vm.PID > 0 {
 		return uint32(vm.PID)
@@ -420,22 +409,31 @@ func (p *QEMUVM) Pid() uint32 {
 	return 0
 }
 
-// Err implements Pod.
+// Err implements VM.
 func (p *QEMUVM) Err() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
 }
 
-// Stop implements Pod: the agent's Shutdown (it powers the guest off), then the sandbox's
-// Stop (the VM, the server, the layout), then the control socket.
-func (p *QEMUVM) Stop(ctx context.Context) error {
+// ConfigureNetwork implements VM.
+func (p *QEMUVM) ConfigureNetwork(ctx context.Context, a agent.AgentService) error {
+	if p.net == nil {
+		return nil
+	}
+	return p.net.configure(ctx, a)
+}
+
+// Stop implements VM: shutdown, the agent's (it powers the guest off), within
+// agentShutdownTimeout, then the sandbox's Stop (the VM, the server, the layout), then the
+// control socket. The VM's end from the start of Stop is its stop, not its death.
+func (p *QEMUVM) Stop(ctx context.Context, shutdown func(context.Context) error) error {
 	p.mu.Lock()
 	p.stopping = true
 	p.mu.Unlock()
 	if p.agent != nil && !isClosed(p.done) {
 		sctx, cancel := context.WithTimeout(ctx, agentShutdownTimeout)
-		if _, err := p.agent.Shutdown(sctx, &agent.ShutdownRequest{}); err != nil {
+		if err := shutdown(sctx); err != nil {
 			log.G(ctx).WithError(err).Warn("the agent's shutdown")
 		} else {
 			// Nothing more to ask: hanging up tells the agent that its answer arrived, and it
