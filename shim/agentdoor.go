@@ -232,8 +232,9 @@ func (d *agentDoor) answered() {
 }
 
 // call makes one call through the door: refused once the agent is cut off; ended with the
-// pod; under the deadline of its kind; a missed deadline counted; the guest's error text
-// bounded.
+// pod (Unavailable, not the context's Canceled, which containerd would take for its
+// client's); under the deadline of its kind; a missed deadline counted; the guest's error
+// text bounded.
 func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what string, f func(context.Context, Req) (Resp, error), r Req) (Resp, error) {
 	var zero Resp
 	if err := d.failed(); err != nil {
@@ -257,6 +258,9 @@ func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what str
 	if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
 		d.missed(k, what)
 		return zero, fmt.Errorf("the guest agent did not answer %s within %v: %w", what, d.limits.timeout(k), context.DeadlineExceeded)
+	}
+	if ctx.Err() == nil && d.pod.Err() != nil {
+		return zero, fmt.Errorf("%s: the pod's VM is gone: %w", what, errdefs.ErrUnavailable)
 	}
 	return zero, guestError(err)
 }
