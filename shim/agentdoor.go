@@ -29,8 +29,8 @@ import (
 // enough), has failed: the door calls its fail function once, which stops the pod's VM (the
 // Pod's failure policy), and every later call fails at once. What it logs of the
 // guest's misbehaviour goes through the pod's guestLogger. The door is made as soon as the
-// agent has answered the Ping that ends the VM's boot (connectAgent: a handshake on each new
-// connection, under agent.boot_timeout, before there is an agent to misbehave): the guest's
+// agent has answered the Ping that ends the VM's boot (a handshake on each new connection,
+// under agent.boot_timeout, before there is an agent to misbehave): the guest's
 // configuration after the boot (its network, its sysctls), every container's call, and the
 // Shutdown at the pod's stop all go through it.
 //
@@ -260,7 +260,7 @@ func call[Req, Resp any](d *agentDoor, ctx context.Context, k callKind, what str
 		return zero, fmt.Errorf("the guest agent did not answer %s within %v: %w", what, d.limits.timeout(k), context.DeadlineExceeded)
 	}
 	if ctx.Err() == nil && d.pod.Err() != nil {
-		return zero, fmt.Errorf("%s: the pod's VM is gone: %w", what, errdefs.ErrUnavailable)
+		return zero, fmt.Errorf("%s: the pod has ended: %w", what, errdefs.ErrUnavailable)
 	}
 	return zero, guestError(err)
 }
