@@ -85,6 +85,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	if err := apiv1.CheckSubmounts(req.Submounts); err != nil {
 		return nil, errf(errdefs.ErrInvalidArgument, "%v", err)
 	}
+	if err := apiv1.CheckPodTmpfs(req.PodTmpfs); err != nil {
+		return nil, errf(errdefs.ErrInvalidArgument, "%v", err)
+	}
 	c := &container{id: id, bundle: filepath.Join(s.cfg.StateDir, id), cgroup: spec.Linux.CgroupsPath, execs: make(map[string]*process)}
 	p, err := newProcess(c, "", req.Stdio)
 	if err != nil {
@@ -120,6 +123,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 		}
 	}()
 
+	if err := s.podTmpfs.ensure(req.PodTmpfs); err != nil {
+		return nil, err
+	}
 	if err := writeBundle(c.bundle, spec); err != nil {
 		return nil, errf(errdefs.ErrInternal, "bundle: %v", err)
 	}

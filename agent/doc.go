@@ -41,7 +41,10 @@
 // can do with an inode still busy and stop on, and a bind carries the host's mounts inside it with
 // their own flags. A spec whose PID namespace is apiv1.PodPIDNamespace joins the pod's shared one,
 // and one whose user namespace is apiv1.PodUserNamespace the pod's user namespace, both made at
-// first use with an init of their own, kvfs-pod-init (podns.go). A kill that the runtime refuses
+// first use with an init of their own, kvfs-pod-init (podns.go). The pod's tmpfs volumes a
+// container names (Kubernetes' emptyDir of medium Memory) are mounted at first use under
+// apiv1.PodTmpfsDir and kept for the pod's life, so that its containers share each
+// (podtmpfs.go). A kill that the runtime refuses
 // because the init has exited, not yet reaped, answers NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host
@@ -160,6 +163,6 @@
 // container (create, start, exec start, pause, resume, update, delete) and is held across
 // them; Service.mu guards the maps and every process's state and is never held across a
 // runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu, serialConn.mu,
-// refusalLog.mu and secretListener.mu are leaves.
+// refusalLog.mu, secretListener.mu, submounts.mu and podTmpfs.mu are leaves.
 // ProcessExited takes Service.mu only.
 package agent

@@ -49,6 +49,8 @@ type Config struct {
 	StateDir string
 	// RootDir is where containers' root filesystems must be (default apiv1.SharedDir).
 	RootDir string
+	// PodTmpfsDir is where the pod's tmpfs volumes are mounted (default apiv1.PodTmpfsDir).
+	PodTmpfsDir string
 	// Version is what Ping answers as the agent's version.
 	Version string
 	// Started is BootTime when the agent started, answered by Ping as init_started_ns
@@ -84,9 +86,11 @@ type Service struct {
 	log    *logrus.Entry
 	kernel string
 	mounts *submounts
-	podNS  *podNamespaces // the pod's shared PID and user namespaces; its lock is a leaf
-	oom    chan string    // the queue of OOM events; GetOOMEvent takes from it
-	done   chan struct{}  // closed when Shutdown has stopped everything
+	// podTmpfs are the pod's tmpfs volumes.
+	podTmpfs *podTmpfs
+	podNS    *podNamespaces // the pod's shared PID and user namespaces; its lock is a leaf
+	oom      chan string    // the queue of OOM events; GetOOMEvent takes from it
+	done     chan struct{}  // closed when Shutdown has stopped everything
 
 	shutdownOnce sync.Once
 	// netMu serialises ConfigureNetwork and SetSysctls requests; a leaf.
@@ -159,6 +163,9 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.RootDir == "" {
 		cfg.RootDir = apiv1.SharedDir
 	}
+	if cfg.PodTmpfsDir == "" {
+		cfg.PodTmpfsDir = apiv1.PodTmpfsDir
+	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -179,6 +186,7 @@ func NewService(cfg Config) (*Service, error) {
 		log:        cfg.Log,
 		kernel:     KernelRelease(),
 		mounts:     newSubmounts(cfg.RootDir, cfg.Log),
+		podTmpfs:   newPodTmpfs(cfg.PodTmpfsDir),
 		podNS:      &podNamespaces{init: cfg.PodInit},
 		oom:        make(chan string, oomQueueLen),
 		done:       make(chan struct{}),

@@ -7,6 +7,7 @@ import (
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	agent "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/sandbox"
 	"github.com/kvfs/kvfs/shim/stdio"
 )
@@ -21,8 +22,10 @@ type containerRequest struct {
 	// pod sandbox container, which runs nothing: the VM is the pod (sandboxtask.go).
 	guestSpec *specs.Spec
 	hostBinds []HostBind
-	stdio     stdio.Config
-	pod       PodRequest
+	// podTmpfs are the pod's tmpfs volumes the guest's spec binds (podtmpfs.go).
+	podTmpfs []*agent.PodTmpfs
+	stdio    stdio.Config
+	pod      PodRequest
 	// raiseOOM is the container's oom_score_adj if it bounds the pod's (podOOMScoreAdj).
 	raiseOOM *int
 	// record is what the bundle keeps of the pod, for the delete action of a dead shim.
@@ -57,6 +60,9 @@ func newContainerRequest(cfg *sandbox.Config, r *taskAPI.CreateTaskRequest, spec
 		}
 		if apiSandbox {
 			withPodShm(req.guestSpec)
+		}
+		if req.hostBinds, req.podTmpfs, err = podTmpfsOf(req.guestSpec, req.hostBinds); err != nil {
+			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
 	}
 	ask, err := podAskOfSpec(sandboxID, spec, req.guestSpec)

@@ -279,7 +279,12 @@ type CreateContainerRequest struct {
 	// bind sources hold, the host's mounts inside them: the agent mounts them in its own
 	// namespace before runc binds the sources, so that the container's binds carry them with
 	// their own flags (see agent/submounts.go). At most MaxSubmounts, each below the share.
-	Submounts     []string `protobuf:"bytes,4,rep,name=submounts,proto3" json:"submounts,omitempty"`
+	Submounts []string `protobuf:"bytes,4,rep,name=submounts,proto3" json:"submounts,omitempty"`
+	// pod_tmpfs are the pod's tmpfs volumes the spec binds (Kubernetes' emptyDir of medium
+	// Memory, whose host tmpfs the shim does not share): the agent mounts each once for the
+	// pod, at PodTmpfsDir/<name>, and keeps it until the pod ends, so that the pod's
+	// containers share it as they share the host's tmpfs under runc. At most MaxPodTmpfs.
+	PodTmpfs      []*PodTmpfs `protobuf:"bytes,5,rep,name=pod_tmpfs,json=podTmpfs,proto3" json:"pod_tmpfs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -342,6 +347,93 @@ func (x *CreateContainerRequest) GetSubmounts() []string {
 	return nil
 }
 
+func (x *CreateContainerRequest) GetPodTmpfs() []*PodTmpfs {
+	if x != nil {
+		return x.PodTmpfs
+	}
+	return nil
+}
+
+// PodTmpfs is a tmpfs of the pod's (CreateContainerRequest.pod_tmpfs).
+type PodTmpfs struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the volume's, one path element (CheckPodTmpfs).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// size bounds it, in bytes (tmpfs' size=): the host tmpfs's, the volume's sizeLimit.
+	Size uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// mode, uid and gid are its root directory's.
+	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Uid           uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodTmpfs) Reset() {
+	*x = PodTmpfs{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodTmpfs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodTmpfs) ProtoMessage() {}
+
+func (x *PodTmpfs) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodTmpfs.ProtoReflect.Descriptor instead.
+func (*PodTmpfs) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PodTmpfs) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PodTmpfs) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *PodTmpfs) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *PodTmpfs) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *PodTmpfs) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
 type CreateContainerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -351,7 +443,7 @@ type CreateContainerResponse struct {
 
 func (x *CreateContainerResponse) Reset() {
 	*x = CreateContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +455,7 @@ func (x *CreateContainerResponse) String() string {
 func (*CreateContainerResponse) ProtoMessage() {}
 
 func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +468,7 @@ func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
 func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateContainerResponse) GetPid() uint32 {
@@ -399,7 +491,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +503,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +516,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -463,7 +555,7 @@ type ExecProcessResponse struct {
 
 func (x *ExecProcessResponse) Reset() {
 	*x = ExecProcessResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +567,7 @@ func (x *ExecProcessResponse) String() string {
 func (*ExecProcessResponse) ProtoMessage() {}
 
 func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +580,7 @@ func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessResponse.ProtoReflect.Descriptor instead.
 func (*ExecProcessResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 type StartProcessRequest struct {
@@ -501,7 +593,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +605,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +618,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartProcessRequest) GetContainerId() string {
@@ -552,7 +644,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +656,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +669,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StartProcessResponse) GetPid() uint32 {
@@ -599,7 +691,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +703,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +716,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignalProcessRequest) GetContainerId() string {
@@ -663,7 +755,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +767,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +780,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type WaitProcessRequest struct {
@@ -701,7 +793,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +805,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +818,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WaitProcessRequest) GetContainerId() string {
@@ -754,7 +846,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +858,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +871,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WaitProcessResponse) GetPid() uint32 {
@@ -813,7 +905,7 @@ type DeleteProcessRequest struct {
 
 func (x *DeleteProcessRequest) Reset() {
 	*x = DeleteProcessRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +917,7 @@ func (x *DeleteProcessRequest) String() string {
 func (*DeleteProcessRequest) ProtoMessage() {}
 
 func (x *DeleteProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +930,7 @@ func (x *DeleteProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProcessRequest.ProtoReflect.Descriptor instead.
 func (*DeleteProcessRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteProcessRequest) GetContainerId() string {
@@ -863,7 +955,7 @@ type DeleteProcessResponse struct {
 
 func (x *DeleteProcessResponse) Reset() {
 	*x = DeleteProcessResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +967,7 @@ func (x *DeleteProcessResponse) String() string {
 func (*DeleteProcessResponse) ProtoMessage() {}
 
 func (x *DeleteProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +980,7 @@ func (x *DeleteProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProcessResponse.ProtoReflect.Descriptor instead.
 func (*DeleteProcessResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type ReadStreamRequest struct {
@@ -903,7 +995,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1007,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1020,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -962,7 +1054,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1066,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1079,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -1015,7 +1107,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1119,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1132,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1072,7 +1164,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1176,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1189,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type CloseStdinRequest struct {
@@ -1110,7 +1202,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1214,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1227,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -1160,7 +1252,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1264,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1277,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type ResizePtyRequest struct {
@@ -1200,7 +1292,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1304,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1317,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1264,7 +1356,7 @@ type ResizePtyResponse struct {
 
 func (x *ResizePtyResponse) Reset() {
 	*x = ResizePtyResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1368,7 @@ func (x *ResizePtyResponse) String() string {
 func (*ResizePtyResponse) ProtoMessage() {}
 
 func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1381,7 @@ func (x *ResizePtyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyResponse.ProtoReflect.Descriptor instead.
 func (*ResizePtyResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type StatsRequest struct {
@@ -1302,7 +1394,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1406,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1419,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1348,7 +1440,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1452,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1465,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatsResponse) GetStats() *anypb.Any {
@@ -1394,7 +1486,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1498,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1511,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UpdateContainerRequest) GetContainerId() string {
@@ -1444,7 +1536,7 @@ type UpdateContainerResponse struct {
 
 func (x *UpdateContainerResponse) Reset() {
 	*x = UpdateContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1548,7 @@ func (x *UpdateContainerResponse) String() string {
 func (*UpdateContainerResponse) ProtoMessage() {}
 
 func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1469,7 +1561,7 @@ func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 type PauseContainerRequest struct {
@@ -1481,7 +1573,7 @@ type PauseContainerRequest struct {
 
 func (x *PauseContainerRequest) Reset() {
 	*x = PauseContainerRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1585,7 @@ func (x *PauseContainerRequest) String() string {
 func (*PauseContainerRequest) ProtoMessage() {}
 
 func (x *PauseContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1598,7 @@ func (x *PauseContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseContainerRequest.ProtoReflect.Descriptor instead.
 func (*PauseContainerRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PauseContainerRequest) GetContainerId() string {
@@ -1524,7 +1616,7 @@ type PauseContainerResponse struct {
 
 func (x *PauseContainerResponse) Reset() {
 	*x = PauseContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1628,7 @@ func (x *PauseContainerResponse) String() string {
 func (*PauseContainerResponse) ProtoMessage() {}
 
 func (x *PauseContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1641,7 @@ func (x *PauseContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseContainerResponse.ProtoReflect.Descriptor instead.
 func (*PauseContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 type ResumeContainerRequest struct {
@@ -1561,7 +1653,7 @@ type ResumeContainerRequest struct {
 
 func (x *ResumeContainerRequest) Reset() {
 	*x = ResumeContainerRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1665,7 @@ func (x *ResumeContainerRequest) String() string {
 func (*ResumeContainerRequest) ProtoMessage() {}
 
 func (x *ResumeContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1678,7 @@ func (x *ResumeContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeContainerRequest.ProtoReflect.Descriptor instead.
 func (*ResumeContainerRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeContainerRequest) GetContainerId() string {
@@ -1604,7 +1696,7 @@ type ResumeContainerResponse struct {
 
 func (x *ResumeContainerResponse) Reset() {
 	*x = ResumeContainerResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +1708,7 @@ func (x *ResumeContainerResponse) String() string {
 func (*ResumeContainerResponse) ProtoMessage() {}
 
 func (x *ResumeContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +1721,7 @@ func (x *ResumeContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeContainerResponse.ProtoReflect.Descriptor instead.
 func (*ResumeContainerResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type GetOOMEventRequest struct {
@@ -1640,7 +1732,7 @@ type GetOOMEventRequest struct {
 
 func (x *GetOOMEventRequest) Reset() {
 	*x = GetOOMEventRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1744,7 @@ func (x *GetOOMEventRequest) String() string {
 func (*GetOOMEventRequest) ProtoMessage() {}
 
 func (x *GetOOMEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1757,7 @@ func (x *GetOOMEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOOMEventRequest.ProtoReflect.Descriptor instead.
 func (*GetOOMEventRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 type GetOOMEventResponse struct {
@@ -1677,7 +1769,7 @@ type GetOOMEventResponse struct {
 
 func (x *GetOOMEventResponse) Reset() {
 	*x = GetOOMEventResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1781,7 @@ func (x *GetOOMEventResponse) String() string {
 func (*GetOOMEventResponse) ProtoMessage() {}
 
 func (x *GetOOMEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1794,7 @@ func (x *GetOOMEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOOMEventResponse.ProtoReflect.Descriptor instead.
 func (*GetOOMEventResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetOOMEventResponse) GetContainerId() string {
@@ -1729,7 +1821,7 @@ type Interface struct {
 
 func (x *Interface) Reset() {
 	*x = Interface{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1833,7 @@ func (x *Interface) String() string {
 func (*Interface) ProtoMessage() {}
 
 func (x *Interface) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1846,7 @@ func (x *Interface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interface.ProtoReflect.Descriptor instead.
 func (*Interface) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Interface) GetMac() string {
@@ -1801,7 +1893,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1905,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1918,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Route) GetDestination() string {
@@ -1867,7 +1959,7 @@ type ConfigureNetworkRequest struct {
 
 func (x *ConfigureNetworkRequest) Reset() {
 	*x = ConfigureNetworkRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +1971,7 @@ func (x *ConfigureNetworkRequest) String() string {
 func (*ConfigureNetworkRequest) ProtoMessage() {}
 
 func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +1984,7 @@ func (x *ConfigureNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ConfigureNetworkRequest) GetInterfaces() []*Interface {
@@ -1917,7 +2009,7 @@ type ConfigureNetworkResponse struct {
 
 func (x *ConfigureNetworkResponse) Reset() {
 	*x = ConfigureNetworkResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2021,7 @@ func (x *ConfigureNetworkResponse) String() string {
 func (*ConfigureNetworkResponse) ProtoMessage() {}
 
 func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2034,7 @@ func (x *ConfigureNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureNetworkResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type SetSysctlsRequest struct {
@@ -1956,7 +2048,7 @@ type SetSysctlsRequest struct {
 
 func (x *SetSysctlsRequest) Reset() {
 	*x = SetSysctlsRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2060,7 @@ func (x *SetSysctlsRequest) String() string {
 func (*SetSysctlsRequest) ProtoMessage() {}
 
 func (x *SetSysctlsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2073,7 @@ func (x *SetSysctlsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSysctlsRequest.ProtoReflect.Descriptor instead.
 func (*SetSysctlsRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SetSysctlsRequest) GetSysctls() map[string]string {
@@ -1999,7 +2091,7 @@ type SetSysctlsResponse struct {
 
 func (x *SetSysctlsResponse) Reset() {
 	*x = SetSysctlsResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2103,7 @@ func (x *SetSysctlsResponse) String() string {
 func (*SetSysctlsResponse) ProtoMessage() {}
 
 func (x *SetSysctlsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2116,7 @@ func (x *SetSysctlsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSysctlsResponse.ProtoReflect.Descriptor instead.
 func (*SetSysctlsResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 type ShutdownRequest struct {
@@ -2035,7 +2127,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2139,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2152,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type ShutdownResponse struct {
@@ -2071,7 +2163,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2175,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2188,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2114,12 +2206,19 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\bterminal\x18\x01 \x01(\bR\bterminal\x12\x14\n" +
 	"\x05stdin\x18\x02 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x03 \x01(\bR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"\x99\x01\n" +
+	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"\xcf\x01\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12*\n" +
 	"\x05stdio\x18\x03 \x01(\v2\x14.kvfs.agent.v1.StdioR\x05stdio\x12\x1c\n" +
-	"\tsubmounts\x18\x04 \x03(\tR\tsubmounts\"+\n" +
+	"\tsubmounts\x18\x04 \x03(\tR\tsubmounts\x124\n" +
+	"\tpod_tmpfs\x18\x05 \x03(\v2\x17.kvfs.agent.v1.PodTmpfsR\bpodTmpfs\"j\n" +
+	"\bPodTmpfs\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"\x96\x01\n" +
 	"\x12ExecProcessRequest\x12!\n" +
@@ -2259,108 +2358,110 @@ func file_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_api_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_api_agent_v1_agent_proto_goTypes = []any{
 	(RouteScope)(0),                  // 0: kvfs.agent.v1.RouteScope
 	(*PingRequest)(nil),              // 1: kvfs.agent.v1.PingRequest
 	(*PingResponse)(nil),             // 2: kvfs.agent.v1.PingResponse
 	(*Stdio)(nil),                    // 3: kvfs.agent.v1.Stdio
 	(*CreateContainerRequest)(nil),   // 4: kvfs.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil),  // 5: kvfs.agent.v1.CreateContainerResponse
-	(*ExecProcessRequest)(nil),       // 6: kvfs.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),      // 7: kvfs.agent.v1.ExecProcessResponse
-	(*StartProcessRequest)(nil),      // 8: kvfs.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),     // 9: kvfs.agent.v1.StartProcessResponse
-	(*SignalProcessRequest)(nil),     // 10: kvfs.agent.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),    // 11: kvfs.agent.v1.SignalProcessResponse
-	(*WaitProcessRequest)(nil),       // 12: kvfs.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),      // 13: kvfs.agent.v1.WaitProcessResponse
-	(*DeleteProcessRequest)(nil),     // 14: kvfs.agent.v1.DeleteProcessRequest
-	(*DeleteProcessResponse)(nil),    // 15: kvfs.agent.v1.DeleteProcessResponse
-	(*ReadStreamRequest)(nil),        // 16: kvfs.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),       // 17: kvfs.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),        // 18: kvfs.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 19: kvfs.agent.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),        // 20: kvfs.agent.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),       // 21: kvfs.agent.v1.CloseStdinResponse
-	(*ResizePtyRequest)(nil),         // 22: kvfs.agent.v1.ResizePtyRequest
-	(*ResizePtyResponse)(nil),        // 23: kvfs.agent.v1.ResizePtyResponse
-	(*StatsRequest)(nil),             // 24: kvfs.agent.v1.StatsRequest
-	(*StatsResponse)(nil),            // 25: kvfs.agent.v1.StatsResponse
-	(*UpdateContainerRequest)(nil),   // 26: kvfs.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil),  // 27: kvfs.agent.v1.UpdateContainerResponse
-	(*PauseContainerRequest)(nil),    // 28: kvfs.agent.v1.PauseContainerRequest
-	(*PauseContainerResponse)(nil),   // 29: kvfs.agent.v1.PauseContainerResponse
-	(*ResumeContainerRequest)(nil),   // 30: kvfs.agent.v1.ResumeContainerRequest
-	(*ResumeContainerResponse)(nil),  // 31: kvfs.agent.v1.ResumeContainerResponse
-	(*GetOOMEventRequest)(nil),       // 32: kvfs.agent.v1.GetOOMEventRequest
-	(*GetOOMEventResponse)(nil),      // 33: kvfs.agent.v1.GetOOMEventResponse
-	(*Interface)(nil),                // 34: kvfs.agent.v1.Interface
-	(*Route)(nil),                    // 35: kvfs.agent.v1.Route
-	(*ConfigureNetworkRequest)(nil),  // 36: kvfs.agent.v1.ConfigureNetworkRequest
-	(*ConfigureNetworkResponse)(nil), // 37: kvfs.agent.v1.ConfigureNetworkResponse
-	(*SetSysctlsRequest)(nil),        // 38: kvfs.agent.v1.SetSysctlsRequest
-	(*SetSysctlsResponse)(nil),       // 39: kvfs.agent.v1.SetSysctlsResponse
-	(*ShutdownRequest)(nil),          // 40: kvfs.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 41: kvfs.agent.v1.ShutdownResponse
-	nil,                              // 42: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),    // 43: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                // 44: google.protobuf.Any
+	(*PodTmpfs)(nil),                 // 5: kvfs.agent.v1.PodTmpfs
+	(*CreateContainerResponse)(nil),  // 6: kvfs.agent.v1.CreateContainerResponse
+	(*ExecProcessRequest)(nil),       // 7: kvfs.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),      // 8: kvfs.agent.v1.ExecProcessResponse
+	(*StartProcessRequest)(nil),      // 9: kvfs.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),     // 10: kvfs.agent.v1.StartProcessResponse
+	(*SignalProcessRequest)(nil),     // 11: kvfs.agent.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),    // 12: kvfs.agent.v1.SignalProcessResponse
+	(*WaitProcessRequest)(nil),       // 13: kvfs.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),      // 14: kvfs.agent.v1.WaitProcessResponse
+	(*DeleteProcessRequest)(nil),     // 15: kvfs.agent.v1.DeleteProcessRequest
+	(*DeleteProcessResponse)(nil),    // 16: kvfs.agent.v1.DeleteProcessResponse
+	(*ReadStreamRequest)(nil),        // 17: kvfs.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),       // 18: kvfs.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),        // 19: kvfs.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 20: kvfs.agent.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),        // 21: kvfs.agent.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),       // 22: kvfs.agent.v1.CloseStdinResponse
+	(*ResizePtyRequest)(nil),         // 23: kvfs.agent.v1.ResizePtyRequest
+	(*ResizePtyResponse)(nil),        // 24: kvfs.agent.v1.ResizePtyResponse
+	(*StatsRequest)(nil),             // 25: kvfs.agent.v1.StatsRequest
+	(*StatsResponse)(nil),            // 26: kvfs.agent.v1.StatsResponse
+	(*UpdateContainerRequest)(nil),   // 27: kvfs.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil),  // 28: kvfs.agent.v1.UpdateContainerResponse
+	(*PauseContainerRequest)(nil),    // 29: kvfs.agent.v1.PauseContainerRequest
+	(*PauseContainerResponse)(nil),   // 30: kvfs.agent.v1.PauseContainerResponse
+	(*ResumeContainerRequest)(nil),   // 31: kvfs.agent.v1.ResumeContainerRequest
+	(*ResumeContainerResponse)(nil),  // 32: kvfs.agent.v1.ResumeContainerResponse
+	(*GetOOMEventRequest)(nil),       // 33: kvfs.agent.v1.GetOOMEventRequest
+	(*GetOOMEventResponse)(nil),      // 34: kvfs.agent.v1.GetOOMEventResponse
+	(*Interface)(nil),                // 35: kvfs.agent.v1.Interface
+	(*Route)(nil),                    // 36: kvfs.agent.v1.Route
+	(*ConfigureNetworkRequest)(nil),  // 37: kvfs.agent.v1.ConfigureNetworkRequest
+	(*ConfigureNetworkResponse)(nil), // 38: kvfs.agent.v1.ConfigureNetworkResponse
+	(*SetSysctlsRequest)(nil),        // 39: kvfs.agent.v1.SetSysctlsRequest
+	(*SetSysctlsResponse)(nil),       // 40: kvfs.agent.v1.SetSysctlsResponse
+	(*ShutdownRequest)(nil),          // 41: kvfs.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 42: kvfs.agent.v1.ShutdownResponse
+	nil,                              // 43: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                // 45: google.protobuf.Any
 }
 var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: kvfs.agent.v1.CreateContainerRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	3,  // 1: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	43, // 2: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	44, // 3: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	0,  // 4: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
-	34, // 5: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
-	35, // 6: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
-	42, // 7: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
-	1,  // 8: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
-	4,  // 9: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
-	6,  // 10: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
-	8,  // 11: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
-	10, // 12: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
-	12, // 13: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
-	14, // 14: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
-	16, // 15: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
-	16, // 16: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
-	18, // 17: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
-	20, // 18: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
-	22, // 19: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
-	24, // 20: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
-	26, // 21: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
-	28, // 22: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
-	30, // 23: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
-	32, // 24: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
-	36, // 25: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
-	38, // 26: kvfs.agent.v1.Agent.SetSysctls:input_type -> kvfs.agent.v1.SetSysctlsRequest
-	40, // 27: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
-	2,  // 28: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
-	5,  // 29: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
-	7,  // 30: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
-	9,  // 31: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
-	11, // 32: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
-	13, // 33: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
-	15, // 34: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
-	17, // 35: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
-	17, // 36: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
-	19, // 37: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
-	21, // 38: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
-	23, // 39: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
-	25, // 40: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
-	27, // 41: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
-	29, // 42: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
-	31, // 43: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
-	33, // 44: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
-	37, // 45: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
-	39, // 46: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
-	41, // 47: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
-	28, // [28:48] is the sub-list for method output_type
-	8,  // [8:28] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	5,  // 1: kvfs.agent.v1.CreateContainerRequest.pod_tmpfs:type_name -> kvfs.agent.v1.PodTmpfs
+	3,  // 2: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
+	44, // 3: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	45, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	0,  // 5: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
+	35, // 6: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
+	36, // 7: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
+	43, // 8: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	1,  // 9: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
+	4,  // 10: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
+	7,  // 11: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
+	9,  // 12: kvfs.agent.v1.Agent.StartProcess:input_type -> kvfs.agent.v1.StartProcessRequest
+	11, // 13: kvfs.agent.v1.Agent.SignalProcess:input_type -> kvfs.agent.v1.SignalProcessRequest
+	13, // 14: kvfs.agent.v1.Agent.WaitProcess:input_type -> kvfs.agent.v1.WaitProcessRequest
+	15, // 15: kvfs.agent.v1.Agent.DeleteProcess:input_type -> kvfs.agent.v1.DeleteProcessRequest
+	17, // 16: kvfs.agent.v1.Agent.ReadStdout:input_type -> kvfs.agent.v1.ReadStreamRequest
+	17, // 17: kvfs.agent.v1.Agent.ReadStderr:input_type -> kvfs.agent.v1.ReadStreamRequest
+	19, // 18: kvfs.agent.v1.Agent.WriteStdin:input_type -> kvfs.agent.v1.WriteStdinRequest
+	21, // 19: kvfs.agent.v1.Agent.CloseStdin:input_type -> kvfs.agent.v1.CloseStdinRequest
+	23, // 20: kvfs.agent.v1.Agent.ResizePty:input_type -> kvfs.agent.v1.ResizePtyRequest
+	25, // 21: kvfs.agent.v1.Agent.Stats:input_type -> kvfs.agent.v1.StatsRequest
+	27, // 22: kvfs.agent.v1.Agent.UpdateContainer:input_type -> kvfs.agent.v1.UpdateContainerRequest
+	29, // 23: kvfs.agent.v1.Agent.PauseContainer:input_type -> kvfs.agent.v1.PauseContainerRequest
+	31, // 24: kvfs.agent.v1.Agent.ResumeContainer:input_type -> kvfs.agent.v1.ResumeContainerRequest
+	33, // 25: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
+	37, // 26: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
+	39, // 27: kvfs.agent.v1.Agent.SetSysctls:input_type -> kvfs.agent.v1.SetSysctlsRequest
+	41, // 28: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
+	2,  // 29: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
+	6,  // 30: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
+	8,  // 31: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
+	10, // 32: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
+	12, // 33: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
+	14, // 34: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
+	16, // 35: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
+	18, // 36: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
+	18, // 37: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
+	20, // 38: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
+	22, // 39: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
+	24, // 40: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
+	26, // 41: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
+	28, // 42: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
+	30, // 43: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
+	32, // 44: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
+	34, // 45: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
+	38, // 46: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
+	40, // 47: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
+	42, // 48: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
+	29, // [29:49] is the sub-list for method output_type
+	9,  // [9:29] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_api_agent_v1_agent_proto_init() }
@@ -2374,7 +2475,7 @@ func file_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_agent_v1_agent_proto_rawDesc), len(file_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -18,6 +18,11 @@ const (
 	// container's root filesystem, bound at mounts/NAME on the host, is SharedDir/NAME here.
 	SharedDir = "/run/kvfs/shared"
 
+	// PodTmpfsDir is where the agent mounts the pod's tmpfs volumes
+	// (CreateContainerRequest.pod_tmpfs), each at PodTmpfsDir/NAME: a container's spec binds
+	// them from there.
+	PodTmpfsDir = "/run/kvfs/pod-tmpfs"
+
 	// PodPIDNamespace, as the path of the PID namespace of a container's spec, is the pod's
 	// shared PID namespace (Kubernetes' shareProcessNamespace): the agent makes it at first
 	// use, with an init of its own as the pause container is a runc pod's, and has runc join
@@ -206,4 +211,36 @@ func CheckSubmounts(points []string) error {
 		}
 	}
 	return nil
+}
+
+// MaxPodTmpfs bounds CreateContainerRequest.pod_tmpfs.
+const MaxPodTmpfs = 64
+
+// CheckPodTmpfs accepts what CreateContainerRequest.pod_tmpfs may carry: at most MaxPodTmpfs
+// tmpfs volumes, each named by one path element of at most 253 bytes of letters, digits, '.',
+// '_' and '-' (a Kubernetes volume name is a DNS label), not "." or "..", each name once, a
+// mode of permission bits only.
+func CheckPodTmpfs(vols []*PodTmpfs) error {
+	if len(vols) > MaxPodTmpfs {
+		return fmt.Errorf("%d pod tmpfs volumes, more than %d", len(vols), MaxPodTmpfs)
+	}
+	seen := map[string]bool{}
+	for _, v := range vols {
+		name := v.GetName()
+		switch {
+		case name == "" || name == "." || name == ".." || len(name) > 253 ||
+			strings.IndexFunc(name, func(r rune) bool { return !isNameRune(r) }) >= 0:
+			return fmt.Errorf("pod tmpfs %.64q: not a volume name", name)
+		case seen[name]:
+			return fmt.Errorf("pod tmpfs %q: given twice", name)
+		case v.GetMode()&^0o7777 != 0:
+			return fmt.Errorf("pod tmpfs %q: mode %#o has more than permission bits", name, v.GetMode())
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+func isNameRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
 }

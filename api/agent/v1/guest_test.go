@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -63,6 +64,33 @@ func TestCheckSubmounts(t *testing.T) {
 	} {
 		if err := CheckSubmounts(bad); err == nil {
 			t.Errorf("CheckSubmounts(%.80q) accepted", bad)
+		}
+	}
+}
+
+func TestCheckPodTmpfs(t *testing.T) {
+	ok := []*PodTmpfs{{Name: "cache", Size: 8 << 20, Mode: 0o777}, {Name: "a.b_c-1", Mode: 0o2775, Gid: 2000}}
+	if err := CheckPodTmpfs(ok); err != nil {
+		t.Errorf("CheckPodTmpfs(%v): %v", ok, err)
+	}
+	many := make([]*PodTmpfs, MaxPodTmpfs+1)
+	for i := range many {
+		many[i] = &PodTmpfs{Name: fmt.Sprint("v", i)}
+	}
+	for _, bad := range [][]*PodTmpfs{
+		{{Name: ""}},
+		{{Name: "."}},
+		{{Name: ".."}},
+		{{Name: "a/b"}},
+		{{Name: "a\x00"}},
+		{{Name: "é"}},
+		{{Name: strings.Repeat("a", 254)}},
+		{{Name: "v"}, {Name: "v"}},
+		{{Name: "v", Mode: 0o10777}},
+		many,
+	} {
+		if err := CheckPodTmpfs(bad); err == nil {
+			t.Errorf("CheckPodTmpfs(%.80v) accepted", bad)
 		}
 	}
 }

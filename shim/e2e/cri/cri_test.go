@@ -204,6 +204,16 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	if err := os.Symlink(canary, filepath.Join(ro, "escape")); err != nil {
 		t.Fatal(err)
 	}
+	// An emptyDir of medium Memory, as the kubelet makes it: a tmpfs of its sizeLimit in the
+	// pod's kubernetes.io~empty-dir directory (mounted where containerd sees it, in its mount
+	// namespace, gone with it). Its containers share a tmpfs of that size in the guest, as
+	// under runc they share the host's.
+	memDir := filepath.Join(vols, "kubelet", "pods", "p1-uid", "volumes", "kubernetes.io~empty-dir", "cache")
+	if err := os.MkdirAll(memDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.InMountNS(t, "mount", "-t", "tmpfs", "-o", "size=8m,mode=777,nosuid,nodev", "kvfs-cri-cache", memDir)
+	cache := map[string]any{"container_path": "/cache", "host_path": memDir}
 
 	linux := map[string]any{"resources": map[string]any{
 		"cpu_period": 100000, "cpu_quota": 100000, "memory_limit_in_bytes": 256 << 20}}
@@ -225,13 +235,14 @@ func testCRIPod(t *testing.T, sandboxer string) {
 	}
 	checkNoPause(t, e, sandboxer, p.id)
 
-	a := p.container(t, "a", `echo shm-from-a > /dev/shm/from-a; echo hello-from-a > /shared/from-a; ip -4 -o addr show eth0; echo a-started
+	a := p.container(t, "a", `echo shm-from-a > /dev/shm/from-a; echo cache-from-a > /cache/from-a; echo hello-from-a > /shared/from-a; ip -4 -o addr show eth0; echo a-started
 exec nc -l -p 8080 -e sh -c 'echo pong-from-the-pod; head -n1 > /shared/got'`,
-		map[string]any{"container_path": "/shared", "host_path": shared})
+		map[string]any{"container_path": "/shared", "host_path": shared}, cache)
 	b := p.containerWith(t, "b", `while [ ! -e /shared/from-a ]; do sleep 0.2; done
 echo "b-read $(cat /shared/from-a)"
 echo "shm $(cat /dev/shm/from-a 2>&1)"
 echo "shm-size $(df -k /dev/shm | awk 'NR==2 {print $2}')k $(grep ' /dev/shm ' /proc/mounts | cut -d' ' -f3)"
+echo "cache $(grep ' /cache ' /proc/mounts | cut -d' ' -f3) $(df -k /cache | awk 'NR==2 {print $2}')k $(cat /cache/from-a)"
 if echo x > /ro/new 2>/dev/null; then echo ro-writable; else echo ro-refused; fi
 echo "ro-file $(cat /ro/data)"
 echo "escape $(cat /ro/escape 2>&1)"
@@ -248,7 +259,7 @@ echo b-done
 exec sleep 600`,
 		map[string]any{"linux": map[string]any{"resources": map[string]any{"memory_limit_in_bytes": 96 << 20}}},
 		map[string]any{"container_path": "/shared", "host_path": shared},
-		map[string]any{"container_path": "/ro", "host_path": ro, "readonly": true})
+		map[string]any{"container_path": "/ro", "host_path": ro, "readonly": true}, cache)
 
 	aLog := p.waitLog(t, a, "a-started")
 	logs := p.waitLog(t, b, "b-done")
@@ -260,7 +271,7 @@ exec sleep 600`,
 	}
 	// a and b share the pod's PID namespace (the CRI's mode POD, crictl's default), as under
 	// runc: each sees the other's processes, and its init is the pod's, not the agent.
-	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", "sysctls 1 100\n", fmt.Sprintf("memory.max %d\n", 96<<20),
+	for _, want := range []string{"shm shm-from-a", "b-read hello-from-a", "cache tmpfs 8192k cache-from-a\n", "ro-refused", "ro-file ro-data", "resolv 1 1", "hostname p1 p1", "hosts 1", "sysctls 1 100\n", fmt.Sprintf("memory.max %d\n", 96<<20),
 		"pid1 /bin/kvfs-pod-init \n", "sees-a yes sees-agent no\n"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("b's log has no %q:\n%s", want, logs)
@@ -272,6 +283,8 @@ exec sleep 600`,
 	if _, err := os.Stat(filepath.Join(ro, "new")); err == nil {
 		t.Error("the guest wrote into the read-only hostPath")
 	}
+	// The memory emptyDir is the guest's: the host's tmpfs is not served.
+	e.InMountNS(t, "sh", "-c", fmt.Sprintf(`test "$(stat -f -c %%T %[1]s)" = tmpfs && test ! -e %[1]s/from-a`, memDir))
 	// 512M configured + 256M of the pod's limit; one vCPU + the pod's one, within the host's;
 	// the share has a request queue per vCPU.
 	if m := regexp.MustCompile(`mem (\d+) cpus (\d+)`).FindStringSubmatch(logs); m == nil {
