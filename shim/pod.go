@@ -65,10 +65,10 @@ func NewPod(ctx context.Context, opts Options) *Pod {
 }
 
 // getContainer returns a container whose Create has finished.
-func (o *Pod) getContainer(id string) (*Container, error) {
-	o.mu.Lock()
-	c := o.containers[id]
-	o.mu.Unlock()
+func (pod *Pod) getContainer(id string) (*Container, error) {
+	pod.mu.Lock()
+	c := pod.containers[id]
+	pod.mu.Unlock()
 	if c == nil {
 		return nil, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
 	}
@@ -80,8 +80,8 @@ func (o *Pod) getContainer(id string) (*Container, error) {
 	return c, nil
 }
 
-func (o *Pod) getProcess(id, execID string) (*Container, *process, error) {
-	c, err := o.getContainer(id)
+func (pod *Pod) getProcess(id, execID string) (*Container, *process, error) {
+	c, err := pod.getContainer(id)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -99,12 +99,12 @@ func (o *Pod) getProcess(id, execID string) (*Container, *process, error) {
 
 // loadConfig decodes runtime options (Create's, or those the shim was started with) into the
 // sandbox configuration (loadConfig).
-func (o *Pod) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
+func (pod *Pod) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
 	path, body, err := ConfigSource(opts)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	cfg, err := loadConfig(path, body, o.opts.DefaultConfigPath)
+	cfg, err := loadConfig(path, body, pod.opts.DefaultConfigPath)
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
@@ -113,15 +113,15 @@ func (o *Pod) loadConfig(opts *anypb.Any) (*sandbox.Config, error) {
 
 // Close is the shim's last act (a shutdown callback): the pod, if one still runs, is stopped
 // and the publisher closed.
-func (o *Pod) Close(ctx context.Context) error {
-	o.mu.Lock()
-	run := o.takeRunLocked()
-	o.mu.Unlock()
+func (pod *Pod) Close(ctx context.Context) error {
+	pod.mu.Lock()
+	run := pod.takeRunLocked()
+	pod.mu.Unlock()
 	var errs []error
 	if run != nil {
 		errs = append(errs, run.stop(ctx))
 	}
-	if c, ok := o.opts.Publisher.(interface{ Close() error }); ok {
+	if c, ok := pod.opts.Publisher.(interface{ Close() error }); ok {
 		errs = append(errs, c.Close())
 	}
 	return errors.Join(errs...)
@@ -140,28 +140,28 @@ const (
 )
 
 // currentRun returns the pod's run.
-func (o *Pod) currentRun() (*podRun, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.run == nil {
+func (pod *Pod) currentRun() (*podRun, error) {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	if pod.run == nil {
 		return nil, fmt.Errorf("the pod is not running: %w", errdefs.ErrFailedPrecondition)
 	}
-	return o.run, nil
+	return pod.run, nil
 }
 
 // acquirePod returns the pod, booting it if this is the first container (or, bySandbox, for
 // StartSandbox). A pod of the Sandbox API is booted only by StartSandbox: a container
 // joins it while it is ready. No lock is held while it boots; concurrent Creates wait for
 // the boot.
-func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*podRun, error) {
+func (pod *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*podRun, error) {
 	for {
-		o.mu.Lock()
-		if sb := o.sandbox; sb != nil && !bySandbox && sb.phase != sandboxReady {
-			o.mu.Unlock()
+		pod.mu.Lock()
+		if sb := pod.sandbox; sb != nil && !bySandbox && sb.phase != sandboxReady {
+			pod.mu.Unlock()
 			return nil, fmt.Errorf("sandbox %s is %s, not ready: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
 		}
-		if run := o.run; run != nil {
-			o.mu.Unlock()
+		if run := pod.run; run != nil {
+			pod.mu.Unlock()
 			if run.id != req.ID {
 				return nil, fmt.Errorf("this shim serves sandbox %s, not %s: %w", run.id, req.ID, errdefs.ErrInvalidArgument)
 			}
@@ -172,8 +172,8 @@ func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*
 			}
 			return run, nil
 		}
-		if ch := o.booting; ch != nil {
-			o.mu.Unlock()
+		if ch := pod.booting; ch != nil {
+			pod.mu.Unlock()
 			select {
 			case <-ch:
 				continue
@@ -182,33 +182,33 @@ func (o *Pod) acquirePod(ctx context.Context, req PodRequest, bySandbox bool) (*
 			}
 		}
 		ch := make(chan struct{})
-		o.booting = ch
-		o.mu.Unlock()
+		pod.booting = ch
+		pod.mu.Unlock()
 
-		run, err := o.boot(ctx, req)
-		o.mu.Lock()
-		o.booting = nil
-		o.run = run
-		o.mu.Unlock()
+		run, err := pod.boot(ctx, req)
+		pod.mu.Lock()
+		pod.booting = nil
+		pod.run = run
+		pod.mu.Unlock()
 		close(ch)
 		if err != nil {
 			return nil, fmt.Errorf("start sandbox %s: %w", req.ID, err)
 		}
-		go o.watchPod(run)
-		go o.oomLoop(run)
+		go pod.watchPod(run)
+		go pod.oomLoop(run)
 		return run, nil
 	}
 }
 
 // boot starts the pod's VM for req and configures its guest through the run's door.
-func (o *Pod) boot(ctx context.Context, req PodRequest) (*podRun, error) {
-	vm, err := o.opts.StartVM(ctx, req)
+func (pod *Pod) boot(ctx context.Context, req PodRequest) (*podRun, error) {
+	vm, err := pod.opts.StartVM(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	run := newPodRun(o.podEnv, vm, req)
+	run := newPodRun(pod.podEnv, vm, req)
 	if err := run.configure(ctx, req.Sysctls); err != nil {
-		o.stopTakenRun(run)
+		pod.stopTakenRun(run)
 		return nil, err
 	}
 	return run, nil
@@ -217,37 +217,37 @@ func (o *Pod) boot(ctx context.Context, req PodRequest) (*podRun, error) {
 // watchPod ends every process when the pod dies: their agent calls are cancelled, and each
 // exit watcher then runs the exit sequence (status exitVMDied, or exitKilled for one the host
 // was asked to kill).
-func (o *Pod) watchPod(run *podRun) {
+func (pod *Pod) watchPod(run *podRun) {
 	<-run.vm.Done()
-	o.mu.Lock()
-	if o.run != run {
-		o.mu.Unlock()
+	pod.mu.Lock()
+	if pod.run != run {
+		pod.mu.Unlock()
 		return // stopped by us
 	}
 	run.cancel()
-	o.mu.Unlock()
-	log.G(o.ctx).WithError(run.vm.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends (exit status %d, %d if it was killed)", exitVMDied, exitKilled)
+	pod.mu.Unlock()
+	log.G(pod.ctx).WithError(run.vm.Err()).Errorf("the pod's VM or virtio-fs server died: every process ends (exit status %d, %d if it was killed)", exitVMDied, exitKilled)
 }
 
 // takeRunLocked takes the pod's run from the service, so that nothing new uses it: the caller
-// stops it (podRun.stop). o.mu is held.
-func (o *Pod) takeRunLocked() *podRun {
-	run := o.run
-	o.run = nil
+// stops it (podRun.stop). pod.mu is held.
+func (pod *Pod) takeRunLocked() *podRun {
+	run := pod.run
+	pod.run = nil
 	return run
 }
 
 // stopPodIfEmpty stops the pod once no container is left (and none is being created), unless
 // it is the Sandbox API's, which StopSandbox stops.
-func (o *Pod) stopPodIfEmpty() {
-	o.mu.Lock()
-	if len(o.containers) > 0 || o.run == nil || o.booting != nil || o.sandbox != nil {
-		o.mu.Unlock()
+func (pod *Pod) stopPodIfEmpty() {
+	pod.mu.Lock()
+	if len(pod.containers) > 0 || pod.run == nil || pod.booting != nil || pod.sandbox != nil {
+		pod.mu.Unlock()
 		return
 	}
-	run := o.takeRunLocked()
-	o.mu.Unlock()
-	o.stopTakenRun(run)
+	run := pod.takeRunLocked()
+	pod.mu.Unlock()
+	pod.stopTakenRun(run)
 }
 
 // takeEndingRun takes the pod's run when c's Delete ends the pod: c is its only container
@@ -255,29 +255,29 @@ func (o *Pod) stopPodIfEmpty() {
 // the pod's life (its Delete comes after CRI's StopPodSandbox, or from its cleanup: either way
 // the pod is over). Nothing new uses the run then; the caller ends it (endRun) with the other
 // containers it returns, still in the pod. Nil otherwise.
-func (o *Pod) takeEndingRun(c *Container) (*podRun, []*Container) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	run := o.run
-	if o.containers[c.id] != c || run == nil || o.booting != nil || o.sandbox != nil {
+func (pod *Pod) takeEndingRun(c *Container) (*podRun, []*Container) {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	run := pod.run
+	if pod.containers[c.id] != c || run == nil || pod.booting != nil || pod.sandbox != nil {
 		return nil, nil
 	}
-	if len(o.containers) != 1 && !(run.sandboxTask && c.id == run.id) {
+	if len(pod.containers) != 1 && !(run.sandboxTask && c.id == run.id) {
 		return nil, nil
 	}
 	var others []*Container
-	for _, oc := range o.containers {
+	for _, oc := range pod.containers {
 		if oc != c {
 			others = append(others, oc)
 		}
 	}
-	return o.takeRunLocked(), others
+	return pod.takeRunLocked(), others
 }
 
 // stopTakenRun stops a run taken from the service, saying in the log when that fails.
-func (o *Pod) stopTakenRun(run *podRun) {
-	if err := run.stop(o.ctx); err != nil {
-		log.G(o.ctx).WithError(err).Error("stopping the pod")
+func (pod *Pod) stopTakenRun(run *podRun) {
+	if err := run.stop(pod.ctx); err != nil {
+		log.G(pod.ctx).WithError(err).Error("stopping the pod")
 	}
 }
 
@@ -285,8 +285,8 @@ func (o *Pod) stopTakenRun(run *podRun) {
 // for the exits of their processes, which the pod's end brings (exitKilled for those marked
 // killed, exitVMDied for the others), within sandboxStopTimeout: once it returns, their tasks
 // are stopped, and their Deletes need nothing of the pod.
-func (o *Pod) endRun(run *podRun, cs []*Container) {
-	o.stopTakenRun(run)
+func (pod *Pod) endRun(run *podRun, cs []*Container) {
+	pod.stopTakenRun(run)
 	var waits []chan struct{}
 	for _, c := range cs {
 		c.mu.Lock()
@@ -296,17 +296,17 @@ func (o *Pod) endRun(run *podRun, cs []*Container) {
 			waits = append(waits, c.init.exited)
 		}
 	}
-	ctx, cancel := context.WithTimeout(o.ctx, sandboxStopTimeout)
+	ctx, cancel := context.WithTimeout(pod.ctx, sandboxStopTimeout)
 	defer cancel()
 	if !waitAll(ctx, waits) {
-		log.G(o.ctx).Warnf("processes of the stopped pod had not exited %v after its VM stopped", sandboxStopTimeout)
+		log.G(pod.ctx).Warnf("processes of the stopped pod had not exited %v after its VM stopped", sandboxStopTimeout)
 	}
 }
 
 // oomLoop publishes TaskOOM for the OOM kills the agent reports, until the pod ends: at most
 // one per container per GuestLimits.OOMInterval, and no more than one of the agent's answers taken per
 // oomPace, so that a guest that answers at once, for ever, costs the host little.
-func (o *Pod) oomLoop(run *podRun) {
+func (pod *Pod) oomLoop(run *podRun) {
 	last := map[string]time.Time{} // when each container's last TaskOOM went
 	for {
 		resp, err := run.agent.GetOOMEvent(run.ctx, &agent.GetOOMEventRequest{})
@@ -315,7 +315,7 @@ func (o *Pod) oomLoop(run *podRun) {
 				return
 			}
 			if errdefs.IsNotImplemented(err) {
-				log.G(o.ctx).WithError(err).Warn("the agent reports no OOM events")
+				log.G(pod.ctx).WithError(err).Warn("the agent reports no OOM events")
 				return
 			}
 			if errdefs.IsUnavailable(err) {
@@ -324,26 +324,26 @@ func (o *Pod) oomLoop(run *podRun) {
 			if errors.Is(err, ttrpc.ErrClosed) {
 				return // the connection is gone: the pod is stopping (Stop hangs up) or dead
 			}
-			o.guestLog.warn("oom-wait", log.G(o.ctx).WithField("error", guestText(err.Error())), "waiting for OOM events")
+			pod.guestLog.warn("oom-wait", log.G(pod.ctx).WithField("error", guestText(err.Error())), "waiting for OOM events")
 			if !sleepCtx(run.ctx, time.Second) {
 				return
 			}
 			continue
 		}
 		id := resp.ContainerId
-		o.mu.Lock()
-		_, known := o.containers[id]
-		o.mu.Unlock()
+		pod.mu.Lock()
+		_, known := pod.containers[id]
+		pod.mu.Unlock()
 		switch {
 		case !known:
-			o.guestLog.warn("oom-unknown", log.G(o.ctx).WithField("container", guestText(id)), "the agent reported an OOM kill in an unknown container")
-		case time.Since(last[id]) >= o.limits.OOMInterval:
+			pod.guestLog.warn("oom-unknown", log.G(pod.ctx).WithField("container", guestText(id)), "the agent reported an OOM kill in an unknown container")
+		case time.Since(last[id]) >= pod.limits.OOMInterval:
 			last[id] = time.Now()
-			o.publish(&eventstypes.TaskOOM{ContainerID: id})
+			pod.publish(&eventstypes.TaskOOM{ContainerID: id})
 		}
 		if len(last) > oomKept {
 			for id, t := range last {
-				if time.Since(t) >= o.limits.OOMInterval { // as good as absent
+				if time.Since(t) >= pod.limits.OOMInterval { // as good as absent
 					delete(last, id)
 				}
 			}
@@ -368,33 +368,33 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // shutdownIfIdle ends the shim once it serves no container, boots no pod and has no sandbox
 // of the Sandbox API (ShutdownSandbox ends that).
-func (o *Pod) shutdownIfIdle() {
-	o.mu.Lock()
-	busy := len(o.containers) > 0 || o.booting != nil || o.sandbox != nil
-	o.mu.Unlock()
+func (pod *Pod) shutdownIfIdle() {
+	pod.mu.Lock()
+	busy := len(pod.containers) > 0 || pod.booting != nil || pod.sandbox != nil
+	pod.mu.Unlock()
 	if busy {
 		return
 	}
-	o.stopPodIfEmpty()
-	o.opts.Shutdown.Shutdown()
+	pod.stopPodIfEmpty()
+	pod.opts.Shutdown.Shutdown()
 }
 
 // podFilesOf is the pod files' directory of the Sandbox API's sandbox id, if this shim has it.
-func (o *Pod) podFilesOf(id string) (string, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.sandbox == nil || o.sandbox.id != id {
+func (pod *Pod) podFilesOf(id string) (string, bool) {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	if pod.sandbox == nil || pod.sandbox.id != id {
 		return "", false
 	}
-	return o.sandbox.files, true
+	return pod.sandbox.files, true
 }
 
-// checkNoPodLocked refuses sandbox id in a shim that has a pod already. o.mu is held.
-func (o *Pod) checkNoPodLocked(id string) error {
+// checkNoPodLocked refuses sandbox id in a shim that has a pod already. pod.mu is held.
+func (pod *Pod) checkNoPodLocked(id string) error {
 	switch {
-	case o.sandbox != nil:
-		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, o.sandbox.id, errdefs.ErrAlreadyExists)
-	case o.run != nil || o.booting != nil || len(o.containers) > 0:
+	case pod.sandbox != nil:
+		return fmt.Errorf("sandbox %s: this shim has sandbox %s already: %w", id, pod.sandbox.id, errdefs.ErrAlreadyExists)
+	case pod.run != nil || pod.booting != nil || len(pod.containers) > 0:
 		return fmt.Errorf("sandbox %s: this shim runs a pod made through the task API: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	return nil

@@ -23,15 +23,15 @@ import (
 // action still finds the sandbox to clean up), the pod acquired (booted if it is the first
 // container), then the container made in it (Container.create). A failure undoes it all, and
 // stops the pod if it has no container left.
-func (o *Pod) createContainer(ctx context.Context, req *containerRequest) (_ *Container, retErr error) {
-	c := newContainer(o.podEnv, req)
-	o.mu.Lock()
-	if _, ok := o.containers[c.id]; ok {
-		o.mu.Unlock()
+func (pod *Pod) createContainer(ctx context.Context, req *containerRequest) (_ *Container, retErr error) {
+	c := newContainer(pod.podEnv, req)
+	pod.mu.Lock()
+	if _, ok := pod.containers[c.id]; ok {
+		pod.mu.Unlock()
 		return nil, fmt.Errorf("container %s: %w", c.id, errdefs.ErrAlreadyExists)
 	}
-	o.containers[c.id] = c
-	o.mu.Unlock()
+	pod.containers[c.id] = c
+	pod.mu.Unlock()
 
 	var undo []func()
 	defer func() {
@@ -41,16 +41,16 @@ func (o *Pod) createContainer(ctx context.Context, req *containerRequest) (_ *Co
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
 		}
-		o.mu.Lock()
-		delete(o.containers, c.id)
-		o.mu.Unlock()
-		o.stopPodIfEmpty()
+		pod.mu.Lock()
+		delete(pod.containers, c.id)
+		pod.mu.Unlock()
+		pod.stopPodIfEmpty()
 	}()
 	if err := writeBundleRecord(c.bundle, req.record); err != nil {
 		return nil, err
 	}
 	undo = append(undo, func() { os.Remove(filepath.Join(c.bundle, bundleRecordName)) })
-	run, err := o.acquirePod(ctx, req.pod, false)
+	run, err := pod.acquirePod(ctx, req.pod, false)
 	if err != nil {
 		return nil, err
 	}
@@ -63,11 +63,11 @@ func (o *Pod) createContainer(ctx context.Context, req *containerRequest) (_ *Co
 // deleteProcess deletes p of c, exited (or created: it is killed first), and returns its
 // exit. The init's Delete removes the container, and the last container's the pod, as does
 // CRI's pod sandbox container's (takeEndingRun).
-func (o *Pod) deleteProcess(ctx context.Context, c *Container, p *process) (uint32, exit, error) {
+func (pod *Pod) deleteProcess(ctx context.Context, c *Container, p *process) (uint32, exit, error) {
 	if err := p.check(opDelete); err != nil {
 		return 0, exit{}, err
 	}
-	run, err := o.currentRun()
+	run, err := pod.currentRun()
 	if err != nil {
 		// The pod was stopped with the container in it (StopSandbox): its processes have
 		// exited, and its binds went with the sandbox. What is left is on the host.
@@ -114,11 +114,11 @@ func (o *Pod) deleteProcess(ctx context.Context, c *Container, p *process) (uint
 	var ending *podRun
 	var others []*Container
 	if p.execID == "" && run != nil {
-		ending, others = o.takeEndingRun(c)
+		ending, others = pod.takeEndingRun(c)
 	}
 	end := func() {
 		markAllKilled(others)
-		o.endRun(ending, others)
+		pod.endRun(ending, others)
 	}
 	if live() && !forgotten && ending == nil {
 		if err := run.forget(ctx, p); err != nil {
@@ -128,7 +128,7 @@ func (o *Pod) deleteProcess(ctx context.Context, c *Container, p *process) (uint
 			if !p.endedByHost() && (p.execID != "" || !c.hasStrays()) {
 				return 0, exit{}, err
 			}
-			o.guestLog.warn("stray-delete", log.G(o.ctx).WithError(err).WithField("process", p.name()),
+			pod.guestLog.warn("stray-delete", log.G(pod.ctx).WithError(err).WithField("process", p.name()),
 				"the guest did not delete a process (or the container of one) whose exit the host declared")
 		}
 	}
@@ -145,14 +145,14 @@ func (o *Pod) deleteProcess(ctx context.Context, c *Container, p *process) (uint
 		return pid, e, nil
 	}
 	c.remove(run)
-	o.mu.Lock()
-	delete(o.containers, c.id)
-	o.mu.Unlock()
-	o.publish(&eventstypes.TaskDelete{ContainerID: c.id, Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)})
+	pod.mu.Lock()
+	delete(pod.containers, c.id)
+	pod.mu.Unlock()
+	pod.publish(&eventstypes.TaskDelete{ContainerID: c.id, Pid: pid, ExitStatus: e.status, ExitedAt: timestamppb.New(e.at)})
 	if ending != nil {
 		end()
 	} else {
-		o.stopPodIfEmpty()
+		pod.stopPodIfEmpty()
 	}
 	return pid, e, nil
 }

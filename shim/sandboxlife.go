@@ -17,19 +17,19 @@ import (
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 )
 
-// sandboxLocked is sandbox id, if it is this shim's. o.mu is held.
-func (o *Pod) sandboxLocked(id string) (*podSandbox, error) {
-	if o.sandbox == nil || o.sandbox.id != id {
+// sandboxLocked is sandbox id, if it is this shim's. pod.mu is held.
+func (pod *Pod) sandboxLocked(id string) (*podSandbox, error) {
+	if pod.sandbox == nil || pod.sandbox.id != id {
 		return nil, fmt.Errorf("sandbox %s is not this shim's: %w", id, errdefs.ErrNotFound)
 	}
-	return o.sandbox, nil
+	return pod.sandbox, nil
 }
 
 // readySandbox returns sandbox id if it is this shim's and ready.
-func (o *Pod) readySandbox(id string) (*podSandbox, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	sb, err := o.sandboxLocked(id)
+func (pod *Pod) readySandbox(id string) (*podSandbox, error) {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	sb, err := pod.sandboxLocked(id)
 	if err != nil {
 		return nil, err
 	}
@@ -39,8 +39,8 @@ func (o *Pod) readySandbox(id string) (*podSandbox, error) {
 	return sb, nil
 }
 
-// endSandboxLocked records sb's end: stopped, with exit e; WaitSandbox returns. o.mu is held.
-func (o *Pod) endSandboxLocked(sb *podSandbox, e exit) {
+// endSandboxLocked records sb's end: stopped, with exit e; WaitSandbox returns. pod.mu is held.
+func (pod *Pod) endSandboxLocked(sb *podSandbox, e exit) {
 	if sb.phase == sandboxStopped {
 		return
 	}
@@ -51,67 +51,67 @@ func (o *Pod) endSandboxLocked(sb *podSandbox, e exit) {
 // startSandbox boots the VM of sandbox id; it returns once the guest agent answers, with the
 // VM's pid and the sandbox's creation time. A failed start ends the sandbox (containerd then
 // shuts it down).
-func (o *Pod) startSandbox(ctx context.Context, id string) (uint32, time.Time, error) {
-	o.mu.Lock()
-	sb, err := o.sandboxLocked(id)
+func (pod *Pod) startSandbox(ctx context.Context, id string) (uint32, time.Time, error) {
+	pod.mu.Lock()
+	sb, err := pod.sandboxLocked(id)
 	if err == nil && sb.phase != sandboxCreated {
 		err = fmt.Errorf("sandbox %s is %s: %w", sb.id, sb.phase, errdefs.ErrFailedPrecondition)
 	}
 	if err != nil {
-		o.mu.Unlock()
+		pod.mu.Unlock()
 		return 0, time.Time{}, err
 	}
 	sb.phase = sandboxStarting
 	bootCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sb.cancelStart, sb.started = cancel, make(chan struct{})
-	o.mu.Unlock()
+	pod.mu.Unlock()
 	defer close(sb.started)
 
-	run, err := o.acquirePod(bootCtx, sb.req, true)
-	o.mu.Lock()
+	run, err := pod.acquirePod(bootCtx, sb.req, true)
+	pod.mu.Lock()
 	sb.cancelStart = nil
 	if err == nil && bootCtx.Err() != nil {
 		// A stop came as the boot ended: the pod is this sandbox's, and the stop waits for
 		// this start to stop it.
 		err = fmt.Errorf("sandbox %s: stopped while it started: %w", sb.id, context.Cause(bootCtx))
-		o.mu.Unlock()
-		o.stopSandboxPod(o.ctx, sandboxStopTimeout, true)
-		o.mu.Lock()
+		pod.mu.Unlock()
+		pod.stopSandboxPod(pod.ctx, sandboxStopTimeout, true)
+		pod.mu.Lock()
 	}
 	if err != nil {
-		o.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
-		o.mu.Unlock()
+		pod.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
+		pod.mu.Unlock()
 		return 0, time.Time{}, err
 	}
 	pid := run.vm.Pid()
 	sb.phase, sb.pid = sandboxReady, pid
-	o.mu.Unlock()
-	go o.watchSandbox(sb, run.vm)
+	pod.mu.Unlock()
+	go pod.watchSandbox(sb, run.vm)
 	return pid, sb.createdAt, nil
 }
 
 // watchSandbox ends the sandbox whose pod died: its processes end with exitVMDied or
 // exitKilled (see watchPod), what is left of the VM, the share and the tap is removed, and
 // WaitSandbox answers exitVMDied.
-func (o *Pod) watchSandbox(sb *podSandbox, pod VM) {
+func (pod *Pod) watchSandbox(sb *podSandbox, vm VM) {
 	select {
-	case <-pod.Done():
+	case <-vm.Done():
 	case <-sb.exited:
 		return
 	}
-	o.mu.Lock()
+	pod.mu.Lock()
 	if sb.phase != sandboxReady {
-		o.mu.Unlock()
+		pod.mu.Unlock()
 		return // StopSandbox is stopping it
 	}
 	sb.phase = sandboxStopping
-	o.mu.Unlock()
-	log.G(o.ctx).WithError(pod.Err()).WithField("sandbox", sb.id).Error("the sandbox's VM or virtio-fs server died")
-	o.stopSandboxPod(o.ctx, sandboxStopTimeout, false)
-	o.mu.Lock()
-	o.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
-	o.mu.Unlock()
+	pod.mu.Unlock()
+	log.G(pod.ctx).WithError(vm.Err()).WithField("sandbox", sb.id).Error("the sandbox's VM or virtio-fs server died")
+	pod.stopSandboxPod(pod.ctx, sandboxStopTimeout, false)
+	pod.mu.Lock()
+	pod.endSandboxLocked(sb, exit{status: exitVMDied, at: time.Now()})
+	pod.mu.Unlock()
 }
 
 // stopSandbox stops the pod of sandbox id: every process of its containers still running is killed
@@ -121,32 +121,32 @@ func (o *Pod) watchSandbox(sb *podSandbox, pod VM) {
 // Delete. Stopping a stopped sandbox is done; WaitSandbox answers exit status 0.
 // A sandbox still starting has its boot cancelled and waited for: StartSandbox fails (and
 // stops the pod if the boot had got one), and the stop is then done.
-func (o *Pod) stopSandbox(ctx context.Context, id string, timeout time.Duration) error {
-	o.mu.Lock()
-	sb, err := o.sandboxLocked(id)
+func (pod *Pod) stopSandbox(ctx context.Context, id string, timeout time.Duration) error {
+	pod.mu.Lock()
+	sb, err := pod.sandboxLocked(id)
 	if err != nil {
-		o.mu.Unlock()
+		pod.mu.Unlock()
 		return err
 	}
 	switch sb.phase {
 	case sandboxCreated:
-		o.endSandboxLocked(sb, exit{at: time.Now()}) // never started: nothing runs
-		o.mu.Unlock()
+		pod.endSandboxLocked(sb, exit{at: time.Now()}) // never started: nothing runs
+		pod.mu.Unlock()
 		return nil
 	case sandboxStarting:
 		// Its boot is cancelled: StartSandbox fails, ends the sandbox, and stops what it
 		// booted. containerd's controller gives up on a shim whose stop or shutdown fails
 		// (it never deletes it), so a stop during the boot must not be refused.
 		sb.cancelStart()
-		o.mu.Unlock()
+		pod.mu.Unlock()
 		select {
 		case <-sb.started:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		return o.stopSandbox(ctx, id, timeout)
+		return pod.stopSandbox(ctx, id, timeout)
 	case sandboxStopping, sandboxStopped:
-		o.mu.Unlock()
+		pod.mu.Unlock()
 		select { // another stop, or the pod's death, is under way: done when it is
 		case <-sb.exited:
 			return nil
@@ -155,11 +155,11 @@ func (o *Pod) stopSandbox(ctx context.Context, id string, timeout time.Duration)
 		}
 	}
 	sb.phase = sandboxStopping
-	o.mu.Unlock()
-	o.stopSandboxPod(ctx, timeout, true)
-	o.mu.Lock()
-	o.endSandboxLocked(sb, exit{at: time.Now()})
-	o.mu.Unlock()
+	pod.mu.Unlock()
+	pod.stopSandboxPod(ctx, timeout, true)
+	pod.mu.Lock()
+	pod.endSandboxLocked(sb, exit{at: time.Now()})
+	pod.mu.Unlock()
 	return nil
 }
 
@@ -169,18 +169,18 @@ func (o *Pod) stopSandbox(ctx context.Context, id string, timeout time.Duration)
 // together within timeout. Then the pod is stopped whatever the guest did, and the exits of
 // the processes left (exitKilled, or exitVMDied) are waited for within sandboxStopTimeout:
 // once it returns, the containers' tasks are stopped.
-func (o *Pod) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
-	o.mu.Lock()
-	run := o.run
+func (pod *Pod) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bool) {
+	pod.mu.Lock()
+	run := pod.run
 	var cs []*Container
-	for _, c := range o.containers {
+	for _, c := range pod.containers {
 		c.mu.Lock()
 		if c.ready {
 			cs = append(cs, c)
 		}
 		c.mu.Unlock()
 	}
-	o.mu.Unlock()
+	pod.mu.Unlock()
 	if run == nil {
 		return
 	}
@@ -195,7 +195,7 @@ func (o *Pod) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bo
 			}
 			go func() {
 				if err := c.kill(kctx, run, p, uint32(syscall.SIGKILL), true); err != nil && !errdefs.IsNotFound(err) {
-					log.G(o.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
+					log.G(pod.ctx).WithError(err).WithField("container", p.cid).Warn("killing the container's processes to stop the sandbox")
 				}
 			}()
 			waits = append(waits, p.exited)
@@ -203,21 +203,21 @@ func (o *Pod) stopSandboxPod(ctx context.Context, timeout time.Duration, kill bo
 		waitAll(kctx, waits)
 		cancel()
 	}
-	o.mu.Lock()
-	if o.run == run {
-		o.takeRunLocked()
+	pod.mu.Lock()
+	if pod.run == run {
+		pod.takeRunLocked()
 	}
-	o.mu.Unlock()
-	o.endRun(run, cs)
+	pod.mu.Unlock()
+	pod.endRun(run, cs)
 }
 
 // waitSandbox returns once sandbox id has stopped, with its exit: 0 when stopped by
 // stopSandbox (or never started), exitVMDied when its VM or virtio-fs server died or it
 // failed to start.
-func (o *Pod) waitSandbox(ctx context.Context, id string) (exit, error) {
-	o.mu.Lock()
-	sb, err := o.sandboxLocked(id)
-	o.mu.Unlock()
+func (pod *Pod) waitSandbox(ctx context.Context, id string) (exit, error) {
+	pod.mu.Lock()
+	sb, err := pod.sandboxLocked(id)
+	pod.mu.Unlock()
 	if err != nil {
 		return exit{}, err
 	}
@@ -226,16 +226,16 @@ func (o *Pod) waitSandbox(ctx context.Context, id string) (exit, error) {
 	case <-ctx.Done():
 		return exit{}, ctx.Err()
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
 	return sb.exit, nil
 }
 
 // sandboxStatus is sandbox id's status now.
-func (o *Pod) sandboxStatus(id string) (sandboxStatus, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	sb, err := o.sandboxLocked(id)
+func (pod *Pod) sandboxStatus(id string) (sandboxStatus, error) {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	sb, err := pod.sandboxLocked(id)
 	if err != nil {
 		return sandboxStatus{}, err
 	}
@@ -243,19 +243,19 @@ func (o *Pod) sandboxStatus(id string) (sandboxStatus, error) {
 }
 
 // checkSandbox says whether sandbox id is this shim's.
-func (o *Pod) checkSandbox(id string) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	_, err := o.sandboxLocked(id)
+func (pod *Pod) checkSandbox(id string) error {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	_, err := pod.sandboxLocked(id)
 	return err
 }
 
 // pingSandbox returns once the guest agent of ready sandbox id answers Ping.
-func (o *Pod) pingSandbox(ctx context.Context, id string) error {
-	if _, err := o.readySandbox(id); err != nil {
+func (pod *Pod) pingSandbox(ctx context.Context, id string) error {
+	if _, err := pod.readySandbox(id); err != nil {
 		return err
 	}
-	run, err := o.currentRun()
+	run, err := pod.currentRun()
 	if err != nil {
 		return err
 	}
@@ -270,8 +270,8 @@ func (o *Pod) pingSandbox(ctx context.Context, id string) error {
 // them: the VM's, its kvfsd's and the shim's use, which the guest has no say in. Without one,
 // the pod's cgroup2 metrics from the guest: the agent's Stats of every container (no
 // container id), checked by the door and served on a budget as the task API's Stats are.
-func (o *Pod) sandboxMetrics(ctx context.Context, id string) (*anypb.Any, error) {
-	sb, err := o.readySandbox(id)
+func (pod *Pod) sandboxMetrics(ctx context.Context, id string) (*anypb.Any, error) {
+	sb, err := pod.readySandbox(id)
 	if err != nil {
 		return nil, err
 	}
@@ -282,11 +282,11 @@ func (o *Pod) sandboxMetrics(ctx context.Context, id string) (*anypb.Any, error)
 		}
 		return data, nil
 	}
-	run, err := o.currentRun()
+	run, err := pod.currentRun()
 	if err != nil {
 		return nil, err
 	}
-	data, err := sb.stats.get(ctx, run.ctx, o.limits.StatsWait, func(ctx context.Context) (*anypb.Any, error) {
+	data, err := sb.stats.get(ctx, run.ctx, pod.limits.StatsWait, func(ctx context.Context) (*anypb.Any, error) {
 		resp, err := run.agent.Stats(ctx, &agent.StatsRequest{})
 		return resp.GetStats(), err
 	})
@@ -299,42 +299,42 @@ func (o *Pod) sandboxMetrics(ctx context.Context, id string) (*anypb.Any, error)
 // shutdownSandbox stops sandbox id if it still runs, unmounts its pod files, forgets it and
 // ends the shim, once it has answered (shutdownGrace). A shim whose CreateSandbox failed has
 // no sandbox: it ends too.
-func (o *Pod) shutdownSandbox(ctx context.Context, id string) error {
-	o.mu.Lock()
-	sb := o.sandbox
-	o.mu.Unlock()
+func (pod *Pod) shutdownSandbox(ctx context.Context, id string) error {
+	pod.mu.Lock()
+	sb := pod.sandbox
+	pod.mu.Unlock()
 	if sb != nil {
 		if sb.id != id {
 			return fmt.Errorf("sandbox %s is not this shim's: %w", id, errdefs.ErrNotFound)
 		}
-		if err := o.stopSandbox(ctx, sb.id, sandboxStopTimeout); err != nil {
+		if err := pod.stopSandbox(ctx, sb.id, sandboxStopTimeout); err != nil {
 			return err
 		}
 		if err := unmountPodFiles(sb.files); err != nil {
 			return fmt.Errorf("sandbox %s: %w", sb.id, err)
 		}
 	}
-	o.mu.Lock()
-	o.sandbox = nil
-	o.mu.Unlock()
-	time.AfterFunc(shutdownGrace, o.opts.Shutdown.Shutdown)
+	pod.mu.Lock()
+	pod.sandbox = nil
+	pod.mu.Unlock()
+	time.AfterFunc(shutdownGrace, pod.opts.Shutdown.Shutdown)
 	return nil
 }
 
 // checkNoPod refuses sandbox id in a shim that has a pod already.
-func (o *Pod) checkNoPod(id string) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.checkNoPodLocked(id)
+func (pod *Pod) checkNoPod(id string) error {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	return pod.checkNoPodLocked(id)
 }
 
 // addSandbox makes sb the shim's sandbox, unless it has a pod already.
-func (o *Pod) addSandbox(sb *podSandbox) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if err := o.checkNoPodLocked(sb.id); err != nil {
+func (pod *Pod) addSandbox(sb *podSandbox) error {
+	pod.mu.Lock()
+	defer pod.mu.Unlock()
+	if err := pod.checkNoPodLocked(sb.id); err != nil {
 		return err
 	}
-	o.sandbox = sb
+	pod.sandbox = sb
 	return nil
 }
