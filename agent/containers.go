@@ -88,6 +88,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	if err := apiv1.CheckPodTmpfs(req.PodTmpfs); err != nil {
 		return nil, errf(errdefs.ErrInvalidArgument, "%v", err)
 	}
+	if err := apiv1.CheckMirrored(req.Mirrored); err != nil {
+		return nil, errf(errdefs.ErrInvalidArgument, "%v", err)
+	}
 	c := &container{id: id, bundle: filepath.Join(s.cfg.StateDir, id), cgroup: spec.Linux.CgroupsPath, execs: make(map[string]*process)}
 	p, err := newProcess(c, "", req.Stdio)
 	if err != nil {
@@ -119,11 +122,15 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 			s.releaseLocked(p)
 			s.mu.Unlock()
 			s.mounts.release(c.pins)
+			s.endMirrors(c)
 			os.RemoveAll(c.bundle)
 		}
 	}()
 
 	if err := s.podTmpfs.ensure(req.PodTmpfs); err != nil {
+		return nil, err
+	}
+	if err := s.startMirrors(c, req.Mirrored); err != nil {
 		return nil, err
 	}
 	if err := writeBundle(c.bundle, spec); err != nil {

@@ -44,7 +44,10 @@
 // first use with an init of their own, kvfs-pod-init (podns.go). The pod's tmpfs volumes a
 // container names (Kubernetes' emptyDir of medium Memory) are mounted at first use under
 // apiv1.PodTmpfsDir and kept for the pod's life, so that its containers share each
-// (podtmpfs.go). A kill that the runtime refuses
+// (podtmpfs.go). The volumes the kubelet updates in place (CreateContainerRequest.mirrored:
+// configMap, secret, projected, downward API) are copied from the share into the guest's
+// tmpfs and kept in step by polling, each update replayed in the kubelet's order, so that an
+// inotify watch in the container sees it (mirror.go). A kill that the runtime refuses
 // because the init has exited, not yet reaped, answers NotFound once the reaper reports the exit.
 //
 // ConfigureNetwork gives the guest the pod's network: each NIC, found by the MAC the host

@@ -327,6 +327,7 @@ func (s *Service) forget(c *container) {
 	}
 	s.mu.Unlock()
 	s.mounts.release(c.pins)
+	s.endMirrors(c)
 	if err := os.RemoveAll(c.bundle); err != nil {
 		s.log.WithError(err).WithField("container", c.id).Warn("removing the bundle")
 	}

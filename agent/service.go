@@ -51,6 +51,8 @@ type Config struct {
 	RootDir string
 	// PodTmpfsDir is where the pod's tmpfs volumes are mounted (default apiv1.PodTmpfsDir).
 	PodTmpfsDir string
+	// MirrorDir is where mirrored volumes are copied (default apiv1.MirrorDir).
+	MirrorDir string
 	// Version is what Ping answers as the agent's version.
 	Version string
 	// Started is BootTime when the agent started, answered by Ping as init_started_ns
@@ -115,6 +117,11 @@ type container struct {
 	gone    bool                // guarded by Service.mu: deleted, or its creation failed
 	stopOOM context.CancelFunc  // guarded by Service.mu
 	pins    []string            // guarded by op: the submounts held for it (submounts.pin)
+	// mirrors are the copies of its mirrored volumes (mirror.go) and the end of their
+	// polling; set by its creation, before it is visible.
+	mirrors    []string
+	mirroring  []<-chan struct{}
+	endMirrors context.CancelFunc
 }
 
 type procState int
@@ -165,6 +172,9 @@ func NewService(cfg Config) (*Service, error) {
 	}
 	if cfg.PodTmpfsDir == "" {
 		cfg.PodTmpfsDir = apiv1.PodTmpfsDir
+	}
+	if cfg.MirrorDir == "" {
+		cfg.MirrorDir = apiv1.MirrorDir
 	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.NewEntry(logrus.StandardLogger())

@@ -65,7 +65,7 @@ func (c *Container) create(ctx context.Context, run *podRun, req *containerReque
 	}
 	in, out, errw := req.stdio.Wants()
 	_, err = run.agent.CreateContainer(ctx, &agent.CreateContainerRequest{
-		ContainerId: r.ID, Spec: specJSON, Submounts: submounts, PodTmpfs: req.podTmpfs,
+		ContainerId: r.ID, Spec: specJSON, Submounts: submounts, PodTmpfs: req.podTmpfs, Mirrored: req.mirrored,
 		Stdio: &agent.Stdio{Terminal: r.Terminal, Stdin: in, Stdout: out, Stderr: errw},
 	})
 	if err != nil {

@@ -22,8 +22,10 @@ type containerRequest struct {
 	// pod sandbox container, which runs nothing: the VM is the pod (sandboxtask.go).
 	guestSpec *specs.Spec
 	hostBinds []HostBind
-	// podTmpfs are the pod's tmpfs volumes the guest's spec binds (podtmpfs.go).
+	// podTmpfs are the pod's tmpfs volumes the guest's spec binds, and mirrored the share's
+	// binds it binds through the agent's copies (kubeletvolumes.go).
 	podTmpfs []*agent.PodTmpfs
+	mirrored []string
 	stdio    stdio.Config
 	pod      PodRequest
 	// raiseOOM is the container's oom_score_adj if it bounds the pod's (podOOMScoreAdj).
@@ -62,6 +64,9 @@ func newContainerRequest(cfg *sandbox.Config, r *taskAPI.CreateTaskRequest, spec
 			withPodShm(req.guestSpec)
 		}
 		if req.hostBinds, req.podTmpfs, err = podTmpfsOf(req.guestSpec, req.hostBinds); err != nil {
+			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
+		}
+		if req.mirrored, err = mirroredOf(req.guestSpec, req.hostBinds); err != nil {
 			return nil, fmt.Errorf("container %s: %v: %w", r.ID, err, errdefs.ErrInvalidArgument)
 		}
 	}

@@ -37,6 +37,7 @@ type fakeAgent struct {
 	specs      map[string][]byte
 	submounts  map[string][]string          // CreateContainerRequest.submounts by container
 	podTmpfs   map[string][]*agent.PodTmpfs // CreateContainerRequest.pod_tmpfs by container
+	mirrored   map[string][]string          // CreateContainerRequest.mirrored by container
 	oom        chan string
 	drainDelay time.Duration // how long after the exit the last output chunk comes
 	// oversize makes ReadStdout answer this many bytes whatever was asked (a hostile guest).
@@ -113,7 +114,7 @@ func (s *fakeStream) read(ctx context.Context, max uint32) (*agent.ReadStreamRes
 }
 
 func newFakeAgent() *fakeAgent {
-	return &fakeAgent{procs: map[[2]string]*fakeProc{}, nextPid: 100, specs: map[string][]byte{}, submounts: map[string][]string{}, podTmpfs: map[string][]*agent.PodTmpfs{}, oom: make(chan string, 4)}
+	return &fakeAgent{procs: map[[2]string]*fakeProc{}, nextPid: 100, specs: map[string][]byte{}, submounts: map[string][]string{}, podTmpfs: map[string][]*agent.PodTmpfs{}, mirrored: map[string][]string{}, oom: make(chan string, 4)}
 }
 
 func (a *fakeAgent) proc(cid, eid string) (*fakeProc, error) {
@@ -170,6 +171,7 @@ func (a *fakeAgent) CreateContainer(_ context.Context, r *agent.CreateContainerR
 	a.specs[r.ContainerId] = r.Spec
 	a.submounts[r.ContainerId] = r.Submounts
 	a.podTmpfs[r.ContainerId] = r.PodTmpfs
+	a.mirrored[r.ContainerId] = r.Mirrored
 	a.mu.Unlock()
 	p := a.add(r.ContainerId, "", r.Stdio)
 	return &agent.CreateContainerResponse{Pid: p.pid}, nil

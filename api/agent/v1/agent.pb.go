@@ -284,7 +284,13 @@ type CreateContainerRequest struct {
 	// Memory, whose host tmpfs the shim does not share): the agent mounts each once for the
 	// pod, at PodTmpfsDir/<name>, and keeps it until the pod ends, so that the pod's
 	// containers share it as they share the host's tmpfs under runc. At most MaxPodTmpfs.
-	PodTmpfs      []*PodTmpfs `protobuf:"bytes,5,rep,name=pod_tmpfs,json=podTmpfs,proto3" json:"pod_tmpfs,omitempty"`
+	PodTmpfs []*PodTmpfs `protobuf:"bytes,5,rep,name=pod_tmpfs,json=podTmpfs,proto3" json:"pod_tmpfs,omitempty"`
+	// mirrored are the share's binds (names below SharedDir) that the kubelet updates in place
+	// (configMap, secret, projected and downward API volumes): the agent copies each to
+	// MirrorDir/<name>, which the spec binds in its place, and keeps the copy in step, so that
+	// an inotify watch in the container sees the updates (see agent/mirror.go). At most
+	// MaxMirrored (CheckMirrored).
+	Mirrored      []string `protobuf:"bytes,6,rep,name=mirrored,proto3" json:"mirrored,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +356,13 @@ func (x *CreateContainerRequest) GetSubmounts() []string {
 func (x *CreateContainerRequest) GetPodTmpfs() []*PodTmpfs {
 	if x != nil {
 		return x.PodTmpfs
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetMirrored() []string {
+	if x != nil {
+		return x.Mirrored
 	}
 	return nil
 }
@@ -2206,13 +2219,14 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\bterminal\x18\x01 \x01(\bR\bterminal\x12\x14\n" +
 	"\x05stdin\x18\x02 \x01(\bR\x05stdin\x12\x16\n" +
 	"\x06stdout\x18\x03 \x01(\bR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"\xcf\x01\n" +
+	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"\xeb\x01\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12*\n" +
 	"\x05stdio\x18\x03 \x01(\v2\x14.kvfs.agent.v1.StdioR\x05stdio\x12\x1c\n" +
 	"\tsubmounts\x18\x04 \x03(\tR\tsubmounts\x124\n" +
-	"\tpod_tmpfs\x18\x05 \x03(\v2\x17.kvfs.agent.v1.PodTmpfsR\bpodTmpfs\"j\n" +
+	"\tpod_tmpfs\x18\x05 \x03(\v2\x17.kvfs.agent.v1.PodTmpfsR\bpodTmpfs\x12\x1a\n" +
+	"\bmirrored\x18\x06 \x03(\tR\bmirrored\"j\n" +
 	"\bPodTmpfs\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x12\n" +

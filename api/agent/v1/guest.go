@@ -23,6 +23,11 @@ const (
 	// them from there.
 	PodTmpfsDir = "/run/kvfs/pod-tmpfs"
 
+	// MirrorDir is where the agent keeps its copies of the share's binds that the kubelet
+	// updates in place (CreateContainerRequest.mirrored), each at MirrorDir/NAME: a
+	// container's spec binds them from there.
+	MirrorDir = "/run/kvfs/mirrored"
+
 	// PodPIDNamespace, as the path of the PID namespace of a container's spec, is the pod's
 	// shared PID namespace (Kubernetes' shareProcessNamespace): the agent makes it at first
 	// use, with an init of its own as the pause container is a runc pod's, and has runc join
@@ -243,4 +248,27 @@ func CheckPodTmpfs(vols []*PodTmpfs) error {
 
 func isNameRune(r rune) bool {
 	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+}
+
+// MaxMirrored bounds CreateContainerRequest.mirrored.
+const MaxMirrored = 64
+
+// CheckMirrored accepts what CreateContainerRequest.mirrored may carry: at most MaxMirrored
+// names of the share's binds, each one path element of at most 255 bytes, not "." or "..",
+// without NUL, each once.
+func CheckMirrored(names []string) error {
+	if len(names) > MaxMirrored {
+		return fmt.Errorf("%d mirrored volumes, more than %d", len(names), MaxMirrored)
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		switch {
+		case n == "" || n == "." || n == ".." || len(n) > 255 || strings.ContainsAny(n, "/\x00"):
+			return fmt.Errorf("mirrored volume %.64q: not a name in the share", n)
+		case seen[n]:
+			return fmt.Errorf("mirrored volume %q: given twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
 }

@@ -94,3 +94,17 @@ func TestCheckPodTmpfs(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckMirrored(t *testing.T) {
+	ok := []string{"c1-0-config", "c1-1-a b"}
+	if err := CheckMirrored(ok); err != nil {
+		t.Errorf("CheckMirrored(%q): %v", ok, err)
+	}
+	for _, bad := range [][]string{
+		{""}, {"."}, {".."}, {"a/b"}, {"a\x00"}, {strings.Repeat("a", 256)}, {"v", "v"}, make([]string, MaxMirrored+1),
+	} {
+		if err := CheckMirrored(bad); err == nil {
+			t.Errorf("CheckMirrored(%.80q) accepted", bad)
+		}
+	}
+}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
+	"github.com/kvfs/kvfs/internal/testing/kubeletvol"
 	"github.com/kvfs/kvfs/internal/testing/shimtest"
 	"github.com/kvfs/kvfs/sandbox/network"
 	"github.com/kvfs/kvfs/sandbox/serverproc"
@@ -324,6 +325,32 @@ exec sleep 600`,
 	}
 	if !strings.Contains(sLog, "pid1 sh -c ") {
 		t.Errorf("a container with a PID namespace of its own: %q, want its own process as PID 1", sLog)
+	}
+
+	// A configMap volume as the kubelet writes it, updated in place as the kubelet updates it
+	// while a container watches it with inotify: the container reads the new content, and
+	// its watch sees the update's steps (the new directory, ..data moved into place, the new
+	// key's link, the old directory deleted), as a runc container's does.
+	cfg := filepath.Join(vols, "kubelet", "pods", "p1-uid", "volumes", "kubernetes.io~configmap", "cfg")
+	if err := kubeletvol.Write(cfg, "..2026_12_07_01", map[string]string{"key": "one"}); err != nil {
+		t.Fatal(err)
+	}
+	buildProgram(t, "inotify", progs)
+	w := p.container(t, "w", `/progs/inotify /cfg`,
+		map[string]any{"container_path": "/cfg", "host_path": cfg, "readonly": true},
+		map[string]any{"container_path": "/progs", "host_path": progs})
+	p.waitLog(t, w, "watching")
+	if err := kubeletvol.Write(cfg, "..2026_12_07_02", map[string]string{"key": "two", "more": "new"}); err != nil {
+		t.Fatal(err)
+	}
+	wLog := p.waitLog(t, w, "event ..2026_12_07_01 ") // the old directory deleted: the last step
+	for _, want := range []string{"event ..2026_12_07_02 0x40000100\n", "event ..data 0x80\n", "event more 0x100\n", "event ..2026_12_07_01 0x40000200\n"} {
+		if !strings.Contains(wLog, want) {
+			t.Errorf("the configMap's watch has no %q:\n%s", want, wLog)
+		}
+	}
+	if r := e.C.RunCrictl(t, "exec", "--sync", w, "cat", "/cfg/key", "/cfg/more"); r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "twonew" {
+		t.Errorf("the updated configMap in the container: %+v, want twonew", r)
 	}
 
 	// Read-only volumes with a tmpfs inside (mounted where the shim binds volumes, in the

@@ -3,6 +3,7 @@ package shim
 import (
 	"encoding/json"
 	"os"
+	"path"
 	"path/filepath"
 	"testing"
 
@@ -71,5 +72,59 @@ func TestPodTmpfsVolumes(t *testing.T) {
 	}
 	if bound[mem] || !bound[disk] || !bound[other] {
 		t.Errorf("the share binds %v: want the disk emptyDir and the other tmpfs, not the memory emptyDir", bound)
+	}
+}
+
+// TestMirroredVolumes: the binds of the volumes the kubelet updates in place (configMap,
+// secret, projected, downward API: a directory in the kubelet's directory of their kind) are
+// bound into the share and given to the agent to mirror, and the guest's spec binds the
+// agent's copies; a hostPath directory, and a file in such a volume's directory (a subPath's
+// source), are bound as they are.
+func TestMirroredVolumes(t *testing.T) {
+	h := newHarness(t)
+	vols := filepath.Join(h.dir, "kubelet", "pods", "uid1", "volumes")
+	cm, sec, plain := filepath.Join(vols, "kubernetes.io~configmap", "cfg"), filepath.Join(vols, "kubernetes.io~secret", "token"), filepath.Join(h.dir, "plain")
+	for _, d := range []string{cm, sec, plain} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := filepath.Join(vols, "kubernetes.io~projected", "one")
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bind := func(src, dst string) specs.Mount {
+		return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "ro"}}
+	}
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", inPod("pod"), bind(cm, "/cfg"), bind(plain, "/plain"), bind(sec, "/sec"), bind(file, "/one"))})
+
+	var guest specs.Spec
+	if err := json.Unmarshal(h.agent.specs["c1"], &guest); err != nil {
+		t.Fatal(err)
+	}
+	sources := map[string]string{}
+	for _, m := range guest.Mounts {
+		sources[m.Destination] = m.Source
+	}
+	got := h.agent.mirrored["c1"]
+	if len(got) != 2 || sources["/cfg"] != path.Join(agent.MirrorDir, got[0]) || sources["/sec"] != path.Join(agent.MirrorDir, got[1]) {
+		t.Errorf("mirrored %q; the guest binds /cfg from %s and /sec from %s: want the agent's copies of both", got, sources["/cfg"], sources["/sec"])
+	}
+	for _, d := range []string{"/plain", "/one"} {
+		if s := sources[d]; filepath.Dir(s) != agent.SharedDir {
+			t.Errorf("c1's %s in the guest binds %s, want a bind in the share", d, s)
+		}
+	}
+	bound := map[string]bool{}
+	for _, b := range h.pod().bound() {
+		bound[b.Source] = true
+	}
+	for _, src := range []string{cm, sec, plain, file} {
+		if !bound[src] {
+			t.Errorf("%s is not bound into the share", src)
+		}
 	}
 }

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/testing/kubeletvol"
+)
+
+// inotifyEvents are the names and masks of the events a non-blocking inotify fd has queued.
+func inotifyEvents(t *testing.T, fd int) map[string]uint32 {
+	t.Helper()
+	got := map[string]uint32{}
+	buf := make([]byte, 64<<10)
+	n, err := unix.Read(fd, buf)
+	if err != nil && err != unix.EAGAIN {
+		t.Fatal(err)
+	}
+	for off := 0; off+unix.SizeofInotifyEvent <= n; {
+		var ev unix.InotifyEvent
+		binary.Read(bytes.NewReader(buf[off:off+unix.SizeofInotifyEvent]), binary.NativeEndian, &ev)
+		name := string(bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)], "\x00"))
+		got[name] |= ev.Mask
+		off += unix.SizeofInotifyEvent + int(ev.Len)
+	}
+	return got
+}
+
+// TestMirrorKubeletUpdate: a volume the kubelet writes atomically is copied whole, and its
+// update replayed in the copy: an inotify watch on the copy sees the new directory created,
+// ..data moved into place, a new key's link created and the old directory and the key gone
+// deleted, as a watch on the kubelet's volume does; what the copy holds is then the new
+// content, and nothing else.
+func TestMirrorKubeletUpdate(t *testing.T) {
+	vol, cp := t.TempDir(), filepath.Join(t.TempDir(), "copy")
+	if err := os.Chmod(vol, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := kubeletvol.Write(vol, "..2026_12_07_01", map[string]string{"a": "one", "gone": "soon"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(cp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := newMirrorTree(vol, cp)
+	if err := m.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(cp, "a")); err != nil || string(b) != "one" {
+		t.Fatalf("the copy's a: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(cp); err != nil || fi.Mode() != os.ModeDir|os.ModeSticky|0o777 {
+		t.Errorf("the copy's root: %v, %v; want the volume's drwxrwxrwt", fi.Mode(), err)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, cp, unix.IN_ALL_EVENTS); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if ev := inotifyEvents(t, fd); len(ev) != 0 {
+		t.Errorf("a sync with nothing new: events %v", ev)
+	}
+
+	if err := kubeletvol.Write(vol, "..2026_12_07_02", map[string]string{"a": "two", "b": "new"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.sync(); err != nil {
+		t.Fatal(err)
+	}
+	ev := inotifyEvents(t, fd)
+	for name, mask := range map[string]uint32{
+		"..2026_12_07_02": unix.IN_CREATE, "..data": unix.IN_MOVED_TO, "b": unix.IN_CREATE,
+		"..2026_12_07_01": unix.IN_DELETE, "gone": unix.IN_DELETE,
+	} {
+		if ev[name]&mask == 0 {
+			t.Errorf("no event %#x for %s in the copy: %v", mask, name, ev)
+		}
+	}
+	for f, want := range map[string]string{"a": "two", "b": "new", "..data/a": "two"} {
+		if b, err := os.ReadFile(filepath.Join(cp, f)); err != nil || string(b) != want {
+			t.Errorf("the copy's %s: %q, %v; want %q", f, b, err, want)
+		}
+	}
+	var names []string
+	entries, _ := os.ReadDir(cp)
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{"..2026_12_07_02", "..data", "a", "b"}; !slices.Equal(names, want) {
+		t.Errorf("the copy holds %q, want %q", names, want)
+	}
+}
