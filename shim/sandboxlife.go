@@ -7,12 +7,14 @@ package shim
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"google.golang.org/protobuf/types/known/anypb"
+	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	agent "github.com/kvfs/kvfs/api/agent/v1"
 )
@@ -319,6 +321,39 @@ func (pod *Pod) shutdownSandbox(ctx context.Context, id string) error {
 	pod.mu.Unlock()
 	time.AfterFunc(shutdownGrace, pod.opts.Shutdown.Shutdown)
 	return nil
+}
+
+// createSandbox makes the sandbox of req (its Cgroup under CRI's cgroup parent), not yet
+// started, in bundle: the pod files its containers get (writePodFiles, from CRI's pod config
+// pc), then the bundle's record (if this shim dies, the delete action in the sandbox's bundle
+// finds the sandbox, and its cgroup, to clean up). A failure leaves no pod files mounted.
+func (pod *Pod) createSandbox(bundle string, req PodRequest, pc *criapi.PodSandboxConfig) (retErr error) {
+	var cgroupParent string
+	if req.Cgroup != "" {
+		var err error
+		if cgroupParent, err = podCgroupParent(req.Cgroup); err != nil {
+			return fmt.Errorf("sandbox %s: %w", req.ID, err)
+		}
+	}
+	files := filepath.Join(bundle, podFilesDir)
+	if err := mountPodFiles(files); err != nil {
+		return fmt.Errorf("sandbox %s: %w", req.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			if err := unmountPodFiles(files); err != nil {
+				log.G(pod.ctx).WithError(err).Warn("unmounting the pod files")
+			}
+		}
+	}()
+	if err := writePodFiles(files, pc); err != nil {
+		return fmt.Errorf("sandbox %s: %w", req.ID, err)
+	}
+	if err := writeBundleRecord(bundle, bundleRecord{SandboxID: req.ID, BaseDir: req.Config.BaseDir, Cgroup: req.Cgroup}); err != nil {
+		return err
+	}
+	return pod.addSandbox(&podSandbox{id: req.ID, files: files, cgroupParent: cgroupParent, createdAt: time.Now(),
+		exited: make(chan struct{}), req: req})
 }
 
 // checkNoPod refuses sandbox id in a shim that has a pod already.

@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"runtime"
 	"time"
 
 	sandboxAPI "github.com/containerd/containerd/api/runtime/sandbox/v1"
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/errdefs"
-	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -73,7 +71,7 @@ func criPodConfig(a *anypb.Any) (*criapi.PodSandboxConfig, error) {
 // (containerd's pod_annotations filter does not apply here; sandbox.Config.Resolve takes only
 // those annotations.enabled lists), and the pod files its containers get (writePodFiles). The
 // sandbox's rootfs, if any, is not used: the VM is the sandbox.
-func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (_ *sandboxAPI.CreateSandboxResponse, retErr error) {
+func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.CreateSandboxRequest) (*sandboxAPI.CreateSandboxResponse, error) {
 	if r.SandboxID == "" {
 		return nil, fmt.Errorf("a sandbox without an id: %w", errdefs.ErrInvalidArgument)
 	}
@@ -114,34 +112,7 @@ func (s *SandboxService) CreateSandbox(ctx context.Context, r *sandboxAPI.Create
 	if err != nil {
 		return nil, err
 	}
-	var cgroupParent string
-	if cgroup != "" {
-		if cgroupParent, err = podCgroupParent(cgroup); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
-		}
-	}
-	files := filepath.Join(r.BundlePath, podFilesDir)
-	if err := mountPodFiles(files); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
-	}
-	defer func() {
-		if retErr != nil {
-			if err := unmountPodFiles(files); err != nil {
-				log.G(ctx).WithError(err).Warn("unmounting the pod files")
-			}
-		}
-	}()
-	if err := writePodFiles(files, pc); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", r.SandboxID, err)
-	}
-	// The record: if this shim dies, the delete action in the sandbox's bundle finds the
-	// sandbox, and its cgroup, to clean up.
-	if err := writeBundleRecord(r.BundlePath, bundleRecord{SandboxID: r.SandboxID, BaseDir: cfg.BaseDir, Cgroup: cgroup}); err != nil {
-		return nil, err
-	}
-	sb := &podSandbox{id: r.SandboxID, files: files, cgroupParent: cgroupParent, createdAt: time.Now(), exited: make(chan struct{}),
-		req: req}
-	if err := s.pod.addSandbox(sb); err != nil {
+	if err := s.pod.createSandbox(r.BundlePath, req, pc); err != nil {
 		return nil, err
 	}
 	return &sandboxAPI.CreateSandboxResponse{}, nil
