@@ -50,26 +50,12 @@ func TestPodTmpfsVolumes(t *testing.T) {
 			t.Errorf("%s's pod tmpfs: %v, want [%v]", id, got, want)
 		}
 	}
-	var guest specs.Spec
-	if err := json.Unmarshal(h.agent.specs["c1"], &guest); err != nil {
-		t.Fatal(err)
-	}
-	sources := map[string]string{}
-	for _, m := range guest.Mounts {
-		sources[m.Destination] = m.Source
-	}
+	sources := guestMountSources(t, h, "c1")
 	if s := sources["/cache"]; s != agent.PodTmpfsDir+"/cache" {
 		t.Errorf("c1's /cache in the guest binds %s, want the pod's tmpfs %s/cache", s, agent.PodTmpfsDir)
 	}
-	for _, d := range []string{"/scratch", "/other"} {
-		if s := sources[d]; filepath.Dir(s) != agent.SharedDir {
-			t.Errorf("c1's %s in the guest binds %s, want a bind in the share", d, s)
-		}
-	}
-	bound := map[string]bool{}
-	for _, b := range h.pod().bound() {
-		bound[b.Source] = true
-	}
+	checkInShare(t, sources, "/scratch", "/other")
+	bound := sharedSources(h)
 	if bound[mem] || !bound[disk] || !bound[other] {
 		t.Errorf("the share binds %v: want the disk emptyDir and the other tmpfs, not the memory emptyDir", bound)
 	}
@@ -101,30 +87,50 @@ func TestMirroredVolumes(t *testing.T) {
 	}
 	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: h.bundle("c1", inPod("pod"), bind(cm, "/cfg"), bind(plain, "/plain"), bind(sec, "/sec"), bind(file, "/one"))})
 
+	sources := guestMountSources(t, h, "c1")
+	got := h.agent.mirrored["c1"]
+	if len(got) != 2 || sources["/cfg"] != path.Join(agent.MirrorDir, got[0]) || sources["/sec"] != path.Join(agent.MirrorDir, got[1]) {
+		t.Errorf("mirrored %q; the guest binds /cfg from %s and /sec from %s: want the agent's copies of both", got, sources["/cfg"], sources["/sec"])
+	}
+	checkInShare(t, sources, "/plain", "/one")
+	bound := sharedSources(h)
+	for _, src := range []string{cm, sec, plain, file} {
+		if !bound[src] {
+			t.Errorf("%s is not bound into the share", src)
+		}
+	}
+}
+
+// guestMountSources are the sources of the mounts of container id's guest spec, by
+// destination.
+func guestMountSources(t *testing.T, h *harness, id string) map[string]string {
+	t.Helper()
 	var guest specs.Spec
-	if err := json.Unmarshal(h.agent.specs["c1"], &guest); err != nil {
+	if err := json.Unmarshal(h.agent.specs[id], &guest); err != nil {
 		t.Fatal(err)
 	}
 	sources := map[string]string{}
 	for _, m := range guest.Mounts {
 		sources[m.Destination] = m.Source
 	}
-	got := h.agent.mirrored["c1"]
-	if len(got) != 2 || sources["/cfg"] != path.Join(agent.MirrorDir, got[0]) || sources["/sec"] != path.Join(agent.MirrorDir, got[1]) {
-		t.Errorf("mirrored %q; the guest binds /cfg from %s and /sec from %s: want the agent's copies of both", got, sources["/cfg"], sources["/sec"])
-	}
-	for _, d := range []string{"/plain", "/one"} {
+	return sources
+}
+
+// checkInShare checks that the guest binds each of dsts (of sources) from the share.
+func checkInShare(t *testing.T, sources map[string]string, dsts ...string) {
+	t.Helper()
+	for _, d := range dsts {
 		if s := sources[d]; filepath.Dir(s) != agent.SharedDir {
-			t.Errorf("c1's %s in the guest binds %s, want a bind in the share", d, s)
+			t.Errorf("%s in the guest binds %s, want a bind in the share", d, s)
 		}
 	}
+}
+
+// sharedSources are the host sources the pod binds into its share.
+func sharedSources(h *harness) map[string]bool {
 	bound := map[string]bool{}
 	for _, b := range h.pod().bound() {
 		bound[b.Source] = true
 	}
-	for _, src := range []string{cm, sec, plain, file} {
-		if !bound[src] {
-			t.Errorf("%s is not bound into the share", src)
-		}
-	}
+	return bound
 }
