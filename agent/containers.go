@@ -133,6 +133,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *apiv1.CreateContaine
 	if err := s.startMirrors(c, req.Mirrored); err != nil {
 		return nil, err
 	}
+	readOnlyMirrors(spec, s.cfg.MirrorDir)
 	if err := writeBundle(c.bundle, spec); err != nil {
 		return nil, errf(errdefs.ErrInternal, "bundle: %v", err)
 	}

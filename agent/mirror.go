@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 )
@@ -62,6 +64,20 @@ func (s *Service) endMirrors(c *container) {
 		if err := os.RemoveAll(dst); err != nil {
 			s.log.WithError(err).WithField("container", c.id).Warn("removing a mirrored volume")
 		}
+	}
+}
+
+// readOnlyMirrors makes the mounts of spec that bind a mirrored copy (below dir) read-only,
+// whatever the spec asked: the copy is the mirror's alone to write, as agent root, and a
+// container that could write it could put a link where the mirror writes next. (The kubelet
+// mounts these volumes read-only anyway.)
+func readOnlyMirrors(spec *specs.Spec, dir string) {
+	for i, m := range spec.Mounts {
+		if src := path.Clean(m.Source); src != dir && !strings.HasPrefix(src, dir+"/") {
+			continue
+		}
+		opts := slices.DeleteFunc(slices.Clone(m.Options), func(o string) bool { return o == "rw" || o == "ro" })
+		spec.Mounts[i].Options = append(opts, "ro")
 	}
 }
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
 	"github.com/kvfs/kvfs/internal/testing/kubeletvol"
 )
 
@@ -100,5 +104,28 @@ func TestMirrorKubeletUpdate(t *testing.T) {
 	}
 	if want := []string{"..2026_12_07_02", "..data", "a", "b"}; !slices.Equal(names, want) {
 		t.Errorf("the copy holds %q, want %q", names, want)
+	}
+}
+
+// TestMirroredVolumeReadOnly: a container's mount of a mirrored volume binds the agent's copy,
+// made before the runtime runs, read-only even if the spec asked it read-write: the copy is
+// the mirror's alone to write.
+func TestMirroredVolumeReadOnly(t *testing.T) {
+	fx := newFixture(t)
+	if err := kubeletvol.Write(filepath.Join(fx.root, "c-0-cfg"), "..2026_12_07_01", map[string]string{"key": "one"}); err != nil {
+		t.Fatal(err)
+	}
+	copyDir := filepath.Join(fx.svc.cfg.MirrorDir, "c-0-cfg")
+	b, _ := json.Marshal(&specs.Spec{Version: specs.Version, Process: &specs.Process{Args: []string{"sleep"}, Cwd: "/"},
+		Root: &specs.Root{Path: fx.root + "/c"}, Linux: &specs.Linux{},
+		Mounts: []specs.Mount{{Destination: "/cfg", Type: "bind", Source: copyDir, Options: []string{"rbind", "rw"}}}})
+	if _, err := fx.svc.CreateContainer(fx.ctx, &apiv1.CreateContainerRequest{ContainerId: "c", Spec: b, Mirrored: []string{"c-0-cfg"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(copyDir, "key")); err != nil || string(got) != "one" {
+		t.Errorf("the copy's key: %q, %v; want one", got, err)
+	}
+	if m := fx.bundleSpec(t, "c").Mounts; len(m) != 1 || !slices.Equal(m[0].Options, []string{"rbind", "ro"}) {
+		t.Errorf("the mount of the copy in runc's bundle: %+v, want read-only", m)
 	}
 }

@@ -328,7 +328,7 @@ func newFixture(t *testing.T) *fixture {
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	svc, err := NewService(Config{Runtime: rt, Cgroups: cg, StateDir: t.TempDir(), RootDir: root, Version: "test",
-		Log: logrus.NewEntry(log), OutputGrace: 100 * time.Millisecond})
+		PodTmpfsDir: t.TempDir(), MirrorDir: t.TempDir(), Log: logrus.NewEntry(log), OutputGrace: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
