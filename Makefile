@@ -15,7 +15,7 @@ SYSCONFDIR ?= /etc
 LOCALSTATEDIR ?= /var
 LAYOUT = --destdir "$(DESTDIR)" --prefix "$(PREFIX)" --sysconfdir "$(SYSCONFDIR)" --localstatedir "$(LOCALSTATEDIR)"
 
-.PHONY: all build deps guest-kernel test test-unit fuzz soak demo bench vet fmt-check clean generate check-generate \
+.PHONY: all build deps guest-kernel k8s test test-k8s test-unit fuzz soak demo bench vet fmt-check clean generate check-generate \
 	guest-image install uninstall deb deploy-image
 
 all: build
@@ -27,6 +27,12 @@ build:
 # guest images take it from there. make test builds it first, before its tests run side by side.
 guest-kernel:
 	packaging/guest/kernel/build.sh $(or $(KVFS_CACHE),/var/cache/kvfs)/guest-kernel
+
+# The single-node Kubernetes of the Kubernetes tests (shim/e2e/k8s): etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet and kubectl, built from the Go module proxy
+# once (about 30 minutes on 2 cores) and cached by their inputs.
+k8s:
+	internal/testing/k8stest/build/build.sh $(or $(KVFS_CACHE),/var/cache/kvfs)/k8s
 
 # The pod VM's guest image (vmlinux, rootfs.erofs, image.json, SHA256SUMS), reproducible.
 guest-image:
@@ -74,11 +80,16 @@ FUZZTIME ?= 2m
 # The whole suite: unit tests, the front-end suites against kvfsd and the C virtiofsd, and the
 # real guests under QEMU, and the agent's test fault modes (built only with -tags kvfsfaults);
 # then every fuzz target for 20 s.
-test: deps guest-kernel fmt-check vet
+test: deps guest-kernel k8s fmt-check vet
 	$(GO) test -race -count=1 -timeout 40m ./...
 	cd bench && $(GO) test -race -count=1 -timeout 40m ./...
 	$(GO) test -race -count=1 -tags kvfsfaults -run TestFault ./agent/
 	FUZZTIME=20s GO=$(GO) scripts/fuzz.sh
+
+# The Kubernetes suite alone: a real single-node cluster, each behaviour for runc and kvfs pods
+# (make test runs it with the rest).
+test-k8s: deps guest-kernel k8s
+	$(GO) test -race -count=1 -timeout 40m -v ./shim/e2e/k8s/
 
 # Every fuzz target for FUZZTIME (scripts/fuzz.sh lists them; a crash leaves its input in the
 # package's testdata/fuzz to commit with the fix).

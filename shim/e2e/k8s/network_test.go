@@ -1,0 +1,50 @@
+package k8s
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfs/kvfs/internal/testing/k8stest"
+)
+
+// testEnv: environment variables from the downward API (the pod's name and IP, a resource
+// limit) and from a configMap are the container's.
+func testEnv(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	cm := name("env", rt)
+	c.Apply(t, manifest(t, map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": cm}, "data": map[string]string{"FROM_CONFIGMAP": "cm-value"}}))
+	t.Cleanup(func() { deleteObject(t, c, "configmap", cm) })
+	pn := name("env", rt)
+	main := shell("main", `echo "$POD_NAME $POD_IP $MEM_LIMIT $FROM_CONFIGMAP"; exec sleep 3600`)
+	main["resources"] = map[string]any{"limits": map[string]any{"memory": "100Mi"}}
+	main["env"] = []any{
+		map[string]any{"name": "POD_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "metadata.name"}}},
+		map[string]any{"name": "POD_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.podIP"}}},
+		map[string]any{"name": "MEM_LIMIT", "valueFrom": map[string]any{"resourceFieldRef": map[string]any{"resource": "limits.memory", "divisor": "1Mi"}}},
+	}
+	main["envFrom"] = []any{map[string]any{"configMapRef": map[string]any{"name": cm}}}
+	runPod(t, c, pn, podSpec(c, rt, main))
+	p := waitPod(t, c, pn, "running", 5*time.Minute, running)
+	want := strings.Join([]string{pn, p.Status.PodIP, "100", "cm-value"}, " ")
+	if got := waitLogWords(t, c, pn, "main", 4, time.Minute); strings.Join(got, " ") != want {
+		t.Errorf("the container's environment: %q, want %q", got, want)
+	}
+}
+
+// testPodToPod: a pod of rt serves HTTP on its address, and a pod of the other runtime
+// fetches from it, and the other way round.
+func testPodToPod(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	other := runc
+	if rt == runc {
+		other = kvfs
+	}
+	server, client := name("web", rt), name("client-of", rt)
+	runPod(t, c, server, podSpec(c, rt, shell("web", `mkdir -p /www && echo "hello from $(hostname)" >/www/index.html && exec httpd -f -p 8080 -h /www`)))
+	runPod(t, c, client, podSpec(c, other, shell("main", "exec sleep 3600")))
+	s := waitPod(t, c, server, "running", 5*time.Minute, running)
+	waitPod(t, c, client, "running", 5*time.Minute, running)
+	// No -T: Debian's busybox-static wget crashes with it.
+	if got := c.Kubectl(t, "exec", client, "--", "wget", "-q", "-O", "-", "http://"+s.Status.PodIP+":8080/"); got != "hello from "+server+"\n" {
+		t.Errorf("a %s pod fetching from a %s pod: %q", other, rt, got)
+	}
+}
