@@ -49,6 +49,10 @@ func GuestRoot(id string) string { return path.Join(agent.SharedDir, id) }
 //     in the container's namespaces, and their paths are the guest's (createContainer's in
 //     the guest's root, startContainer's in the container's). The shim runs the others on the
 //     host (package hooks);
+//   - the guest's cgroups are v2 whatever the host's, so a container gets the cgroup
+//     namespace containerd's CRI gives it on a cgroup v2 host: its own, unless privileged
+//     (which the CRI makes without masked paths), so that its /sys/fs/cgroup is its own group,
+//     whose files have its limits; a spec made on a v1 host has none;
 //   - the cgroups path becomes agent.ContainersCgroup/<id>: the host's (a systemd slice, or
 //     CRI's pod parent) means nothing in the guest, and the pod's metrics are those of the
 //     parent of every container's group;
@@ -88,6 +92,9 @@ func AdaptSpec(s *specs.Spec, id string) (*specs.Spec, []HostBind, error) {
 				continue
 			}
 			l.Namespaces = append(l.Namespaces, ns)
+		}
+		if len(s.Linux.MaskedPaths) > 0 && !slices.ContainsFunc(l.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.CgroupNamespace }) {
+			l.Namespaces = append(l.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
 		}
 		l.Devices = nil
 		for _, d := range s.Linux.Devices {

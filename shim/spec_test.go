@@ -117,6 +117,32 @@ func TestAdaptSpec(t *testing.T) {
 			},
 		},
 		{
+			name: "an unprivileged container of a cgroup v1 host gets a cgroup namespace of its own, as on a v2 host",
+			modify: func(s *specs.Spec) {
+				s.Linux.MaskedPaths = []string{"/proc/kcore"}
+				s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace, Path: "/proc/42/ns/cgroup"})
+			},
+			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
+				want := []specs.LinuxNamespace{{Type: specs.PIDNamespace, Path: agent.PodPIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace}}
+				if !reflect.DeepEqual(g.Linux.Namespaces, want) {
+					t.Errorf("namespaces %+v, want %+v", g.Linux.Namespaces, want)
+				}
+			},
+		},
+		{
+			name: "a container of a cgroup v2 host keeps its cgroup namespace",
+			modify: func(s *specs.Spec) {
+				s.Linux.MaskedPaths = []string{"/proc/kcore"}
+				s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+			},
+			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
+				want := []specs.LinuxNamespace{{Type: specs.PIDNamespace, Path: agent.PodPIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.CgroupNamespace}}
+				if !reflect.DeepEqual(g.Linux.Namespaces, want) {
+					t.Errorf("namespaces %+v, want %+v", g.Linux.Namespaces, want)
+				}
+			},
+		},
+		{
 			name:   "a systemd cgroups path becomes a plain one",
 			modify: func(s *specs.Spec) { s.Linux.CgroupsPath = "kubepods-besteffort.slice:cri-containerd:c1" },
 			check: func(t *testing.T, g *specs.Spec, _ []HostBind) {
