@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -399,6 +400,50 @@ func TestWrongState(t *testing.T) {
 	h.delete("c1", "")
 	_, err = h.svc.Delete(ctx, &taskAPI.DeleteRequest{ID: "c1"})
 	wantKind(t, "Delete twice", err, errdefs.ErrNotFound)
+}
+
+// TestStatsWhileDeleting: Stats of a container whose Delete is under way (here, its poststop
+// hook running) is NotFound, which containerd's Metrics passes over without a word, as for a
+// runc container whose Delete took its cgroup.
+func TestStatsWhileDeleting(t *testing.T) {
+	h := newHarness(t)
+	b := h.bundle("c1", inPod("pod"))
+	var spec specs.Spec
+	data, err := os.ReadFile(filepath.Join(b, "config.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &spec)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Hooks = &specs.Hooks{Poststop: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "sleep 1"}}}}
+	data, _ = json.Marshal(&spec)
+	if err := os.WriteFile(filepath.Join(b, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.create(&taskAPI.CreateTaskRequest{ID: "c1", Bundle: b})
+	h.createSimple("c2")
+	h.start("c1", "")
+	h.agent.exit("c1", "", 0)
+	h.wait("c1", "")
+	deleted := make(chan struct{})
+	go func() {
+		defer close(deleted)
+		h.delete("c1", "")
+	}()
+	for {
+		_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
+		if strings.Contains(fmt.Sprint(err), "it is deleted") {
+			wantKind(t, "Stats of a container being deleted", err, errdefs.ErrNotFound)
+			break
+		}
+		select {
+		case <-deleted:
+			t.Fatalf("Stats never saw the container being deleted (last: %v)", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	<-deleted
 }
 
 // TestDeleteLastContainer: the Delete of a pod's last container stops the pod without asking

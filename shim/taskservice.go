@@ -218,7 +218,7 @@ func (s *TaskService) query(id string) (*Container, *podRun, error) {
 // as the door checked them (a cgroup2 Metrics of a bounded size, which containerd's CRI
 // decodes by its type), served from the guest's last answer when the guest is slow (stats.go).
 // As runc's shim, it answers for a created or stopped container, and NotFound, which
-// containerd's Metrics passes over quietly, for one still being created.
+// containerd's Metrics passes over quietly, for one still being created or being deleted.
 func (s *TaskService) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
 	c, err := s.pod.getContainer(r.ID)
 	if errdefs.IsFailedPrecondition(err) {
@@ -228,7 +228,8 @@ func (s *TaskService) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*task
 		return nil, err
 	}
 	if err := c.init.check(opStats); err != nil {
-		return nil, err
+		// Being deleted: as gone as a runc container whose Delete took its cgroup.
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrNotFound)
 	}
 	run, err := s.pod.currentRun()
 	if err == nil && !run.live() {
