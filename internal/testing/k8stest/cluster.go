@@ -86,6 +86,7 @@ type Cluster struct {
 // part is one of the cluster's processes.
 type part struct {
 	name string
+	args []string
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
@@ -163,10 +164,7 @@ func Start(t *testing.T, kvfsConfig string) *Cluster {
 		"--node-ip", NodeIP,
 		"--node-labels", "kvfs.io/kvfs-runtime=true")
 
-	c.waitFor(t, "the node to be Ready", 3*time.Minute, func() error {
-		_, err := c.kubectl(context.Background(), nil, "wait", "--for=condition=Ready", "node/"+NodeName, "--timeout=5s")
-		return err
-	})
+	c.waitNodeReady(t)
 	c.waitFor(t, "the default service account", time.Minute, func() error {
 		_, err := c.kubectl(context.Background(), nil, "get", "serviceaccount", "default")
 		return err
@@ -312,7 +310,7 @@ func (c *Cluster) run(t *testing.T, bin string, args ...string) {
 	}
 	defer cg.Close()
 	logPath := filepath.Join(c.dir, bin+".log")
-	logf, err := os.Create(logPath)
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,12 +322,94 @@ func (c *Cluster) run(t *testing.T, bin string, args ...string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
 	}
-	p := &part{name: bin, cmd: cmd, log: logPath, done: make(chan struct{})}
+	p := &part{name: bin, args: args, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		cmd.Wait()
 		close(p.done)
 	}()
 	c.parts = append(c.parts, p)
+}
+
+// RestartKubelet stops the kubelet (SIGTERM, as a service manager stops it) and starts it
+// again with the same configuration, under the running pods, and returns once it serves each
+// pod the API server has Running (its node's Ready condition is no sign: it stays from the
+// kubelet before for the node monitor's grace period).
+func (c *Cluster) RestartKubelet(t *testing.T) {
+	t.Helper()
+	i := slices.IndexFunc(c.parts, func(p *part) bool { return p.name == "kubelet" })
+	p := c.parts[i]
+	if err := p.stop(); err != nil {
+		t.Fatal(err)
+	}
+	c.parts = slices.Delete(c.parts, i, i+1)
+	c.run(t, "kubelet", p.args...)
+	running := c.podNames(t, "get", "pods", "--field-selector", "status.phase=Running", "-o", "json")
+	c.waitFor(t, "the restarted kubelet to serve the running pods", 3*time.Minute, func() error {
+		out, err := c.kubectl(context.Background(), nil, "get", "--raw", "/api/v1/nodes/"+NodeName+"/proxy/pods")
+		if err != nil {
+			return err
+		}
+		served, err := podNames(out)
+		if err != nil {
+			return err
+		}
+		for _, n := range running {
+			if !slices.Contains(served, n) {
+				return fmt.Errorf("the kubelet serves %v, not yet %s", served, n)
+			}
+		}
+		return nil
+	})
+}
+
+// podNames runs kubectl with args, whose output is a JSON list of pods, and returns their names.
+func (c *Cluster) podNames(t *testing.T, args ...string) []string {
+	t.Helper()
+	names, err := podNames(c.Kubectl(t, args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// podNames are the names of the pods of a JSON list.
+func podNames(list string) ([]string, error) {
+	var l struct {
+		Items []struct {
+			Metadata struct{ Name string }
+		}
+	}
+	if err := json.Unmarshal([]byte(list), &l); err != nil {
+		return nil, fmt.Errorf("a pod list: %w", err)
+	}
+	var names []string
+	for _, it := range l.Items {
+		names = append(names, it.Metadata.Name)
+	}
+	return names, nil
+}
+
+// stop stops the part (SIGTERM to its process group) and waits for it to go, killing it
+// after 20 s.
+func (p *part) stop() error {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(20 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+		return fmt.Errorf("%s did not stop within 20 s of SIGTERM: killed", p.name)
+	}
+}
+
+// waitNodeReady waits for the node to be Ready.
+func (c *Cluster) waitNodeReady(t *testing.T) {
+	t.Helper()
+	c.waitFor(t, "the node to be Ready", 3*time.Minute, func() error {
+		_, err := c.kubectl(context.Background(), nil, "wait", "--for=condition=Ready", "node/"+NodeName, "--timeout=5s")
+		return err
+	})
 }
 
 // waitAPI waits for the API server to be ready.
@@ -417,13 +497,8 @@ func (c *Cluster) stop(t *testing.T, before map[string]string) {
 	}
 	for i := len(c.parts) - 1; i >= 0; i-- {
 		p := c.parts[i]
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			t.Errorf("%s did not stop within 20 s of SIGTERM: killed", p.name)
-			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
+		if err := p.stop(); err != nil {
+			t.Error(err)
 		}
 		if t.Failed() {
 			t.Logf("%s's log (%s):\n%s", p.name, p.log, tail(p.log))

@@ -56,3 +56,24 @@ func testStdin(t *testing.T, c *k8stest.Cluster, rt runtime) {
 		t.Errorf("kubectl cp out of the container: %d bytes (%v), not the file copied in", len(b), err)
 	}
 }
+
+// testAttach: every byte `kubectl attach -i` sends reaches the container's process, whose
+// stdin (stdinOnce) then ends.
+func testAttach(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	pn := name("attach", rt)
+	main := shell("main", "wc -c")
+	main["stdin"], main["stdinOnce"] = true, true
+	spec := podSpec(c, rt, main)
+	spec["restartPolicy"] = "Never"
+	runPod(t, c, pn, spec)
+	waitPod(t, c, pn, "running", 5*time.Minute, func(p *pod) bool { return p.Status.Phase == "Running" })
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	// kubectl's own end (it may report the container's exit) is not what is checked: the
+	// process's count is.
+	c.RunKubectl(context.Background(), bytes.NewReader(data), "attach", "-i", pn)
+	waitPod(t, c, pn, "terminated", 2*time.Minute, func(p *pod) bool { return p.container("main").State.Terminated != nil })
+	if got := strings.TrimSpace(c.Kubectl(t, "logs", pn)); got != fmt.Sprint(len(data)) {
+		t.Errorf("attach -i: the process read %s bytes of %d", got, len(data))
+	}
+}

@@ -108,3 +108,106 @@ func waitLogWords(t *testing.T, c *k8stest.Cluster, pod, ctr string, n int, time
 	t.Fatalf("pod %s: container %s logged %q within %v, want %d words", pod, ctr, got, timeout, n)
 	return nil
 }
+
+// testSecretProjected: a secret volume with its defaultMode; a projected volume of a secret's
+// key (its own mode), a configMap's, the pod's labels (downward API) and a service account
+// token, with the projected defaultMode; a label added to the running pod reaches its labels
+// file.
+func testSecretProjected(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	sec, pn := name("sec", rt), name("projected", rt)
+	c.Apply(t, manifest(t, map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": sec}, "stringData": map[string]string{"key": "s3cret"}}))
+	c.Apply(t, manifest(t, map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": sec}, "data": map[string]string{"k": "from-configmap"}}))
+	t.Cleanup(func() {
+		deleteObject(t, c, "secret", sec)
+		deleteObject(t, c, "configmap", sec)
+	})
+	main := shell("main", "exec sleep 3600")
+	main["volumeMounts"] = []any{map[string]any{"name": "sec", "mountPath": "/sec"}, map[string]any{"name": "proj", "mountPath": "/proj"}}
+	spec := podSpec(c, rt, main)
+	spec["volumes"] = []any{
+		map[string]any{"name": "sec", "secret": map[string]any{"secretName": sec, "defaultMode": 0o400}},
+		map[string]any{"name": "proj", "projected": map[string]any{"defaultMode": 0o440, "sources": []any{
+			map[string]any{"secret": map[string]any{"name": sec, "items": []any{map[string]any{"key": "key", "path": "from-secret", "mode": 0o600}}}},
+			map[string]any{"configMap": map[string]any{"name": sec, "items": []any{map[string]any{"key": "k", "path": "from-configmap"}}}},
+			map[string]any{"downwardAPI": map[string]any{"items": []any{map[string]any{"path": "labels", "fieldRef": map[string]any{"fieldPath": "metadata.labels"}}}}},
+			map[string]any{"serviceAccountToken": map[string]any{"path": "token", "expirationSeconds": 3600}},
+		}}},
+	}
+	c.Apply(t, manifest(t, map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": pn, "labels": map[string]string{"color": "red"}}, "spec": spec}))
+	t.Cleanup(func() { deleteObject(t, c, "pod", pn) })
+	waitPod(t, c, pn, "running", 5*time.Minute, running)
+
+	got := c.Kubectl(t, "exec", pn, "--", "sh", "-c", `for f in /sec/key /proj/from-secret /proj/from-configmap /proj/labels /proj/token; do echo "$f $(stat -L -c %a $f)"; done
+cat /sec/key; echo; cat /proj/from-secret; echo; cat /proj/from-configmap; echo; cat /proj/labels; echo
+tr -cd . </proj/token | wc -c`)
+	want := []string{"/sec/key 400", "/proj/from-secret 600", "/proj/from-configmap 440", "/proj/labels 440", "/proj/token 440",
+		"s3cret", "s3cret", "from-configmap", `color="red"`, "2"}
+	if strings.Join(strings.Fields(got), " ") != strings.Join(strings.Fields(strings.Join(want, "\n")), " ") {
+		t.Errorf("the secret and projected volumes:\n%s\nwant (modes, contents, the token's two dots):\n%s", got, strings.Join(want, "\n"))
+	}
+	c.Kubectl(t, "label", "pod", pn, "shape=round")
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		labels := c.Kubectl(t, "exec", pn, "--", "cat", "/proj/labels")
+		if strings.Contains(labels, `shape="round"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a label added to the pod: not in its labels file within 2 minutes: %q", labels)
+		}
+	}
+}
+
+// testHostPath: a hostPath directory carries files both ways; a file hostPath rewritten in
+// place on the host (the same inode) reads new in the container.
+func testHostPath(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	dir, fileDir := t.TempDir(), t.TempDir()
+	file := filepath.Join(fileDir, "app.conf")
+	if err := os.WriteFile(filepath.Join(dir, "from-host"), []byte("host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte("v1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pn := name("hostpath", rt)
+	main := shell("main", "cat /hp/from-host; echo container >/hp/from-container; exec sleep 3600")
+	main["volumeMounts"] = []any{map[string]any{"name": "hp", "mountPath": "/hp"}, map[string]any{"name": "hf", "mountPath": "/etc/app.conf"}}
+	spec := podSpec(c, rt, main)
+	spec["volumes"] = []any{
+		map[string]any{"name": "hp", "hostPath": map[string]any{"path": dir, "type": "Directory"}},
+		map[string]any{"name": "hf", "hostPath": map[string]any{"path": file, "type": "File"}},
+	}
+	runPod(t, c, pn, spec)
+	waitPod(t, c, pn, "running", 5*time.Minute, running)
+	waitLog(t, c, pn, "host\n", time.Minute)
+	if b, err := os.ReadFile(filepath.Join(dir, "from-container")); err != nil || string(b) != "container\n" {
+		t.Errorf("a file the container wrote in the hostPath, on the host: %q (%v)", b, err)
+	}
+	if got := c.Kubectl(t, "exec", pn, "--", "cat", "/etc/app.conf"); got != "v1\n" {
+		t.Errorf("the file hostPath: %q, want v1", got)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("v2, longer\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// runc's container reads the host's file: at once. kvfs's guest keeps what it learnt of a
+	// file (its size, say) for cache=auto's second, as Kata's does: within it, the new content
+	// can read cut to the old size; after it, whole.
+	within := time.Duration(0)
+	if rt == kvfs {
+		within = 3 * time.Second
+	}
+	for deadline := time.Now().Add(within); ; time.Sleep(200 * time.Millisecond) {
+		got := c.Kubectl(t, "exec", pn, "--", "cat", "/etc/app.conf")
+		if got == "v2, longer\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the file hostPath rewritten in place: %q after %v, want the new content", got, within)
+			break
+		}
+	}
+}

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func testInitContainers(t *testing.T, c *k8stest.Cluster, rt runtime) {
 			t.Errorf("init container %s: %+v, want terminated, Completed with 0", n, p.container(n).State)
 		}
 	}
-	if got := c.Kubectl(t, "logs", pn, "-c", "main"); got != "one\ntwo\n" {
+	if got := waitLogWords(t, c, pn, "main", 2, time.Minute); strings.Join(got, " ") != "one two" {
 		t.Errorf("the container after the init containers read %q, want one then two", got)
 	}
 }
@@ -134,4 +135,16 @@ func withImage(c *k8stest.Cluster, ctr map[string]any) map[string]any {
 	ctr["image"] = c.Env.Image
 	ctr["imagePullPolicy"] = "Never"
 	return ctr
+}
+
+// testShareProcessNamespace: with shareProcessNamespace, a container sees the other's process.
+func testShareProcessNamespace(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	pn := name("sharepid", rt)
+	spec := podSpec(c, rt, shell("one", "exec sleep 3601"), shell("two", "exec sleep 3602"))
+	spec["shareProcessNamespace"] = true
+	runPod(t, c, pn, spec)
+	waitPod(t, c, pn, "running", 5*time.Minute, running)
+	if ps := c.Kubectl(t, "exec", pn, "-c", "two", "--", "ps", "-o", "args"); !strings.Contains(ps, "sleep 3601") {
+		t.Errorf("container two does not see container one's process:\n%s", ps)
+	}
 }
