@@ -22,7 +22,8 @@
 // kills from the container's cgroup), a file per job: containers.go (create, stats, resources,
 // pause, OOM events), processes.go (execs, signals, waits, deletes and the exits the reaper
 // reports), stdio.go (a process's streams and terminal), podns.go (the pod's namespaces),
-// network.go, sysctl.go, and service.go (its state, lookups, errors and Shutdown). Adding an RPC
+// ports.go (port-forward's connections to the guest's localhost), network.go, sysctl.go, and
+// service.go (its state, lookups, errors and Shutdown). Adding an RPC
 // touches the proto, the file of its job, the shim's door and its caller. Each container's bundle
 // is /run/kvfs/containers/<id>/config.json, written from the request's spec. A process's stdio are
 // pipes the agent holds the other ends of, /dev/null for a stream the host did not ask for, or a
@@ -57,6 +58,12 @@
 // ([ParseNetworkRequest]: bad input is InvalidArgument naming the field). lo is up from boot
 // whether or not a network comes. SetSysctls writes the pod's sysctls below /proc/sys, checked
 // whole first (names as sysctl(8) takes them, through an os.Root).
+//
+// For port-forward, OpenPort connects to a TCP port of the guest's localhost, 127.0.0.1 then
+// [::1] as containerd's CRI dials a runc pod's, in the agent's network namespace, which the
+// containers share: a server bound to the guest's loopback only is reached. ReadPort,
+// WritePort and ClosePort carry the host's client's bytes, its half-close (shutdown of the
+// write side) included (ports.go).
 //
 // The service's errors are of errdefs kinds (errf), as the shim's are; [Interceptor] wraps
 // every request with the policy of every kvfs ttrpc server (internal/rpcedge): a kind leaves as
@@ -143,7 +150,10 @@
 // bytes), a spec's root must be below the share and its only hooks are createContainer and
 // startContainer (runc runs them; the other phases are the host's), JSON documents are
 // bounded (4 MiB), a read answers at most 1 MiB, signals are 1 to 64, a network request's
-// names, MACs, addresses and routes parse and are bounded in number. The containers are not
+// names, MACs, addresses and routes parse and are bounded in number, at most
+// apiv1.MaxPortStreams port connections are open at once (ResourceExhausted beyond), each
+// write to one carries at most apiv1.MaxPortWrite bytes and waits at most
+// apiv1.PortWriteWait, each dial at most apiv1.PortDialTimeout. The containers are not
 // trusted: what they write reaches the host only as stream data, bounded by the host's reads.
 // A host that vanishes (a shim restart) costs its connection, never the agent: the next
 // connection on the port is served.
@@ -166,6 +176,8 @@
 // container (create, start, exec start, pause, resume, update, delete) and is held across
 // them; Service.mu guards the maps and every process's state and is never held across a
 // runtime call, a cgroup read or a wait. Reaper.mu, outStream.mu, serialConn.mu,
-// refusalLog.mu, secretListener.mu, submounts.mu and podTmpfs.mu are leaves.
+// refusalLog.mu, secretListener.mu, submounts.mu, podTmpfs.mu and portStreams.mu are leaves;
+// portStream.readMu and portStream.writeMu are held across one port connection's read or
+// write, with no other lock.
 // ProcessExited takes Service.mu only.
 package agent

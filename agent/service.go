@@ -91,6 +91,7 @@ type Service struct {
 	// podTmpfs are the pod's tmpfs volumes.
 	podTmpfs *podTmpfs
 	podNS    *podNamespaces // the pod's shared PID and user namespaces; its lock is a leaf
+	ports    *portStreams   // port-forward's connections (ports.go); its lock is a leaf
 	oom      chan string    // the queue of OOM events; GetOOMEvent takes from it
 	done     chan struct{}  // closed when Shutdown has stopped everything
 
@@ -198,6 +199,7 @@ func NewService(cfg Config) (*Service, error) {
 		mounts:     newSubmounts(cfg.RootDir, cfg.Log),
 		podTmpfs:   newPodTmpfs(cfg.PodTmpfsDir),
 		podNS:      &podNamespaces{init: cfg.PodInit},
+		ports:      newPortStreams(),
 		oom:        make(chan string, oomQueueLen),
 		done:       make(chan struct{}),
 		containers: make(map[string]*container),
@@ -331,6 +333,7 @@ func (s *Service) Shutdown(ctx context.Context, _ *apiv1.ShutdownRequest) (*apiv
 			cs = append(cs, c)
 		}
 		s.mu.Unlock()
+		s.ports.closeAll()
 		if s.cfg.KillAll != nil {
 			s.killAll(cs)
 		} else {

@@ -43,9 +43,13 @@ import (
 //   - lifecycle calls (CreateContainer, ExecProcess, StartProcess, DeleteProcess, Pause,
 //     Resume, Update, ConfigureNetwork, SetSysctls, Shutdown): Lifecycle, as Kata's shim
 //     bounds its agent requests. A healthy agent never takes that long: one miss fails the pod.
-//   - streams (WaitProcess, GetOOMEvent, ReadStdout, ReadStderr, WriteStdin): no deadline of
-//     the door's; they wait on the guest's processes, and their callers end them with the
-//     pod (or, for output, a drain deadline after the exit).
+//   - port-forward's calls (portforward.go): ClosePort is a query; OpenPort and WritePort
+//     wait for the guest's side at most the agent's own bound (agent.PortDialTimeout,
+//     agent.PortWriteWait), so theirs is that bound plus Query; a miss counts as a query's.
+//   - streams (WaitProcess, GetOOMEvent, ReadStdout, ReadStderr, WriteStdin, ReadPort): no
+//     deadline of the door's; they wait on the guest's processes or servers, and their callers
+//     end them with the pod (or, for output, a drain deadline after the exit; for a port, its
+//     client's connection).
 const (
 	// missLimit is how many query or signal deadlines in a row the agent may miss.
 	missLimit = 3
@@ -66,6 +70,8 @@ const (
 	kindQuery callKind = iota
 	kindSignal
 	kindLifecycle
+	kindPortOpen
+	kindPortWrite
 	kindStream
 )
 
@@ -123,6 +129,10 @@ func (l GuestLimits) timeout(k callKind) time.Duration {
 		return l.Signal
 	case kindLifecycle:
 		return l.Lifecycle
+	case kindPortOpen:
+		return agent.PortDialTimeout + l.Query
+	case kindPortWrite:
+		return agent.PortWriteWait + l.Query
 	}
 	return 0
 }
@@ -421,6 +431,40 @@ func (d *agentDoor) ConfigureNetwork(ctx context.Context, r *agent.ConfigureNetw
 
 func (d *agentDoor) SetSysctls(ctx context.Context, r *agent.SetSysctlsRequest) (*agent.SetSysctlsResponse, error) {
 	return call(d, ctx, kindLifecycle, "SetSysctls", d.ag.SetSysctls, r)
+}
+
+func (d *agentDoor) OpenPort(ctx context.Context, r *agent.OpenPortRequest) (*agent.OpenPortResponse, error) {
+	return call(d, ctx, kindPortOpen, fmt.Sprintf("OpenPort %d", r.Port), d.ag.OpenPort, r)
+}
+
+// ReadPort checks the answer as a stream's: no more bytes than asked.
+func (d *agentDoor) ReadPort(ctx context.Context, r *agent.ReadPortRequest) (*agent.ReadPortResponse, error) {
+	what := fmt.Sprintf("ReadPort %d", r.Id)
+	resp, err := call(d, ctx, kindStream, what, d.ag.ReadPort, r)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Data) > int(r.Max) {
+		return nil, d.violation("%s: %d bytes, more than the %d asked", what, len(resp.Data), r.Max)
+	}
+	return resp, nil
+}
+
+// WritePort checks the answer: no more bytes taken than were sent.
+func (d *agentDoor) WritePort(ctx context.Context, r *agent.WritePortRequest) (*agent.WritePortResponse, error) {
+	what := fmt.Sprintf("WritePort %d", r.Id)
+	resp, err := call(d, ctx, kindPortWrite, what, d.ag.WritePort, r)
+	if err != nil {
+		return nil, err
+	}
+	if int(resp.Written) > len(r.Data) {
+		return nil, d.violation("%s: %d bytes taken of the %d sent", what, resp.Written, len(r.Data))
+	}
+	return resp, nil
+}
+
+func (d *agentDoor) ClosePort(ctx context.Context, r *agent.ClosePortRequest) (*agent.ClosePortResponse, error) {
+	return call(d, ctx, kindQuery, fmt.Sprintf("ClosePort %d", r.Id), d.ag.ClosePort, r)
 }
 
 func (d *agentDoor) Shutdown(ctx context.Context, r *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {

@@ -2,7 +2,10 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -46,6 +49,8 @@ type fakeAgent struct {
 	statsAsked []string
 	badStats   *anypb.Any
 	networks   []*agent.ConfigureNetworkRequest
+	// ports are the port connections OpenPort made.
+	ports fakePorts
 	// trace, if set, is told of each create, start and delete, and of the pod's unbinds, as
 	// they come.
 	trace func(call string)
@@ -352,6 +357,98 @@ func (a *fakeAgent) ConfigureNetwork(_ context.Context, r *agent.ConfigureNetwor
 
 func (a *fakeAgent) SetSysctls(_ context.Context, r *agent.SetSysctlsRequest) (*agent.SetSysctlsResponse, error) {
 	return &agent.SetSysctlsResponse{}, nil
+}
+
+// fakePorts are the fake agent's port connections: real ones, to the test process's loopback,
+// where the test's servers stand for the guest's.
+type fakePorts struct {
+	mu     sync.Mutex
+	next   uint64
+	open   map[uint64]*net.TCPConn // guarded by mu
+	opened []uint32                // guarded by mu: the ports OpenPort was asked for
+}
+
+func (a *fakeAgent) portConn(id uint64) (*net.TCPConn, error) {
+	a.ports.mu.Lock()
+	defer a.ports.mu.Unlock()
+	c := a.ports.open[id]
+	if c == nil {
+		return nil, fmt.Errorf("port connection %d: %w", id, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+// openPorts is how many port connections are open.
+func (a *fakeAgent) openPorts() int {
+	a.ports.mu.Lock()
+	defer a.ports.mu.Unlock()
+	return len(a.ports.open)
+}
+
+func (a *fakeAgent) OpenPort(ctx context.Context, r *agent.OpenPortRequest) (*agent.OpenPortResponse, error) {
+	a.ports.mu.Lock()
+	a.ports.opened = append(a.ports.opened, r.Port)
+	a.ports.mu.Unlock()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", r.Port))
+	if err != nil {
+		if c, err = d.DialContext(ctx, "tcp6", fmt.Sprintf("[::1]:%d", r.Port)); err != nil {
+			return nil, fmt.Errorf("port %d: %v: %w", r.Port, err, errdefs.ErrUnavailable)
+		}
+	}
+	a.ports.mu.Lock()
+	defer a.ports.mu.Unlock()
+	if a.ports.open == nil {
+		a.ports.open = map[uint64]*net.TCPConn{}
+	}
+	a.ports.next++
+	a.ports.open[a.ports.next] = c.(*net.TCPConn)
+	return &agent.OpenPortResponse{Id: a.ports.next}, nil
+}
+
+func (a *fakeAgent) ReadPort(ctx context.Context, r *agent.ReadPortRequest) (*agent.ReadPortResponse, error) {
+	c, err := a.portConn(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	defer context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Unix(1, 0)) })()
+	b := make([]byte, r.Max)
+	n, err := c.Read(b)
+	switch {
+	case err == nil:
+		return &agent.ReadPortResponse{Data: b[:n]}, nil
+	case errors.Is(err, io.EOF):
+		return &agent.ReadPortResponse{Eof: true}, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("port connection %d: %v: %w", r.Id, err, errdefs.ErrAborted)
+}
+
+func (a *fakeAgent) WritePort(_ context.Context, r *agent.WritePortRequest) (*agent.WritePortResponse, error) {
+	c, err := a.portConn(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	n, err := c.Write(r.Data)
+	if err != nil {
+		return nil, fmt.Errorf("port connection %d: %v: %w", r.Id, err, errdefs.ErrAborted)
+	}
+	return &agent.WritePortResponse{Written: uint32(n)}, nil
+}
+
+func (a *fakeAgent) ClosePort(_ context.Context, r *agent.ClosePortRequest) (*agent.ClosePortResponse, error) {
+	c, err := a.portConn(r.Id)
+	if err != nil {
+		return nil, err
+	}
+	if r.WriteOnly {
+		return &agent.ClosePortResponse{}, c.CloseWrite()
+	}
+	a.ports.mu.Lock()
+	delete(a.ports.open, r.Id)
+	a.ports.mu.Unlock()
+	return &agent.ClosePortResponse{}, c.Close()
 }
 
 func (a *fakeAgent) Shutdown(context.Context, *agent.ShutdownRequest) (*agent.ShutdownResponse, error) {

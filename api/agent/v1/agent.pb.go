@@ -2132,6 +2132,386 @@ func (*SetSysctlsResponse) Descriptor() ([]byte, []int) {
 	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
+type OpenPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// port is the TCP port, 1 to 65535.
+	Port          uint32 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortRequest) Reset() {
+	*x = OpenPortRequest{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortRequest) ProtoMessage() {}
+
+func (x *OpenPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortRequest.ProtoReflect.Descriptor instead.
+func (*OpenPortRequest) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *OpenPortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type OpenPortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenPortResponse) Reset() {
+	*x = OpenPortResponse{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenPortResponse) ProtoMessage() {}
+
+func (x *OpenPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenPortResponse.ProtoReflect.Descriptor instead.
+func (*OpenPortResponse) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *OpenPortResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ReadPortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// max is the most bytes to answer, 1 to 1 MiB.
+	Max           uint32 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadPortRequest) Reset() {
+	*x = ReadPortRequest{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadPortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadPortRequest) ProtoMessage() {}
+
+func (x *ReadPortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadPortRequest.ProtoReflect.Descriptor instead.
+func (*ReadPortRequest) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ReadPortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ReadPortRequest) GetMax() uint32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+type ReadPortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Eof           bool                   `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadPortResponse) Reset() {
+	*x = ReadPortResponse{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadPortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadPortResponse) ProtoMessage() {}
+
+func (x *ReadPortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadPortResponse.ProtoReflect.Descriptor instead.
+func (*ReadPortResponse) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReadPortResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ReadPortResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+type WritePortRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// data is at most MaxPortWrite bytes.
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WritePortRequest) Reset() {
+	*x = WritePortRequest{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WritePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WritePortRequest) ProtoMessage() {}
+
+func (x *WritePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WritePortRequest.ProtoReflect.Descriptor instead.
+func (*WritePortRequest) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *WritePortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WritePortRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type WritePortResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// written is how many bytes of data the guest's side took, the first ones.
+	Written       uint32 `protobuf:"varint,1,opt,name=written,proto3" json:"written,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WritePortResponse) Reset() {
+	*x = WritePortResponse{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WritePortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WritePortResponse) ProtoMessage() {}
+
+func (x *WritePortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WritePortResponse.ProtoReflect.Descriptor instead.
+func (*WritePortResponse) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *WritePortResponse) GetWritten() uint32 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
+type ClosePortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	WriteOnly     bool                   `protobuf:"varint,2,opt,name=write_only,json=writeOnly,proto3" json:"write_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosePortRequest) Reset() {
+	*x = ClosePortRequest{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosePortRequest) ProtoMessage() {}
+
+func (x *ClosePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosePortRequest.ProtoReflect.Descriptor instead.
+func (*ClosePortRequest) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ClosePortRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ClosePortRequest) GetWriteOnly() bool {
+	if x != nil {
+		return x.WriteOnly
+	}
+	return false
+}
+
+type ClosePortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClosePortResponse) Reset() {
+	*x = ClosePortResponse{}
+	mi := &file_api_agent_v1_agent_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClosePortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClosePortResponse) ProtoMessage() {}
+
+func (x *ClosePortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_agent_v1_agent_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClosePortResponse.ProtoReflect.Descriptor instead.
+func (*ClosePortResponse) Descriptor() ([]byte, []int) {
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+}
+
 type ShutdownRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2140,7 +2520,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2532,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2545,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 type ShutdownResponse struct {
@@ -2176,7 +2556,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2568,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_api_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2581,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_api_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 var File_api_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2324,14 +2704,34 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\fSysctlsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
-	"\x12SetSysctlsResponse\"\x11\n" +
+	"\x12SetSysctlsResponse\"%\n" +
+	"\x0fOpenPortRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\"\"\n" +
+	"\x10OpenPortResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"3\n" +
+	"\x0fReadPortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\rR\x03max\"8\n" +
+	"\x10ReadPortResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\"6\n" +
+	"\x10WritePortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"-\n" +
+	"\x11WritePortResponse\x12\x18\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten\"A\n" +
+	"\x10ClosePortRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"write_only\x18\x02 \x01(\bR\twriteOnly\"\x13\n" +
+	"\x11ClosePortResponse\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
 	"\x10ShutdownResponse*R\n" +
 	"\n" +
 	"RouteScope\x12\x18\n" +
 	"\x14ROUTE_SCOPE_UNIVERSE\x10\x00\x12\x14\n" +
 	"\x10ROUTE_SCOPE_LINK\x10\x01\x12\x14\n" +
-	"\x10ROUTE_SCOPE_HOST\x10\x022\xc5\r\n" +
+	"\x10ROUTE_SCOPE_HOST\x10\x022\xff\x0f\n" +
 	"\x05Agent\x12?\n" +
 	"\x04Ping\x12\x1a.kvfs.agent.v1.PingRequest\x1a\x1b.kvfs.agent.v1.PingResponse\x12`\n" +
 	"\x0fCreateContainer\x12%.kvfs.agent.v1.CreateContainerRequest\x1a&.kvfs.agent.v1.CreateContainerResponse\x12T\n" +
@@ -2357,6 +2757,10 @@ const file_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x10ConfigureNetwork\x12&.kvfs.agent.v1.ConfigureNetworkRequest\x1a'.kvfs.agent.v1.ConfigureNetworkResponse\x12Q\n" +
 	"\n" +
 	"SetSysctls\x12 .kvfs.agent.v1.SetSysctlsRequest\x1a!.kvfs.agent.v1.SetSysctlsResponse\x12K\n" +
+	"\bOpenPort\x12\x1e.kvfs.agent.v1.OpenPortRequest\x1a\x1f.kvfs.agent.v1.OpenPortResponse\x12K\n" +
+	"\bReadPort\x12\x1e.kvfs.agent.v1.ReadPortRequest\x1a\x1f.kvfs.agent.v1.ReadPortResponse\x12N\n" +
+	"\tWritePort\x12\x1f.kvfs.agent.v1.WritePortRequest\x1a .kvfs.agent.v1.WritePortResponse\x12N\n" +
+	"\tClosePort\x12\x1f.kvfs.agent.v1.ClosePortRequest\x1a .kvfs.agent.v1.ClosePortResponse\x12K\n" +
 	"\bShutdown\x12\x1e.kvfs.agent.v1.ShutdownRequest\x1a\x1f.kvfs.agent.v1.ShutdownResponseB)Z'github.com/kvfs/kvfs/api/agent/v1;agentb\x06proto3"
 
 var (
@@ -2372,7 +2776,7 @@ func file_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_api_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_api_agent_v1_agent_proto_goTypes = []any{
 	(RouteScope)(0),                  // 0: kvfs.agent.v1.RouteScope
 	(*PingRequest)(nil),              // 1: kvfs.agent.v1.PingRequest
@@ -2415,22 +2819,30 @@ var file_api_agent_v1_agent_proto_goTypes = []any{
 	(*ConfigureNetworkResponse)(nil), // 38: kvfs.agent.v1.ConfigureNetworkResponse
 	(*SetSysctlsRequest)(nil),        // 39: kvfs.agent.v1.SetSysctlsRequest
 	(*SetSysctlsResponse)(nil),       // 40: kvfs.agent.v1.SetSysctlsResponse
-	(*ShutdownRequest)(nil),          // 41: kvfs.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),         // 42: kvfs.agent.v1.ShutdownResponse
-	nil,                              // 43: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
-	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                // 45: google.protobuf.Any
+	(*OpenPortRequest)(nil),          // 41: kvfs.agent.v1.OpenPortRequest
+	(*OpenPortResponse)(nil),         // 42: kvfs.agent.v1.OpenPortResponse
+	(*ReadPortRequest)(nil),          // 43: kvfs.agent.v1.ReadPortRequest
+	(*ReadPortResponse)(nil),         // 44: kvfs.agent.v1.ReadPortResponse
+	(*WritePortRequest)(nil),         // 45: kvfs.agent.v1.WritePortRequest
+	(*WritePortResponse)(nil),        // 46: kvfs.agent.v1.WritePortResponse
+	(*ClosePortRequest)(nil),         // 47: kvfs.agent.v1.ClosePortRequest
+	(*ClosePortResponse)(nil),        // 48: kvfs.agent.v1.ClosePortResponse
+	(*ShutdownRequest)(nil),          // 49: kvfs.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),         // 50: kvfs.agent.v1.ShutdownResponse
+	nil,                              // 51: kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	(*timestamppb.Timestamp)(nil),    // 52: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                // 53: google.protobuf.Any
 }
 var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: kvfs.agent.v1.CreateContainerRequest.stdio:type_name -> kvfs.agent.v1.Stdio
 	5,  // 1: kvfs.agent.v1.CreateContainerRequest.pod_tmpfs:type_name -> kvfs.agent.v1.PodTmpfs
 	3,  // 2: kvfs.agent.v1.ExecProcessRequest.stdio:type_name -> kvfs.agent.v1.Stdio
-	44, // 3: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	45, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	52, // 3: kvfs.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	53, // 4: kvfs.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
 	0,  // 5: kvfs.agent.v1.Route.scope:type_name -> kvfs.agent.v1.RouteScope
 	35, // 6: kvfs.agent.v1.ConfigureNetworkRequest.interfaces:type_name -> kvfs.agent.v1.Interface
 	36, // 7: kvfs.agent.v1.ConfigureNetworkRequest.routes:type_name -> kvfs.agent.v1.Route
-	43, // 8: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
+	51, // 8: kvfs.agent.v1.SetSysctlsRequest.sysctls:type_name -> kvfs.agent.v1.SetSysctlsRequest.SysctlsEntry
 	1,  // 9: kvfs.agent.v1.Agent.Ping:input_type -> kvfs.agent.v1.PingRequest
 	4,  // 10: kvfs.agent.v1.Agent.CreateContainer:input_type -> kvfs.agent.v1.CreateContainerRequest
 	7,  // 11: kvfs.agent.v1.Agent.ExecProcess:input_type -> kvfs.agent.v1.ExecProcessRequest
@@ -2450,29 +2862,37 @@ var file_api_agent_v1_agent_proto_depIdxs = []int32{
 	33, // 25: kvfs.agent.v1.Agent.GetOOMEvent:input_type -> kvfs.agent.v1.GetOOMEventRequest
 	37, // 26: kvfs.agent.v1.Agent.ConfigureNetwork:input_type -> kvfs.agent.v1.ConfigureNetworkRequest
 	39, // 27: kvfs.agent.v1.Agent.SetSysctls:input_type -> kvfs.agent.v1.SetSysctlsRequest
-	41, // 28: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
-	2,  // 29: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
-	6,  // 30: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
-	8,  // 31: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
-	10, // 32: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
-	12, // 33: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
-	14, // 34: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
-	16, // 35: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
-	18, // 36: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
-	18, // 37: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
-	20, // 38: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
-	22, // 39: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
-	24, // 40: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
-	26, // 41: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
-	28, // 42: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
-	30, // 43: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
-	32, // 44: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
-	34, // 45: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
-	38, // 46: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
-	40, // 47: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
-	42, // 48: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
-	29, // [29:49] is the sub-list for method output_type
-	9,  // [9:29] is the sub-list for method input_type
+	41, // 28: kvfs.agent.v1.Agent.OpenPort:input_type -> kvfs.agent.v1.OpenPortRequest
+	43, // 29: kvfs.agent.v1.Agent.ReadPort:input_type -> kvfs.agent.v1.ReadPortRequest
+	45, // 30: kvfs.agent.v1.Agent.WritePort:input_type -> kvfs.agent.v1.WritePortRequest
+	47, // 31: kvfs.agent.v1.Agent.ClosePort:input_type -> kvfs.agent.v1.ClosePortRequest
+	49, // 32: kvfs.agent.v1.Agent.Shutdown:input_type -> kvfs.agent.v1.ShutdownRequest
+	2,  // 33: kvfs.agent.v1.Agent.Ping:output_type -> kvfs.agent.v1.PingResponse
+	6,  // 34: kvfs.agent.v1.Agent.CreateContainer:output_type -> kvfs.agent.v1.CreateContainerResponse
+	8,  // 35: kvfs.agent.v1.Agent.ExecProcess:output_type -> kvfs.agent.v1.ExecProcessResponse
+	10, // 36: kvfs.agent.v1.Agent.StartProcess:output_type -> kvfs.agent.v1.StartProcessResponse
+	12, // 37: kvfs.agent.v1.Agent.SignalProcess:output_type -> kvfs.agent.v1.SignalProcessResponse
+	14, // 38: kvfs.agent.v1.Agent.WaitProcess:output_type -> kvfs.agent.v1.WaitProcessResponse
+	16, // 39: kvfs.agent.v1.Agent.DeleteProcess:output_type -> kvfs.agent.v1.DeleteProcessResponse
+	18, // 40: kvfs.agent.v1.Agent.ReadStdout:output_type -> kvfs.agent.v1.ReadStreamResponse
+	18, // 41: kvfs.agent.v1.Agent.ReadStderr:output_type -> kvfs.agent.v1.ReadStreamResponse
+	20, // 42: kvfs.agent.v1.Agent.WriteStdin:output_type -> kvfs.agent.v1.WriteStdinResponse
+	22, // 43: kvfs.agent.v1.Agent.CloseStdin:output_type -> kvfs.agent.v1.CloseStdinResponse
+	24, // 44: kvfs.agent.v1.Agent.ResizePty:output_type -> kvfs.agent.v1.ResizePtyResponse
+	26, // 45: kvfs.agent.v1.Agent.Stats:output_type -> kvfs.agent.v1.StatsResponse
+	28, // 46: kvfs.agent.v1.Agent.UpdateContainer:output_type -> kvfs.agent.v1.UpdateContainerResponse
+	30, // 47: kvfs.agent.v1.Agent.PauseContainer:output_type -> kvfs.agent.v1.PauseContainerResponse
+	32, // 48: kvfs.agent.v1.Agent.ResumeContainer:output_type -> kvfs.agent.v1.ResumeContainerResponse
+	34, // 49: kvfs.agent.v1.Agent.GetOOMEvent:output_type -> kvfs.agent.v1.GetOOMEventResponse
+	38, // 50: kvfs.agent.v1.Agent.ConfigureNetwork:output_type -> kvfs.agent.v1.ConfigureNetworkResponse
+	40, // 51: kvfs.agent.v1.Agent.SetSysctls:output_type -> kvfs.agent.v1.SetSysctlsResponse
+	42, // 52: kvfs.agent.v1.Agent.OpenPort:output_type -> kvfs.agent.v1.OpenPortResponse
+	44, // 53: kvfs.agent.v1.Agent.ReadPort:output_type -> kvfs.agent.v1.ReadPortResponse
+	46, // 54: kvfs.agent.v1.Agent.WritePort:output_type -> kvfs.agent.v1.WritePortResponse
+	48, // 55: kvfs.agent.v1.Agent.ClosePort:output_type -> kvfs.agent.v1.ClosePortResponse
+	50, // 56: kvfs.agent.v1.Agent.Shutdown:output_type -> kvfs.agent.v1.ShutdownResponse
+	33, // [33:57] is the sub-list for method output_type
+	9,  // [9:33] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -2489,7 +2909,7 @@ func file_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_agent_v1_agent_proto_rawDesc), len(file_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

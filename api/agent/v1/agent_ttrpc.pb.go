@@ -27,6 +27,10 @@ type AgentService interface {
 	GetOOMEvent(context.Context, *GetOOMEventRequest) (*GetOOMEventResponse, error)
 	ConfigureNetwork(context.Context, *ConfigureNetworkRequest) (*ConfigureNetworkResponse, error)
 	SetSysctls(context.Context, *SetSysctlsRequest) (*SetSysctlsResponse, error)
+	OpenPort(context.Context, *OpenPortRequest) (*OpenPortResponse, error)
+	ReadPort(context.Context, *ReadPortRequest) (*ReadPortResponse, error)
+	WritePort(context.Context, *WritePortRequest) (*WritePortResponse, error)
+	ClosePort(context.Context, *ClosePortRequest) (*ClosePortResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
 }
 
@@ -165,6 +169,34 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.SetSysctls(ctx, &req)
+			},
+			"OpenPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req OpenPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.OpenPort(ctx, &req)
+			},
+			"ReadPort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReadPortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ReadPort(ctx, &req)
+			},
+			"WritePort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WritePortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WritePort(ctx, &req)
+			},
+			"ClosePort": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ClosePortRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ClosePort(ctx, &req)
 			},
 			"Shutdown": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req ShutdownRequest
@@ -334,6 +366,38 @@ func (c *agentClient) ConfigureNetwork(ctx context.Context, req *ConfigureNetwor
 func (c *agentClient) SetSysctls(ctx context.Context, req *SetSysctlsRequest) (*SetSysctlsResponse, error) {
 	var resp SetSysctlsResponse
 	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "SetSysctls", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) OpenPort(ctx context.Context, req *OpenPortRequest) (*OpenPortResponse, error) {
+	var resp OpenPortResponse
+	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "OpenPort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ReadPort(ctx context.Context, req *ReadPortRequest) (*ReadPortResponse, error) {
+	var resp ReadPortResponse
+	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "ReadPort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) WritePort(ctx context.Context, req *WritePortRequest) (*WritePortResponse, error) {
+	var resp WritePortResponse
+	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "WritePort", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) ClosePort(ctx context.Context, req *ClosePortRequest) (*ClosePortResponse, error) {
+	var resp ClosePortResponse
+	if err := c.client.Call(ctx, "kvfs.agent.v1.Agent", "ClosePort", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

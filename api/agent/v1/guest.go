@@ -9,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 )
 
 // What the host and the guest agent agree on besides the RPCs: where the share is mounted, how
@@ -99,6 +100,23 @@ func Hello(secret []byte) []byte {
 	b[8] = 1 // ttrpc's request
 	return append(b, secret...)
 }
+
+// The bounds of port-forward's connections (OpenPort, ReadPort, WritePort, ClosePort), which
+// the agent enforces and the shim's deadlines are made from.
+const (
+	// MaxPortStreams is how many port connections the agent keeps open at once; OpenPort
+	// answers ResourceExhausted beyond.
+	MaxPortStreams = 64
+	// MaxPortWrite is the most bytes one WritePort carries.
+	MaxPortWrite = 1 << 20
+	// PortDialTimeout bounds OpenPort's dials, both addresses together: a refusal is
+	// immediate, so only a port whose packets the guest drops takes that long.
+	PortDialTimeout = 10 * time.Second
+	// PortWriteWait is the longest WritePort waits for the guest's side to take the data
+	// before it answers what was taken: the guest's server may read slowly, and a write must
+	// still answer within the shim's deadline.
+	PortWriteWait = time.Second
+)
 
 // MaxInterfaceName is the longest network interface name the kernel takes (IFNAMSIZ less the
 // NUL).
