@@ -31,6 +31,16 @@
 // qdisc of the pod's interface with the filter on it. Detach is idempotent: a tap, a qdisc or
 // a whole namespace already gone is not an error.
 //
+// # Port-forward
+//
+// containerd's CRI serves port-forward itself, dialling localhost in the pod's namespace,
+// where the guest's servers are not. RedirectLoopback (loopback.go) has every TCP connection
+// the namespace makes to 127.0.0.1 or ::1 redirected (nftables, table ip and table ip6
+// kvfs-portforward, nat on the output hook) to a listener bound there for the caller, the
+// shim's relay, which reads the port dialled off each connection (OriginalPort) and carries
+// it to the guest. Close deletes the tables and closes the listeners; a namespace already gone
+// is not an error.
+//
 // # Host networking
 //
 // A VM cannot share the host's network namespace: its NIC would have to take over a host
