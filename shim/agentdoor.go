@@ -437,15 +437,19 @@ func (d *agentDoor) OpenPort(ctx context.Context, r *agent.OpenPortRequest) (*ag
 	return call(d, ctx, kindPortOpen, fmt.Sprintf("OpenPort %d", r.Port), d.ag.OpenPort, r)
 }
 
-// ReadPort checks the answer as a stream's: no more bytes than asked.
+// ReadPort checks the answer as a stream's: no more bytes than asked; and an answer with no
+// data is eof (the agent's read waits for some), or the relay would ask again at once.
 func (d *agentDoor) ReadPort(ctx context.Context, r *agent.ReadPortRequest) (*agent.ReadPortResponse, error) {
 	what := fmt.Sprintf("ReadPort %d", r.Id)
 	resp, err := call(d, ctx, kindStream, what, d.ag.ReadPort, r)
 	if err != nil {
 		return nil, err
 	}
-	if len(resp.Data) > int(r.Max) {
+	switch {
+	case len(resp.Data) > int(r.Max):
 		return nil, d.violation("%s: %d bytes, more than the %d asked", what, len(resp.Data), r.Max)
+	case len(resp.Data) == 0 && !resp.Eof:
+		return nil, d.violation("%s: no data and no eof", what)
 	}
 	return resp, nil
 }

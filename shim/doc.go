@@ -68,6 +68,14 @@
 //     goes back), as Kata starts its hypervisor. A network namespace entry without a path is
 //     a VM without a NIC; none at all is the host's network (hostNetwork), refused at Create,
 //     like a path that is the host's namespace.
+//   - Port-forward (portforward.go): containerd's CRI dials localhost in the pod's network
+//     namespace itself. Once the guest is configured, the pod's run redirects the
+//     namespace's TCP to 127.0.0.1 and ::1 to a relay of its own listening there (package
+//     sandbox/network's RedirectLoopback: nftables rules made over netlink), which reads
+//     each connection's original port (SO_ORIGINAL_DST) and carries it to that port of the
+//     guest's localhost through the door (OpenPort, ReadPort, WritePort, ClosePort), half-
+//     closes both ways, and resets the client's connection where the guest refuses. The
+//     rules and listeners go at the run's stop.
 //   - AdaptSpec turns a container's OCI spec into the guest's: its root under
 //     /run/kvfs/shared/<id>, host-only parts dropped, host bind mounts bound into the share.
 //   - Package stdio opens containerd's stdio (fifos, file://, binary://). An output fifo keeps
@@ -185,6 +193,14 @@
 // would make in a read-only root the shim makes first, inside the root whatever its symlinks say
 // (makeMountPoints). containerd, its requests and the configuration file are trusted; a pod's
 // annotations are not (see sandbox.Config.Resolve).
+//
+// Port-forward's relay is bounded as a process's output is: each read asks 32 KiB and the
+// door refuses a longer answer, or an empty one without end of file; a write answer may not
+// say more was taken than sent, and one that took nothing is retried after a pause, so the
+// guest cannot spin the relay; at most 64 connections are relayed at once (more are reset).
+// OpenPort and WritePort have the door's deadline of the agent's own bound plus Query's; the
+// read has none and ends with its client's connection or the pod. The bytes carried are never
+// logged. The relay listens on the pod namespace's loopback only, and dials nothing there.
 //
 // The network namespace path comes from containerd and is trusted; root in the guest can write any
 // frame to its NIC, but only those from the NIC's MAC and the pod's own addresses pass the guard on

@@ -207,7 +207,7 @@ func (pod *Pod) boot(ctx context.Context, req PodRequest) (*podRun, error) {
 		return nil, err
 	}
 	run := newPodRun(pod.podEnv, vm, req)
-	if err := run.configure(ctx, req.Sysctls); err != nil {
+	if err := run.configure(ctx, pod.podEnv, req.Sysctls); err != nil {
 		pod.stopTakenRun(run)
 		return nil, err
 	}

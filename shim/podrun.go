@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,6 +26,10 @@ type podRun struct {
 	agent       agent.AgentService
 	ctx         context.Context // ends when the pod dies or is stopped
 	cancel      context.CancelFunc
+	// netns is the pod's network namespace ("": none), where ports relays port-forward to
+	// the guest (portforward.go); ports is nil until configure, and without a namespace.
+	netns string
+	ports *portRelay
 }
 
 // newPodRun is the run of vm, booted for req. The door's failure policy kills the VM: the
@@ -32,7 +37,7 @@ type podRun struct {
 // connection drops, if it is filtered (agentwire.go), count at the door.
 func newPodRun(env *podEnv, vm VM, req PodRequest) *podRun {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(env.ctx))
-	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, vm: vm, ctx: ctx, cancel: cancel}
+	r := &podRun{id: req.ID, sandboxTask: req.SandboxTask, vm: vm, ctx: ctx, cancel: cancel, netns: req.NetNS}
 	r.door = newAgentDoor(env.ctx, ctx, vm.Agent(), env.limits, &env.guestLog, func(why error) {
 		log.G(env.ctx).WithError(why).Error("the pod's guest is cut off: killing its VM")
 		vm.Kill(why)
@@ -64,29 +69,44 @@ func (r *podRun) live() bool {
 const setSysctlsTimeout = 30 * time.Second
 
 // configure gives the booted guest, through the door, what its pod was asked: the network of
-// its NIC (the VM's) and the pod's sysctls.
-func (run *podRun) configure(ctx context.Context, sysctls map[string]string) error {
+// its NIC (the VM's) and the pod's sysctls; then port-forward's relay is set up in the pod's
+// network namespace. A relay that cannot be set up (a host kernel without nftables' NAT, a
+// namespace whose loopback is down) is logged, not fatal: the pod runs, and port-forward
+// to it fails as it did before there was a relay, refused.
+func (run *podRun) configure(ctx context.Context, env *podEnv, sysctls map[string]string) error {
 	if err := run.vm.ConfigureNetwork(ctx, run.door); err != nil {
 		return err
 	}
-	if len(sysctls) == 0 {
-		return nil
+	if len(sysctls) > 0 {
+		sctx, cancel := context.WithTimeout(ctx, setSysctlsTimeout)
+		defer cancel()
+		if _, err := run.door.SetSysctls(sctx, &agent.SetSysctlsRequest{Sysctls: sysctls}); err != nil {
+			return fmt.Errorf("pod %s: its sysctls in the guest: %w", run.id, err)
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, setSysctlsTimeout)
-	defer cancel()
-	if _, err := run.door.SetSysctls(ctx, &agent.SetSysctlsRequest{Sysctls: sysctls}); err != nil {
-		return fmt.Errorf("pod %s: its sysctls in the guest: %w", run.id, err)
+	if run.netns != "" {
+		ports, err := startPortRelay(run.ctx, env, run.netns, run.door)
+		if err != nil {
+			log.G(ctx).WithError(err).Warn("no port-forward to the pod")
+		}
+		run.ports = ports
 	}
 	return nil
 }
 
 // stop stops the pod's VM, its guest shut down through the door first (shutdownGuest): the
 // agent's Shutdown answers the pending GetOOMEvent (Unavailable), which ends the OOM loop;
-// the run's context goes after, and with it the calls left.
+// the run's context goes after, and with it the calls left. Port-forward's relay goes first,
+// its connections reset and its rules removed from the pod's namespace, which may outlive
+// the pod.
 func (run *podRun) stop(ctx context.Context) error {
-	err := run.vm.Stop(ctx, run.shutdownGuest)
+	var errs []error
+	if run.ports != nil {
+		errs = append(errs, run.ports.close())
+	}
+	errs = append(errs, run.vm.Stop(ctx, run.shutdownGuest))
 	run.cancel()
-	return err
+	return errors.Join(errs...)
 }
 
 // shutdownGuest asks the agent to end every process of the guest and power it off.
