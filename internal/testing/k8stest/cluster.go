@@ -470,16 +470,23 @@ func (c *Cluster) RunKubectl(ctx context.Context, stdin io.Reader, args ...strin
 	return c.kubectl(ctx, stdin, args...)
 }
 
+// KubectlCmd is kubectl with args on the cluster, in its namespaces (where a port-forward
+// listens), killed when ctx is done: for a kubectl that runs on while the test goes on.
+func (c *Cluster) KubectlCmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "nsenter", append(append(c.nsenter(), filepath.Join(c.bins, "kubectl"), "--kubeconfig", c.kubeconfig), args...)...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
 func (c *Cluster) kubectl(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "nsenter", append(append(c.nsenter(), filepath.Join(c.bins, "kubectl"), "--kubeconfig", c.kubeconfig), args...)...)
+	cmd := c.KubectlCmd(ctx, args...)
 	if stdin != nil {
 		cmd.Stdin = stdin
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
 		return stdout.String(), fmt.Errorf("kubectl %s: %v\n%s%s", strings.Join(args, " "), err, &stdout, &stderr)
 	}

@@ -64,6 +64,7 @@ func TestKubernetes(t *testing.T) {
 		{"env", testEnv},
 		{"share-process-namespace", testShareProcessNamespace},
 		{"pod-to-pod", testPodToPod},
+		{"port-forward", testPortForward},
 		{"pod-cgroup", testPodCgroup},
 		{"five-at-once", testFiveAtOnce},
 	} {

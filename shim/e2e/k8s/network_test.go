@@ -1,11 +1,13 @@
 package k8s
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvfs/kvfs/internal/testing/k8stest"
+	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 )
 
 // testEnv: environment variables from the downward API (the pod's name and IP, a resource
@@ -46,5 +48,38 @@ func testPodToPod(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	// No -T: Debian's busybox-static wget crashes with it.
 	if got := c.Kubectl(t, "exec", client, "--", "wget", "-q", "-O", "-", "http://"+s.Status.PodIP+":8080/"); got != "hello from "+server+"\n" {
 		t.Errorf("a %s pod fetching from a %s pod: %q", other, rt, got)
+	}
+}
+
+// testPortForward: kubectl port-forward reaches a server the pod runs on its loopback alone,
+// and a forwarded connection to a port nothing listens on fails.
+func testPortForward(t *testing.T, c *k8stest.Cluster, rt runtime) {
+	pn := name("portfwd", rt)
+	runPod(t, c, pn, podSpec(c, rt, shell("web", `mkdir -p /www && echo "hello from $(hostname)" >/www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /www`)))
+	waitPod(t, c, pn, "running", 5*time.Minute, running)
+	// The local ports, in the cluster's network namespace: the web server's, the silent port's.
+	local, silent := map[runtime]string{runc: "18080", kvfs: "18081"}[rt], map[runtime]string{runc: "19080", kvfs: "19081"}[rt]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	fwd := c.KubectlCmd(ctx, "port-forward", "pod/"+pn, local+":8080", silent+":9999")
+	var out syncbuf.Buffer
+	fwd.Stdout, fwd.Stderr = &out, &out
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		fwd.Wait()
+	}()
+	for deadline := time.Now().Add(time.Minute); strings.Count(out.String(), "Forwarding from 127.0.0.1:") < 2; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kubectl port-forward does not listen:\n%s", out.String())
+		}
+	}
+	if got, err := c.Env.C.InNetNS(ctx, "busybox", "wget", "-q", "-O", "-", "http://127.0.0.1:"+local+"/").CombinedOutput(); err != nil || string(got) != "hello from "+pn+"\n" {
+		t.Errorf("the pod's 127.0.0.1:8080 through port-forward: %q, %v\n%s", got, err, out.String())
+	}
+	if got, err := c.Env.C.InNetNS(ctx, "busybox", "wget", "-q", "-O", "-", "http://127.0.0.1:"+silent+"/").CombinedOutput(); err == nil {
+		t.Errorf("port 9999, where nothing listens in the pod, answered through port-forward: %q", got)
 	}
 }
