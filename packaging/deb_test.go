@@ -21,6 +21,7 @@ import (
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/fstree"
+	"github.com/kvfs/kvfs/internal/testing/installtest"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -121,7 +122,7 @@ func TestDebianPackage(t *testing.T) {
 		Wrapper:  []string{"nsenter", "-t", strconv.Itoa(ns.pid()), "-m", "--"},
 	})
 	config := filepath.Join(root, "etc/kvfs/configuration.toml")
-	editConfig(t, config, c)
+	installtest.EditConfig(t, config, c.SandboxBaseDir())
 	edited, _ := os.ReadFile(config)
 
 	// The same package again: dpkg keeps the edited conffile, install.sh changes nothing.

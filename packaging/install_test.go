@@ -14,6 +14,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/kvfs/kvfs/internal/testing/fstree"
+	"github.com/kvfs/kvfs/internal/testing/installtest"
 	"github.com/kvfs/kvfs/sandbox"
 )
 
@@ -56,34 +57,6 @@ func fakeGuest(t *testing.T, version string) string {
 	return dir
 }
 
-// installer runs install.sh with args and returns its output; it fails the test unless the
-// script exits 0.
-func installer(t *testing.T, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("bash", append([]string{"install.sh"}, args...)...)
-	cmd.Env = withoutLayoutEnv()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("install.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	t.Logf("install.sh %s:\n%s", strings.Join(args, " "), out)
-	return string(out)
-}
-
-// withoutLayoutEnv is the environment without the variables install.sh reads its layout from.
-func withoutLayoutEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		switch name {
-		case "DESTDIR", "PREFIX", "SYSCONFDIR", "LOCALSTATEDIR":
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 // userFiles puts files into root that an install must leave alone: a host's own /etc and
 // /usr/local/bin contents.
 func userFiles(t *testing.T, root string) {
@@ -111,7 +84,7 @@ func TestInstallDestdir(t *testing.T) {
 	guest := fakeGuest(t, "1")
 	before := fstree.List(t, dest)
 	layout := []string{"--destdir", dest, "--prefix", "/opt/kvfs"}
-	out := installer(t, append([]string{"install", "--bin", bins, "--guest", guest}, layout...)...)
+	out := installtest.Run(t, append([]string{"install", "--bin", bins, "--guest", guest}, layout...)...)
 	installed := fstree.List(t, dest)
 
 	for _, p := range []string{
@@ -168,7 +141,7 @@ func TestInstallDestdir(t *testing.T) {
 	}
 
 	// A second install changes nothing and says so.
-	out = installer(t, append([]string{"install", "--bin", bins, "--guest", guest}, layout...)...)
+	out = installtest.Run(t, append([]string{"install", "--bin", bins, "--guest", guest}, layout...)...)
 	fstree.Same(t, "a second install changed", fstree.List(t, dest), installed)
 	for _, word := range []string{"installed", "updated", "created", "kept"} {
 		if strings.Contains(out, ": "+word+" ") {
@@ -176,7 +149,7 @@ func TestInstallDestdir(t *testing.T) {
 		}
 	}
 
-	installer(t, append([]string{"uninstall"}, layout...)...)
+	installtest.Run(t, append([]string{"uninstall"}, layout...)...)
 	fstree.Same(t, "after uninstall, compared with before install", fstree.List(t, dest), before)
 }
 
@@ -187,7 +160,7 @@ func TestInstallNewDestdir(t *testing.T) {
 	t.Parallel()
 	for _, action := range []string{"install", "stage"} {
 		dest := filepath.Join(t.TempDir(), "new", "root")
-		out := installer(t, action, "--bin", bins, "--guest", fakeGuest(t, "1"), "--destdir", dest)
+		out := installtest.Run(t, action, "--bin", bins, "--guest", fakeGuest(t, "1"), "--destdir", dest)
 		if !strings.Contains(out, "created "+dest+"/") {
 			t.Errorf("%s into a new DESTDIR did not say it created it:\n%s", action, out)
 		}
@@ -195,7 +168,7 @@ func TestInstallNewDestdir(t *testing.T) {
 			t.Errorf("%s into a new DESTDIR: %v", action, err)
 		}
 		if action == "install" {
-			installer(t, "uninstall", "--destdir", dest)
+			installtest.Run(t, "uninstall", "--destdir", dest)
 			left := fstree.List(t, dest)
 			delete(left, ".")
 			if len(left) != 0 {
@@ -226,7 +199,7 @@ func TestInstallUpgrade(t *testing.T) {
 	userFiles(t, dest)
 	before := fstree.List(t, dest)
 	layout := []string{"--destdir", dest}
-	installer(t, append([]string{"install", "--bin", bins, "--guest", fakeGuest(t, "1")}, layout...)...)
+	installtest.Run(t, append([]string{"install", "--bin", bins, "--guest", fakeGuest(t, "1")}, layout...)...)
 
 	cfg := filepath.Join(dest, "etc/kvfs/configuration.toml")
 	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
@@ -252,7 +225,7 @@ func TestInstallUpgrade(t *testing.T) {
 		}
 	}
 	guest2 := fakeGuest(t, "2")
-	out := installer(t, append([]string{"install", "--bin", bins2, "--guest", guest2}, layout...)...)
+	out := installtest.Run(t, append([]string{"install", "--bin", bins2, "--guest", guest2}, layout...)...)
 	after := fstree.List(t, dest)
 	if after["etc/kvfs/configuration.toml"] != edited {
 		t.Error("the edited configuration was overwritten")
@@ -271,7 +244,7 @@ func TestInstallUpgrade(t *testing.T) {
 		t.Errorf("vmlinux is %q after the upgrade", v)
 	}
 
-	out = installer(t, append([]string{"uninstall"}, layout...)...)
+	out = installtest.Run(t, append([]string{"uninstall"}, layout...)...)
 	left := fstree.List(t, dest)
 	if left["etc/kvfs/configuration.toml"] != edited || !strings.Contains(out, "kept "+cfg) {
 		t.Errorf("uninstall did not keep the edited configuration:\n%s", out)
@@ -279,7 +252,7 @@ func TestInstallUpgrade(t *testing.T) {
 	if _, ok := left["etc/kvfs/configuration.toml.new"]; ok {
 		t.Error("uninstall left configuration.toml.new")
 	}
-	installer(t, append([]string{"uninstall", "--purge"}, layout...)...)
+	installtest.Run(t, append([]string{"uninstall", "--purge"}, layout...)...)
 	fstree.Same(t, "after uninstall --purge, compared with before install", fstree.List(t, dest), before)
 }
 
@@ -306,7 +279,7 @@ func TestInstallContainerdConfig(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := fstree.List(t, dest)
-			out := installer(t, "install", "--bin", bins, "--guest", fakeGuest(t, "1"), "--destdir", dest)
+			out := installtest.Run(t, "install", "--bin", bins, "--guest", fakeGuest(t, "1"), "--destdir", dest)
 			if got, _ := os.ReadFile(p); string(got) != tc.config {
 				t.Errorf("config.toml rewritten:\n%s", got)
 			}
@@ -319,7 +292,7 @@ func TestInstallContainerdConfig(t *testing.T) {
 			if tc.note && !strings.Contains(out, `imports = ["/etc/containerd/conf.d/*.toml"]`) {
 				t.Errorf("the note does not say what to add:\n%s", out)
 			}
-			installer(t, "uninstall", "--destdir", dest)
+			installtest.Run(t, "uninstall", "--destdir", dest)
 			fstree.Same(t, "after uninstall", fstree.List(t, dest), before)
 		})
 	}
@@ -341,9 +314,7 @@ func TestInstallBadArguments(t *testing.T) {
 		{[]string{"install", "--nope"}, "unknown option --nope"},
 		{[]string{"uninstall", "--destdir", "/nonexistent/kvfs"}, "--destdir /nonexistent/kvfs: no such directory"},
 	} {
-		cmd := exec.Command("bash", append([]string{"install.sh"}, tc.args...)...)
-		cmd.Env = withoutLayoutEnv()
-		out, err := cmd.CombinedOutput()
+		out, err := installtest.Command(t, tc.args...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("install.sh %q: %v, want an error with %q:\n%s", tc.args, err, tc.want, out)
 		}
@@ -351,9 +322,7 @@ func TestInstallBadArguments(t *testing.T) {
 	// A guest image that does not match its checksums is refused.
 	g := fakeGuest(t, "1")
 	os.WriteFile(filepath.Join(g, "vmlinux"), []byte("tampered"), 0o644)
-	cmd := exec.Command("bash", "install.sh", "install", "--bin", bins, "--guest", g, "--destdir", t.TempDir())
-	cmd.Env = withoutLayoutEnv()
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "does not match its SHA256SUMS") {
+	if out, err := installtest.Command(t, "install", "--bin", bins, "--guest", g, "--destdir", t.TempDir()).CombinedOutput(); err == nil || !strings.Contains(string(out), "does not match its SHA256SUMS") {
 		t.Errorf("tampered image: %v\n%s", err, out)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/internal/testing/installtest"
 	"github.com/kvfs/kvfs/internal/testing/procstatus"
 	"github.com/kvfs/kvfs/internal/testing/syncbuf"
 	"github.com/kvfs/kvfs/virtiofs"
@@ -62,7 +63,7 @@ func TestKataDaemonArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	installer(t, "install", "--bin", bins, "--guest", fakeGuest(t, "1"),
+	installtest.Run(t, "install", "--bin", bins, "--guest", fakeGuest(t, "1"),
 		"--prefix", root+"/usr", "--sysconfdir", root+"/etc", "--localstatedir", root+"/var")
 
 	data, err := os.ReadFile(filepath.Join(root, "usr/share/kvfs/kata/kvfsd.toml"))

@@ -1,7 +1,6 @@
 package packaging_test
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
 	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
 	"github.com/kvfs/kvfs/internal/testing/fstree"
+	"github.com/kvfs/kvfs/internal/testing/installtest"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
 
@@ -32,8 +32,8 @@ func TestInstalledRuntime(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	before := fstree.List(t, root)
-	layout := []string{"--prefix", root + "/usr", "--sysconfdir", root + "/etc", "--localstatedir", root + "/var"}
-	installer(t, append([]string{"install", "--bin", bins, "--guest", filepath.Dir(g.Kernel)}, layout...)...)
+	layout := installtest.Layout(root)
+	installtest.Run(t, append([]string{"install", "--bin", bins, "--guest", filepath.Dir(g.Kernel)}, layout...)...)
 
 	config := filepath.Join(root, "etc/kvfs/configuration.toml")
 	c := ctrdtest.Start(t, ctrd.Options{
@@ -41,7 +41,7 @@ func TestInstalledRuntime(t *testing.T) {
 		Imports:  []string{filepath.Join(root, "etc/containerd/conf.d/*.toml")},
 		CRI:      true,
 	})
-	editConfig(t, config, c)
+	installtest.EditConfig(t, config, c.SandboxBaseDir())
 
 	// The CRI loaded the drop-in.
 	var info struct {
@@ -80,32 +80,10 @@ func TestInstalledRuntime(t *testing.T) {
 	}
 
 	// The edited configuration is kept by uninstall and removed by --purge.
-	out = installer(t, append([]string{"uninstall"}, layout...)...)
+	out = installtest.Run(t, append([]string{"uninstall"}, layout...)...)
 	if !strings.Contains(out, "kept "+config) {
 		t.Errorf("uninstall did not keep the edited %s", config)
 	}
-	installer(t, append([]string{"uninstall", "--purge"}, layout...)...)
+	installtest.Run(t, append([]string{"uninstall", "--purge"}, layout...)...)
 	fstree.Same(t, "after uninstall --purge, compared with before install", fstree.List(t, root), before)
-}
-
-// editConfig makes the operator's one edit to the installed configuration at path: where the
-// sandboxes go (the test containerd's directory, which its leak check covers), and the
-// accelerator if /dev/kvm opens but KVM cannot boot a guest (vmtest.Accel).
-func editConfig(t *testing.T, path string, c *ctrdtest.Containerd) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edited := strings.Replace(string(data), "\n# base_dir = \"/run/kvfs/sandboxes\"\n", "\nbase_dir = \""+c.SandboxBaseDir()+"\"\n", 1)
-	if accel, why := vmtest.Accel(context.Background(), vmtest.Image(t)); accel == "tcg" {
-		t.Logf("accelerator tcg: %s", why)
-		edited = strings.Replace(edited, "\n# accel = \"\"\n", "\naccel = \"tcg\"\n", 1)
-	}
-	if edited == string(data) {
-		t.Fatalf("no base_dir to set in the installed configuration:\n%s", data)
-	}
-	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }

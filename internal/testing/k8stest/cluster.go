@@ -1,8 +1,8 @@
 // Package k8stest is the harness of the Kubernetes tests (shim/e2e/k8s): a real single-node
 // cluster per test — etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a
 // kubelet, built from the Go module proxy (build/build.sh) — on a private containerd
-// (shimtest) whose CRI has the runtime handlers runc (its default) and kvfs, with the
-// RuntimeClass kvfs of packaging/kubernetes.
+// (ctrdtest) whose CRI has the runtime handlers runc (its default) and kvfs, installed as a
+// node's installer installs it, with the RuntimeClass kvfs of packaging/kubernetes.
 //
 // Nothing of the host changes. Every part runs in the containerd's own mount and network
 // namespaces (ctrd), where the API server and the kubelet listen on their usual ports and the
@@ -32,6 +32,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest"
+	"github.com/kvfs/kvfs/internal/testing/ctrdtest/ctrd"
+	"github.com/kvfs/kvfs/internal/testing/installtest"
 	"github.com/kvfs/kvfs/internal/testing/shimtest"
 	"github.com/kvfs/kvfs/internal/testing/vmtest"
 )
@@ -93,18 +96,18 @@ type part struct {
 }
 
 // Start starts a cluster for the test and returns once its node is Ready, its default service
-// account made and the RuntimeClass kvfs applied. kvfsConfig is TOML added to the kvfs
-// handler's configuration (shimtest.Start's extra). The test's cleanup stops it, removes what
-// the kubelet made, and fails the test if the host's sysctls or directories changed; the
-// containerd's own cleanup then fails it for anything of a pod left.
-func Start(t *testing.T, kvfsConfig string) *Cluster {
+// account made and the RuntimeClass kvfs applied. The kvfs runtime is as a node's installer
+// leaves it (installedRuntime). The test's cleanup stops the cluster, removes what the kubelet
+// made, and fails the test if the host's sysctls or directories changed; the containerd's own
+// cleanup then fails it for anything of a pod left.
+func Start(t *testing.T) *Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs a Kubernetes node whose pods boot VMs under QEMU (-short)")
 	}
 	bins := Binaries(t)
 	before := hostState(t)
-	e := shimtest.Start(t, kvfsConfig, "podsandbox")
+	e := installedRuntime(t)
 	c := &Cluster{Env: e, dir: t.TempDir(), bins: bins}
 	t.Cleanup(func() { c.stop(t, before) })
 
@@ -176,6 +179,46 @@ func Start(t *testing.T, kvfsConfig string) *Cluster {
 	c.started = true
 	c.Kubectl(t, "apply", "-f", filepath.Join(root, "packaging", "kubernetes", "runtimeclass.yaml"))
 	return c
+}
+
+// installedRuntime installs kvfs into a scratch root as a node's installer does
+// (packaging/install.sh: the shim under test, which shimtest.Main built, and the test guest
+// image), and starts a private containerd whose config imports the installed drop-in, as a
+// node's imports conf.d/*.toml: its CRI's handler kvfs is the installer's (the installed shim,
+// its sandboxer, the pod annotations it passes) and the shim's configuration the installed one,
+// with only the operator's one edit (installtest.EditConfig).
+func installedRuntime(t *testing.T) *shimtest.Env {
+	t.Helper()
+	g := vmtest.AgentImage(t)
+	root, err := os.MkdirTemp("/tmp", "kvfs-root-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	installtest.Run(t, append([]string{"install", "--bin", shimtest.BinDir, "--guest", filepath.Dir(g.Kernel)}, installtest.Layout(root)...)...)
+	// Short, as a node's /run/kvfs/sandboxes: a CRI pod's id is 64 characters, and its
+	// sandbox's sockets must fit in the 107 bytes of a Unix socket address. The containerd's
+	// leak check covers it.
+	base, err := os.MkdirTemp("/tmp", "kvfs-sb-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(base) })
+	c := ctrdtest.Start(t, ctrd.Options{
+		ShimDirs: []string{filepath.Join(root, "usr", "bin")},
+		Imports:  []string{filepath.Join(root, "etc", "containerd", "conf.d", "*.toml")},
+		CRI:      true,
+		LeakDirs: []string{base},
+	})
+	config := filepath.Join(root, "etc", "kvfs", "configuration.toml")
+	installtest.EditConfig(t, config, base)
+	// Registered after the containerd's Start, so it runs before its cleanup stops the pods.
+	t.Cleanup(func() {
+		if t.Failed() {
+			shimtest.PrintConsoles(t, base)
+		}
+	})
+	return &shimtest.Env{C: c, Image: ctrdtest.ImportImage(t, c, "localhost/busybox:cri"), Config: config, BaseDir: base}
 }
 
 // confine readies the containerd's namespaces for the kubelet: the node's address on the

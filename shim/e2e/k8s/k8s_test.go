@@ -44,7 +44,7 @@ var runtimes = []runtime{runc, kvfs}
 // kubelet's and containerd's restarts under running pods) last. Then containerd's log must not
 // have a shim's refusal of a task's metrics (checkMetricsLog).
 func TestKubernetes(t *testing.T) {
-	c := k8stest.Start(t, "")
+	c := k8stest.Start(t)
 	for _, b := range []struct {
 		name string
 		run  func(t *testing.T, c *k8stest.Cluster, rt runtime)
