@@ -30,7 +30,7 @@ guest-kernel:
 
 # The single-node Kubernetes of the Kubernetes tests (shim/e2e/k8s): etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet and kubectl, built from the Go module proxy
-# once (about 30 minutes on 2 cores) and cached by their inputs.
+# once (14 CPU-minutes with an empty Go build cache) and cached by their inputs.
 k8s:
 	internal/testing/k8stest/build/build.sh $(or $(KVFS_CACHE),/var/cache/kvfs)/k8s
 

@@ -13,9 +13,9 @@
 #
 # Nothing is done when OUTDIR holds a build of the same inputs (go.mod, go.sum, etcd/main.go,
 # this script and the Go version: OUTDIR/inputs.sha256, written last, so an interrupted build
-# leaves none). The first build takes about 30 minutes on 2 cores; Go's build cache makes the
-# next one (after a change of this script, say) take seconds. Concurrent runs wait for each
-# other.
+# leaves none). The first build takes about 14 CPU-minutes (most of Kubernetes compiled); Go's
+# build cache makes the next one (after a change of this script, say) take seconds. Concurrent
+# runs wait for each other.
 set -euo pipefail
 
 prog=k8stest/build/build.sh
@@ -48,7 +48,7 @@ fi
 
 rm -f "$out/inputs.sha256"
 version=$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
-echo "$prog: building Kubernetes $version and etcd into $out (about 30 minutes the first time)" >&2
+echo "$prog: building Kubernetes $version and etcd into $out (minutes the first time)" >&2
 tmp=$(mktemp -d "$out/.new.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # The version the binaries report (kubectl version, the node's kubeletVersion): Kubernetes'
