@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	apiv1 "github.com/kvfs/kvfs/api/agent/v1"
+	"github.com/kvfs/kvfs/internal/testing/nettest"
 )
 
 // The port tests stand a real TCP server on the test's loopback for the guest's: the agent
@@ -25,19 +26,7 @@ func listenLoopback(t *testing.T, network, addr string, serve func(net.Conn)) ui
 	if err != nil {
 		t.Skipf("no %s loopback here: %v", network, err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c)
-			}()
-		}
-	}()
+	nettest.Serve(t, ln, serve)
 	return uint32(ln.Addr().(*net.TCPAddr).Port)
 }
 

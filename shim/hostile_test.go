@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -468,18 +467,8 @@ func TestHostileSilentCreate(t *testing.T) {
 	}()
 	// Stats of the container being created: NotFound, which containerd's Metrics passes
 	// over without a word, as for runc's.
-	for {
-		_, serr := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
-		if strings.Contains(fmt.Sprint(serr), "being created") {
-			wantKind(t, "Stats of a container being created", serr, errdefs.ErrNotFound)
-			break
-		}
-		select {
-		case <-created:
-			t.Fatalf("Stats never saw the container being created (last: %v)", serr)
-		case <-time.After(time.Millisecond):
-		}
-	}
+	serr := statsWhile(t, h, "c1", "being created", created)
+	wantKind(t, "Stats of a container being created", serr, errdefs.ErrNotFound)
 	<-created
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "CreateContainer c1") {
 		t.Errorf("Create: %v, want the CreateContainer deadline", err)

@@ -28,16 +28,7 @@ func podLoopbackNS(t *testing.T) *nettest.NS {
 	if os.Geteuid() != 0 {
 		t.Skip("making a network namespace needs root")
 	}
-	ns := nettest.New(t, "kvfs-pf")
-	h := ns.Handle()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	return ns
+	return nettest.NewLoopback(t, "kvfs-pf")
 }
 
 // guestServer listens on the test's 127.0.0.1 and answers each connection with serve; it
@@ -48,19 +39,7 @@ func guestServer(t *testing.T, serve func(net.Conn)) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c)
-			}()
-		}
-	}()
+	nettest.Serve(t, ln, serve)
 	return ln.Addr().(*net.TCPAddr).Port
 }
 

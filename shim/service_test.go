@@ -431,19 +431,26 @@ func TestStatsWhileDeleting(t *testing.T) {
 		defer close(deleted)
 		h.delete("c1", "")
 	}()
+	err = statsWhile(t, h, "c1", "it is deleted", deleted)
+	wantKind(t, "Stats of a container being deleted", err, errdefs.ErrNotFound)
+	<-deleted
+}
+
+// statsWhile asks Stats of container id until its error has want, which it returns; it fails
+// the test if done is closed first (the state Stats was to see is over).
+func statsWhile(t *testing.T, h *harness, id, want string, done <-chan struct{}) error {
+	t.Helper()
 	for {
-		_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: "c1"})
-		if strings.Contains(fmt.Sprint(err), "it is deleted") {
-			wantKind(t, "Stats of a container being deleted", err, errdefs.ErrNotFound)
-			break
+		_, err := h.svc.Stats(h.ctx, &taskAPI.StatsRequest{ID: id})
+		if strings.Contains(fmt.Sprint(err), want) {
+			return err
 		}
 		select {
-		case <-deleted:
-			t.Fatalf("Stats never saw the container being deleted (last: %v)", err)
+		case <-done:
+			t.Fatalf("Stats of %s never answered %q (last: %v)", id, want, err)
 		case <-time.After(time.Millisecond):
 		}
 	}
-	<-deleted
 }
 
 // TestDeleteLastContainer: the Delete of a pod's last container stops the pod without asking

@@ -16,16 +16,7 @@ import (
 func loopbackNetNS(t *testing.T) *nettest.NS {
 	t.Helper()
 	needRoot(t)
-	ns := nettest.New(t, "kvfs-lo")
-	h := ns.Handle()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	return ns
+	return nettest.NewLoopback(t, "kvfs-lo")
 }
 
 // dialIn dials addr from inside ns, as containerd's CRI does for port-forward.

@@ -177,3 +177,37 @@ func Veth(t testing.TB, ns *NS, name string, addrs []netip.Prefix, peerNS *NS, p
 func IPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
+
+// NewLoopback is New with the namespace's loopback up, as CNI's loopback plugin leaves a
+// pod's.
+func NewLoopback(t testing.TB, prefix string) *NS {
+	t.Helper()
+	ns := New(t, prefix)
+	h := ns.Handle()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// Serve answers each connection ln accepts with serve, in a goroutine of its own, until ln is
+// closed (at the test's cleanup), and closes the connection when serve returns.
+func Serve(t testing.TB, ln net.Listener, serve func(net.Conn)) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+}
