@@ -66,7 +66,7 @@ func TestBindFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := bindMount(src, filepath.Join(dir, mountsName), tt.name, tt.flags, -1); err != nil {
+			if err := bindMount(src, filepath.Join(dir, mountsName), tt.name, tt.flags, -1, here); err != nil {
 				t.Fatal(err)
 			}
 			for _, view := range []string{mountsName, sharedName} {
@@ -116,10 +116,10 @@ func TestBindFlags(t *testing.T) {
 
 	// A mount made under the source after the bind does not appear in it, unless the bind
 	// follows the host; the host's mount stays when that bind goes.
-	if err := bindMount(src, filepath.Join(dir, mountsName), "before", BindRecursive, -1); err != nil {
+	if err := bindMount(src, filepath.Join(dir, mountsName), "before", BindRecursive, -1, here); err != nil {
 		t.Fatal(err)
 	}
-	if err := bindMount(src, filepath.Join(dir, mountsName), "follows", BindRecursive|BindReadOnly|BindFollowHost, -1); err != nil {
+	if err := bindMount(src, filepath.Join(dir, mountsName), "follows", BindRecursive|BindReadOnly|BindFollowHost, -1, here); err != nil {
 		t.Fatal(err)
 	}
 	later := filepath.Join(src, "later")
@@ -151,7 +151,7 @@ func TestBindFlags(t *testing.T) {
 		t.Error("unbinding a bind that follows the host unmounted the host's mount")
 	}
 
-	if err := bindMount(src, filepath.Join(dir, mountsName), "bad", 1<<7, -1); err == nil || !strings.Contains(err.Error(), "unknown flags 0x80") {
+	if err := bindMount(src, filepath.Join(dir, mountsName), "bad", 1<<7, -1, here); err == nil || !strings.Contains(err.Error(), "unknown flags 0x80") {
 		t.Errorf("unknown flags: %v, want a refusal", err)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, mountsName, "bad")); !errors.Is(err, os.ErrNotExist) {
@@ -201,7 +201,7 @@ func TestBindIDMapped(t *testing.T) {
 		flags   BindFlags
 		wantSub uint32
 	}{{"top", BindRecursive, 0}, {"all", BindRecursive | BindIDMapRecursive, 100000}} {
-		if err := bindMount(src, filepath.Join(dir, mountsName), tc.name, tc.flags, int(userns.Fd())); err != nil {
+		if err := bindMount(src, filepath.Join(dir, mountsName), tc.name, tc.flags, int(userns.Fd()), here); err != nil {
 			t.Fatal(err)
 		}
 		b := filepath.Join(dir, sharedName, tc.name)
@@ -242,12 +242,15 @@ func bindDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := teardown(dir); err != nil {
+		if err := teardown(dir, nil); err != nil {
 			t.Error(err)
 		}
 	})
 	return dir
 }
+
+// here is bindMount's attach for a test that binds in its own mount namespace.
+func here(f func() error) error { return f() }
 
 // optionalFields are the propagation fields of a mountinfo line (shared:N, master:N, ...).
 func optionalFields(line string) string {

@@ -6,7 +6,8 @@ import (
 )
 
 // The sandbox's binds: the host's files the shim puts in the share (a container's root, its
-// volumes), each a mount at MountsDir()/name, and their removal.
+// volumes), each a mount at MountsDir()/name in the sandbox's mount namespace (mountNS; the
+// host's holds none of them), and their removal.
 
 // BindFlags say how Bind binds its source. The zero value is a read-write bind of the
 // source's own mount: the mounts under the source are not in the bind.
@@ -43,7 +44,7 @@ func (s *Sandbox) Bind(src, name string, flags BindFlags) error {
 	if err := s.checkNotStopping(); err != nil {
 		return err
 	}
-	return bindMount(src, s.MountsDir(), name, flags, -1)
+	return bindMount(src, s.MountsDir(), name, flags, -1, s.mnt.do)
 }
 
 // BindIDMapped is Bind through an idmapped mount (MOUNT_ATTR_IDMAP): the owners of the
@@ -59,7 +60,7 @@ func (s *Sandbox) BindIDMapped(src, name string, flags BindFlags, userns *os.Fil
 	if err := s.checkNotStopping(); err != nil {
 		return err
 	}
-	return bindMount(src, s.MountsDir(), name, flags, int(userns.Fd()))
+	return bindMount(src, s.MountsDir(), name, flags, int(userns.Fd()), s.mnt.do)
 }
 
 // Submounts returns the mount points below the bind name (Bind with BindRecursive carries
@@ -68,7 +69,12 @@ func (s *Sandbox) Submounts(name string) ([]string, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	return mountsBelow(filepath.Join(s.MountsDir(), name))
+	var below []string
+	err := s.mnt.do(func() (err error) {
+		below, err = mountsBelow(filepath.Join(s.MountsDir(), name))
+		return err
+	})
+	return below, err
 }
 
 // Unbind undoes Bind.
@@ -81,5 +87,5 @@ func (s *Sandbox) Unbind(name string) error {
 	if err := s.checkNotStopping(); err != nil {
 		return err
 	}
-	return unbindMount(s.dir, name)
+	return s.mnt.do(func() error { return unbindMount(s.dir, name) })
 }

@@ -157,7 +157,7 @@ func TestConfinedServer(t *testing.T) {
 	if err := unix.Stat("/proc/"+strconv.Itoa(srv)+"/root/", &root); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Stat(s.SharedDir(), &shared); err != nil {
+	if err := unix.Stat(inNS(s, s.SharedDir()), &shared); err != nil {
 		t.Fatal(err)
 	}
 	if root.Dev != shared.Dev || root.Ino != shared.Ino {

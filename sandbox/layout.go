@@ -79,11 +79,14 @@ func setupMounts(dir string) error {
 	return nil
 }
 
-// teardown undoes a sandbox directory: it unmounts shared/ and mounts/ (each with
-// everything below it), checks that nothing under dir is mounted any more, and removes dir
-// without following symlinks or crossing into another file system. It refuses to work on a
-// symlink anywhere it looks. A directory that does not exist is not an error.
-func teardown(dir string) error {
+// teardown undoes a sandbox directory: in the sandbox's mount namespace ns, it unmounts
+// shared/ and mounts/ (each with everything below it) and checks that nothing under dir is
+// mounted there any more, then ends ns's thread; in the caller's namespace, it unmounts the
+// pin (the namespace then goes with the last process in it) and checks the same, and removes
+// dir without following symlinks or crossing into another file system. It refuses to work on
+// a symlink anywhere it looks. ns is nil for a sandbox whose owner is gone (Recover, Cleanup):
+// its namespace is not joined but let go. A directory that does not exist is not an error.
+func teardown(dir string, ns *mountNS) error {
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -94,15 +97,41 @@ func teardown(dir string) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("refusing to tear down %s: a %s, not a directory", dir, fileKind(fi.Mode()))
 	}
+	if ns != nil {
+		err := ns.do(func() error {
+			if err := unmountAll(dir); err != nil {
+				return err
+			}
+			return checkUnmounted(dir)
+		})
+		ns.close()
+		if err != nil {
+			return fmt.Errorf("in the sandbox's mount namespace: %w", err)
+		}
+	}
+	if err := unmountPath(filepath.Join(dir, pinName)); err != nil {
+		return err
+	}
+	// A sandbox made before the sandboxes had namespaces of their own has its mounts here.
 	if err := unmountAll(dir); err != nil {
 		return err
 	}
-	if under, err := mountsUnder(dir); err != nil {
+	if err := checkUnmounted(dir); err != nil {
 		return err
-	} else if len(under) > 0 {
-		return fmt.Errorf("not removing %s: still mounted under it: %s", dir, strings.Join(under, ", "))
 	}
 	return removeTree(dir)
+}
+
+// checkUnmounted fails if anything at or below dir is a mount point.
+func checkUnmounted(dir string) error {
+	under, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(under) > 0 {
+		return fmt.Errorf("not removing %s: still mounted under it: %s", dir, strings.Join(under, ", "))
+	}
+	return nil
 }
 
 // unmountAll unmounts what a sandbox mounts inside dir: shared/ first (the server's view),
@@ -144,9 +173,10 @@ func unmountPath(path string) error {
 	return fmt.Errorf("unmount %s: still mounted after %d unmounts", path, maxStackedMounts)
 }
 
-// mountInfo returns the mount points of this process's mount namespace, in mount order.
+// mountInfo returns the mount points of the calling thread's mount namespace, in mount order:
+// on a sandbox's thread (mountNS.do), the sandbox's.
 func mountInfo() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
@@ -184,8 +214,8 @@ func unescapeMountInfo(s string) string {
 	return b.String()
 }
 
-// mountsBelow returns the mount points of this process's mount namespace strictly below dir,
-// relative to it, in mount order (a parent before its children).
+// mountsBelow returns the mount points of the calling thread's mount namespace strictly below
+// dir, relative to it, in mount order (a parent before its children).
 func mountsBelow(dir string) ([]string, error) {
 	under, err := mountsUnder(dir)
 	if err != nil {
@@ -333,12 +363,17 @@ func checkName(name string) error {
 // it too, unless it follows the host: then what the host mounts under src reaches the bind,
 // and from it the copy in shared/.
 //
+// src is opened and copied in the caller's mount namespace, where the owner's paths mean what
+// they say; attach runs the attaching (the mount point, move_mount, the private remount) in
+// the namespace of mountsDir's mounts, the sandbox's (mountNS.do). A copy is bound to no
+// namespace until it is attached.
+//
 // src is opened once, without following a symlink at its end, and bound from that descriptor:
 // what is checked is what is bound, whatever the path names meanwhile, and a symlink as the
 // source (a pod's volume pointing elsewhere on the host) is refused rather than followed.
 // Symlinks inside a bound directory are the guest's to read as links: the server never
 // follows them on the host.
-func bindMount(src, mountsDir, name string, flags BindFlags, userns int) error {
+func bindMount(src, mountsDir, name string, flags BindFlags, userns int, attach func(func() error) error) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
@@ -366,23 +401,25 @@ func bindMount(src, mountsDir, name string, flags BindFlags, userns int) error {
 		return fmt.Errorf("bind %s: %w", src, err)
 	}
 	defer unix.Close(tree)
-	target, err := makeMountPoint(mountsDir, name, fi.IsDir())
-	if err != nil {
-		return err
-	}
-	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		removeMountPoint(mountsDir, name)
-		return fmt.Errorf("bind %s to %s: %w", src, target, err)
-	}
-	if flags&BindFollowHost != 0 {
+	return attach(func() error {
+		target, err := makeMountPoint(mountsDir, name, fi.IsDir())
+		if err != nil {
+			return err
+		}
+		if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			removeMountPoint(mountsDir, name)
+			return fmt.Errorf("bind %s to %s: %w", src, target, err)
+		}
+		if flags&BindFollowHost != 0 {
+			return nil
+		}
+		if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+			_ = unmountPath(target)
+			removeMountPoint(mountsDir, name)
+			return fmt.Errorf("make %s private: %w", target, err)
+		}
 		return nil
-	}
-	if err := unix.Mount("", target, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-		_ = unmountPath(target)
-		removeMountPoint(mountsDir, name)
-		return fmt.Errorf("make %s private: %w", target, err)
-	}
-	return nil
+	})
 }
 
 // unbindMount undoes bindMount of name in the sandbox directory dir.

@@ -108,7 +108,7 @@ func testBase(t testing.TB) string {
 		for _, e := range entries {
 			p := filepath.Join(base, e.Name())
 			if e.IsDir() {
-				if err := teardown(p); err != nil {
+				if err := teardown(p, nil); err != nil {
 					t.Errorf("cleanup: %v", err)
 				}
 			} else {

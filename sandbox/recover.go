@@ -45,7 +45,8 @@ type Skipped struct {
 //   - adopted, when its server is a confined server or an external daemon that still runs, and
 //     its VM, if it was started, still runs too. Processes are recognised by pid and start time, and held by
 //     pidfd, so a pid reused by another process is never signalled. The adopted sandbox
-//     monitors both again with its failure policy, and can be stopped as usual.
+//     monitors both again with its failure policy, and can be stopped as usual; a thread of
+//     this process joins its mount namespace (from its pin, mnt.ns) for Bind and Unbind.
 //   - cleaned up otherwise: what still runs of it is stopped, mounts are detached, the
 //     directory is removed. A sandbox whose server was in-process always ends here: the server
 //     died with its owner, so the VM's share is dead.
@@ -128,6 +129,12 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 	case st.Phase == PhaseRunning && vmErr != nil:
 		reason = "its VM is gone: " + vmErr.Error()
 	}
+	var mnt *mountNS
+	if reason == "" {
+		if mnt, err = joinMountNS(filepath.Join(dir, pinName)); err != nil {
+			reason = "its mount namespace is gone: " + err.Error()
+		}
+	}
 	if reason != "" {
 		var sp, vp Process
 		if srv != nil {
@@ -153,7 +160,7 @@ func recoverOne(ctx context.Context, dir, id string, rep *RecoverReport) {
 		oomAdj = nil
 	}
 	s := &Sandbox{
-		id: id, dir: dir, cfg: st.Config, runner: QEMURunner{}, lock: lock, dax: dax, oomAdj: oomAdj,
+		id: id, dir: dir, cfg: st.Config, runner: QEMURunner{}, lock: lock, mnt: mnt, dax: dax, oomAdj: oomAdj,
 		ctx:     log.WithLogger(context.WithoutCancel(ctx), logger),
 		created: st.Created, phase: st.Phase, srv: srv, vmRec: st.VM, restarts: st.Restarts,
 		done: make(chan struct{}),
@@ -214,7 +221,9 @@ func cleanupRecovered(id, dir string, lock *os.File, vm, srv Process, reason str
 		}
 	}
 	if len(errs) == 0 {
-		if err := teardown(dir); err != nil {
+		// The namespace is let go, not joined: with the pin unmounted, it ends with the
+		// processes just stopped, its mounts with it.
+		if err := teardown(dir, nil); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -172,7 +172,7 @@ func TestRecover(t *testing.T) {
 	if stats.Phase != PhaseCreated || stats.Server.PID != ext.Stats.Server.PID || !stats.Server.Running {
 		t.Errorf("adopted stats %+v, helper's %+v", stats, ext.Stats)
 	}
-	if _, err := os.Stat(filepath.Join(s.SharedDir(), "vol")); err != nil {
+	if _, err := os.Stat(inNS(s, filepath.Join(s.SharedDir(), "vol"))); err != nil {
 		t.Errorf("adopted layout: %v", err)
 	}
 	if st, err := readState(s.Dir()); err != nil || st.Owner.PID != os.Getpid() {

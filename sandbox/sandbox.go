@@ -53,6 +53,7 @@ type Sandbox struct {
 	runner VMRunner        // nil for a recovered sandbox (it cannot Start)
 	ctx    context.Context // for the servers' lifetime and logging; never cancelled
 	lock   *os.File        // owner.lock, flocked while this process owns the sandbox
+	mnt    *mountNS        // where the share's mounts are; closed by Stop
 
 	created time.Time
 
@@ -141,9 +142,10 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	var lock *os.File
+	var mnt *mountNS
 	defer func() {
 		if err != nil {
-			if terr := teardown(dir); terr != nil {
+			if terr := teardown(dir, mnt); terr != nil {
 				err = fmt.Errorf("%w (and cleaning up: %v)", err, terr)
 			}
 			if lock != nil {
@@ -169,12 +171,15 @@ func Create(ctx context.Context, id string, opts Options) (_ *Sandbox, err error
 			return nil, err
 		}
 	}
-	if err := setupMounts(dir); err != nil {
+	if mnt, err = newMountNS(func() error { return setupMounts(dir) }); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := mnt.pin(dir); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 
 	s := &Sandbox{
-		id: id, dir: dir, cfg: rc, runner: runner, lock: lock,
+		id: id, dir: dir, cfg: rc, runner: runner, lock: lock, mnt: mnt,
 		ctx:     log.WithLogger(context.WithoutCancel(ctx), log.G(ctx).WithField("sandbox", id)),
 		created: time.Now(), phase: PhaseCreated, done: make(chan struct{}), oomAdj: opts.OOMScoreAdj,
 	}
@@ -348,7 +353,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("stopping the server: %w", err))
 		}
 	}
-	if err := teardown(s.dir); err != nil {
+	if err := teardown(s.dir, s.mnt); err != nil {
 		errs = append(errs, err)
 	}
 	s.lock.Close()

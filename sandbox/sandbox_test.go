@@ -22,7 +22,13 @@ import (
 // mountLine returns the mountinfo line of the mount point path, or "".
 func mountLine(t testing.TB, path string) string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	return mountLineIn(t, "/proc/self/mountinfo", path)
+}
+
+// mountLineIn is mountLine in the mount namespace whose mountinfo file is mountinfo.
+func mountLineIn(t testing.TB, mountinfo, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(mountinfo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,11 +51,11 @@ func TestLayout(t *testing.T) {
 	}
 	stopOnCleanup(t, s)
 
-	// mounts/ is a shared mount, shared/ a read-only slave of it.
-	if l := mountLine(t, s.MountsDir()); !strings.Contains(l, " shared:") {
+	// mounts/ is a shared mount, shared/ a read-only slave of it, in the sandbox's namespace.
+	if l := nsMountLine(t, s, s.MountsDir()); !strings.Contains(l, " shared:") {
 		t.Errorf("mounts/ is not a shared mount: %q", l)
 	}
-	l := mountLine(t, s.SharedDir())
+	l := nsMountLine(t, s, s.SharedDir())
 	if !strings.Contains(l, " master:") || !strings.Contains(strings.Fields(l)[5], "ro") {
 		t.Errorf("shared/ is not a read-only slave mount: %q", l)
 	}
@@ -69,21 +75,21 @@ func TestLayout(t *testing.T) {
 	if err := s.Bind(src, "rw", 0); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(s.SharedDir(), "rw", "f")); err != nil || string(b) != "hello" {
+	if b, err := os.ReadFile(inNS(s, filepath.Join(s.SharedDir(), "rw", "f"))); err != nil || string(b) != "hello" {
 		t.Errorf("shared/rw/f: %q, %v", b, err)
 	}
-	if err := os.WriteFile(filepath.Join(s.SharedDir(), "rw", "g"), nil, 0o644); err != nil {
+	if err := os.WriteFile(inNS(s, filepath.Join(s.SharedDir(), "rw", "g")), nil, 0o644); err != nil {
 		t.Errorf("writing through shared/rw: %v", err)
 	}
 	// A read-only bind is read-only in shared/ too (the propagated copy keeps the flag).
 	if err := s.Bind(src, "ro", BindReadOnly); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(s.SharedDir(), "ro", "f")); err != nil || string(b) != "hello" {
+	if b, err := os.ReadFile(inNS(s, filepath.Join(s.SharedDir(), "ro", "f"))); err != nil || string(b) != "hello" {
 		t.Errorf("shared/ro/f: %q, %v", b, err)
 	}
 	for _, p := range []string{filepath.Join(s.SharedDir(), "ro", "h"), filepath.Join(s.MountsDir(), "ro", "h"), filepath.Join(s.SharedDir(), "top")} {
-		if err := os.WriteFile(p, nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		if err := os.WriteFile(inNS(s, p), nil, 0o644); !errors.Is(err, syscall.EROFS) {
 			t.Errorf("writing %s: %v, want EROFS", p, err)
 		}
 	}
@@ -91,7 +97,7 @@ func TestLayout(t *testing.T) {
 	if err := s.Bind(filepath.Join(src, "f"), "file", BindReadOnly); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(s.SharedDir(), "file")); err != nil || string(b) != "hello" {
+	if b, err := os.ReadFile(inNS(s, filepath.Join(s.SharedDir(), "file"))); err != nil || string(b) != "hello" {
 		t.Errorf("shared/file: %q, %v", b, err)
 	}
 	// A symlink as the source is refused, not followed.
@@ -102,7 +108,7 @@ func TestLayout(t *testing.T) {
 	if err := s.Bind(link, "link", 0); err == nil || !strings.Contains(err.Error(), "is a symlink") {
 		t.Errorf("binding a symlink: %v, want a refusal", err)
 	}
-	if _, err := os.Lstat(filepath.Join(s.MountsDir(), "link")); err == nil {
+	if _, err := os.Lstat(inNS(s, filepath.Join(s.MountsDir(), "link"))); err == nil {
 		t.Error("a refused bind left its mount point")
 	}
 	// Names are single components.
@@ -119,11 +125,11 @@ func TestLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{filepath.Join(s.MountsDir(), "rw"), filepath.Join(s.SharedDir(), "rw")} {
-		if mountLine(t, p) != "" {
+		if nsMountLine(t, s, p) != "" {
 			t.Errorf("%s still mounted after Unbind", p)
 		}
 	}
-	if _, err := os.Lstat(filepath.Join(s.MountsDir(), "rw")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(inNS(s, filepath.Join(s.MountsDir(), "rw"))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("mount point left after Unbind: %v", err)
 	}
 
@@ -210,7 +216,7 @@ func TestCreateFailsCleanly(t *testing.T) {
 	if _, err := Create(ctx, "dup", Options{Config: testConfig(base)}); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("second Create: %v", err)
 	}
-	if _, err := os.Stat(s.SocketPath()); err != nil || mountLine(t, s.SharedDir()) == "" {
+	if _, err := os.Stat(s.SocketPath()); err != nil || nsMountLine(t, s, s.SharedDir()) == "" {
 		t.Errorf("the first sandbox was damaged: %v", err)
 	}
 }
@@ -244,7 +250,7 @@ func TestNoLeaks(t *testing.T) {
 		if err := s.Bind(src, "vol", flags); err != nil {
 			t.Fatalf("cycle %d: %v", i, err)
 		}
-		if _, err := os.Stat(filepath.Join(s.SharedDir(), "vol", "f")); err != nil {
+		if _, err := os.Stat(inNS(s, filepath.Join(s.SharedDir(), "vol", "f"))); err != nil {
 			t.Errorf("cycle %d: %v", i, err)
 		}
 		st := s.Stats()
@@ -303,7 +309,7 @@ func TestTeardownRefusesSymlinks(t *testing.T) {
 	if err := os.Symlink(victim, filepath.Join(dir, sharedName)); err != nil {
 		t.Fatal(err)
 	}
-	err := teardown(dir)
+	err := teardown(dir, nil)
 	if err == nil || !strings.Contains(err.Error(), "is a symlink") {
 		t.Errorf("teardown: %v, want a refusal", err)
 	}
@@ -316,7 +322,7 @@ func TestTeardownRefusesSymlinks(t *testing.T) {
 	if err := os.Symlink(victim, filepath.Join(dir, mountsName, "link")); err != nil {
 		t.Fatal(err)
 	}
-	if err := teardown(dir); err != nil {
+	if err := teardown(dir, nil); err != nil {
 		t.Errorf("teardown: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(victim, "precious")); err != nil {
@@ -339,11 +345,11 @@ func TestTeardownRefusesSymlinks(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "x", "kept")); err != nil {
 		t.Errorf("removeTree removed a file on another file system: %v", err)
 	}
-	if err := teardown(dir); err == nil || !strings.Contains(err.Error(), "still mounted under it") {
+	if err := teardown(dir, nil); err == nil || !strings.Contains(err.Error(), "still mounted under it") {
 		t.Errorf("teardown with a foreign mount: %v", err)
 	}
 	unix.Unmount(filepath.Join(dir, "x"), 0)
-	if err := teardown(dir); err != nil {
+	if err := teardown(dir, nil); err != nil {
 		t.Errorf("teardown: %v", err)
 	}
 }

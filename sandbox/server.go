@@ -104,9 +104,14 @@ type inProcServer struct {
 	started time.Time
 }
 
-// startInProcess serves cfg on l, which it takes over.
-func startInProcess(ctx context.Context, cfg virtiofs.Config, l *net.UnixListener) (*inProcServer, error) {
-	srv, err := virtiofs.NewServer(cfg)
+// startInProcess serves cfg on l, which it takes over. The shared directory is opened in the
+// namespace ns: what is mounted there later is reached through that descriptor, from any thread.
+func startInProcess(ctx context.Context, ns *mountNS, cfg virtiofs.Config, l *net.UnixListener) (*inProcServer, error) {
+	var srv *virtiofs.Server
+	err := ns.do(func() (err error) {
+		srv, err = virtiofs.NewServer(cfg)
+		return err
+	})
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -177,11 +182,12 @@ func stopServerProcess(p Process, out *pipedLog) error {
 	return err
 }
 
-// startExternal runs daemon args with l's socket as fd 3, its output drained into logPath (a
-// pipedLog), in a session of its own (it outlives the owner, which may adopt it again after a
-// restart, without its output). It returns once the daemon says it is ready, or fails with
-// the log's last lines if it exits first. l is closed either way: the daemon holds the socket.
-func startExternal(ctx context.Context, daemon string, args []string, l *net.UnixListener, logPath string) (*extServer, error) {
+// startExternal runs daemon args in the namespace ns with l's socket as fd 3, its output
+// drained into logPath (a pipedLog), in a session of its own (it outlives the owner, which may
+// adopt it again after a restart, without its output). It returns once the daemon says it is
+// ready, or fails with the log's last lines if it exits first. l is closed either way: the
+// daemon holds the socket.
+func startExternal(ctx context.Context, ns *mountNS, daemon string, args []string, l *net.UnixListener, logPath string) (*extServer, error) {
 	lf, err := l.File()
 	l.Close()
 	if err != nil {
@@ -189,7 +195,7 @@ func startExternal(ctx context.Context, daemon string, args []string, l *net.Uni
 	}
 	defer lf.Close()
 	s := &extServer{daemon: daemon, args: args}
-	err = startServerProcess(ctx, logPath, func(out *os.File) (*exec.Cmd, error) {
+	err = startServerProcess(ctx, ns, logPath, func(out *os.File) (*exec.Cmd, error) {
 		cmd := exec.Command(daemon, args...)
 		cmd.Stdout, cmd.Stderr = out, out
 		cmd.ExtraFiles = []*os.File{lf}
@@ -204,17 +210,18 @@ func startExternal(ctx context.Context, daemon string, args []string, l *net.Uni
 	return s, nil
 }
 
-// startServerProcess starts the server command makes, its stdout and stderr the write end of
-// a pipe the owner drains into logPath, a boundedLog: the server writes no host file, so even
-// one a guest took over keeps at most 2*serverLogLimit of its log on /run. It waits until the
-// server says it is ready, or fails with the log's last lines if it exits first. started is
-// told of the process and its log as soon as it runs; describe names it in errors.
+// startServerProcess starts the server command makes, in the mount namespace ns (a child is
+// born in the namespace of the thread that forks it: ns's), its stdout and stderr the write
+// end of a pipe the owner drains into logPath, a boundedLog: the server writes no host file,
+// so even one a guest took over keeps at most 2*serverLogLimit of its log on /run. It waits
+// until the server says it is ready, or fails with the log's last lines if it exits first.
+// started is told of the process and its log as soon as it runs; describe names it in errors.
 //
 // The drain runs while the server holds the pipe. If the owner dies first, the server's
 // writes fail with EPIPE and are dropped: the confined server and kvfsd ignore SIGPIPE, as
 // virtiofsd does, so that an owner's restart, which may adopt the server again, does not end
 // it at its next line.
-func startServerProcess(ctx context.Context, logPath string, command func(out *os.File) (*exec.Cmd, error),
+func startServerProcess(ctx context.Context, ns *mountNS, logPath string, command func(out *os.File) (*exec.Cmd, error),
 	started func(Process, procID, *pipedLog), describe func() string) error {
 	out, w, err := openPipedLog(ctx, logPath, serverLogLimit, "server log")
 	if err != nil {
@@ -227,7 +234,11 @@ func startServerProcess(ctx context.Context, logPath string, command func(out *o
 		out.close()
 		return err
 	}
-	p, err := startChild(cmd)
+	var p *childProcess
+	err = ns.do(func() (err error) {
+		p, err = startChild(cmd)
+		return err
+	})
 	w.Close()
 	if err != nil {
 		out.close()
@@ -325,10 +336,11 @@ type confinedServer struct {
 	finalStats *virtiofs.Stats
 }
 
-// startConfined starts the confined server of spec on l, with its channel on channel and its
-// output drained into logPath (startServerProcess), and returns once it says it is ready, or
-// fails with the log's last lines if it exits first. l and channel are closed either way: the server holds the sockets.
-func startConfined(ctx context.Context, spec serverproc.Spec, l, channel *net.UnixListener, channelPath, logPath string) (*confinedServer, error) {
+// startConfined starts the confined server of spec in the namespace ns on l, with its channel
+// on channel and its output drained into logPath (startServerProcess), and returns once it says
+// it is ready, or fails with the log's last lines if it exits first. l and channel are closed
+// either way: the server holds the sockets.
+func startConfined(ctx context.Context, ns *mountNS, spec serverproc.Spec, l, channel *net.UnixListener, channelPath, logPath string) (*confinedServer, error) {
 	lf, err := l.File()
 	l.Close()
 	cf, cerr := channel.File()
@@ -352,7 +364,7 @@ func startConfined(ctx context.Context, spec serverproc.Spec, l, channel *net.Un
 		}
 		close(s.final)
 	}()
-	err = startServerProcess(ctx, logPath, func(out *os.File) (*exec.Cmd, error) {
+	err = startServerProcess(ctx, ns, logPath, func(out *os.File) (*exec.Cmd, error) {
 		return serverproc.Command(spec, lf, cf, fw, out)
 	}, func(p Process, id procID, out *pipedLog) {
 		s.proc, s.id, s.started, s.out = p, id, time.Now(), out

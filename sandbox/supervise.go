@@ -33,14 +33,15 @@ func (s *Sandbox) startServer() (fsServer, error) {
 	return srv, nil
 }
 
-// launchServer creates the socket and starts a server on it.
+// launchServer creates the socket and starts a server on it, in the sandbox's mount namespace,
+// where the share is.
 func (s *Sandbox) launchServer() (fsServer, error) {
 	l, err := listen(s.SocketPath())
 	if err != nil {
 		return nil, err
 	}
 	if !isKvfsd(s.cfg.Server.Daemon) {
-		return startExternal(s.ctx, s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
+		return startExternal(s.ctx, s.mnt, s.cfg.Server.Daemon, s.cfg.daemonArgs(s.SharedDir()), l, filepath.Join(s.dir, serverLogName))
 	}
 	vcfg, err := s.cfg.serverConfig(s.SharedDir())
 	if err != nil {
@@ -52,7 +53,7 @@ func (s *Sandbox) launchServer() (fsServer, error) {
 	}
 	if s.cfg.Server.Daemon == InProcessUnconfined {
 		log.G(s.ctx).Warn(unconfinedWarning)
-		return startInProcess(s.ctx, vcfg, l)
+		return startInProcess(s.ctx, s.mnt, vcfg, l)
 	}
 	channel, err := listen(s.channelPath())
 	if err != nil {
@@ -60,7 +61,7 @@ func (s *Sandbox) launchServer() (fsServer, error) {
 		return nil, err
 	}
 	spec := serverproc.Spec{Sandbox: s.id, Server: vcfg, LogLevel: levelName(log.GetLevel())}
-	return startConfined(s.ctx, spec, l, channel, s.channelPath(), filepath.Join(s.dir, serverLogName))
+	return startConfined(s.ctx, s.mnt, spec, l, channel, s.channelPath(), filepath.Join(s.dir, serverLogName))
 }
 
 // channelPath is the socket of the confined server's channel.
