@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,6 +175,18 @@ func TestRecover(t *testing.T) {
 	}
 	if _, err := os.Stat(inNS(s, filepath.Join(s.SharedDir(), "vol"))); err != nil {
 		t.Errorf("adopted layout: %v", err)
+	}
+	// Its namespace, joined from the pin, takes new binds; its server sees them.
+	mustWrite(t, filepath.Join(src, "after"))
+	if err := s.Bind(src, "later", BindReadOnly); err != nil {
+		t.Fatalf("Bind into the adopted sandbox: %v", err)
+	}
+	srvRoot := fmt.Sprintf("/proc/%d/root", stats.Server.PID)
+	if _, err := os.Stat(filepath.Join(srvRoot, s.SharedDir(), "later", "after")); err != nil {
+		t.Errorf("a bind into the adopted sandbox, seen by its server: %v", err)
+	}
+	if err := s.Unbind("later"); err != nil {
+		t.Errorf("Unbind in the adopted sandbox: %v", err)
 	}
 	if st, err := readState(s.Dir()); err != nil || st.Owner.PID != os.Getpid() {
 		t.Errorf("state after adoption: %+v, %v", st, err)
