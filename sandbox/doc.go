@@ -8,6 +8,7 @@
 //
 //	mounts/         where root filesystems and volumes are bound (Bind); a shared mount
 //	shared/         read-only slave bind of mounts/: what the server exports
+//	mnt.ns          the sandbox's mount namespace, bound here (below)
 //	vhost-fs.sock   the vhost-user socket, created here (mode 0600) and passed to the server
 //	state.json      the persisted state (below)
 //	owner.lock      flocked by the owning process
@@ -36,11 +37,52 @@
 // BindReadOnly makes the bind's own mount read-only, BindRecursiveReadOnly every mount
 // under it, as runc does with a mount's "ro" and "rro".
 //
+// # Mount namespace
+//
+// mounts/, shared/ and the binds are mounted in a mount namespace of the sandbox's own, never
+// in the owner's (the host's, or containerd's). A mount the host makes inside a bound
+// directory has a copy in the bind; were that copy in the host's namespace, the mount point
+// would stay busy there, and the host's rmdir of it fail with EBUSY, as long as the pod runs
+// (critest's read-only mount specs: a tmpfs in a hostPath directory, unmounted and removed
+// while the pod runs). In another namespace it is no obstacle: the kernel detaches a mount
+// whose mount point another namespace removes, as it does for a runc container's. A pod
+// never changes what the host can do at a host path.
+//
+// At Create a goroutine locked to an OS thread (never the process's main thread, which
+// /proc/self follows) unshares the namespace, a copy of the owner's whose every mount is made
+// a slave (MS_SLAVE|MS_REC): nothing made there reaches the host, and what the host unmounts
+// goes from the copy too, so the namespace never keeps a file system mounted that the host let
+// go (a private copy would keep, say, a volume's block device mounted for the pod's life). That
+// thread makes the layout there and then runs the sandbox's mount work (mountNS.do): Bind's
+// attaching (move_mount and the private remount), Unbind, Submounts (its own
+// /proc/thread-self/mountinfo) and Stop's unmounts. Bind opens and copies its source
+// (open_tree) in the owner's namespace, on the caller's thread, so a source names what the
+// owner sees; a detached copy belongs to no namespace until it is attached. A mount that
+// follows the host (BindFollowHost) is a slave of its source's peer group from the copy on,
+// across the namespaces. Creating and removing mount points are file system operations,
+// seen from both.
+//
+// The servers are started from that thread, so they are born in the namespace (a child is
+// born in its forking thread's): the confined server's own namespaces are copies of it, an
+// external daemon runs in it, and the in-process server opens its root there (a descriptor
+// opened there reaches what is mounted there later, from any thread). QEMU needs nothing of
+// the share and runs in the owner's namespace.
+//
+// The namespace is pinned at mnt.ns in the owner's namespace (a bind of the thread's
+// /proc/.../ns/mnt; the kernel allows binding a namespace newer than the caller's), so that
+// it outlives the owner: an owner that adopts the sandbox after a restart joins it from there
+// (setns on a thread of its own). The pin is bound onto a private bind of the file onto
+// itself, since the kernel refuses to propagate a namespace's file (a pin on a shared mount,
+// as /run is on a systemd host, fails with EINVAL). Stop unmounts the binds there, ends the
+// thread and unmounts the pin; the namespace goes with its last process. Cleaning up a
+// sandbox whose owner is gone unmounts the pin after stopping its processes, and so lets its
+// namespace go, mounts included, without joining it.
+//
 // # Lifecycle
 //
 //	Create   resolve the configuration (file + annotations: all checks before anything is
-//	         made), make the layout and the mounts, listen on the socket, start the server on
-//	         it, write state.json. The server is listening before any VM exists, so QEMU's
+//	         made), make the layout, the mount namespace and the mounts in it, listen on the
+//	         socket, start the server on it, write state.json. The server is listening before any VM exists, so QEMU's
 //	         connection is accepted whenever QEMU comes. A failure undoes every step.
 //	Bind     bind a directory or file into mounts/ (appears in the guest at once).
 //	Start    run QEMU (through a VMRunner; QEMURunner by default) with VM.Args, and drain
@@ -55,7 +97,8 @@
 //	           restart  a new server is started on a new socket at the same path, up to
 //	                    server.max_restarts times; then stop applies.
 //	Stop     in order: QEMU (SIGTERM, SIGKILL after 3 s), the server, the mounts
-//	         (MNT_DETACH|UMOUNT_NOFOLLOW), the directory. Idempotent.
+//	         (MNT_DETACH|UMOUNT_NOFOLLOW), the namespace's thread and pin, the directory.
+//	         Idempotent.
 //	Recover  after a restart of the owning process: adopt or clean up what it left.
 //
 // One VM per sandbox: a VM that exits (the guest powered off) ends the server's connection;
@@ -91,9 +134,10 @@
 // VM still runs, if one was started — is adopted (a confined server's channel too: its socket
 // is in the sandbox directory): both are held by pidfd (signals cannot reach a
 // process that reused the pid; the pidfd is opened first and the start time checked after),
-// monitored again with the same policy, and can be stopped. Everything else is cleaned up:
-// what still runs of it (verified as above) is stopped, the mounts detached, the directory
-// removed. A sandbox with an in-process server is always cleaned up, VM included: its server
+// monitored again with the same policy, and can be stopped; its mount namespace is joined from
+// its pin. Everything else is cleaned up: what still runs of it (verified as above) is
+// stopped, the namespace's pin unmounted (the namespace and its mounts go with it), the
+// directory removed. A sandbox with an in-process server is always cleaned up, VM included: its server
 // ended with the previous owner, so its guest's share is dead (see above). An adopted confined
 // server reports its counters over its channel, but not the last ones it leaves when it stops
 // serving (their pipe was the first owner's). Processes that were
@@ -105,8 +149,10 @@
 // Sandbox.opMu, then Sandbox.mu. opMu serialises the operations that change what runs or what
 // is mounted (Start, Stop, Bind, Unbind and the failure policy) and may be held while a
 // process is stopped (seconds); mu guards the fields and is held only to read or write them
-// and to write state.json. Nothing is called with mu held that takes opMu. Recover holds no
-// lock of any sandbox but the one it is working on.
+// and to write state.json. Nothing is called with mu held that takes opMu. The mount
+// namespace's thread takes no lock: the work it is given (with opMu held, for Bind, Unbind and
+// a server's start) runs one at a time and returns. Recover holds no lock of any sandbox but
+// the one it is working on.
 //
 // # Threat model
 //
@@ -123,8 +169,10 @@
 // (a container's root filesystem), so it can plant symlinks there. Host-side cleanup never
 // follows them: mount points are checked with Lstat and unmounted with UMOUNT_NOFOLLOW, only
 // the sandbox's own mount points are unmounted (MNT_DETACH takes what is below), nothing is
-// removed while anything under the directory is still mounted, and the removal works on
-// descriptors opened O_NOFOLLOW and refuses to cross into another file system. Bind takes
+// removed while anything under the directory is still mounted (in the sandbox's namespace and
+// in the owner's), and the removal works on descriptors opened O_NOFOLLOW and refuses to cross
+// into another file system. The removal runs in the owner's namespace, where the binds are not:
+// their mount points there are empty. Bind takes
 // only a single path component as the name and creates its mount point with O_EXCL.
 //
 // The base directory is root's (0700); the sockets are 0600, so QEMU must run as root or the
