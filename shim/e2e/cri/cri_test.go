@@ -356,19 +356,25 @@ exec sleep 600`,
 	// Read-only volumes with a tmpfs inside (mounted where the shim binds volumes, in the
 	// containerd's mount namespace), as runc makes them: readonly makes the volume's own
 	// mount read-only, recursive_read_only the tmpfs too (the runtime says it supports it).
+	// Then, while the container runs, the host unmounts each tmpfs and removes its directory,
+	// as critest's read-only mount specs do: the volumes' binds, in the sandbox's mount
+	// namespace, do not keep them busy.
 	for _, d := range []string{"rov", "rrov"} {
 		e.InMountNS(t, "sh", "-c", fmt.Sprintf("set -e; mkdir -p %[1]s/sub; mount -t tmpfs -o size=1m kvfs-cri %[1]s/sub", filepath.Join(vols, d)))
 	}
 	rLog := p.waitLog(t, p.container(t, "r", `for d in /rov /rov/sub /rrov /rrov/sub; do
 	if touch $d/new 2>/dev/null; then echo "$d writable"; else echo "$d read-only"; fi
 done
-echo r-done`,
+echo r-done; exec sleep 3600`,
 		map[string]any{"container_path": "/rov", "host_path": filepath.Join(vols, "rov"), "readonly": true},
 		map[string]any{"container_path": "/rrov", "host_path": filepath.Join(vols, "rrov"), "readonly": true, "recursive_read_only": true}), "r-done")
 	for _, want := range []string{"/rov read-only\n", "/rov/sub writable\n", "/rrov read-only\n", "/rrov/sub read-only\n"} {
 		if !strings.Contains(rLog, want) {
 			t.Errorf("read-only volumes: no %q in\n%s", want, rLog)
 		}
+	}
+	for _, d := range []string{"rov", "rrov"} {
+		e.InMountNS(t, "sh", "-c", fmt.Sprintf("set -e; umount %[1]s/sub; rmdir %[1]s/sub", filepath.Join(vols, d)))
 	}
 
 	// A volume with HostToContainer propagation (its host path a shared mount, as the CRI
