@@ -84,8 +84,9 @@ func setupMounts(dir string) error {
 // mounted there any more, then ends ns's thread; in the caller's namespace, it unmounts the
 // pin (the namespace then goes with the last process in it) and checks the same, and removes
 // dir without following symlinks or crossing into another file system. It refuses to work on
-// a symlink anywhere it looks. ns is nil for a sandbox whose owner is gone (Recover, Cleanup):
-// its namespace is not joined but let go. A directory that does not exist is not an error.
+// a symlink anywhere it looks. ns is nil where no thread of this process holds the namespace:
+// one whose owner is gone (Recover, Cleanup) is not joined but let go; a Create that failed
+// before it made one has none. A directory that does not exist is not an error.
 func teardown(dir string, ns *mountNS) error {
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, fs.ErrNotExist) {
