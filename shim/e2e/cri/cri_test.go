@@ -3,7 +3,6 @@ package cri
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -447,12 +446,12 @@ echo n-done`,
 		t.Errorf("what the pod's server received (on the host, through the volume): %q, %v", got, err)
 	}
 
-	// The read-only bind is read-only on the host too (in containerd's mount namespace).
-	binds, _ := filepath.Glob(filepath.Join(fmt.Sprintf("/proc/%d/root", e.C.PID()), e.BaseDir, p.id, "mounts", b+"-*-ro"))
-	if len(binds) != 1 {
-		t.Errorf("the read-only hostPath's bind: %q", binds)
-	} else if err := os.WriteFile(filepath.Join(binds[0], "host-write"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
-		t.Errorf("writing through the host's read-only bind: %v, want EROFS", err)
+	// The read-only bind is read-only on the host too, in the sandbox's mount namespace (the
+	// binds' own; pinned in the sandbox directory, in containerd's mount namespace).
+	pin := filepath.Join(fmt.Sprintf("/proc/%d/root", e.C.PID()), e.BaseDir, p.id, "mnt.ns")
+	write := fmt.Sprintf(`set -- %s/%s-*-ro; test $# = 1 && test -d "$1" && echo x > "$1/host-write"`, filepath.Join(e.BaseDir, p.id, "mounts"), b)
+	if out, err := exec.Command("nsenter", "--mount="+pin, "--", "sh", "-c", write).CombinedOutput(); err == nil || !strings.Contains(string(out), "Read-only file system") {
+		t.Errorf("writing through the host's read-only bind: %v, %q, want EROFS", err, out)
 	}
 
 	if out := e.C.Crictl(t, "exec", "--sync", b, "cat", "/shared/from-a"); strings.TrimSpace(out) != "hello-from-a" {
