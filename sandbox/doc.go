@@ -69,11 +69,17 @@
 // the share and runs in the owner's namespace.
 //
 // The namespace is pinned at mnt.ns in the owner's namespace (a bind of the thread's
-// /proc/.../ns/mnt; the kernel allows binding a namespace newer than the caller's), so that
-// it outlives the owner: an owner that adopts the sandbox after a restart joins it from there
-// (setns on a thread of its own). The pin is bound onto a private bind of the file onto
-// itself, since the kernel refuses to propagate a namespace's file (a pin on a shared mount,
-// as /run is on a systemd host, fails with EINVAL). Stop unmounts the binds there, ends the
+// /proc/.../ns/mnt), so that it outlives the owner: an owner that adopts the sandbox after a
+// restart joins it from there (setns on a thread of its own). The kernel binds a namespace's
+// file only into a namespace with a lower id (no loop), and newer is not enough: Linux 6.18
+// hands out namespace ids from per-CPU batches, so a namespace made on another CPU than the
+// owner's, later, can have the lower id (under containerd, whose namespace is not the host's,
+// the pin then failed with EINVAL in one TestCRIPod run out of a few). The thread checks
+// the id it got (NS_GET_MNTNS_ID) and, below the owner's, unshares again on each CPU in turn
+// until one is above: on the CPU that made the owner's, every later id is. The pin is bound
+// onto a private bind of the file onto itself, since the kernel refuses to propagate a
+// namespace's file (a pin on a shared mount, as /run is on a systemd host, fails with EINVAL).
+// Stop unmounts the binds there, ends the
 // thread and unmounts the pin; the namespace goes with its last process. Cleaning up a
 // sandbox whose owner is gone unmounts the pin after stopping its processes, and so lets its
 // namespace go, mounts included, without joining it.

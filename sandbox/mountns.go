@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,16 +38,24 @@ type mountNS struct {
 	closeOnce sync.Once
 }
 
-// newMountNS makes a new mount namespace on a thread of its own, a copy of the caller's, every
-// mount of it made a slave (MS_SLAVE|MS_REC), and runs setup there. Slave, not private: what the
-// host unmounts goes from the copy too, so the namespace never keeps a host file system mounted
-// after the host let it go; nothing made in the namespace reaches the host.
+// newMountNS makes a new mount namespace on a thread of its own, a copy of the caller's with an
+// id above it (so that pin can bind it there; see unshareNewer), every mount of it made a slave
+// (MS_SLAVE|MS_REC), and runs setup there. Slave, not private: what the host unmounts goes from
+// the copy too, so the namespace never keeps a host file system mounted after the host let it
+// go; nothing made in the namespace reaches the host.
 func newMountNS(setup func() error) (*mountNS, error) {
 	return startMountNS(func() error {
 		// CLONE_FS: the runtime's threads share their root and working directory, and a
 		// thread that does cannot change its mount namespace.
-		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("unshare a mount namespace: %w", err)
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return fmt.Errorf("unshare the thread's file system attributes: %w", err)
+		}
+		var cpus unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+			return fmt.Errorf("the thread's CPU affinity: %w", err)
+		}
+		if err := unshareNewer(&cpus); err != nil {
+			return err
 		}
 		if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("make the mount namespace a slave of the host's: %w", err)
@@ -147,8 +156,8 @@ func (ns *mountNS) path() string {
 // propagate a mount namespace's file (a bind onto a shared mount, as /run is on a systemd host,
 // fails with EINVAL), and nothing of the pin then reaches another namespace. That first bind
 // does reach this namespace, a slave, when dir's mount is shared: its copy is unmounted there,
-// where it would only hold the file. The namespace is newer than the caller's, which the kernel
-// requires of a namespace bound into another (no loop).
+// where it would only hold the file. The namespace's id is above the caller's (unshareNewer),
+// which the kernel requires of a namespace bound into another (no loop).
 func (ns *mountNS) pin(dir string) error {
 	p := filepath.Join(dir, pinName)
 	f, err := os.OpenFile(p, os.O_RDONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -174,4 +183,70 @@ func (ns *mountNS) pin(dir string) error {
 		return fmt.Errorf("in the sandbox's mount namespace: %w", err)
 	}
 	return nil
+}
+
+// unshareNewer takes the calling thread (locked, CLONE_FS unshared) into a new mount namespace,
+// a copy of its own (the owner's), whose id is above the owner's: the kernel binds a
+// namespace's file only into a namespace with a lower id (mnt_ns_loop), as pin does. Linux
+// 6.18 numbers namespaces from per-CPU batches of ids, so one made later on another CPU can
+// have the lower id (pin then fails with EINVAL); on the CPU where the owner's was made, a
+// later one always has a higher. If the first namespace is not newer, unshareNewer makes
+// another on each CPU of cpus in turn, the thread bound to it, until one is; the thread's
+// affinity is then restored (the servers it starts inherit it). Kernels that cannot say a
+// namespace's id (no NS_GET_MNTNS_ID) number mount namespaces from one counter, in order.
+func unshareNewer(cpus *unix.CPUSet) error {
+	owner, err := mountNSID()
+	if err != nil {
+		return err
+	}
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare a mount namespace: %w", err)
+	}
+	if owner == 0 {
+		return nil
+	}
+	id, err := mountNSID()
+	if err != nil || id > owner {
+		return err
+	}
+	var saved unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &saved); err != nil {
+		return fmt.Errorf("the thread's CPU affinity: %w", err)
+	}
+	defer unix.SchedSetaffinity(0, &saved)
+	first := id
+	for cpu := range len(cpus) * 64 {
+		if !cpus.IsSet(cpu) {
+			continue
+		}
+		var one unix.CPUSet
+		one.Set(cpu)
+		if unix.SchedSetaffinity(0, &one) != nil {
+			continue // offline, or outside the thread's cpuset
+		}
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("unshare a mount namespace: %w", err)
+		}
+		if id, err = mountNSID(); err != nil || id > owner {
+			return err
+		}
+	}
+	return fmt.Errorf("no CPU made a mount namespace newer than the owner's (id %d; the first made had %d, the last %d), which the kernel requires to pin it", owner, first, id)
+}
+
+// mountNSID is the id of the calling thread's mount namespace, 0 if the kernel cannot say.
+func mountNSID() (uint64, error) {
+	f, err := os.Open("/proc/thread-self/ns/mnt")
+	if err != nil {
+		return 0, fmt.Errorf("the thread's mount namespace: %w", err)
+	}
+	defer f.Close()
+	var id uint64
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.NS_GET_MNTNS_ID, uintptr(unsafe.Pointer(&id))); e != 0 {
+		if e == unix.ENOTTY {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("the id of the thread's mount namespace: %w", e)
+	}
+	return id, nil
 }

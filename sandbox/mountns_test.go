@@ -225,3 +225,112 @@ func TestMountNS(t *testing.T) {
 		t.Errorf("left in the base directory: %v", entries)
 	}
 }
+
+// TestPinNewerNamespace: the kernel binds a mount namespace's file only into a namespace with
+// a lower id, and Linux 6.18 numbers namespaces from per-CPU batches of ids, so a sandbox's
+// namespace made after its owner's, on another CPU, can have the lower id (TestCRIPod's shim,
+// in containerd's namespace, failed to pin one in a pod creation out of a few). For every pair
+// of CPUs, an owner's namespace is made on the one, as containerd's is (a private copy of the
+// test's), and a sandbox's from it, first on the other; the owner binds it onto a pin every time.
+func TestPinNewerNamespace(t *testing.T) {
+	requireRoot(t)
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for c := range len(all) * 64 {
+		if all.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) < 2 {
+		t.Skip("one CPU: its namespaces are numbered in order")
+	}
+	dir := t.TempDir()
+	for _, owner := range cpus {
+		for _, first := range cpus {
+			if err := pinAcrossCPUs(dir, owner, first, &all); err != nil {
+				t.Errorf("owner's namespace made on CPU %d, the sandbox's first on CPU %d: %v", owner, first, err)
+			}
+		}
+	}
+}
+
+// pinAcrossCPUs makes an owner's mount namespace on CPU owner and a sandbox's from it with
+// unshareNewer (cpus), its thread bound to CPU first, and pins the sandbox's in the owner's.
+func pinAcrossCPUs(dir string, owner, first int, cpus *unix.CPUSet) error {
+	onCPU := func(c int) error {
+		var one unix.CPUSet
+		one.Set(c)
+		return unix.SchedSetaffinity(0, &one)
+	}
+	own, err := startMountNS(func() error {
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return err
+		}
+		if err := onCPU(owner); err != nil {
+			return err
+		}
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			return err
+		}
+		return unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, "")
+	})
+	if err != nil {
+		return fmt.Errorf("the owner's namespace: %w", err)
+	}
+	defer own.close()
+	sbx, err := startMountNS(func() error {
+		f, err := os.Open(own.path())
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return err
+		}
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNS); err != nil {
+			return err
+		}
+		if err := onCPU(first); err != nil {
+			return err
+		}
+		return unshareNewer(cpus)
+	})
+	if err != nil {
+		return fmt.Errorf("the sandbox's namespace: %w", err)
+	}
+	defer sbx.close()
+	p := filepath.Join(dir, fmt.Sprintf("pin-%d-%d", owner, first))
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		return err
+	}
+	ownID, sbxID := nsID(own), nsID(sbx)
+	return own.do(func() error {
+		if err := unix.Mount(p, p, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+		if err := unix.Mount("", p, "", unix.MS_PRIVATE, ""); err != nil {
+			return err
+		}
+		if err := unix.Mount(sbx.path(), p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind the namespace onto the pin: %w (ids: owner's %s, sandbox's %s)", err, ownID, sbxID)
+		}
+		return nil
+	})
+}
+
+// nsID is the id of ns, for a failure's message.
+func nsID(ns *mountNS) string {
+	var id uint64
+	err := ns.do(func() error {
+		var err error
+		id, err = mountNSID()
+		return err
+	})
+	if err != nil {
+		return err.Error()
+	}
+	return strconv.FormatUint(id, 10)
+}
