@@ -21,7 +21,8 @@
 #     go install into ${KVFS_CACHE:-/var/cache/kvfs}/bin (never on the machine's PATH, so a
 #     system containerd is not shadowed); internal/testing/ctrdtest/ctrd runs them from there. A
 #     stamp file there records the version, so a second run does nothing;
-#   - crictl of the version below (sigs.k8s.io/cri-tools), the same way;
+#   - crictl of the version below (sigs.k8s.io/cri-tools), the same way, and critest, cri-tools'
+#     CRI validation suite (a Go test binary: go test -c in the module's download);
 #   - the Rust virtiofsd of the series below (Debian 13's package, what Kata ships), the
 #     reference server the tests also compare against: it needs trixie's C library, so its
 #     package and its libraries are downloaded with a private apt state (the machine's sources
@@ -111,6 +112,22 @@ if [ "$(cat "$crictl_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bin
 	trap - EXIT
 	echo "$crictl_version" >"$crictl_stamp"
 fi
+# critest, of the same cri-tools: a test binary, built with go test -c in the module's
+# read-only download (its own go.mod and go.sum pin what it builds from).
+critest_stamp=$bindir/.critest-version
+if [ "$(cat "$critest_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bindir/critest" ]; then
+	echo "deps.sh: installing critest $crictl_version into $bindir"
+	mkdir -p "$bindir"
+	rm -f "$critest_stamp"
+	src=$(go mod download -json "sigs.k8s.io/cri-tools@$crictl_version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	tmp=$(mktemp -d "$bindir/.new.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	(cd "$src" && go test -c -o "$tmp/critest" ./cmd/critest)
+	mv -f "$tmp/critest" "$bindir/critest"
+	rm -rf "$tmp"
+	trap - EXIT
+	echo "$crictl_version" >"$critest_stamp"
+fi
 # debian_download and unpack_debs: packages of other Debian suites, the machine's apt untouched.
 # shellcheck source=packaging/debian-apt.sh
 . "$(dirname "$0")/../packaging/debian-apt.sh"
@@ -162,4 +179,4 @@ if ! grep -q "version $qemu10_series\." "$qemu10_stamp" 2>/dev/null || [ ! -x "$
 	check_version "bookworm-backports' QEMU" "$qemu10_series" "$version"
 	echo "$version" >"$qemu10_stamp"
 fi
-echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl $crictl_version in $bindir; $(cat "$rust_stamp"); $(cat "$qemu10_stamp"))"
+echo "deps.sh: ok (go ${have#go}, go.mod wants $want; containerd $containerd_version, crictl and critest $crictl_version in $bindir; $(cat "$rust_stamp"); $(cat "$qemu10_stamp"))"

@@ -7,8 +7,9 @@ import (
 	"strings"
 )
 
-// ContainerdVersion is the containerd the tests run and CrictlVersion their crictl, installed
-// by scripts/deps.sh (which names the same versions: TestDepsVersion checks it).
+// ContainerdVersion is the containerd the tests run and CrictlVersion their crictl and critest
+// (both of cri-tools), installed by scripts/deps.sh (which names the same versions:
+// TestDepsVersion checks it).
 const (
 	ContainerdVersion = "v2.4.2"
 	CrictlVersion     = "v1.37.0"
@@ -26,6 +27,7 @@ type Bins struct {
 	Ctr        string
 	RuncShim   string // containerd-shim-runc-v2
 	Crictl     string
+	Critest    string // cri-tools' CRI validation suite
 }
 
 // Binaries returns the containerd binaries installed in dir, or with dir empty in
@@ -46,6 +48,7 @@ func Binaries(dir string) (Bins, error) {
 		Ctr:        filepath.Join(dir, "ctr"),
 		RuncShim:   filepath.Join(dir, "containerd-shim-runc-v2"),
 		Crictl:     filepath.Join(dir, "crictl"),
+		Critest:    filepath.Join(dir, "critest"),
 	}
 	stamp, err := os.ReadFile(filepath.Join(dir, ".containerd-version"))
 	if err != nil {
@@ -54,14 +57,16 @@ func Binaries(dir string) (Bins, error) {
 	if v := strings.TrimSpace(string(stamp)); v != ContainerdVersion {
 		return b, fmt.Errorf("%s holds containerd %s, the tests want %s: run scripts/deps.sh", dir, v, ContainerdVersion)
 	}
-	stamp, err = os.ReadFile(filepath.Join(dir, ".crictl-version"))
-	if err != nil {
-		return b, fmt.Errorf("crictl %s is not installed in %s (%v): run scripts/deps.sh", CrictlVersion, dir, err)
+	for _, tool := range []string{"crictl", "critest"} {
+		stamp, err = os.ReadFile(filepath.Join(dir, "."+tool+"-version"))
+		if err != nil {
+			return b, fmt.Errorf("%s %s is not installed in %s (%v): run scripts/deps.sh", tool, CrictlVersion, dir, err)
+		}
+		if v := strings.TrimSpace(string(stamp)); v != CrictlVersion {
+			return b, fmt.Errorf("%s holds %s %s, the tests want %s: run scripts/deps.sh", dir, tool, v, CrictlVersion)
+		}
 	}
-	if v := strings.TrimSpace(string(stamp)); v != CrictlVersion {
-		return b, fmt.Errorf("%s holds crictl %s, the tests want %s: run scripts/deps.sh", dir, v, CrictlVersion)
-	}
-	for _, p := range []string{b.Containerd, b.Ctr, b.RuncShim, b.Crictl} {
+	for _, p := range []string{b.Containerd, b.Ctr, b.RuncShim, b.Crictl, b.Critest} {
 		if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
 			return b, fmt.Errorf("%s is missing or not executable (%v): run scripts/deps.sh", p, err)
 		}

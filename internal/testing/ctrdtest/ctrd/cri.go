@@ -58,12 +58,7 @@ func (c *Containerd) importPause() error {
 		return err
 	}
 	img.Config.Cmd = []string{"sleep", "2147483647"}
-	archive := filepath.Join(c.dir, "pause.tar")
-	if err := img.WriteFile(archive); err != nil {
-		return err
-	}
-	_, err = c.Ctr(context.Background(), "--namespace", CRINamespace, "images", "import", archive)
-	return err
+	return c.ImportCRI(img)
 }
 
 // ImportImage imports the busybox test image into CRINamespace as name, for the CRI
@@ -73,20 +68,37 @@ func (c *Containerd) ImportImage(name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	archive := filepath.Join(c.dir, strings.NewReplacer("/", "_", ":", "_").Replace(name)+".tar")
+	return name, c.ImportCRI(img)
+}
+
+// ImportCRI imports img into CRINamespace, for the CRI.
+func (c *Containerd) ImportCRI(img *ociimage.Image) error {
+	archive := filepath.Join(c.dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
 	if err := img.WriteFile(archive); err != nil {
-		return "", err
+		return err
 	}
-	if _, err := c.Ctr(context.Background(), "--namespace", CRINamespace, "images", "import", archive); err != nil {
-		return "", err
-	}
-	return name, nil
+	_, err := c.Ctr(context.Background(), "--namespace", CRINamespace, "images", "import", archive)
+	return err
 }
 
 // CrictlCmd is `crictl --config CONFIG args...` on the containerd's CRI, run in NetNS (the
 // streaming server of exec, attach and port-forward listens there), killed when ctx is done.
 func (c *Containerd) CrictlCmd(ctx context.Context, args ...string) *exec.Cmd {
 	return c.InNetNS(ctx, c.bins.Crictl, append([]string{"--config", ctrdconf.CrictlConfig(c.dir)}, args...)...)
+}
+
+// CritestCmd is `critest args...` (cri-tools' CRI validation suite) on the containerd's CRI,
+// run in its network and mount namespaces, as critest runs beside containerd on a node: the
+// host paths its specs make and mount there are the ones containerd's shims are given, and
+// the pods' addresses and the streaming server are reached from there. Killed when ctx is
+// done.
+func (c *Containerd) CritestCmd(ctx context.Context, args ...string) *exec.Cmd {
+	endpoint := "unix://" + filepath.Join(c.dir, ctrdconf.GRPCSocket)
+	ns := []string{"--net=" + c.NetNS(), fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.PID()), "--"}
+	cmd := exec.CommandContext(ctx, "nsenter", append(append(ns, c.bins.Critest, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint), args...)...)
+	cmd.Env = c.environ()
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
 }
 
 // RunCrictl runs crictl with args and returns its output and exit status. Its error says when
