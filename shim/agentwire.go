@@ -49,6 +49,9 @@ import (
 // from the call's start to its request frame, so that the filter knows which call a stream is.
 
 const (
+	// readMax is the most bytes the shim asks of the agent per read of a stream: a process's
+	// output (ReadStdout, ReadStderr) or a forwarded connection (ReadPort).
+	readMax = 32 << 10
 	// frameHeaderLen is a ttrpc frame's header: length (uint32, big-endian), stream id
 	// (uint32), type (uint8), flags (uint8).
 	frameHeaderLen = 10

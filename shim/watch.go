@@ -31,8 +31,6 @@ const (
 	// containerd wants published first; the host then declares exited those the guest has not
 	// reported (waitExecs), and waits as long again for their exit sequences.
 	execsTimeout = 10 * time.Second
-	// readMax is the most bytes asked of the agent per ReadStdout/ReadStderr.
-	readMax = 32 << 10
 )
 
 // watch starts p's output copies and its exit watcher. The exit watcher runs from creation,
