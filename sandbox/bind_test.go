@@ -23,13 +23,7 @@ func TestBindFlags(t *testing.T) {
 	// The source is a shared mount, as on a systemd host, where a bind would join its peer
 	// group unless made private.
 	src := t.TempDir()
-	if err := unix.Mount(src, src, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
-	if err := unix.Mount("", src, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatal(err)
-	}
+	sharedMount(t, src)
 	mustWrite(t, filepath.Join(src, "f"))
 	sub := filepath.Join(src, "sub")
 	if err := os.Mkdir(sub, 0o755); err != nil {
@@ -263,6 +257,20 @@ func optionalFields(line string) string {
 		opt = append(opt, x)
 	}
 	return strings.Join(opt, " ")
+}
+
+// sharedMount makes dir a mount of its own (a bind onto itself), shared, as directories are
+// on a systemd host; it is unmounted at the test's end, after the cleanups registered later
+// (cleanups run last-in first-out).
+func sharedMount(t *testing.T, dir string) {
+	t.Helper()
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func mustWrite(t *testing.T, path string) {

@@ -99,14 +99,15 @@ func TestHostRemovesMountInBind(t *testing.T) {
 // sameNS says whether the namespace files a and b (/proc/.../ns/mnt) are one namespace.
 func sameNS(t *testing.T, a, b string) bool {
 	t.Helper()
-	var sa, sb unix.Stat_t
-	if err := unix.Stat(a, &sa); err != nil {
+	fa, err := os.Stat(a)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Stat(b, &sb); err != nil {
+	fb, err := os.Stat(b)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
+	return os.SameFile(fa, fb)
 }
 
 // TestMountNS checks where a sandbox's mounts are, on a base directory that is a shared mount
@@ -117,23 +118,10 @@ func sameNS(t *testing.T, a, b string) bool {
 func TestMountNS(t *testing.T) {
 	requireRoot(t)
 	base := testBase(t)
-	if err := unix.Mount(base, base, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	// Unmounted after the sandboxes' teardown (cleanups run last-in first-out).
-	t.Cleanup(func() { _ = unix.Unmount(base, unix.MNT_DETACH) })
-	if err := unix.Mount("", base, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatal(err)
-	}
+	sharedMount(t, base) // unmounted after the sandboxes' teardown
 	ctx := context.Background()
 	src := t.TempDir()
-	if err := unix.Mount(src, src, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
-	if err := unix.Mount("", src, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatal(err)
-	}
+	sharedMount(t, src)
 	mustWrite(t, filepath.Join(src, "f"))
 
 	ext, err := Create(ctx, "ext", Options{Config: externalConfig(t, base)})
