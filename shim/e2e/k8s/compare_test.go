@@ -86,9 +86,14 @@ echo done`)
 }
 
 // hostsDNSPod: hostAliases in /etc/hosts, a dnsConfig of its own in /etc/resolv.conf, and a
-// hostname of its own.
+// hostname of its own. resolv.conf's options are printed sorted: the kubelet writes them in
+// the order of a Go map's range, which differs from pod to pod, runc's two as much.
 func hostsDNSPod(c *k8stest.Cluster, rt runtime) map[string]any {
-	spec := podSpec(c, rt, shell("main", "cat /etc/hosts /etc/resolv.conf; hostname; echo done"))
+	spec := podSpec(c, rt, shell("main", `cat /etc/hosts
+grep -v '^options ' /etc/resolv.conf
+grep '^options ' /etc/resolv.conf | tr ' ' '\n' | sort
+hostname
+echo done`))
 	spec["hostname"] = "custom-host"
 	spec["hostAliases"] = []any{map[string]any{"ip": "10.1.2.3", "hostnames": []string{"foo.local", "bar.local"}}}
 	spec["dnsPolicy"] = "None"
