@@ -23,9 +23,10 @@ func testOOMKilled(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	}
 }
 
-// testTermination: the termination message a container writes is in its status; at the
-// pod's deletion its preStop hook runs before its process gets SIGTERM; a process that
-// ignores SIGTERM is killed once terminationGracePeriodSeconds have passed, not before.
+// testTermination: the termination message a container writes is in its status; its
+// postStart hook runs once it has started; at the pod's deletion its preStop hook runs before
+// its process gets SIGTERM; a process that ignores SIGTERM is killed once
+// terminationGracePeriodSeconds have passed, not before.
 func testTermination(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	msg := name("term-msg", rt)
 	spec := podSpec(c, rt, shell("main", "echo goodbye >/dev/termination-log"))
@@ -42,8 +43,16 @@ func testTermination(t *testing.T, c *k8stest.Cluster, rt runtime) {
 		t.Fatal(err)
 	}
 	order := name("term-order", rt)
-	main := shell("main", `trap 'echo term >>/obs/order; exit 0' TERM; echo started >>/obs/order; while true; do sleep 0.2; done`)
-	main["lifecycle"] = map[string]any{"preStop": map[string]any{"exec": map[string]any{"command": []string{"sh", "-c", "echo prestop >>/obs/order"}}}}
+	// The process waits for its postStart hook's mark before it says it started: the hook
+	// runs beside it.
+	main := shell("main", `trap 'echo term >>/obs/order; exit 0' TERM
+while [ ! -e /tmp/poststart ]; do sleep 0.1; done
+echo started >>/obs/order
+while true; do sleep 0.2; done`)
+	main["lifecycle"] = map[string]any{
+		"postStart": map[string]any{"exec": map[string]any{"command": []string{"sh", "-c", "echo poststart >>/obs/order; touch /tmp/poststart"}}},
+		"preStop":   map[string]any{"exec": map[string]any{"command": []string{"sh", "-c", "echo prestop >>/obs/order"}}},
+	}
 	main["volumeMounts"] = []any{map[string]any{"name": "obs", "mountPath": "/obs"}}
 	spec = podSpec(c, rt, main)
 	spec["terminationGracePeriodSeconds"] = 30
@@ -51,8 +60,8 @@ func testTermination(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	runPod(t, c, order, spec)
 	waitPod(t, c, order, "running", 5*time.Minute, running)
 	deleteObject(t, c, "pod", order)
-	if b, err := os.ReadFile(filepath.Join(obs, "order")); err != nil || string(b) != "started\nprestop\nterm\n" {
-		t.Errorf("what the container, its preStop hook and its SIGTERM trap wrote: %q (%v), want started, prestop, term", b, err)
+	if b, err := os.ReadFile(filepath.Join(obs, "order")); err != nil || string(b) != "poststart\nstarted\nprestop\nterm\n" {
+		t.Errorf("what the container, its hooks and its SIGTERM trap wrote: %q (%v), want poststart, started, prestop, term", b, err)
 	}
 
 	grace := name("term-grace", rt)

@@ -11,24 +11,27 @@ import (
 )
 
 // testEnv: environment variables from the downward API (the pod's name and IP, a resource
-// limit) and from a configMap are the container's.
+// limit), from a configMap and from a secret are the container's.
 func testEnv(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	cm := name("env", rt)
 	c.Apply(t, manifest(t, map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": cm}, "data": map[string]string{"FROM_CONFIGMAP": "cm-value"}}))
 	t.Cleanup(func() { deleteObject(t, c, "configmap", cm) })
+	c.Apply(t, manifest(t, map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": cm}, "stringData": map[string]string{"key": "secret-value"}}))
+	t.Cleanup(func() { deleteObject(t, c, "secret", cm) })
 	pn := name("env", rt)
-	main := shell("main", `echo "$POD_NAME $POD_IP $MEM_LIMIT $FROM_CONFIGMAP"; exec sleep 3600`)
+	main := shell("main", `echo "$POD_NAME $POD_IP $MEM_LIMIT $FROM_CONFIGMAP $FROM_SECRET"; exec sleep 3600`)
 	main["resources"] = map[string]any{"limits": map[string]any{"memory": "100Mi"}}
 	main["env"] = []any{
 		map[string]any{"name": "POD_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "metadata.name"}}},
 		map[string]any{"name": "POD_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.podIP"}}},
 		map[string]any{"name": "MEM_LIMIT", "valueFrom": map[string]any{"resourceFieldRef": map[string]any{"resource": "limits.memory", "divisor": "1Mi"}}},
+		map[string]any{"name": "FROM_SECRET", "valueFrom": map[string]any{"secretKeyRef": map[string]any{"name": cm, "key": "key"}}},
 	}
 	main["envFrom"] = []any{map[string]any{"configMapRef": map[string]any{"name": cm}}}
 	runPod(t, c, pn, podSpec(c, rt, main))
 	p := waitPod(t, c, pn, "running", 5*time.Minute, running)
-	want := strings.Join([]string{pn, p.Status.PodIP, "100", "cm-value"}, " ")
-	if got := waitLogWords(t, c, pn, "main", 4, time.Minute); strings.Join(got, " ") != want {
+	want := strings.Join([]string{pn, p.Status.PodIP, "100", "cm-value", "secret-value"}, " ")
+	if got := waitLogWords(t, c, pn, "main", 5, time.Minute); strings.Join(got, " ") != want {
 		t.Errorf("the container's environment: %q, want %q", got, want)
 	}
 }

@@ -36,7 +36,8 @@ func testInitContainers(t *testing.T, c *k8stest.Cluster, rt runtime) {
 
 // testProbes: a readiness probe (httpGet) and a liveness probe (tcpSocket) that pass keep a
 // web server's container ready and never restarted; a liveness probe (exec) that starts
-// failing restarts its container, and the restarts are counted.
+// failing restarts its container, and the restarts are counted; a readiness probe (exec)
+// makes its container ready when it passes, and keeps another not ready where it fails.
 func testProbes(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	pn := name("probes", rt)
 	web := shell("web", "mkdir -p /www && echo ok >/www/index.html && exec httpd -f -p 8080 -h /www")
@@ -44,12 +45,22 @@ func testProbes(t *testing.T, c *k8stest.Cluster, rt runtime) {
 	web["livenessProbe"] = map[string]any{"tcpSocket": map[string]any{"port": 8080}, "periodSeconds": 2}
 	flaky := shell("flaky", "touch /tmp/alive; sleep 8; rm /tmp/alive; exec sleep 3600")
 	flaky["livenessProbe"] = map[string]any{"exec": map[string]any{"command": []string{"cat", "/tmp/alive"}}, "periodSeconds": 2, "failureThreshold": 1}
-	runPod(t, c, pn, podSpec(c, rt, web, flaky))
+	readyExec := map[string]any{"exec": map[string]any{"command": []string{"cat", "/tmp/ready"}}, "periodSeconds": 2}
+	ready := shell("ready", "touch /tmp/ready; exec sleep 3600")
+	ready["readinessProbe"] = readyExec
+	unready := shell("unready", "exec sleep 3600")
+	unready["readinessProbe"] = readyExec
+	runPod(t, c, pn, podSpec(c, rt, web, flaky, ready, unready))
 	p := waitPod(t, c, pn, "restarted by its liveness probe", 5*time.Minute, func(p *pod) bool {
-		return p.container("flaky").RestartCount >= 1 && p.container("web").Ready
+		return p.container("flaky").RestartCount >= 1 && p.container("web").Ready && p.container("ready").Ready
 	})
 	if w := p.container("web"); w.RestartCount != 0 {
 		t.Errorf("the web container whose probes pass: %d restarts, want none", w.RestartCount)
+	}
+	// Its exec probe has failed every 2 s since the pod started, a liveness probe's restart
+	// ago at least.
+	if u := p.container("unready"); u.Ready || u.State.Running == nil {
+		t.Errorf("the container whose readiness probe fails: ready %v, %+v; want running and not ready", u.Ready, u.State)
 	}
 	if last := p.container("flaky").LastState.Terminated; last == nil {
 		t.Errorf("the restarted container: no last state: %+v", p.container("flaky"))
