@@ -26,13 +26,7 @@ func TestBindFlags(t *testing.T) {
 	sharedMount(t, src)
 	mustWrite(t, filepath.Join(src, "f"))
 	sub := filepath.Join(src, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("kvfs-test", sub, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	mountTmpfs(t, sub, unix.MS_NOSUID|unix.MS_NODEV)
 	mustWrite(t, filepath.Join(sub, "g"))
 
 	// writable says whether a new file can be made in dir: nil or EROFS, anything else fails.
@@ -117,13 +111,7 @@ func TestBindFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	later := filepath.Join(src, "later")
-	if err := os.Mkdir(later, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("kvfs-test", later, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(later, unix.MNT_DETACH) })
+	mountTmpfs(t, later, 0)
 	for _, view := range []string{mountsName, sharedName} {
 		if l := mountLine(t, filepath.Join(dir, view, "before", "later")); l != "" {
 			t.Errorf("a mount made under the source later reached %s: %q", view, l)
@@ -162,13 +150,7 @@ func TestBindIDMapped(t *testing.T) {
 	dir := bindDir(t)
 	src := t.TempDir()
 	sub := filepath.Join(src, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("kvfs-test", sub, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	mountTmpfs(t, sub, 0)
 	for owner, f := range map[int]string{0: "root", 7: "seven", 100000: "high"} {
 		mustWrite(t, filepath.Join(src, f))
 		if err := os.Chown(filepath.Join(src, f), owner, owner); err != nil {
@@ -271,6 +253,19 @@ func sharedMount(t *testing.T, dir string) {
 	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// mountTmpfs makes the directory dir and mounts a small tmpfs on it with flags, unmounted at
+// the test's end.
+func mountTmpfs(t *testing.T, dir string, flags uintptr) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("kvfs-test", dir, "tmpfs", flags, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 }
 
 func mustWrite(t *testing.T, path string) {

@@ -57,13 +57,7 @@ func TestHostRemovesMountInBind(t *testing.T) {
 	src := t.TempDir()
 	mustWrite(t, filepath.Join(src, "f"))
 	sub := filepath.Join(src, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("kvfs-test", sub, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
+	mountTmpfs(t, sub, 0)
 	mustWrite(t, filepath.Join(sub, "g"))
 
 	runner := &frontendRunner{}
@@ -163,13 +157,7 @@ func TestMountNS(t *testing.T) {
 
 	// A mount the host makes under the source later reaches the bind that follows it.
 	later := filepath.Join(src, "later")
-	if err := os.Mkdir(later, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("kvfs-test", later, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(later, unix.MNT_DETACH) })
+	mountTmpfs(t, later, 0)
 	mustWrite(t, filepath.Join(later, "g"))
 	for _, s := range []*Sandbox{ext, in} {
 		if _, err := os.Stat(inNS(s, filepath.Join(s.SharedDir(), "follows", "later", "g"))); err != nil {
