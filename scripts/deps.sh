@@ -120,6 +120,10 @@ if [ "$(cat "$critest_stamp" 2>/dev/null)" != "$crictl_version" ] || [ ! -x "$bi
 	mkdir -p "$bindir"
 	rm -f "$critest_stamp"
 	src=$(go mod download -json "sigs.k8s.io/cri-tools@$crictl_version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	if [ ! -d "$src/cmd/critest" ]; then
+		echo "deps.sh: go mod download of sigs.k8s.io/cri-tools@$crictl_version gave no cmd/critest (its directory: \"$src\")" >&2
+		exit 1
+	fi
 	tmp=$(mktemp -d "$bindir/.new.XXXXXX")
 	trap 'rm -rf "$tmp"' EXIT
 	(cd "$src" && go test -c -o "$tmp/critest" ./cmd/critest)
