@@ -79,17 +79,17 @@
 // until one is above: on the CPU that made the owner's, every later id is. The pin is bound
 // onto a private bind of the file onto itself, since the kernel refuses to propagate a
 // namespace's file (a pin on a shared mount, as /run is on a systemd host, fails with EINVAL).
-// Stop unmounts the binds there, ends the
-// thread and unmounts the pin; the namespace goes with its last process. Cleaning up a
-// sandbox whose owner is gone unmounts the pin after stopping its processes, and so lets its
-// namespace go, mounts included, without joining it.
+// Stop unmounts the binds there, ends the thread and unmounts the pin; the namespace goes with
+// its last process. Cleaning up a sandbox whose owner is gone unmounts the pin after stopping
+// its processes, and so lets its namespace go, mounts included, without joining it.
 //
 // # Lifecycle
 //
 //	Create   resolve the configuration (file + annotations: all checks before anything is
 //	         made), make the layout, the mount namespace and the mounts in it, listen on the
-//	         socket, start the server on it, write state.json. The server is listening before any VM exists, so QEMU's
-//	         connection is accepted whenever QEMU comes. A failure undoes every step.
+//	         socket, start the server on it, write state.json. The server is listening before
+//	         any VM exists, so QEMU's connection is accepted whenever QEMU comes. A failure
+//	         undoes every step.
 //	Bind     bind a directory or file into mounts/ (appears in the guest at once).
 //	Start    run QEMU (through a VMRunner; QEMURunner by default) with VM.Args, and drain
 //	         its serial console and its stdout and stderr (below).
