@@ -146,9 +146,15 @@ func (ns *mountNS) close() {
 	<-ns.done
 }
 
+// task is the namespace's thread's directory in the owner's /proc: its root, mountinfo and
+// namespace files are the namespace's.
+func (ns *mountNS) task() string {
+	return "/proc/self/task/" + strconv.Itoa(ns.tid)
+}
+
 // path is the namespace's file in the owner's /proc.
 func (ns *mountNS) path() string {
-	return "/proc/self/task/" + strconv.Itoa(ns.tid) + "/ns/mnt"
+	return ns.task() + "/ns/mnt"
 }
 
 // pin binds the namespace onto dir/mnt.ns, in the caller's namespace, so that it outlives the

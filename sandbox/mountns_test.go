@@ -17,13 +17,13 @@ import (
 // inNS is path as the sandbox's mount namespace shows it, reached from the test's through
 // the root of the namespace's thread.
 func inNS(s *Sandbox, path string) string {
-	return "/proc/self/task/" + strconv.Itoa(s.mnt.tid) + "/root" + path
+	return s.mnt.task() + "/root" + path
 }
 
 // nsMountLine is mountLine in the sandbox's mount namespace.
 func nsMountLine(t testing.TB, s *Sandbox, path string) string {
 	t.Helper()
-	return mountLineIn(t, "/proc/self/task/"+strconv.Itoa(s.mnt.tid)+"/mountinfo", path)
+	return mountLineIn(t, s.mnt.task()+"/mountinfo", path)
 }
 
 // readServed reads the file at path (names from the share's root) through the front-end c,
