@@ -265,7 +265,6 @@ func doLookup(s *Server, r *request) Errno {
 }
 
 func doForget(s *Server, r *request) Errno {
-	r.noReply = true
 	var in ForgetIn
 	if arg(r, &in) {
 		s.fs.Forget(r.NodeID, in.Nlookup)
@@ -274,7 +273,6 @@ func doForget(s *Server, r *request) Errno {
 }
 
 func doBatchForget(s *Server, r *request) Errno {
-	r.noReply = true
 	var in BatchForgetIn
 	if !arg(r, &in) {
 		return OK
@@ -689,9 +687,8 @@ func doRemovexattr(s *Server, r *request) Errno {
 // answered EINTR. Any other request is not cancellable once started, and its own reply answers
 // the INTERRUPT; an unknown unique is ignored (FUSE allows answering EAGAIN to have it sent
 // again, but Linux's virtio-fs driver does not send INTERRUPT at all, and nothing would read
-// that answer). INTERRUPT itself has no reply.
+// that answer). INTERRUPT itself has no reply (dispatch).
 func doInterrupt(s *Server, r *request) Errno {
-	r.noReply = true
 	var in InterruptIn
 	if arg(r, &in) {
 		s.interrupt(in.Unique)

@@ -399,6 +399,9 @@ func (s *Server) dispatch(r *request) (errno Errno) {
 			errno = unix.EIO
 		}
 	}()
+	// FORGET, BATCH_FORGET and INTERRUPT are never answered, whatever becomes of them (before
+	// INIT and after DESTROY too): their sender waits for no reply.
+	r.noReply = r.Opcode == OpForget || r.Opcode == OpBatchForget || r.Opcode == OpInterrupt
 	var h handler
 	if r.Opcode < opcodeLimit {
 		h = handlers[r.Opcode]

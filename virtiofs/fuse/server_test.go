@@ -136,6 +136,7 @@ func TestInitNegotiation(t *testing.T) {
 	if _, err := c.Lookup(ctx, 1, "file"); !errors.Is(err, unix.EIO) {
 		t.Fatalf("LOOKUP before INIT: %v, want EIO", err)
 	}
+	checkUnanswered(t, s, "before INIT")
 	out, err := c.Init(ctx, fuse.InitAsyncRead|fuse.InitSubmounts|fuse.InitWritebackCache)
 	if err != nil {
 		t.Fatal(err)
@@ -156,6 +157,22 @@ func TestInitNegotiation(t *testing.T) {
 	}
 	if err := c.Destroy(ctx); err != nil || fs.destroys != 2 {
 		t.Errorf("DESTROY: %v, %d destroys", err, fs.destroys)
+	}
+	checkUnanswered(t, s, "after DESTROY")
+}
+
+// checkUnanswered: FORGET, BATCH_FORGET and INTERRUPT get no reply from s, initialised or not.
+func checkUnanswered(t *testing.T, s *fuse.Server, when string) {
+	t.Helper()
+	c := fuseclient.New(nil)
+	for _, req := range [][]byte{
+		c.Encode(fuse.OpForget, 7, fuse.AsBytes(&fuse.ForgetIn{Nlookup: 1})),
+		c.Encode(fuse.OpBatchForget, 0, fuse.AsBytes(&fuse.BatchForgetIn{})),
+		c.Encode(fuse.OpInterrupt, 0, fuse.AsBytes(&fuse.InterruptIn{Unique: 3})),
+	} {
+		if n := s.Handle([][]byte{req}, [][]byte{make([]byte, 64)}); n != 0 {
+			t.Errorf("%s: %v got a %d-byte reply, want none", when, fuse.Opcode(req[4]), n)
+		}
 	}
 }
 
